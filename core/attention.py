@@ -1,0 +1,100 @@
+"""Scaled dot-product attention, the causal mask, and heads as a batch axis.
+
+Axis names follow TransformerLens: patterns and scores are [head_index, query_pos, key_pos],
+rows are queries, columns are keys. Leading axes (a batch, or heads) broadcast through.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from .functional import softmax
+
+
+class AttentionResult(NamedTuple):
+    scores: np.ndarray  # [..., query_pos, key_pos], scaled and masked (-inf above the diagonal if causal)
+    weights: np.ndarray  # [..., query_pos, key_pos], softmax of scores; each row sums to 1
+    output: np.ndarray  # [..., query_pos, d_v]
+
+
+def causal_mask(n_query: int, n_key: int | None = None) -> np.ndarray:
+    """Boolean [query_pos, key_pos], True where the key comes after the query (forbidden).
+
+    With n_key > n_query (a KV cache holding earlier tokens), the queries are the last
+    n_query positions, so query i sits at absolute position n_key - n_query + i.
+    """
+    n_key = n_query if n_key is None else n_key
+    return np.triu(np.ones((n_query, n_key), dtype=bool), k=1 + n_key - n_query)
+
+
+def attention_scale(d_head: int, scale: bool = True, temperature: float = 1.0) -> float:
+    """The divisor of QKᵀ: √d_head when scaling is on, times the softmax temperature."""
+    return (math.sqrt(d_head) if scale else 1.0) * temperature
+
+
+def scaled_dot_product_attention(
+    q: np.ndarray,  # [..., query_pos, d_head]
+    k: np.ndarray,  # [..., key_pos, d_head]
+    v: np.ndarray,  # [..., key_pos, d_v]
+    *,
+    causal: bool = False,
+    scale: bool = True,
+    temperature: float = 1.0,
+) -> AttentionResult:
+    """softmax(Q Kᵀ / √d_k + mask) V, returning scores, weights and output.
+
+    The mask is additive -inf: after the softmax those weights are exactly 0.
+    """
+    if temperature <= 0 or not math.isfinite(temperature):
+        raise ValueError(f"temperature must be a positive finite number, got {temperature}")
+    scores = q @ np.swapaxes(k, -1, -2)  # [..., query_pos, key_pos]
+    scores /= attention_scale(q.shape[-1], scale, temperature)
+    if causal:
+        scores[..., causal_mask(q.shape[-2], k.shape[-2])] = -np.inf
+    weights = softmax(scores)
+    return AttentionResult(scores, weights, weights @ v)
+
+
+def split_heads(x: np.ndarray, n_heads: int) -> np.ndarray:
+    """[..., pos, n_heads * d_head] -> [..., n_heads, pos, d_head] (a view, no copy)."""
+    *lead, pos, width = x.shape
+    if width % n_heads:
+        raise ValueError(f"width {width} is not divisible by n_heads={n_heads}")
+    return np.swapaxes(x.reshape(*lead, pos, n_heads, width // n_heads), -2, -3)
+
+
+def merge_heads(x: np.ndarray) -> np.ndarray:
+    """[..., n_heads, pos, d_head] -> [..., pos, n_heads * d_head] (concatenate the heads)."""
+    *lead, n_heads, pos, d_head = x.shape
+    return np.swapaxes(x, -2, -3).reshape(*lead, pos, n_heads * d_head)
+
+
+def multi_head_attention(
+    x: np.ndarray,  # [pos, d_model]
+    W_QKV: np.ndarray,  # [d_model, 3 * n_heads * d_head], columns [Q heads | K heads | V heads]
+    W_O: np.ndarray,  # [n_heads * d_head, d_model]
+    n_heads: int,
+    *,
+    b_QKV: np.ndarray | None = None,
+    b_O: np.ndarray | None = None,
+    causal: bool = False,
+    scale: bool = True,
+    temperature: float = 1.0,
+) -> tuple[np.ndarray, AttentionResult]:
+    """All heads at once with one QKV matrix multiply; no Python loop over heads.
+
+    Returns the projected output [pos, d_model] and the per-head AttentionResult
+    (scores and weights [n_heads, pos, pos], output z [n_heads, pos, d_head]).
+    """
+    qkv = x @ W_QKV  # [pos, 3 * n_heads * d_head]
+    if b_QKV is not None:
+        qkv += b_QKV
+    q, k, v = (split_heads(m, n_heads) for m in np.split(qkv, 3, axis=-1))  # each [n_heads, pos, d_head]
+    result = scaled_dot_product_attention(q, k, v, causal=causal, scale=scale, temperature=temperature)
+    out = merge_heads(result.output) @ W_O  # [pos, d_model]
+    if b_O is not None:
+        out += b_O
+    return out, result

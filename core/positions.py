@@ -1,0 +1,53 @@
+"""Position schemes: none, sinusoidal, learned (a table in the params), rotary (RoPE).
+
+Sinusoidal and learned encodings are added to the token embeddings; rotary rotates the
+queries and keys of every head instead, so position enters only through Q·K.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+POSITION_SCHEMES = ("none", "sinusoidal", "learned", "rotary")
+ROPE_BASE = 10000.0  # the RoFormer paper's base, as for sinusoidal encodings
+
+
+def sinusoidal(n_pos: int, d: int) -> np.ndarray:  # -> [n_pos, d]
+    """Vaswani et al.'s encoding: sin on even dimensions, cos on odd ones.
+
+    The dot product of two rows depends only on the gap between their positions,
+    because sin a sin b + cos a cos b = cos(a - b).
+    """
+    if d % 2:
+        raise ValueError(f"sinusoidal encodings need an even width, got d={d}")
+    pos = np.arange(n_pos)[:, None]  # [n_pos, 1]
+    i = np.arange(0, d, 2)[None, :]  # [1, d/2], the even dimensions
+    angle = pos / (10000 ** (i / d))  # [n_pos, d/2]
+    pe = np.zeros((n_pos, d))
+    pe[:, 0::2], pe[:, 1::2] = np.sin(angle), np.cos(angle)
+    return pe
+
+
+def rotary_angles(positions: np.ndarray, d_head: int, base: float = ROPE_BASE) -> np.ndarray:
+    """θ_{p,i} = p · base^(-2i/d_head) for each position p and pair i.  # -> [pos, d_head/2]"""
+    if d_head % 2:
+        raise ValueError(f"rotary embeddings rotate pairs of dimensions: d_head={d_head} must be even")
+    inv_freq = base ** (-np.arange(0, d_head, 2) / d_head)  # [d_head/2]
+    return np.asarray(positions, dtype=np.float64)[:, None] * inv_freq[None, :]
+
+
+def apply_rotary(x: np.ndarray, positions: np.ndarray | None = None, base: float = ROPE_BASE) -> np.ndarray:
+    """Rotate each pair of dimensions (2i, 2i+1) of x by its position's angle (RoFormer).
+
+    x: [..., pos, d_head]. A rotation preserves norms, and the dot product of a rotated
+    query at position m with a rotated key at position n depends only on m - n.
+    """
+    n_pos, d_head = x.shape[-2], x.shape[-1]
+    positions = np.arange(n_pos) if positions is None else positions
+    angles = rotary_angles(positions, d_head, base)  # [pos, d_head/2]
+    cos, sin = np.cos(angles).astype(x.dtype), np.sin(angles).astype(x.dtype)
+    even, odd = x[..., 0::2], x[..., 1::2]
+    out = np.empty_like(x)
+    out[..., 0::2] = even * cos - odd * sin
+    out[..., 1::2] = even * sin + odd * cos
+    return out

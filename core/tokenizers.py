@@ -1,0 +1,44 @@
+"""The spec's two tokenisers: words split on spaces, and characters of a fixed vocabulary."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def word_tokens(text: str) -> list[str]:
+    """Split on spaces, as the spec's "Ali makan nasi lemak" examples do."""
+    tokens = text.split()
+    if not tokens:
+        raise ValueError("the text is empty: type at least one word")
+    return tokens
+
+
+@dataclass(frozen=True)
+class CharTokenizer:
+    """Character-level: the vocabulary is the sorted set of characters of a corpus."""
+
+    vocab: tuple[str, ...]
+
+    @classmethod
+    def from_text(cls, corpus: str) -> "CharTokenizer":
+        if not corpus:
+            raise ValueError("a character vocabulary needs a non-empty corpus")
+        return cls(tuple(sorted(set(corpus))))
+
+    @property
+    def stoi(self) -> dict[str, int]:
+        return {c: i for i, c in enumerate(self.vocab)}
+
+    def encode(self, text: str) -> list[int]:
+        if not text:
+            raise ValueError("the text is empty: type at least one character")
+        stoi = self.stoi
+        unknown = sorted({c for c in text if c not in stoi})
+        if unknown:
+            raise ValueError(
+                f"characters {''.join(unknown)!r} are not in the vocabulary {''.join(self.vocab)!r}"
+            )
+        return [stoi[c] for c in text]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(self.vocab[i] for i in ids)
