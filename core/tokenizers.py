@@ -3,6 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple, Protocol
+
+
+class Encoding(NamedTuple):
+    ids: list[int]  # token ids, one per token
+    tokens: list[str]  # each token as a reader should see it (WordPiece "##", GPT-2 "Ġ" made readable)
+
+
+class Tokenizer(Protocol):
+    """What a runnable model needs from its tokeniser (the toys' and Hugging Face's alike)."""
+
+    def encode(self, text: str) -> Encoding: ...
+
+    def token_str(self, token_id: int) -> str: ...  # one vocabulary entry, readable (for top-k lists)
 
 
 def word_tokens(text: str) -> list[str]:
