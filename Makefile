@@ -9,12 +9,8 @@ PORT   ?= 8000
 PYTEST_ARGS ?=
 
 VENDOR := static/vendor
-# The files the app serves from the npm packages pinned in package-lock.json.
-VENDOR_FILES := \
-	node_modules/htmx.org/dist/htmx.min.js \
-	node_modules/plotly.js-cartesian-dist-min/plotly-cartesian.min.js \
-	node_modules/swagger-ui-dist/swagger-ui-bundle.js \
-	node_modules/swagger-ui-dist/swagger-ui.css
+# The files the app serves from the npm packages pinned in package-lock.json are listed once,
+# in static/vendor-files.txt; scripts/vendor_assets.sh copies them (the Dockerfile calls it too).
 
 .PHONY: setup serve test bench fuzz soak fixtures lock clean
 
@@ -36,9 +32,8 @@ node_modules/.stamp: package.json package-lock.json
 	npm ci --no-audit --no-fund --ignore-scripts
 	touch $@
 
-$(VENDOR)/.stamp: node_modules/.stamp
-	mkdir -p $(VENDOR)
-	cp $(VENDOR_FILES) $(VENDOR)/
+$(VENDOR)/.stamp: node_modules/.stamp static/vendor-files.txt scripts/vendor_assets.sh
+	sh scripts/vendor_assets.sh
 	touch $@
 
 serve: $(VENV)/.stamp-runtime $(VENDOR)/.stamp
