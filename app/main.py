@@ -8,6 +8,8 @@ from fastapi.staticfiles import StaticFiles
 from . import __version__
 from .paths import STATIC_DIR
 from .routers import health
+from .security import ComputeLimitMiddleware, SecurityHeadersMiddleware
+from .settings import get_settings
 
 
 def create_app() -> FastAPI:
@@ -20,6 +22,11 @@ def create_app() -> FastAPI:
     )
     app.include_router(health.router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    # Added last = outermost: the headers also go on the limiter's 503s and on error responses.
+    limits = get_settings()
+    app.add_middleware(ComputeLimitMiddleware, limit=limits.max_concurrent_compute,
+                       retry_after_s=limits.retry_after_s)
+    app.add_middleware(SecurityHeadersMiddleware)
     return app
 
 

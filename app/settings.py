@@ -17,6 +17,10 @@ class Settings(BaseSettings):
     workers: int = Field(1, ge=1, le=64, description="uvicorn worker processes")
     log_level: str = Field("info", pattern="^(critical|error|warning|info|debug)$")
     models_dir: Path | None = Field(None, description="folder whose subfolders are Hugging Face checkpoints")
+    # Load shedding (app/security.py): beyond this many model/lesson computations in flight per
+    # worker, answer 503 + Retry-After at once rather than queue; cheap routes are never limited.
+    max_concurrent_compute: int = Field(8, ge=1, le=256, description="compute requests in flight per worker")
+    retry_after_s: int = Field(1, ge=1, le=3600, description="Retry-After seconds on a 503 when busy")
 
 
 @lru_cache

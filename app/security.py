@@ -1,0 +1,120 @@
+"""Two ASGI middlewares that protect every response and the CPU.
+
+- `SecurityHeadersMiddleware` adds a strict Content-Security-Policy and the usual hardening headers
+  to every response (pages, JSON, static files, errors), so an XSS that slipped past the templates'
+  escaping still could not run script or send data elsewhere.
+- `ComputeLimitMiddleware` lets at most `max_concurrent_compute` heavy requests (the ones that run
+  a model or a lesson) be in flight per process; the next one gets 503 + Retry-After at once
+  instead of queueing behind them, so a classroom of clicks cannot pile up unbounded work and
+  cheap routes such as /healthz keep answering.
+
+Both are plain ASGI (not BaseHTTPMiddleware): they never buffer a body and add no task per request.
+"""
+
+from __future__ import annotations
+
+import json
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+# Why each directive:
+# - script-src 'self': only our static files run; no inline <script>, no eval (the pages draw
+#   figures from data- attributes with static/js, see DESIGN.md).
+# - style-src 'unsafe-inline': Plotly positions its SVG through style attributes and injects a
+#   <style> element for its modebar; style cannot run code, so this is the one relaxation.
+# - img-src data: blob:: Plotly's "download as PNG" builds the image as a data:/blob: URL.
+# - connect-src 'self': htmx and fetch may only talk to this server (no exfiltration).
+# - frame-ancestors 'none' (and X-Frame-Options for old browsers): no clickjacking via <iframe>.
+CONTENT_SECURITY_POLICY = "; ".join([
+    "default-src 'self'",
+    "script-src 'self'",
+    "style-src 'self' 'unsafe-inline'",
+    "img-src 'self' data: blob:",
+    "font-src 'self'",
+    "connect-src 'self'",
+    "object-src 'none'",
+    "frame-ancestors 'none'",
+    "base-uri 'self'",
+    "form-action 'self'",
+])
+
+SECURITY_HEADERS: dict[str, str] = {
+    "content-security-policy": CONTENT_SECURITY_POLICY,
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+    "x-frame-options": "DENY",
+}
+
+# The routes that compute (run a model or a lesson): the explorer page "/" itself, and these
+# prefixes. Everything else -- health, static files, docs, the model list, the parameter and
+# KV-cache arithmetic -- is cheap and never limited.
+COMPUTE_PREFIXES = ("/api/v1/run", "/api/v1/lessons/", "/lessons/")
+
+
+def is_compute(path: str) -> bool:
+    return path == "/" or path.startswith(COMPUTE_PREFIXES)
+
+
+class SecurityHeadersMiddleware:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self._raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in SECURITY_HEADERS.items()]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                present = {k.lower() for k, _ in message.get("headers", [])}
+                # A route that sets its own value (e.g. a stricter CSP) keeps it.
+                extra = [(k, v) for k, v in self._raw if k not in present]
+                message["headers"] = list(message.get("headers", [])) + extra
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+class ComputeLimitMiddleware:
+    """At most `limit` compute requests in flight; the rest get 503 + Retry-After immediately.
+
+    The count lives in this process (asyncio is single-threaded, so a plain int is safe); with
+    several uvicorn workers each has its own limit, which matches each having its own CPU share.
+    """
+
+    def __init__(self, app: ASGIApp, limit: int, retry_after_s: int) -> None:
+        self.app = app
+        self.limit = limit
+        self.retry_after_s = retry_after_s
+        self.in_flight = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not is_compute(scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        if self.in_flight >= self.limit:
+            await self._busy(scope, send)
+            return
+        self.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight -= 1
+
+    async def _busy(self, scope: Scope, send: Send) -> None:
+        msg = (f"The server is busy: {self.limit} computations are already running. "
+               f"Please try again in {self.retry_after_s} s.")
+        if scope["path"].startswith("/api/"):
+            # The same shape as FastAPI's validation errors, so clients read every error alike.
+            body = json.dumps({"detail": [{"msg": msg, "type": "server_busy"}]}).encode()
+            content_type = b"application/json"
+        else:
+            body = msg.encode()
+            content_type = b"text/plain; charset=utf-8"
+        await send({"type": "http.response.start", "status": 503, "headers": [
+            (b"content-type", content_type),
+            (b"content-length", str(len(body)).encode()),
+            (b"retry-after", str(self.retry_after_s).encode()),
+        ]})
+        await send({"type": "http.response.body", "body": body})

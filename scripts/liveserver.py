@@ -1,0 +1,87 @@
+"""Start the app as a real uvicorn subprocess on a free loopback port, for the security tests,
+scripts/fuzz.py and scripts/soak.py. A real process (not TestClient) so that concurrency,
+the event loop, RSS and the process's sockets are the ones a user meets.
+
+    with live_server(env={"EXPLORER_MAX_CONCURRENT_COMPUTE": "2"}) as server:
+        httpx.get(server.url + "/healthz")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+# A folder holding only sitecustomize.py; on PYTHONPATH it makes the server refuse (and report)
+# every connection that does not go to a loopback address.
+NO_OUTBOUND_DIR = Path(__file__).resolve().parent / "no_outbound"
+BLOCKED_MARK = "OUTBOUND-BLOCKED"  # what the guard prints on stderr for each refused attempt
+GUARD_MARK = "outbound guard active"
+
+
+@dataclass
+class LiveServer:
+    url: str
+    pid: int
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def live_server(env: dict[str, str] | None = None, *, no_outbound: bool = False,
+                startup_timeout_s: float = 60.0) -> Iterator[LiveServer]:
+    port = free_port()
+    child_env = {**os.environ, **(env or {})}
+    cmd = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port),
+           "--log-level", "warning", "--no-access-log"]
+    if no_outbound:
+        # asyncio's loop connects through Python's socket module, where the guard sits (uvloop
+        # would connect from C); the server is otherwise the same.
+        child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(NO_OUTBOUND_DIR), child_env.get("PYTHONPATH")]))
+        cmd += ["--loop", "asyncio"]
+    log = tempfile.NamedTemporaryFile(prefix="explorer-server-", suffix=".log", delete=False)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=child_env, stdout=log, stderr=subprocess.STDOUT)
+    server = LiveServer(url=f"http://127.0.0.1:{port}", pid=proc.pid, log_path=Path(log.name))
+    try:
+        _wait_ready(server, proc, startup_timeout_s)
+        yield server
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def _wait_ready(server: LiveServer, proc: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log()}")
+        try:
+            if httpx.get(server.url + "/healthz", timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"server not ready after {timeout_s} s:\n{server.log()}")

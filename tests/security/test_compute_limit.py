@@ -1,0 +1,89 @@
+"""The compute limiter in isolation: a route that holds its slot until released."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from app.security import ComputeLimitMiddleware, SecurityHeadersMiddleware, is_compute
+
+
+def _app(limit: int, release: asyncio.Event, started: list) -> ComputeLimitMiddleware:
+    async def run(request):
+        started.append(1)
+        await release.wait()
+        return JSONResponse({"ok": True})
+
+    async def boom(request):
+        raise ValueError("handled below")
+
+    async def healthz(request):
+        return JSONResponse({"status": "ok"})
+
+    inner = Starlette(routes=[Route("/api/v1/run", run, methods=["POST"]), Route("/healthz", healthz),
+                              Route("/api/v1/lessons/boom", boom)],
+                      exception_handlers={ValueError: lambda r, e: JSONResponse({"detail": str(e)}, 422)})
+    return SecurityHeadersMiddleware(ComputeLimitMiddleware(inner, limit=limit, retry_after_s=3))
+
+
+def test_routes_classified():
+    assert is_compute("/") and is_compute("/api/v1/run") and is_compute("/api/v1/lessons/attention")
+    assert is_compute("/lessons/forward")
+    for cheap in ("/healthz", "/static/vendor/htmx.min.js", "/docs", "/openapi.json", "/api/v1/models",
+                  "/api/v1/params", "/api/v1/kv-cache", "/params"):
+        assert not is_compute(cheap), cheap
+
+
+def test_full_limiter_answers_503_with_retry_after_and_frees_slots():
+    async def scenario():
+        release, started = asyncio.Event(), []
+        app = _app(2, release, started)
+        limiter = app.app
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            held = [asyncio.create_task(c.post("/api/v1/run")) for _ in range(2)]
+            while len(started) < 2:
+                await asyncio.sleep(0.01)
+            busy = await c.post("/api/v1/run")
+            health = await c.get("/healthz")
+            assert limiter.in_flight == 2
+            release.set()
+            done = await asyncio.gather(*held)
+            after = await c.post("/api/v1/run")
+            failed = await c.get("/api/v1/lessons/boom")
+            return busy, health, done, after, failed, limiter.in_flight
+
+    busy, health, done, after, failed, in_flight = asyncio.run(scenario())
+    assert busy.status_code == 503
+    assert busy.headers["retry-after"] == "3"
+    assert busy.headers["x-frame-options"] == "DENY"  # headers on the limiter's own answer too
+    msg = busy.json()["detail"][0]["msg"]
+    assert "busy" in msg and "2" in msg and "3 s" in msg
+    assert health.status_code == 200  # cheap routes never wait for a slot
+    assert [r.status_code for r in done] == [200, 200]
+    assert after.status_code == 200  # slots came back
+    assert failed.status_code == 422
+    assert in_flight == 0  # an error response releases its slot too
+
+
+def test_page_gets_a_plain_text_busy_message():
+    async def scenario():
+        release, started = asyncio.Event(), []
+        app = _app(1, release, started)
+        # Hold the only slot with an API request, then ask for the explorer page.
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            held = asyncio.create_task(c.post("/api/v1/run"))
+            while not started:
+                await asyncio.sleep(0.01)
+            page = await c.get("/")
+            release.set()
+            await held
+            return page
+
+    page = asyncio.run(scenario())
+    assert page.status_code == 503
+    assert page.headers["content-type"].startswith("text/plain")
+    assert "busy" in page.text
