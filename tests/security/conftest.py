@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from liveserver import LiveServer, live_server  # noqa: E402  (scripts/ is not a package)
+import liveserver  # noqa: E402  (scripts/ is not a package)
 
 from app.main import create_app  # noqa: E402
 
@@ -21,7 +21,7 @@ def client() -> TestClient:
 
 
 @pytest.fixture(scope="session")
-def server() -> LiveServer:
+def server() -> liveserver.LiveServer:
     """One real uvicorn process shared by the tests that only read from it."""
-    with live_server() as s:
+    with liveserver.live_server() as s:
         yield s
