@@ -4,11 +4,16 @@ import uvicorn
 
 from .settings import get_settings
 
+# On SIGTERM uvicorn stops accepting, lets requests in flight finish for up to this long, then exits.
+# docker-compose.yml's stop_grace_period must be longer, or Docker kills the process mid-drain.
+GRACEFUL_SHUTDOWN_S = 10
+
 
 def main() -> None:
     s = get_settings()
     uvicorn.run("app.main:app", host=s.host, port=s.port, workers=s.workers, log_level=s.log_level,
-                proxy_headers=True, timeout_graceful_shutdown=10)
+                proxy_headers=True, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+                access_log=False)  # app/observability.py writes one JSON line per request instead
 
 
 if __name__ == "__main__":

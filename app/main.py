@@ -6,6 +6,7 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from . import __version__
+from .observability import AccessLogMiddleware, configure_access_log
 from .paths import STATIC_DIR
 from .routers import health
 from .security import ComputeLimitMiddleware, SecurityHeadersMiddleware
@@ -27,6 +28,10 @@ def create_app() -> FastAPI:
     app.add_middleware(ComputeLimitMiddleware, limit=limits.max_concurrent_compute,
                        retry_after_s=limits.retry_after_s)
     app.add_middleware(SecurityHeadersMiddleware)
+    # Keep this one last (outermost): the logged duration then covers every other middleware.
+    if get_settings().access_log:
+        configure_access_log(get_settings().log_level)
+        app.add_middleware(AccessLogMiddleware)
     return app
 
 

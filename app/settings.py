@@ -16,6 +16,7 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=1, le=65535)
     workers: int = Field(1, ge=1, le=64, description="uvicorn worker processes")
     log_level: str = Field("info", pattern="^(critical|error|warning|info|debug)$")
+    access_log: bool = Field(True, description="one JSON line per request on stdout (app/observability.py)")
     models_dir: Path | None = Field(None, description="folder whose subfolders are Hugging Face checkpoints")
     # Load shedding (app/security.py): beyond this many model/lesson computations in flight per
     # worker, answer 503 + Retry-After at once rather than queue; cheap routes are never limited.

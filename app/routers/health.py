@@ -1,11 +1,22 @@
-"""Liveness."""
+"""Liveness (/healthz: the process answers) and readiness (/readyz: it can serve what it should)."""
 
-from fastapi import APIRouter
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from fastapi import APIRouter, Depends, Response
 from pydantic import BaseModel
 
 from .. import __version__
+from ..paths import STATIC_DIR
+from ..settings import Settings, get_settings
 
 router = APIRouter(tags=["health"])
+
+# The list of front-end files copied from node_modules (see scripts/vendor_assets.sh).
+VENDOR_LIST = "vendor-files.txt"
 
 
 class Health(BaseModel):
@@ -13,6 +24,51 @@ class Health(BaseModel):
     version: str = __version__
 
 
+class Readiness(BaseModel):
+    status: Literal["ready", "not ready"]
+    reasons: list[str] = []  # empty when ready; otherwise what an operator has to fix
+
+
 @router.get("/healthz", response_model=Health, summary="Is the server alive?")
 def healthz() -> Health:
     return Health()
+
+
+def models_dir_problems(models_dir: Path | None) -> list[str]:
+    """Why the optional checkpoints folder cannot be read (empty list if it can, or if none is set)."""
+    if models_dir is None:
+        return []
+    if not models_dir.is_dir():
+        return [f"EXPLORER_MODELS_DIR={models_dir} is not a folder"]
+    try:
+        with os.scandir(models_dir) as entries:
+            next(entries, None)
+    except OSError as e:
+        return [f"EXPLORER_MODELS_DIR={models_dir} cannot be read: {e.strerror}"]
+    return []
+
+
+def vendor_asset_problems(static_dir: Path) -> list[str]:
+    """Which listed front-end files are missing from static/vendor (empty list if none)."""
+    listing = static_dir / VENDOR_LIST
+    if not listing.is_file():
+        return [f"{listing} is missing, so the front-end files cannot be checked"]
+    problems = []
+    for line in listing.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        asset = static_dir / "vendor" / Path(line).name
+        if not asset.is_file() or asset.stat().st_size == 0:
+            problems.append(f"front-end file static/vendor/{asset.name} is missing (run `make setup`)")
+    return problems
+
+
+@router.get("/readyz", response_model=Readiness, summary="Can the server serve pages and models?",
+            responses={503: {"model": Readiness, "description": "not ready; `reasons` says why"}})
+def readyz(response: Response, settings: Settings = Depends(get_settings)) -> Readiness:
+    reasons = models_dir_problems(settings.models_dir) + vendor_asset_problems(STATIC_DIR)
+    if reasons:
+        response.status_code = 503
+        return Readiness(status="not ready", reasons=reasons)
+    return Readiness(status="ready")

@@ -1,0 +1,106 @@
+"""/healthz says the process answers; /readyz says it can serve: the front-end files are there and
+the models folder, when one is set, can be read. Not ready -> 503 with reasons an operator can act on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.main import create_app
+from app.paths import STATIC_DIR
+from app.routers.health import VENDOR_LIST, models_dir_problems, vendor_asset_problems
+from app.settings import Settings, get_settings
+
+
+@pytest.fixture
+def app():
+    app = create_app()
+    yield app
+    app.dependency_overrides.clear()
+
+
+def _client_with(app, **settings) -> TestClient:
+    app.dependency_overrides[get_settings] = lambda: Settings(**settings)
+    return TestClient(app)
+
+
+def test_healthz_is_alive(app):
+    r = TestClient(app).get("/healthz")
+    assert r.status_code == 200 and r.json()["status"] == "ok"
+
+
+def test_ready_with_the_assets_and_no_models_dir(app):
+    r = _client_with(app, models_dir=None).get("/readyz")
+    assert r.status_code == 200, r.text
+    assert r.json() == {"status": "ready", "reasons": []}
+
+
+def test_ready_with_a_readable_models_dir(app, tmp_path):
+    (tmp_path / "gpt2").mkdir()
+    r = _client_with(app, models_dir=tmp_path).get("/readyz")
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("make", ["missing", "file"])
+def test_not_ready_when_models_dir_is_not_a_folder(app, tmp_path, make):
+    target = tmp_path / "models"
+    if make == "file":
+        target.write_text("not a folder")
+    r = _client_with(app, models_dir=target).get("/readyz")
+    assert r.status_code == 503
+    body = r.json()
+    assert body["status"] == "not ready"
+    assert body["reasons"] == [f"EXPLORER_MODELS_DIR={target} is not a folder"]
+
+
+def test_readyz_is_documented_with_its_503(app):
+    responses = TestClient(app).get("/openapi.json").json()["paths"]["/readyz"]["get"]["responses"]
+    assert {"200", "503"} <= responses.keys()
+
+
+def test_models_dir_problems_none_when_unset():
+    assert models_dir_problems(None) == []
+
+
+def _static_copy(tmp_path: Path) -> Path:
+    """A static/ folder with the real list and the real vendored files, to break one at a time."""
+    static = tmp_path / "static"
+    (static / "vendor").mkdir(parents=True)
+    (static / VENDOR_LIST).write_text((STATIC_DIR / VENDOR_LIST).read_text())
+    for asset in (STATIC_DIR / "vendor").iterdir():
+        (static / "vendor" / asset.name).write_bytes(asset.read_bytes())
+    return static
+
+
+def _listed_names() -> list[str]:
+    lines = (STATIC_DIR / VENDOR_LIST).read_text().splitlines()
+    return [Path(line).name for line in lines if line.strip() and not line.startswith("#")]
+
+
+def test_every_listed_vendor_file_is_served(app):
+    client = TestClient(app)
+    assert _listed_names(), "static/vendor-files.txt lists no file"
+    for name in _listed_names():
+        assert client.get(f"/static/vendor/{name}").status_code == 200, name
+
+
+def test_vendor_assets_complete(tmp_path):
+    assert vendor_asset_problems(_static_copy(tmp_path)) == []
+
+
+def test_missing_or_empty_vendor_file_is_named(tmp_path):
+    static = _static_copy(tmp_path)
+    gone, emptied = _listed_names()[:2]
+    (static / "vendor" / gone).unlink()
+    (static / "vendor" / emptied).write_bytes(b"")
+    problems = vendor_asset_problems(static)
+    assert len(problems) == 2
+    assert gone in problems[0] and emptied in problems[1]
+
+
+def test_missing_vendor_list_is_a_problem(tmp_path):
+    static = _static_copy(tmp_path)
+    (static / VENDOR_LIST).unlink()
+    assert len(vendor_asset_problems(static)) == 1
