@@ -6,7 +6,7 @@ Usable on its own from a notebook:
     lessons.attention().result.weights      # the spec's attention table
 """
 
-from . import lessons
+from . import analysis, lessons
 from .attention import (AttentionResult, causal_mask, merge_heads, multi_head_attention,
                         scaled_dot_product_attention, split_heads)
 from .config import PRESETS, TransformerConfig
@@ -18,7 +18,7 @@ from .positions import POSITION_SCHEMES, apply_rotary, sinusoidal
 from .tokenizers import CharTokenizer, word_tokens
 
 __all__ = [
-    "lessons", "AttentionResult", "causal_mask", "merge_heads", "multi_head_attention",
+    "analysis", "lessons", "AttentionResult", "causal_mask", "merge_heads", "multi_head_attention",
     "scaled_dot_product_attention", "split_heads", "PRESETS", "TransformerConfig", "gelu", "gelu_new",
     "layer_norm", "relu", "softmax", "hook_names", "hook_shape", "init_params", "iter_arrays",
     "next_token_probs", "per_head_weights", "run_with_cache", "unembedding", "DTYPE_BYTES", "count_params",

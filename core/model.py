@@ -283,6 +283,8 @@ def run_with_cache(
         if not (0 <= layer < cfg.n_layers and 0 <= head < cfg.n_heads):
             raise ValueError(f"cannot ablate layer {layer} head {head}: the model has "
                              f"{cfg.n_layers} layers of {cfg.n_heads} heads")
+        if how not in ("zero", "mean"):
+            raise ValueError(f"ablation must be 'zero' or 'mean', got {how!r}")
         by_layer.setdefault(layer, {})[head] = how
     x = embed(params, cfg, tokens, hook, token_types)
     for layer, block in enumerate(params["blocks"]):
