@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from fastapi import FastAPI
+from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.staticfiles import StaticFiles
 
 from . import __version__
 from .observability import AccessLogMiddleware, configure_access_log
 from .paths import STATIC_DIR
-from .routers import health
+from . import errors
+from .bodylimit import BodySizeLimitMiddleware
+from .routers import api, docs, health
 from .security import ComputeLimitMiddleware, SecurityHeadersMiddleware
 from .settings import get_settings
 
@@ -22,6 +25,11 @@ def create_app() -> FastAPI:
         redoc_url=None,
     )
     app.include_router(health.router)
+    app.include_router(api.router)
+    app.include_router(docs.router)
+    errors.install(app)
+    app.add_middleware(GZipMiddleware, minimum_size=1000)  # activations compress ~3x
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=get_settings().max_body_bytes)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     # Added last = outermost: the headers also go on the limiter's 503s and on error responses.
     limits = get_settings()

@@ -23,6 +23,31 @@ class Settings(BaseSettings):
     max_concurrent_compute: int = Field(8, ge=1, le=256, description="compute requests in flight per worker")
     retry_after_s: int = Field(1, ge=1, le=3600, description="Retry-After seconds on a 503 when busy")
 
+    # Request limits (issue 3). Schemas import them, so each is stated once and shows in the OpenAPI.
+    # Sizes a learner can choose when running a model or a lesson:
+    max_tokens: int = Field(1024, ge=1, description="tokens in one text (words for the lessons)")
+    max_text_chars: int = Field(4096, ge=1, description="characters in one text")
+    max_d_model: int = Field(512, ge=1, description="width of the residual stream")
+    max_heads: int = Field(16, ge=1, description="attention heads per layer")
+    max_layers: int = Field(12, ge=1, description="blocks of a runnable model")
+    max_d_mlp: int = Field(2048, ge=1, description="hidden width of the MLP (forward lesson)")
+    max_top_k: int = Field(100, ge=0, description="next-token predictions returned")
+    max_hooks: int = Field(256, ge=1, description="hook names in one run request")
+    max_dims: int = Field(8, ge=1, description="entries of a list parameter (scaling's dims, positions' pairs)")
+    max_queries: int = Field(100_000, ge=1, description="random queries in the scaling lesson")
+    max_body_bytes: int = Field(65536, ge=1024, description="bytes of a request body (413 beyond)")
+    # The cost of one request, checked before computing (422 saying what to reduce):
+    max_work: int = Field(1_000_000_000, ge=1, description="multiply-adds and random draws of one request")
+    max_elements: int = Field(2**24, ge=1, description="elements of the largest array one request creates")
+    max_params: int = Field(8_000_000, ge=1, description="parameters of a toy model drawn for a run")
+    max_hook_values: int = Field(2**21, ge=1, description="numbers returned in one run response's hooks")
+    # The calculators only do arithmetic, so their sizes may be those of real large models:
+    calc_max_width: int = Field(65536, ge=1, description="d_model and d_mlp in the calculators")
+    calc_max_vocab: int = Field(1_048_576, ge=1, description="d_vocab in the calculators")
+    calc_max_ctx: int = Field(1_048_576, ge=1, description="n_ctx and seq_len in the calculators")
+    calc_max_layers: int = Field(1024, ge=1, description="n_layers in the calculators")
+    calc_max_batch: int = Field(4096, ge=1, description="batch in the KV-cache calculator")
+
 
 @lru_cache
 def get_settings() -> Settings:

@@ -56,3 +56,31 @@ class CharTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return "".join(self.vocab[i] for i in ids)
+
+
+PRINTABLE_ASCII = tuple(chr(c) for c in range(32, 127))  # space .. "~": 95 characters
+UNK = "[UNK]"
+
+
+@dataclass(frozen=True)
+class AsciiTokenizer:
+    """The explorer toy's tokeniser: one id per printable ASCII character, plus one [UNK] id.
+
+    Any other character (an accent, an emoji, another script, a combining mark, a newline)
+    becomes [UNK], so every text runs; the token is still shown as the character typed.
+    """
+
+    vocab: tuple[str, ...] = PRINTABLE_ASCII + (UNK,)
+
+    @property
+    def unk_id(self) -> int:
+        return len(self.vocab) - 1
+
+    def encode(self, text: str) -> Encoding:
+        if not text:
+            raise ValueError("the text is empty: type at least one character")
+        stoi = {c: i for i, c in enumerate(self.vocab[:-1])}
+        return Encoding([stoi.get(c, self.unk_id) for c in text], list(text))
+
+    def token_str(self, token_id: int) -> str:
+        return self.vocab[token_id]

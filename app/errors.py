@@ -1,0 +1,81 @@
+"""Exception handlers: every error answers in FastAPI's shape, {"detail": [{"loc", "msg", "type"}]}.
+
+- request validation (pydantic): 422, each message prefixed by the field it is about;
+- ValueError/TypeError raised by core/ or the service layer for bad input: 422 with its message;
+- HTTP errors under /api/ (404, 405): the same shape, saying where the API is documented;
+- anything else is a bug: logged with its traceback, answered with a generic 500.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .jsonio import FastJSONResponse
+
+log = logging.getLogger("app.errors")
+
+
+def error_body(msg: str, loc: list | tuple = (), type_: str = "value_error") -> dict:
+    return {"detail": [{"loc": list(loc), "msg": msg, "type": type_}]}
+
+
+def _field(loc: tuple) -> str:
+    # ("body", "hooks", 3) -> "hooks[3]"; ("query", "d_model") -> "d_model"
+    parts = [p for p in loc if p not in ("body", "query", "path")]
+    name = ""
+    for p in parts:
+        name += f"[{p}]" if isinstance(p, int) else (f".{p}" if name else str(p))
+    return name
+
+
+def _readable(err: dict) -> dict:
+    field = _field(tuple(err.get("loc", ())))
+    msg = err.get("msg", "invalid value")
+    if err.get("type") == "extra_forbidden":
+        msg = "is not a field this endpoint accepts (check its spelling against /docs)"
+    elif err.get("type") == "json_invalid":  # loc is ("body", character offset)
+        return {"loc": ["body"], "type": "json_invalid",
+                "msg": f"the body is not valid JSON: {err.get('ctx', {}).get('error', 'syntax error')} "
+                       f"at character {err['loc'][-1]}"}
+    elif err.get("type") == "string_unicode":
+        msg = "contains an unpaired UTF-16 surrogate, which is not a character: remove it"
+    return {"loc": list(err.get("loc", ())), "msg": f"{field}: {msg}" if field else msg,
+            "type": err.get("type", "value_error")}
+
+
+async def validation_error(request: Request, exc: RequestValidationError) -> FastJSONResponse:
+    # The offending input is not echoed: it may be large, or not representable in JSON (NaN).
+    return FastJSONResponse({"detail": [_readable(e) for e in exc.errors()]}, status_code=422)
+
+
+async def bad_input(request: Request, exc: Exception) -> FastJSONResponse:
+    return FastJSONResponse(error_body(str(exc)), status_code=422)
+
+
+async def http_error(request: Request, exc: StarletteHTTPException):
+    if not request.url.path.startswith("/api/"):
+        return await http_exception_handler(request, exc)  # pages keep FastAPI's default
+    msg = exc.detail if isinstance(exc.detail, str) else "error"
+    if exc.status_code == 404:
+        msg = f"{request.url.path} is not an endpoint of this server: see /docs for the API"
+    return FastJSONResponse(error_body(msg, type_=f"http_{exc.status_code}"), status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
+
+async def unexpected(request: Request, exc: Exception) -> FastJSONResponse:
+    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return FastJSONResponse(error_body("internal error: this is a bug in the server, not in your request",
+                                       type_="internal_error"), status_code=500)
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(ValueError, bad_input)
+    app.add_exception_handler(TypeError, bad_input)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(Exception, unexpected)

@@ -1,0 +1,353 @@
+"""Request and response models of the REST API v1, with their limits and examples.
+
+Every limit comes from app/settings.py and every default from the core function it feeds
+(core.lessons' signatures), so each is written once. Request models forbid unknown fields.
+Response models document the JSON in the OpenAPI; the routes build large arrays straight
+from NumPy (app/jsonio.py) instead of validating them through these models.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
+
+from core import PRESETS, DTYPE_BYTES, POSITION_SCHEMES, TransformerConfig, lessons
+
+from .settings import get_settings
+
+S = get_settings()
+MAX_SEED = 2**32 - 1  # NumPy's RandomState, which the spec's np.random.seed uses, takes seeds below 2³²
+
+
+def default(fn, name: str) -> Any:
+    """The default of `name` in core function `fn`: the spec's value, stated once, in core."""
+    return inspect.signature(fn).parameters[name].default
+
+
+def _non_blank(text: str) -> str:
+    if not text.strip():
+        raise PydanticCustomError("text_empty", "the text is empty or only spaces: type at least one word")
+    if re.search("[\ud800-\udfff]", text):
+        raise PydanticCustomError("text_surrogate", "the text contains an unpaired UTF-16 surrogate, "
+                                  "which is not a character: remove it")
+    return text
+
+
+def Text(default_: Any, max_length: int, description: str, **kw) -> Any:
+    return Field(default_, min_length=1, max_length=max_length, description=description, **kw)
+
+
+NonBlank = Annotated[str, AfterValidator(_non_blank)]
+Seed = Annotated[int, Field(ge=0, le=MAX_SEED, description=f"random seed, 0 … {MAX_SEED:,}")]
+Matrix = list[list[float | None]]  # JSON rows; null where a score is masked (-inf)
+
+PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
+DType = Literal[tuple(DTYPE_BYTES)]  # type: ignore[valid-type]
+PositionScheme = Literal[POSITION_SCHEMES]  # type: ignore[valid-type]
+
+
+class Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _int_list(value: str, name: str, low: int, high: int) -> tuple[int, ...]:
+    items = tuple(int(x) for x in value.split(","))
+    if len(items) > S.max_dims:
+        raise PydanticCustomError("too_long", f"{{n}} {name} given, more than the limit of {S.max_dims}",
+                                  {"n": len(items)})
+    bad = [x for x in items if not low <= x <= high]
+    if bad:
+        raise PydanticCustomError("out_of_range", f"{name} must each lie in {low} … {high:,}; got {{bad}}",
+                                  {"bad": bad[0]})
+    return items
+
+
+# ------------------------------------------------------------------ lesson queries
+
+LESSON_TEXT = f"words split on spaces, at most {S.max_tokens:,} words and {S.max_text_chars:,} characters"
+
+
+class AttentionQuery(Request):
+    text: NonBlank = Text(lessons.DEFAULT_TEXT, S.max_text_chars, LESSON_TEXT, examples=["the cat sat down"])
+    seed: Seed = default(lessons.attention, "seed")
+    d_model: int = Field(default(lessons.attention, "d_model"), ge=1, le=S.max_d_model,
+                         description="width of each token's embedding")
+    d_k: int = Field(default(lessons.attention, "d_k"), ge=1, le=S.max_d_model,
+                     description="width of queries, keys and values")
+    causal: bool = Field(default(lessons.attention, "causal"), description="forbid attending to later tokens")
+    scale: bool = Field(default(lessons.attention, "scale"), description="divide the scores by √d_k")
+
+
+class ScalingQuery(Request):
+    dims: str = Field(",".join(map(str, default(lessons.scaling, "dims"))), pattern=r"^\d{1,9}(,\d{1,9})*$",
+                      description=f"comma-separated widths d, at most {S.max_dims}, each 1 … {S.calc_max_width:,}",
+                      examples=["4,64,512"])
+    n_queries: int = Field(default(lessons.scaling, "n_queries"), ge=1, le=S.max_queries)
+    n_keys: int = Field(default(lessons.scaling, "n_keys"), ge=1, le=S.max_tokens)
+    seed: Seed = default(lessons.scaling, "seed")
+
+    @field_validator("dims")
+    @classmethod
+    def _dims(cls, v: str) -> str:
+        _int_list(v, "dims", 1, S.calc_max_width)
+        return v
+
+    @property
+    def dim_list(self) -> tuple[int, ...]:
+        return tuple(int(x) for x in self.dims.split(","))
+
+
+class MultiheadQuery(Request):
+    text: NonBlank = Text(lessons.DEFAULT_TEXT, S.max_text_chars, LESSON_TEXT)
+    seed: Seed = default(lessons.multihead, "seed")
+    d_model: int = Field(default(lessons.multihead, "d_model"), ge=1, le=S.max_d_model,
+                         description="width; must be a multiple of n_heads")
+    n_heads: int = Field(default(lessons.multihead, "n_heads"), ge=1, le=S.max_heads)
+    causal: bool = Field(default(lessons.multihead, "causal"), description="forbid attending to later tokens")
+    scale: bool = Field(default(lessons.multihead, "scale"), description="divide the scores by √d_head")
+
+
+class PositionsQuery(Request):
+    n_pos: int = Field(default(lessons.positions, "n_pos"), ge=1, le=S.max_tokens, description="positions")
+    d: int = Field(default(lessons.positions, "d"), ge=2, le=S.max_d_model, description="width (even)")
+    pairs: str | None = Field(None, pattern=r"^\d{1,7}:\d{1,7}(,\d{1,7}:\d{1,7})*$",
+                              description=(f"comma-separated i:j position pairs whose dot products to show, at "
+                                           f"most {S.max_dims}; default: the spec's pairs that fit in n_pos"),
+                              examples=["10:10,10:11,30:35"])
+
+    @field_validator("pairs")
+    @classmethod
+    def _pairs(cls, v: str | None) -> str | None:
+        if v is not None and len(v.split(",")) > S.max_dims:
+            raise PydanticCustomError("too_long", f"more than {S.max_dims} pairs given")
+        return v
+
+    @property
+    def pair_list(self) -> tuple[tuple[int, int], ...] | None:
+        if self.pairs is None:
+            return None
+        return tuple((int(i), int(j)) for i, j in (p.split(":") for p in self.pairs.split(",")))
+
+
+class ForwardQuery(Request):
+    text: NonBlank = Text(default(lessons.forward, "text"), S.max_text_chars,
+                          "corpus whose sorted distinct characters are the vocabulary")
+    prompt: NonBlank = Text(default(lessons.forward, "prompt"), S.max_tokens,
+                            f"characters to run (one token each, at most {S.max_tokens:,}), all from the text")
+    seed: Seed = default(lessons.forward, "seed")
+    d_model: int = Field(default(lessons.forward, "d_model"), ge=1, le=S.max_d_model)
+    n_heads: int = Field(default(lessons.forward, "n_heads"), ge=1, le=S.max_heads)
+    d_mlp: int = Field(default(lessons.forward, "d_mlp"), ge=1, le=S.max_d_mlp)
+
+
+# ------------------------------------------------------------------ calculator queries
+
+class ParamsQuery(Request):
+    preset: PresetName | None = Field(None, description="start from this configuration (default: toy)")
+    d_vocab: int | None = Field(None, ge=1, le=S.calc_max_vocab)
+    n_ctx: int | None = Field(None, ge=1, le=S.calc_max_ctx)
+    d_model: int | None = Field(None, ge=1, le=S.calc_max_width)
+    n_layers: int | None = Field(None, ge=1, le=S.calc_max_layers)
+    d_mlp: int | None = Field(None, ge=1, le=S.calc_max_width, description="default 4 × d_model")
+    tied_embeddings: bool | None = Field(None, description="the unembedding reuses the token table (GPT-2)")
+
+
+class KVCacheQuery(Request):
+    preset: PresetName | None = Field(None, description="start from this configuration (default: toy)")
+    n_layers: int | None = Field(None, ge=1, le=S.calc_max_layers)
+    d_model: int | None = Field(None, ge=1, le=S.calc_max_width)
+    n_heads: int | None = Field(None, ge=1, le=S.calc_max_width, description="must divide d_model")
+    seq_len: int | None = Field(None, ge=1, le=S.calc_max_ctx, description="cached tokens (default: n_ctx)")
+    batch: int = Field(1, ge=1, le=S.calc_max_batch)
+    dtype: DType = Field("float32", description="element type of the cache")
+
+
+class HooksQuery(Request):
+    model: str = Field("toy", max_length=200, description="a name from GET /api/v1/models")
+    n_layers: int | None = Field(None, ge=1, le=S.max_layers)
+    positional_embedding_type: PositionScheme | None = None
+
+
+# ------------------------------------------------------------------ run
+
+class RunRequest(Request):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"model": "toy", "text": "Ali makan nasi lemak", "hooks": ["blocks.0.attn.hook_pattern"], "top_k": 5},
+        {"model": "spec-forward", "text": "nasi ", "top_k": 9},
+        {"model": "toy", "text": "the cat sat", "causal": False, "n_heads": 2, "n_layers": 1,
+         "positional_embedding_type": "rotary", "seed": 3, "hooks": ["blocks.0.attn.hook_attn_scores"]},
+    ]})
+
+    model: str = Field("toy", max_length=200, description="a name from GET /api/v1/models")
+    text: NonBlank = Text(..., S.max_text_chars,
+                          f"the input; at most {S.max_text_chars:,} characters and {S.max_tokens:,} tokens")
+    hooks: list[Annotated[str, Field(max_length=200)]] = Field(
+        default_factory=list, max_length=S.max_hooks,
+        description=(f"activation names to return (GET /api/v1/hooks lists them), at most {S.max_hooks}, "
+                     f"holding at most {S.max_hook_values:,} numbers in all"))
+    top_k: int = Field(5, ge=0, le=S.max_top_k, description="how many next-token predictions to return")
+    causal: bool | None = Field(None, description="null: the model's default")
+    scale: bool | None = Field(None, description="divide scores by √d_head; null: the model's default")
+    temperature: float | None = Field(None, gt=0, le=100, allow_inf_nan=False,
+                                      description="attention softmax temperature (scores ÷ it)")
+    positional_embedding_type: PositionScheme | None = None
+    n_heads: int | None = Field(None, ge=1, le=S.max_heads, description="must divide d_model")
+    n_layers: int | None = Field(None, ge=1, le=S.max_layers)
+    d_model: int | None = Field(None, ge=1, le=S.max_d_model)
+    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="weights' seed; null: the model's default")
+
+
+# ------------------------------------------------------------------ responses
+
+class ResponseModel(BaseModel):
+    """Documents a JSON response (not used to validate it)."""
+
+
+class AttentionLessonResponse(ResponseModel):
+    tokens: list[str]
+    shapes: dict[str, list[int]] = Field(description="shape of each array: X, W_q, W_k, W_v, Q, K, V, weights, output")
+    raw_scores: Matrix = Field(description="Q Kᵀ [query_pos, key_pos], rows are queries, columns keys")
+    scaled_scores: Matrix = Field(description="raw_scores ÷ divisor, before the mask")
+    scores: Matrix = Field(description="scaled and masked: null where the mask forbids")
+    mask: list[list[bool]] = Field(description="true where a query may not see a key")
+    weights: Matrix = Field(description="softmax of each row of scores")
+    output: Matrix = Field(description="weights @ V [pos, d_k]")
+    divisor: float = Field(description="√d_k when scaling, else 1")
+
+
+class ScalingRowModel(ResponseModel):
+    d: int
+    std: float = Field(description="standard deviation of the raw dot products q·k")
+    top_weight_unscaled: float = Field(description="mean largest softmax weight, scores not scaled")
+    top_weight_scaled: float = Field(description="the same with scores ÷ √d")
+
+
+class ScalingResponse(ResponseModel):
+    rows: list[ScalingRowModel]
+
+
+class HeadModel(ResponseModel):
+    scores: Matrix
+    weights: Matrix
+
+
+class MultiheadResponse(ResponseModel):
+    tokens: list[str]
+    d_head: int
+    shapes: dict[str, list[int]]
+    heads: list[HeadModel] = Field(description="one entry per head: scores and weights [query_pos, key_pos]")
+    output: Matrix = Field(description="concatenated heads @ W_o [pos, d_model]")
+
+
+class DotModel(ResponseModel):
+    i: int
+    j: int
+    dot: float
+
+
+class PositionsResponse(ResponseModel):
+    encoding: Matrix = Field(description="[n_pos, d]: sin on even dimensions, cos on odd")
+    dots: list[DotModel]
+
+
+class StepModel(ResponseModel):
+    name: str
+    shape: list[int]
+
+
+class ForwardResponse(ResponseModel):
+    vocab: list[str]
+    tokens: list[str]
+    token_ids: list[int]
+    steps: list[StepModel] = Field(description="the spec's printed shapes, step by step")
+    next_token_probs: dict[str, float] = Field(description="probability of each character after the prompt")
+    config: TransformerConfig
+
+
+class ParamEntryModel(ResponseModel):
+    name: str = Field(description="dotted array name; {l} stands for every layer")
+    shape: list[int]
+    per_layer: bool
+    counted: bool = Field(description="false for arrays that add no parameters (tied tables, the mask buffer)")
+    size: int = Field(description="elements of one copy")
+    total: int = Field(description="parameters this entry adds to the total (0 if not counted)")
+    note: str = Field(description="what it is, and why it is or is not counted")
+
+
+class ParamsResponse(ResponseModel):
+    config: TransformerConfig
+    embeddings: int
+    per_block: int
+    total: int
+    breakdown: list[ParamEntryModel]
+
+
+class KVCacheTerms(ResponseModel):
+    n_layers: int
+    batch: int
+    seq_len: int
+    n_heads: int
+    d_head: int
+    dtype_bytes: int
+
+
+class KVCacheResponse(ResponseModel):
+    bytes: int
+    dtype: str
+    formula: str
+    terms: KVCacheTerms
+    config: TransformerConfig
+
+
+class ModelInfo(ResponseModel):
+    name: str
+    kind: Literal["toy", "pretrained"]
+    description: str
+    config: TransformerConfig
+    toggles: list[str] = Field(description="run request fields this model accepts")
+    is_encoder: bool
+    default_text: str
+    default_seed: int
+    runnable: bool
+    error: str | None = Field(description="why it cannot run, if it cannot")
+
+
+class ModelsResponse(ResponseModel):
+    models: list[ModelInfo]
+
+
+class HookModel(ResponseModel):
+    name: str
+    shape: str = Field(description="axis names, e.g. [head_index, query_pos, key_pos]")
+
+
+class HooksResponse(ResponseModel):
+    model: str
+    config: TransformerConfig
+    hooks: list[HookModel]
+
+
+class TopToken(ResponseModel):
+    token: str
+    id: int
+    prob: float
+
+
+class HookShape(ResponseModel):
+    axes: str
+    dims: list[int]
+
+
+class RunResponse(ResponseModel):
+    model: str
+    tokens: list[str]
+    token_ids: list[int]
+    config: TransformerConfig
+    seed: int
+    hooks: dict[str, Any] = Field(description="nested lists by hook name; masked scores are null")
+    hook_shapes: dict[str, HookShape]
+    top_k: list[TopToken] = Field(description="most likely next tokens; empty for encoders")

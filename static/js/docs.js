@@ -1,0 +1,15 @@
+// Starts Swagger UI on /docs from the schema URL in the page's data attribute.
+// validatorUrl: null stops Swagger UI sending the schema to validator.swagger.io (no outbound requests).
+(function () {
+  "use strict";
+  var root = document.getElementById("swagger-ui");
+  if (!root || typeof window.SwaggerUIBundle !== "function") return;
+  window.ui = window.SwaggerUIBundle({
+    url: root.dataset.openapiUrl,
+    domNode: root,
+    validatorUrl: null,
+    deepLinking: true,
+    tryItOutEnabled: true,
+    defaultModelsExpandDepth: 0,
+  });
+})();
