@@ -1,0 +1,232 @@
+// Transformer Explorer's one script: draws the server's figures and wires their downloads.
+//
+// - Every element with a `data-figure` attribute (Plotly figure JSON built by app/figures.py) is
+//   drawn with Plotly.react whenever htmx loads content (first page load, swaps, history restores),
+//   and purged when htmx removes it, so swapped-out plots leak nothing.
+// - Buttons with `data-download="json"|"csv"` inside a `.figure` card download the data behind
+//   that card's figure; PNG export is Plotly's own modebar button.
+// - Failed requests that the server could not answer in place (busy, network down, 5xx) show a
+//   message in the results area; 422s arrive as server-rendered HTML and are swapped like any page.
+// - The "classroom" checkbox switches the projector-friendly size at once (its state also goes
+//   into the URL with the rest of the form).
+// No inline scripts anywhere, so the pages run under a strict Content-Security-Policy.
+(function () {
+  "use strict";
+
+  const CLASSROOM_FONT_SCALE = 1.45;
+
+  function isClassroom() {
+    return document.body.classList.contains("classroom");
+  }
+
+  function readFigure(el) {
+    if (!el._explorerFigure) {
+      el._explorerFigure = JSON.parse(el.getAttribute("data-figure"));
+    }
+    return el._explorerFigure;
+  }
+
+  function scaledFont(font, factor) {
+    const out = Object.assign({}, font || {});
+    if (out.size) out.size = Math.round(out.size * factor);
+    return out;
+  }
+
+  // The figure's own layout, with fonts enlarged in classroom mode and the element's height.
+  function layoutFor(el, figure) {
+    const layout = Object.assign({}, figure.layout || {});
+    const factor = isClassroom() ? CLASSROOM_FONT_SCALE : 1;
+    if (factor !== 1) {
+      layout.font = scaledFont(layout.font, factor);
+      if (layout.hoverlabel) layout.hoverlabel = Object.assign({}, layout.hoverlabel, {font: scaledFont(layout.hoverlabel.font, factor)});
+    }
+    layout.autosize = true;
+    return layout;
+  }
+
+  function configFor(el, figure) {
+    const name = (figure.export && figure.export.name) || "figure";
+    if (el.hasAttribute("data-static")) {
+      return {staticPlot: true, responsive: true, displayModeBar: false};
+    }
+    return {
+      responsive: true,
+      displaylogo: false,
+      scrollZoom: false,
+      // The PNG export stays (toImage); the rest of the bar is trimmed to what a learner needs.
+      modeBarButtonsToRemove: ["select2d", "lasso2d", "autoScale2d", "toggleSpikelines",
+        "hoverClosestCartesian", "hoverCompareCartesian"],
+      toImageButtonOptions: {format: "png", filename: name, scale: 2},
+    };
+  }
+
+  // Each heatmap cell's hover text, from the figure's "cell_text" pattern and its (already
+  // escaped) tick labels: "query {i} {y} → key {j} {x}". Built here so the server sends n labels,
+  // not n² strings.
+  function withCellText(figure) {
+    const pattern = figure.export && figure.export.cell_text;
+    const layout = figure.layout || {};
+    const xt = (layout.xaxis || {}).ticktext;
+    const yt = (layout.yaxis || {}).ticktext;
+    if (!pattern || !xt || !yt) return figure.data || [];
+    return (figure.data || []).map(function (trace) {
+      if (trace.type !== "heatmap" || trace.text || !trace.z) return trace;
+      const text = yt.map(function (y, i) {
+        return xt.map(function (x, j) {
+          // replacement functions: a label such as "$&" must not be read as a replacement pattern
+          return pattern.replace("{i}", function () { return i; }).replace("{y}", function () { return y; })
+            .replace("{j}", function () { return j; }).replace("{x}", function () { return x; });
+        });
+      });
+      return Object.assign({}, trace, {text: text});
+    });
+  }
+
+  function draw(el) {
+    let figure;
+    try {
+      figure = readFigure(el);
+    } catch (err) {
+      showFigureError(el, "This figure's data could not be read.");
+      return;
+    }
+    const data = el.hasAttribute("data-static") ? (figure.data || []) : withCellText(figure);
+    Plotly.react(el, data, layoutFor(el, figure), configFor(el, figure));
+  }
+
+  function drawAll(root) {
+    const els = [];
+    if (root.matches && root.matches("[data-figure]")) els.push(root);
+    if (root.querySelectorAll) els.push(...root.querySelectorAll("[data-figure]"));
+    els.forEach(draw);
+  }
+
+  function showFigureError(el, message) {
+    const p = document.createElement("p");
+    p.className = "error";
+    p.textContent = message;
+    el.replaceChildren(p);
+  }
+
+  // ------------------------------------------------------------------ downloads
+
+  function csvCell(value) {
+    if (value === null || value === undefined) return "";
+    const s = String(value);
+    return /[",\n\r]/.test(s) ? '"' + s.replace(/"/g, '""') + '"' : s;
+  }
+
+  // The data behind a figure, with the raw (unescaped) labels the server put in `export`.
+  function exportTable(figure) {
+    const ex = figure.export || {};
+    const trace = (figure.data || [])[0] || {};
+    if (ex.kind === "matrix") {
+      return {
+        name: ex.name, x_title: ex.x_title, y_title: ex.y_title, value: ex.value,
+        x: ex.x, y: ex.y, values: trace.z,
+      };
+    }
+    if (ex.kind === "bars") {
+      return {name: ex.name, x_title: ex.x_title, value: ex.value, x: ex.x, values: trace.x};
+    }
+    return {name: ex.name || "figure", data: figure.data};
+  }
+
+  function toCsv(table) {
+    const rows = [];
+    if (table.y) {
+      rows.push([table.y_title + " \\ " + table.x_title].concat(table.x));
+      table.values.forEach(function (row, i) { rows.push([table.y[i]].concat(row)); });
+    } else if (table.x) {
+      rows.push([table.x_title, table.value]);
+      table.x.forEach(function (label, i) { rows.push([label, table.values[i]]); });
+    } else {
+      rows.push(["data"], [JSON.stringify(table.data)]);
+    }
+    return rows.map(function (r) { return r.map(csvCell).join(","); }).join("\r\n") + "\r\n";
+  }
+
+  function save(filename, type, text) {
+    const url = URL.createObjectURL(new Blob([text], {type: type}));
+    const a = document.createElement("a");
+    a.href = url;
+    a.download = filename;
+    document.body.appendChild(a);
+    a.click();
+    a.remove();
+    setTimeout(function () { URL.revokeObjectURL(url); }, 1000);
+  }
+
+  document.addEventListener("click", function (evt) {
+    const button = evt.target.closest("[data-download]");
+    if (!button) return;
+    const card = button.closest(".figure");
+    const el = card && card.querySelector("[data-figure]");
+    if (!el) return;
+    evt.preventDefault();
+    const table = exportTable(readFigure(el));
+    if (button.getAttribute("data-download") === "csv") {
+      save(table.name + ".csv", "text/csv", toCsv(table));
+    } else {
+      save(table.name + ".json", "application/json", JSON.stringify(table, null, 1));
+    }
+  });
+
+  // ------------------------------------------------------------------ classroom size
+
+  function syncClassroom() {
+    const box = document.querySelector("input[name=classroom][type=checkbox]");
+    if (!box) return;
+    if (box.checked !== isClassroom()) {
+      document.body.classList.toggle("classroom", box.checked);
+      document.querySelectorAll("[data-figure]").forEach(draw);
+    }
+  }
+
+  document.addEventListener("change", function (evt) {
+    if (evt.target.matches("input[name=classroom]")) syncClassroom();
+  });
+
+  // ------------------------------------------------------------------ errors htmx could not swap
+
+  function messageFor(xhr) {
+    if (!xhr || xhr.status === 0) return "The server could not be reached. Is it still running?";
+    if (xhr.status === 503) return "The server is busy with other requests; change a setting again in a moment.";
+    return "The server answered " + xhr.status + " " + (xhr.statusText || "") + ". Try another setting.";
+  }
+
+  function showRequestError(evt) {
+    const target = (evt.detail && evt.detail.target) || document.getElementById("results");
+    if (!target) return;
+    let box = target.querySelector(":scope > .request-error");
+    if (!box) {
+      box = document.createElement("p");
+      box.className = "error request-error";
+      box.setAttribute("role", "alert");
+      target.prepend(box);
+    }
+    box.textContent = messageFor(evt.detail && evt.detail.xhr);
+  }
+
+  document.addEventListener("htmx:responseError", showRequestError);
+  document.addEventListener("htmx:sendError", showRequestError);
+
+  // ------------------------------------------------------------------ htmx lifecycle
+
+  function start() {
+    htmx.onLoad(function (root) {
+      syncClassroom();
+      drawAll(root);
+    });
+    document.addEventListener("htmx:beforeCleanupElement", function (evt) {
+      const el = evt.target;
+      if (el.hasAttribute && el.hasAttribute("data-figure") && el._fullLayout) Plotly.purge(el);
+    });
+  }
+
+  if (window.htmx && window.Plotly) {
+    start();
+  } else {
+    document.addEventListener("DOMContentLoaded", start);
+  }
+})();
