@@ -28,7 +28,8 @@ def create_app() -> FastAPI:
     app.include_router(api.router)
     app.include_router(docs.router)
     errors.install(app)
-    app.add_middleware(GZipMiddleware, minimum_size=1000)  # activations compress ~3x
+    # Level 1: a 27 MB run response compresses to 10.5 MB in 1.7 s; level 9 (the default) takes 17 s for 9.6 MB.
+    app.add_middleware(GZipMiddleware, minimum_size=1000, compresslevel=1)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=get_settings().max_body_bytes)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     # Added last = outermost: the headers also go on the limiter's 503s and on error responses.
