@@ -18,6 +18,9 @@ class Settings(BaseSettings):
     log_level: str = Field("info", pattern="^(critical|error|warning|info|debug)$")
     access_log: bool = Field(True, description="one JSON line per request on stdout (app/observability.py)")
     models_dir: Path | None = Field(None, description="folder whose subfolders are Hugging Face checkpoints")
+    # Loaded pretrained weights kept per worker (app/pretrained.py); beyond it the least recently
+    # used model is dropped. float32: MiniLM ≈ 87 MB, GPT-2 small ≈ 500 MB, GPT-2 medium ≈ 1.4 GB.
+    pretrained_memory_mb: int = Field(2048, ge=1, le=1_048_576, description="MB of pretrained weights per worker")
     # Load shedding (app/security.py): beyond this many model/lesson computations in flight per
     # worker, answer 503 + Retry-After at once rather than queue; cheap routes are never limited.
     max_concurrent_compute: int = Field(8, ge=1, le=256, description="compute requests in flight per worker")

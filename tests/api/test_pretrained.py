@@ -1,0 +1,174 @@
+"""Pretrained models through the API: the bundled MiniLM and folders put in EXPLORER_MODELS_DIR,
+listed (broken ones with their reason), run, loaded once under concurrency, within a memory budget."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app import pretrained
+from app.settings import get_settings
+from core import count_params
+from core.checkpoints import read_spec
+
+from .conftest import messages
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+ATOL = 1e-4  # as in tests/core/test_parity.py: the API must not lose precision on the way
+
+
+@pytest.fixture
+def models_dir(tmp_path, monkeypatch):
+    """EXPLORER_MODELS_DIR with a GPT-2 and a BERT fixture and three folders that cannot run."""
+    root = tmp_path / "models"
+    for name in ("gpt2-tiny", "bert-tiny"):
+        shutil.copytree(FIXTURES / name, root / name)
+    shutil.copytree(FIXTURES / "gpt2-tiny", root / "no-tokenizer")
+    (root / "no-tokenizer" / "tokenizer.json").unlink()
+    shutil.copytree(FIXTURES / "gpt2-tiny", root / "llama-ish")
+    config = root / "llama-ish" / "config.json"
+    config.write_text(json.dumps(json.loads(config.read_text()) | {"model_type": "llama"}))
+    shutil.copytree(FIXTURES / "gpt2-tiny", root / "toy")  # a built-in model's name
+    monkeypatch.setenv("EXPLORER_MODELS_DIR", str(root))
+    get_settings.cache_clear()
+    yield root
+    get_settings.cache_clear()  # the next call reads the environment without our variable
+
+
+def listed(client) -> dict[str, dict]:
+    r = client.get("/api/v1/models")
+    assert r.status_code == 200
+    return {m["name"]: m for m in r.json()["models"]}
+
+
+def test_models_lists_minilm_and_the_folders(client, models_dir):
+    models = listed(client)
+    minilm = models[pretrained.MINILM_NAME]
+    assert minilm["kind"] == "pretrained" and minilm["runnable"] and minilm["is_encoder"]
+    assert minilm["config"]["n_layers"] == 6 and minilm["config"]["d_model"] == 384
+    assert "causal" not in minilm["toggles"] and "n_heads" not in minilm["toggles"]
+    gpt2 = models["gpt2-tiny"]
+    assert gpt2["runnable"] and not gpt2["is_encoder"] and "causal" in gpt2["toggles"]
+    assert gpt2["config"]["n_heads"] == read_spec(FIXTURES / "gpt2-tiny").cfg.n_heads
+    assert models["bert-tiny"]["runnable"] and models["bert-tiny"]["is_encoder"]
+    assert not models["no-tokenizer"]["runnable"] and "tokenizer.json" in models["no-tokenizer"]["error"]
+    assert not models["llama-ish"]["runnable"] and "'llama'" in models["llama-ish"]["error"]
+    assert models["toy"]["kind"] == "toy"  # the built-in keeps its name...
+    assert "taken" in models["EXPLORER_MODELS_DIR/toy"]["error"]  # ...and the folder says why it is not used
+
+
+def test_minilm_runs_at_parity_through_the_api(client):
+    ref = np.load(FIXTURES / "minilm_reference.npz")
+    r = client.post("/api/v1/run", json={"model": pretrained.MINILM_NAME, "text": str(ref["case0_text"]),
+                                         "hooks": ["blocks.0.attn.hook_pattern", "blocks.5.hook_resid_post"]})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["token_ids"] == ref["case0_token_ids"].tolist()
+    assert body["tokens"][0] == "[CLS]" and body["tokens"][-1] == "[SEP]"
+    assert body["top_k"] == []  # an encoder predicts no next token
+    np.testing.assert_allclose(body["hooks"]["blocks.0.attn.hook_pattern"], ref["case0_attentions_layer0"], atol=ATOL)
+    np.testing.assert_allclose(body["hooks"]["blocks.5.hook_resid_post"], ref["case0_last_hidden_state"], atol=ATOL)
+
+
+def test_gpt2_folder_runs_at_parity_through_the_api(client, models_dir):
+    ref = np.load(FIXTURES / "gpt2-tiny.npz")
+    r = client.post("/api/v1/run", json={"model": "gpt2-tiny", "text": str(ref["case1_text"]), "top_k": 5,
+                                         "hooks": ["blocks.1.attn.hook_pattern"]})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["token_ids"] == ref["case1_token_ids"].tolist()
+    assert "↵" in body["tokens"] and any(t.startswith("␣") for t in body["tokens"])
+    np.testing.assert_allclose(body["hooks"]["blocks.1.attn.hook_pattern"], ref["case1_attentions"][1], atol=ATOL)
+    logits = ref["case1_logits"][-1].astype(np.float64)
+    probs = np.exp(logits - logits.max())
+    probs /= probs.sum()
+    best = np.argsort(-probs)[:5]
+    assert [t["id"] for t in body["top_k"]] == best.tolist()
+    np.testing.assert_allclose([t["prob"] for t in body["top_k"]], probs[best], atol=ATOL)
+
+
+def test_gpt2_attention_toggles_apply(client, models_dir):
+    hook = "blocks.0.attn.hook_pattern"
+    req = {"model": "gpt2-tiny", "text": "The cat sat", "hooks": [hook]}
+    causal = np.array(client.post("/api/v1/run", json=req).json()["hooks"][hook])
+    both = np.array(client.post("/api/v1/run", json=req | {"causal": False}).json()["hooks"][hook])
+    assert np.all(np.triu(causal, k=1) == 0) and np.any(np.triu(both, k=1) > 0)
+
+
+@pytest.mark.parametrize(("model", "field", "value"), [
+    (pretrained.MINILM_NAME, "causal", True),  # an encoder has no causal toggle
+    ("gpt2-tiny", "n_heads", 2),  # trained weights have the sizes they have
+    ("gpt2-tiny", "seed", 3),
+])
+def test_toggles_a_pretrained_model_refuses(client, models_dir, model, field, value):
+    r = client.post("/api/v1/run", json={"model": model, "text": "The cat", field: value})
+    assert r.status_code == 422 and field in messages(r)
+
+
+def test_broken_and_too_long_are_422(client, models_dir):
+    r = client.post("/api/v1/run", json={"model": "no-tokenizer", "text": "The cat"})
+    assert r.status_code == 422 and "tokenizer.json" in messages(r)
+    n_ctx = read_spec(FIXTURES / "gpt2-tiny").cfg.n_ctx
+    r = client.post("/api/v1/run", json={"model": "gpt2-tiny", "text": "a " * (2 * n_ctx)})
+    assert r.status_code == 422 and f"n_ctx={n_ctx}" in messages(r)
+
+
+def test_weights_broken_beyond_config_become_the_listed_reason(client, models_dir):
+    """config.json can look fine while model.safetensors is not: the first run finds out and
+    from then on the listing says why."""
+    bad = models_dir / "truncated"
+    shutil.copytree(FIXTURES / "gpt2-tiny", bad)
+    data = (bad / "model.safetensors").read_bytes()
+    (bad / "model.safetensors").write_bytes(data[: len(data) // 2])
+    assert listed(client)["truncated"]["runnable"]  # its config.json is fine
+    r = client.post("/api/v1/run", json={"model": "truncated", "text": "The cat"})
+    assert r.status_code == 422 and "model.safetensors" in messages(r)
+    after = listed(client)["truncated"]
+    assert not after["runnable"] and "model.safetensors" in after["error"]
+
+
+# ---------------------------------------------------------------------------- loading: once, within budget
+
+def make_catalog(mb: int) -> pretrained.Catalog:
+    return pretrained.Catalog(FIXTURES, mb * 2**20)
+
+
+def test_concurrent_first_requests_load_once():
+    # MiniLM: its load takes long enough (reading 87 MB, fusing Q, K, V) that threads overlap.
+    loader = make_catalog(256).entries[pretrained.MINILM_NAME]
+    barrier = threading.Barrier(4)
+    got = []
+
+    def first_request():
+        barrier.wait()
+        got.append(loader.params())
+
+    threads = [threading.Thread(target=first_request) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert loader.loads == 1 and len(got) == 4 and all(p is got[0] for p in got)
+
+
+def test_memory_budget_drops_the_least_recently_used():
+    sizes = {name: 4 * count_params(read_spec(FIXTURES / name).cfg).total for name in ("gpt2-tiny", "bert-tiny")}
+    catalog = pretrained.Catalog(FIXTURES, max(sizes.values()) + min(sizes.values()) // 2)  # room for one
+    gpt2, bert = catalog.entries["gpt2-tiny"], catalog.entries["bert-tiny"]
+    gpt2.params()
+    assert catalog.budget.loaded() == ["gpt2-tiny"]
+    bert.params()
+    assert catalog.budget.loaded() == ["bert-tiny"] and catalog.budget.used <= catalog.budget.max_bytes
+    gpt2.params()  # dropped before, so read again
+    assert gpt2.loads == 2 and bert.loads == 1
+
+
+def test_a_model_larger_than_the_budget_says_so():
+    catalog = pretrained.Catalog(None, 1 * 2**20)  # 1 MB: MiniLM needs about 87
+    with pytest.raises(ValueError, match="EXPLORER_PRETRAINED_MEMORY_MB"):
+        catalog.entries[pretrained.MINILM_NAME].params()
