@@ -44,6 +44,8 @@ class Settings(BaseSettings):
     max_elements: int = Field(2**24, ge=1, description="elements of the largest array one request creates")
     max_params: int = Field(8_000_000, ge=1, description="parameters of a toy model drawn for a run")
     max_hook_values: int = Field(2**21, ge=1, description="numbers returned in one run response's hooks")
+    # The explorer page draws T × T heatmaps in the browser; beyond this many tokens they stop being legible.
+    explorer_max_tokens: int = Field(128, ge=1, description="tokens the explorer page draws")
     # The calculators only do arithmetic, so their sizes may be those of real large models:
     calc_max_width: int = Field(65536, ge=1, description="d_model and d_mlp in the calculators")
     calc_max_vocab: int = Field(1_048_576, ge=1, description="d_vocab in the calculators")

@@ -211,6 +211,33 @@
   document.addEventListener("htmx:responseError", showRequestError);
   document.addEventListener("htmx:sendError", showRequestError);
 
+  // ------------------------------------------------------------------ the latest setting wins
+  //
+  // Forms sync with hx-sync="...:queue last": a change made while a request is in flight waits
+  // for it, then is sent with the values the controls have *then*. Swapping the in-flight
+  // (already stale) answer first would reset the radios inside the results (layer, head) and so
+  // lose a click made meanwhile; so an answer is swapped only if no request was triggered after
+  // it. (hx-sync "replace" would abort instead, which htmx logs as a console error.)
+
+  let triggered = 0;
+  document.addEventListener("htmx:confirm", function () { triggered += 1; });
+  document.addEventListener("htmx:beforeRequest", function (evt) {
+    if (evt.detail.xhr) evt.detail.xhr._explorerSeq = triggered;
+  });
+  document.addEventListener("htmx:beforeSwap", function (evt) {
+    const xhr = evt.detail.xhr;
+    if (xhr && xhr._explorerSeq !== undefined && xhr._explorerSeq < triggered && !evt.detail.isError) {
+      evt.detail.shouldSwap = false;
+    }
+  });
+
+  // Text and number boxes send their own debounced request on input; the "change" they fire on
+  // blur would send the same values again through the form, so it stops here.
+  document.addEventListener("change", function (evt) {
+    const t = evt.target;
+    if (t.matches && t.matches("textarea[hx-trigger], input[type=number][hx-trigger]")) evt.stopPropagation();
+  }, true);
+
   // ------------------------------------------------------------------ htmx lifecycle
 
   function start() {
