@@ -15,8 +15,8 @@ from .functional import softmax
 
 
 class AttentionResult(NamedTuple):
-    scores: np.ndarray  # [..., query_pos, key_pos], scaled and masked (-inf above the diagonal if causal)
-    weights: np.ndarray  # [..., query_pos, key_pos], softmax of scores; each row sums to 1
+    scores: np.ndarray | None  # [..., query_pos, key_pos], scaled and masked (-inf above the diagonal if causal)
+    weights: np.ndarray | None  # [..., query_pos, key_pos], softmax of scores; each row sums to 1
     output: np.ndarray  # [..., query_pos, d_v]
 
 
@@ -35,6 +35,13 @@ def attention_scale(d_head: int, scale: bool = True, temperature: float = 1.0) -
     return (math.sqrt(d_head) if scale else 1.0) * temperature
 
 
+# Queries are attended to in blocks of this many rows: one block's scores, [..., 64, key_pos],
+# stay in the CPU cache through scale, mask, softmax and the product with V, where a whole
+# [heads, pos, pos] array at 1024 tokens (48 MB) would stream through memory at every step.
+# Inputs of up to QUERY_BLOCK tokens (every toy and lesson) take exactly one block.
+QUERY_BLOCK = 64
+
+
 def scaled_dot_product_attention(
     q: np.ndarray,  # [..., query_pos, d_head]
     k: np.ndarray,  # [..., key_pos, d_head]
@@ -43,19 +50,45 @@ def scaled_dot_product_attention(
     causal: bool = False,
     scale: bool = True,
     temperature: float = 1.0,
+    keep: bool = True,
 ) -> AttentionResult:
     """softmax(Q Kᵀ / √d_k + mask) V, returning scores, weights and output.
 
     The mask is additive -inf: after the softmax those weights are exactly 0.
+    keep=False returns only the output (scores and weights None, and no arrays for them).
+    When causal, each block of queries skips the keys none of its rows can see: half the work
+    of QKᵀ, softmax and weights @ V at long inputs. The skipped entries are exactly the -inf
+    scores and 0 weights, so every number is the same whether or not scores are kept.
     """
     if temperature <= 0 or not math.isfinite(temperature):
         raise ValueError(f"temperature must be a positive finite number, got {temperature}")
-    scores = q @ np.swapaxes(k, -1, -2)  # [..., query_pos, key_pos]
-    scores /= attention_scale(q.shape[-1], scale, temperature)
-    if causal:
-        scores[..., causal_mask(q.shape[-2], k.shape[-2])] = -np.inf
-    weights = softmax(scores)
-    return AttentionResult(scores, weights, weights @ v)
+    n_query, n_key = q.shape[-2], k.shape[-2]
+    divisor = attention_scale(q.shape[-1], scale, temperature)
+    lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])  # e.g. (n_heads,)
+    k_t = np.swapaxes(k, -1, -2)  # [..., d_head, key_pos], a view: BLAS reads it transposed
+    output = np.empty((*lead, n_query, v.shape[-1]), dtype=np.result_type(q, k, v))
+    scores = weights = None
+    if keep:
+        scores = np.empty((*lead, n_query, n_key), dtype=np.result_type(q, k))
+        weights = np.empty_like(scores)
+    for start in range(0, n_query, QUERY_BLOCK):
+        stop = min(start + QUERY_BLOCK, n_query)
+        # Keys this block's queries may see: with a KV cache the queries are the last n_query
+        # positions, so query i sits at position n_key - n_query + i and sees keys up to it.
+        seen = max(1, n_key - n_query + stop) if causal else n_key
+        s = np.matmul(q[..., start:stop, :], k_t[..., :seen],
+                      out=None if scores is None else scores[..., start:stop, :seen])  # [..., block, seen]
+        s /= divisor
+        if causal:
+            np.copyto(s, -np.inf, where=causal_mask(stop - start, seen))
+        if keep:
+            scores[..., start:stop, seen:] = -np.inf  # keys after the block's last query
+            weights[..., start:stop, seen:] = 0.0
+            w = softmax(s, out=weights[..., start:stop, :seen])
+        else:
+            w = softmax(s, out=s)  # nobody keeps the scores: overwrite them with the weights
+        np.matmul(w, v[..., :seen, :], out=output[..., start:stop, :])
+    return AttentionResult(scores, weights, output)
 
 
 def split_heads(x: np.ndarray, n_heads: int) -> np.ndarray:

@@ -12,16 +12,20 @@ import math
 import numpy as np
 
 
-def softmax(z: np.ndarray, axis: int = -1) -> np.ndarray:
-    """Numerically stable softmax along `axis`.
+def softmax(z: np.ndarray, axis: int = -1, out: np.ndarray | None = None) -> np.ndarray:
+    """Numerically stable softmax along `axis`; written into `out` if given (`out=z` is allowed).
 
     Subtracting the row maximum changes nothing mathematically (the constant cancels in
     the division) but stops `np.exp` overflowing. Rows that are entirely -inf (nothing
     visible) would give 0/0; they cannot arise from a causal mask, which always leaves
     the diagonal visible.
     """
-    shifted = z - z.max(axis=axis, keepdims=True)
-    e = np.exp(shifted)
+    # One array for the whole computation (exp and the division work in place): attention
+    # patterns are [heads, pos, pos], so every extra temporary is a full pass over memory.
+    e = np.subtract(z, z.max(axis=axis, keepdims=True), out=out)
+    if e.dtype.kind != "f":  # integer logits: exp needs a float array to write into
+        e = e.astype(np.float64)
+    np.exp(e, out=e)
     e /= e.sum(axis=axis, keepdims=True)
     return e
 

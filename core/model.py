@@ -159,8 +159,11 @@ class _Recorder:
         self.wanted = None if names is None else set(names)
         self.cache: dict[str, np.ndarray] = {}
 
+    def wants(self, name: str) -> bool:
+        return self.wanted is None or name in self.wanted
+
     def __call__(self, name: str, value: np.ndarray) -> np.ndarray:
-        if self.wanted is None or name in self.wanted:
+        if self.wants(name):
             self.cache[name] = value
         return value
 
@@ -187,11 +190,16 @@ def attention_block(
         q, k = apply_rotary(q), apply_rotary(k)
         hook(f"{prefix}attn.hook_rot_q", q.swapaxes(0, 1))
         hook(f"{prefix}attn.hook_rot_k", k.swapaxes(0, 1))
+    # The [n_heads, pos, pos] scores and pattern are the largest activations: build them only
+    # when a hook keeps them (a hook without `wants` is assumed to want everything).
+    wants = getattr(hook, "wants", None)
+    keep = wants is None or wants(f"{prefix}attn.hook_attn_scores") or wants(f"{prefix}attn.hook_pattern")
     scores, pattern, z = scaled_dot_product_attention(
-        q, k, v, causal=cfg.causal, scale=cfg.use_attn_scale, temperature=cfg.attn_temperature
-    )  # [n_heads, query_pos, key_pos] twice, z [n_heads, pos, d_head]
-    hook(f"{prefix}attn.hook_attn_scores", scores)
-    hook(f"{prefix}attn.hook_pattern", pattern)
+        q, k, v, causal=cfg.causal, scale=cfg.use_attn_scale, temperature=cfg.attn_temperature, keep=keep
+    )  # [n_heads, query_pos, key_pos] twice (None unless kept), z [n_heads, pos, d_head]
+    if keep:
+        hook(f"{prefix}attn.hook_attn_scores", scores)
+        hook(f"{prefix}attn.hook_pattern", pattern)
     for head, how in (ablate or {}).items():
         z[head] = z[head].mean(axis=0) if how == "mean" else 0.0  # this head writes nothing (or its mean)
     hook(f"{prefix}attn.hook_z", z.swapaxes(0, 1))
