@@ -291,12 +291,17 @@ def build_view(c: Controls, given: dict) -> dict:
         "config_line": _config_line(r), "layer": layer, "head": head, "n_layers": r.cfg.n_layers,
         "head_figures": head_figures, "stages": _stage_figures(stages, r.tokens, r, where),
         "compare": compare,
-        "residual_figure": figures.stage_heatmap(norms.stream, r.tokens, norms.stream_names,
+        "residual_figure": figures.stage_heatmap(norms.stream, r.tokens, [_short(n) for n in norms.stream_names],
                                                  value_name="‖x‖", export_name="residual-stream-norms"),
         "writes_figure": figures.stage_heatmap(norms.writes, r.tokens, norms.writes_names,
                                                value_name="‖added‖", export_name="sublayer-output-norms"),
         "next_figure": next_figure, "shapes": _shape_rows(r, model.is_encoder),
     }
+
+
+def _short(stage: str) -> str:
+    """"1 resid_mid" -> "1 mid": the stream's columns stay legible for deep models."""
+    return stage.replace("resid_", "")
 
 
 def _validation_messages(exc: ValidationError) -> list[str]:
@@ -340,6 +345,8 @@ def explorer(request: Request) -> HTMLResponse:
     context = {
         "controls": c, "view": view, "error": error, "models": list(registry.models().values()),
         "model_description": model.description, "accepted": set(model.toggles),
+        "text_hint": ("the model reads it one character at a time" if model.kind == "toy"
+                      else "split into tokens by the model's own tokeniser"),
         "position_schemes": POSITION_SCHEMES, "limits": limits, "classroom": c.classroom,
         "size_fields": [(name, label, limits[name]) for name, label in
                         (("n_heads", "Heads"), ("d_model", "Width d_model"), ("n_layers", "Layers"),
