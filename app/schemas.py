@@ -174,22 +174,20 @@ class HooksQuery(Request):
 
 # ------------------------------------------------------------------ run
 
-class RunRequest(Request):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"model": "toy", "text": "Ali makan nasi lemak", "hooks": ["blocks.0.attn.hook_pattern"], "top_k": 5},
-        {"model": "spec-forward", "text": "nasi ", "top_k": 9},
-        {"model": "toy", "text": "the cat sat", "causal": False, "n_heads": 2, "n_layers": 1,
-         "positional_embedding_type": "rotary", "seed": 3, "hooks": ["blocks.0.attn.hook_attn_scores"]},
-    ]})
+class HeadAblation(Request):
+    layer: int = Field(ge=0, le=S.max_layers - 1, description="the head's layer, counted from 0")
+    head: int = Field(ge=0, le=S.max_heads - 1, description="the head within its layer, counted from 0")
+    method: Literal["zero", "mean"] = Field(
+        "zero", description="zero: the head writes nothing; mean: it writes its mean output over the text's "
+                            "positions (what it says whatever the token)")
+
+
+class ModelRequest(Request):
+    """A model, a text and the toggles: what every model endpoint (run and the analyses) reads."""
 
     model: str = Field("toy", max_length=200, description="a name from GET /api/v1/models")
     text: NonBlank = Text(..., S.max_text_chars,
                           f"the input; at most {S.max_text_chars:,} characters and {S.max_tokens:,} tokens")
-    hooks: list[Annotated[str, Field(max_length=200)]] = Field(
-        default_factory=list, max_length=S.max_hooks,
-        description=(f"activation names to return (GET /api/v1/hooks lists them), at most {S.max_hooks}, "
-                     f"holding at most {S.max_hook_values:,} numbers in all"))
-    top_k: int = Field(5, ge=0, le=S.max_top_k, description="how many next-token predictions to return")
     causal: bool | None = Field(None, description="null: the model's default")
     scale: bool | None = Field(None, description="divide scores by √d_head; null: the model's default")
     temperature: float | None = Field(None, gt=0, le=100, allow_inf_nan=False,
@@ -199,6 +197,104 @@ class RunRequest(Request):
     n_layers: int | None = Field(None, ge=1, le=S.max_layers)
     d_model: int | None = Field(None, ge=1, le=S.max_d_model)
     seed: int | None = Field(None, ge=0, le=MAX_SEED, description="weights' seed; null: the model's default")
+
+
+class AblatingRequest(ModelRequest):
+    ablate: list[HeadAblation] = Field(
+        default_factory=list, max_length=S.max_ablations,
+        description=(f"heads whose output is replaced before W_O (at most {S.max_ablations}, each head once); "
+                     "every later activation and the prediction change, earlier ones do not"))
+
+
+class RunRequest(AblatingRequest):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"model": "toy", "text": "Ali makan nasi lemak", "hooks": ["blocks.0.attn.hook_pattern"], "top_k": 5},
+        {"model": "spec-forward", "text": "nasi ", "top_k": 9},
+        {"model": "toy", "text": "the cat sat", "causal": False, "n_heads": 2, "n_layers": 1,
+         "positional_embedding_type": "rotary", "seed": 3, "hooks": ["blocks.0.attn.hook_attn_scores"]},
+        {"model": "toy", "text": "the cat sat", "hooks": ["blocks.1.attn.hook_pattern"],
+         "ablate": [{"layer": 0, "head": 2, "method": "zero"}]},
+    ]})
+
+    hooks: list[Annotated[str, Field(max_length=200)]] = Field(
+        default_factory=list, max_length=S.max_hooks,
+        description=(f"activation names to return (GET /api/v1/hooks lists them), at most {S.max_hooks}, "
+                     f"holding at most {S.max_hook_values:,} numbers in all"))
+    top_k: int = Field(5, ge=0, le=S.max_top_k, description="how many next-token predictions to return")
+
+
+# ------------------------------------------------------------------ looking inside (analysis)
+
+Position = Annotated[int, Field(ge=-S.max_tokens, le=S.max_tokens - 1,
+                                description="a token position, from 0; negative counts from the end (-1 = last)")]
+
+
+class DecomposeRequest(AblatingRequest):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"model": "toy", "text": "Ali makan nasi lemak"},
+        {"model": "spec-forward", "text": "nasi ", "pos": -1, "target": 2},
+    ]})
+
+    pos: Position = -1
+    target: int | None = Field(None, ge=0, le=S.calc_max_vocab - 1,
+                               description="the token id whose logit to attribute (below the model's d_vocab); "
+                                           "null: the model's most likely next token at `pos`")
+
+
+class LogitLensRequest(AblatingRequest):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"model": "toy", "text": "Ali makan nasi lemak", "top_k": 3}]})
+
+    top_k: int = Field(5, ge=1, le=S.max_top_k, description="tokens kept per layer and position")
+
+
+class DetectorsRequest(AblatingRequest):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"model": "toy", "text": "the cat sat on the mat. the cat sat"},
+        {"model": "all-MiniLM-L6-v2", "text": "The cat sat on the mat. The cat sat on the mat.",
+         "random_length": 20}]})
+
+    random_length: int = Field(20, ge=2, le=S.max_tokens // 2,
+                               description="length of the random sequence, which is then repeated once")
+    random_seed: int = Field(0, ge=0, le=MAX_SEED, description="seed of the random sequence")
+    threshold: float = Field(0.4, ge=0, le=1, description="a head is flagged when its score reaches this")
+
+
+class KVStepsRequest(ModelRequest):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"model": "toy", "text": "Ali makan", "n_new": 8}]})
+
+    n_new: int = Field(8, ge=0, le=S.max_new_tokens, description="tokens to generate greedily after the text")
+
+
+class CompareSide(Request):
+    """What the second side changes; a field left null keeps the first side's value."""
+
+    text: NonBlank | None = Field(None, min_length=1, max_length=S.max_text_chars)
+    causal: bool | None = None
+    scale: bool | None = None
+    temperature: float | None = Field(None, gt=0, le=100, allow_inf_nan=False)
+    positional_embedding_type: PositionScheme | None = None
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
+    ablate: list[HeadAblation] | None = Field(None, max_length=S.max_ablations,
+                                              description="replaces the first side's list (use [] for none)")
+
+
+class CompareRequest(AblatingRequest):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"model": "toy", "text": "Ali makan nasi", "other": {"causal": False}, "layer": 1, "head": 0},
+        {"model": "toy", "text": "the cat sat", "other": {"text": "the dog sat"}},
+        {"model": "toy", "text": "the cat sat", "layer": 1, "other": {"ablate": [{"layer": 0, "head": 1}]}},
+    ]})
+
+    other: CompareSide = Field(description="the second side: the first side's settings with these changed")
+    layer: int = Field(0, ge=0, le=S.max_layers - 1)
+    head: int = Field(0, ge=0, le=S.max_heads - 1)
+
+
+class RolloutRequest(AblatingRequest):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"model": "toy", "text": "Ali makan nasi lemak"}]})
 
 
 # ------------------------------------------------------------------ responses
@@ -351,3 +447,129 @@ class RunResponse(ResponseModel):
     hooks: dict[str, Any] = Field(description="nested lists by hook name; masked scores are null")
     hook_shapes: dict[str, HookShape]
     top_k: list[TopToken] = Field(description="most likely next tokens; empty for encoders")
+    ablation_effect: AblationEffect | None = Field(
+        None, description="with `ablate`, on a decoder: the prediction without the ablation and how much each of "
+                          "its top tokens' probability changed")
+
+
+# ------------------------------------------------------------------ looking inside (analysis)
+
+class TokenRef(ResponseModel):
+    token: str
+    id: int
+
+
+class ProbabilityChange(ResponseModel):
+    token: str
+    id: int
+    baseline_prob: float = Field(description="probability without the ablation")
+    prob: float = Field(description="probability with the ablation")
+    delta: float = Field(description="prob − baseline_prob")
+
+
+class AblationEffect(ResponseModel):
+    baseline_top_k: list[TopToken] = Field(description="the next-token top-k of the same run without ablation")
+    changes: list[ProbabilityChange] = Field(description="each baseline top-k token, before and after")
+
+
+RunResponse.model_rebuild()
+
+
+class AnalysisResponse(ResponseModel):
+    model: str
+    tokens: list[str]
+    token_ids: list[int]
+    config: TransformerConfig
+    seed: int
+    ablate: list[HeadAblation] = Field(description="the heads ablated in this computation")
+
+
+class DecomposeResponse(AnalysisResponse):
+    pos: int = Field(description="the position decomposed (a negative request counts from the end)")
+    target: TokenRef = Field(description="the token whose logit is attributed")
+    labels: list[str] = Field(description="embed, pos_embed, L{layer}H{head} per head, L{layer} attn bias, "
+                                          "L{layer} mlp, L{layer} mlp bias")
+    direct_logit: list[float] = Field(description="each part's direct contribution to the target's logit")
+    logit_bias: float = Field(description="ln_final.b · W_U[:, target] + b_U[target]: written by no part")
+    scale: float = Field(description="the final layer norm's σ at pos, frozen from the run")
+    logit: float = Field(description="the model's actual logit; = sum(direct_logit) + logit_bias")
+    parts: Matrix = Field(description="[n_parts, d_model]: what each part wrote; they sum to the last resid_post")
+    part_norms: list[float] = Field(description="‖part‖ for each part")
+
+
+class LensCell(ResponseModel):
+    token: str
+    id: int
+    prob: float
+
+
+class LogitLensResponse(AnalysisResponse):
+    points: list[str] = Field(description="where the residual stream is read: each layer's resid_pre and "
+                                          "resid_mid, then the last resid_post (the model's output)")
+    top_k: list[list[list[LensCell]]] = Field(description="[point][pos][k], most probable first")
+
+
+class DetectorScores(ResponseModel):
+    text: list[list[float | None]] = Field(description="[n_layers, n_heads] on the request's text; null "
+                                                       "when no token qualifies (e.g. nothing repeats)")
+    random: list[list[float | None]] = Field(description="[n_layers, n_heads] on the repeated random sequence")
+
+
+class FlaggedHead(ResponseModel):
+    detector: str
+    on: Literal["text", "random"]
+    layer: int
+    head: int
+    score: float
+
+
+class DetectorsResponse(AnalysisResponse):
+    random_tokens: list[str] = Field(description="the repeated random sequence, as tokens")
+    random_token_ids: list[int]
+    detectors: dict[str, DetectorScores] = Field(description="previous_token, duplicate_token, induction")
+    threshold: float
+    flagged: list[FlaggedHead] = Field(description="heads scoring at least `threshold`, highest first")
+
+
+class KVStepModel(ResponseModel):
+    pos: int
+    token: str
+    id: int
+    generated: bool = Field(description="false while reading the text, true for tokens the model chose")
+    k_shape: list[int] = Field(description="each layer's K after this step: [n_heads, pos + 1, d_head]")
+    v_shape: list[int]
+    cache_bytes: int = Field(description="bytes of every layer's K and V")
+    max_abs_diff: float = Field(description="max |cached logits − full recomputation's logits| at this position")
+    top: TokenRef = Field(description="the most likely next token after this step")
+
+
+class KVStepsResponse(AnalysisResponse):
+    steps: list[KVStepModel]
+    generated_text: str = Field(description="the tokens generated after the text, joined")
+    dtype: str
+    bytes_formula: str = Field(description="how cache_bytes grows: 2 (K and V) × n_layers × n_heads × "
+                                           "d_head × bytes per number, per token")
+    max_abs_diff: float = Field(description="the largest difference over all steps")
+
+
+class ComparedSide(ResponseModel):
+    tokens: list[str]
+    config: TransformerConfig
+    ablate: list[HeadAblation]
+    pattern: Matrix = Field(description="[query_pos, key_pos] of the chosen layer and head")
+
+
+class CompareResponse(ResponseModel):
+    model: str
+    layer: int
+    head: int
+    a: ComparedSide
+    b: ComparedSide
+    difference: Matrix | None = Field(description="b − a, [query_pos, key_pos]; null when the two have "
+                                                  "different numbers of tokens")
+    note: str | None = Field(description="why there is no difference, if there is none")
+
+
+class RolloutResponse(AnalysisResponse):
+    rollout: list[Matrix] = Field(description="[n_layers, query_pos, key_pos]: how much each input token "
+                                              "flows into each position after each layer; rows sum to 1")

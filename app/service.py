@@ -9,15 +9,16 @@ into a 422.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from core import PRESETS, TransformerConfig, count_params, hook_names, hook_shape, kv_cache_bytes, lessons
+from core import PRESETS, TransformerConfig, analysis, count_params, hook_names, hook_shape, kv_cache_bytes, lessons
 from core.attention import attention_scale
-from core.model import next_token_probs, run_with_cache
+from core.functional import softmax
+from core.model import Params, next_token_probs, run_with_cache
 from core.params import KVCacheSize, ParamCount
-from core.tokenizers import word_tokens
+from core.tokenizers import Encoding, word_tokens
 
 from . import registry
 from .settings import get_settings
@@ -45,13 +46,13 @@ def check_count(what: str, n: int, limit: int, hint: str) -> None:
         raise ValueError(f"{what} has {n:,} tokens, more than the limit of {limit:,}: {hint}")
 
 
-def forward_work(cfg: TransformerConfig, n_tokens: int) -> int:
+def forward_work(cfg: TransformerConfig, n_tokens: int, logits: bool = True) -> int:
     """Multiply-adds of one forward pass: every block weight once per token, QKᵀ and pattern·V,
-    and the unembedding."""
+    and the unembedding (unless the pass stops before the logits)."""
     c = count_params(cfg)
     matmuls = n_tokens * c.per_block * cfg.n_layers
     attention = cfg.n_layers * 2 * n_tokens * n_tokens * cfg.n_heads * cfg.d_head
-    return matmuls + attention + n_tokens * cfg.d_model * cfg.d_vocab
+    return matmuls + attention + (n_tokens * cfg.d_model * cfg.d_vocab if logits else 0)
 
 
 def largest_array(cfg: TransformerConfig, n_tokens: int) -> int:
@@ -188,6 +189,8 @@ class RunResult:
     seed: int
     hooks: dict[str, np.ndarray]  # by hook name; masked scores are -inf
     top_k: list[TopToken]  # [] for encoders
+    ablate: dict[tuple[int, int], str] = field(default_factory=dict)  # {(layer, head): "zero"|"mean"}
+    ablation: "AblationEffect | None" = None  # with ablations on a decoder: the prediction before and after
 
 
 def _check_toggles(model: registry.Model, given: dict[str, object]) -> None:
@@ -209,49 +212,138 @@ def _resolve_hooks(wanted: list[str], cfg: TransformerConfig, model_name: str) -
     return list(dict.fromkeys(wanted))  # drop repeats, keep the order asked
 
 
-def run(req) -> RunResult:
-    """Run a model on a text with the request's toggles (req: app.schemas.RunRequest)."""
-    s = get_settings()
-    model = get_model(req.model)
+def _configure(model: registry.Model, req, n_tokens: int) -> TransformerConfig:
+    """The model's config with the request's toggles applied (req: app.schemas.ModelRequest)."""
     toggles = {name: getattr(req, name) for name in registry.ATTENTION_TOGGLES + registry.SIZE_TOGGLES}
     _check_toggles(model, toggles)
-    encoding = model.tokenizer.encode(req.text)
-    n = len(encoding.ids)
-    check_count("the text", n, s.max_tokens, "use a shorter text")
-
     sizes = {k: toggles[k] for k in ("n_heads", "n_layers", "d_model") if toggles[k] is not None}
-    cfg = model.configure(sizes, n)
+    cfg = model.configure(sizes, n_tokens)
     attention = {"attention_dir": None if req.causal is None else ("causal" if req.causal else "bidirectional"),
                  "use_attn_scale": req.scale, "attn_temperature": req.temperature,
                  "positional_embedding_type": req.positional_embedding_type}
     attention = {k: v for k, v in attention.items() if v is not None}
-    if attention:
-        cfg = cfg.replace(**attention)
+    return cfg.replace(**attention) if attention else cfg
 
-    hooks = _resolve_hooks(req.hooks, cfg, model.name)
+
+def ablation_map(ablate, cfg: TransformerConfig) -> dict[tuple[int, int], str]:
+    """The request's `ablate` list as core's {(layer, head): "zero"|"mean"}, checked against this model."""
+    out: dict[tuple[int, int], str] = {}
+    for a in ablate or ():
+        if a.layer >= cfg.n_layers or a.head >= cfg.n_heads:
+            raise ValueError(f"ablate: layer {a.layer} head {a.head} does not exist: this model has "
+                             f"{cfg.n_layers} layer(s) of {cfg.n_heads} head(s), counted from 0")
+        if (a.layer, a.head) in out:
+            raise ValueError(f"ablate: layer {a.layer} head {a.head} is listed twice: list each head once")
+        out[(a.layer, a.head)] = a.method
+    return out
+
+
+@dataclass
+class Prepared:
+    """A request checked against every limit, with its weights: ready to compute."""
+
+    model: registry.Model
+    cfg: TransformerConfig
+    seed: int
+    encoding: Encoding
+    ablate: dict[tuple[int, int], str]
+    params: Params
+
+    @property
+    def ids(self) -> np.ndarray:  # [pos]
+        return np.asarray(self.encoding.ids)
+
+
+@dataclass
+class Setup:
+    """A request's model, config, tokens and ablations, before any weight is loaded."""
+
+    model: registry.Model
+    cfg: TransformerConfig
+    encoding: Encoding
+    ablate: dict[tuple[int, int], str]
+    seed_given: int | None
+
+    @property
+    def n(self) -> int:
+        return len(self.encoding.ids)
+
+
+def setup(req) -> Setup:
+    """Tokenise and configure a ModelRequest; refuse what this model cannot do, cheaply, before loading."""
+    model = get_model(req.model)
+    encoding = model.tokenizer.encode(req.text)
+    check_count("the text", len(encoding.ids), get_settings().max_tokens, "use a shorter text")
+    cfg = _configure(model, req, len(encoding.ids))
+    return Setup(model, cfg, encoding, ablation_map(getattr(req, "ablate", None), cfg), req.seed)
+
+
+def load(st: Setup, work: int, largest: int = 0, reduce: str = "the text's length, d_model, n_layers or n_heads"
+         ) -> Prepared:
+    """Check the cost of `work` multiply-adds (plus drawing the weights) and load the weights."""
+    s = get_settings()
+    drawn = count_params(st.cfg).total if st.model.draws_weights else 0
+    if st.model.draws_weights and drawn > s.max_params:
+        raise ValueError(f"a model of this size has {drawn:,} parameters, more than the limit of "
+                         f"{s.max_params:,}: reduce d_model or n_layers")
+    check_cost(drawn + work, max(largest, largest_array(st.cfg, st.n)), reduce)
+    seed = st.seed_given if st.seed_given is not None else st.model.default_seed
+    params = st.model.load_params(st.cfg, seed, st.encoding)
+    return Prepared(st.model, st.cfg, seed, st.encoding, st.ablate, params)
+
+
+def top_tokens(model: registry.Model, probs: np.ndarray, k: int) -> list[TopToken]:
+    """The k most probable tokens, most probable first (ties: the lower id first).  # probs [d_vocab]"""
+    best = np.argsort(-probs, kind="stable")[:min(k, probs.size)]
+    return [TopToken(model.tokenizer.token_str(int(i)), int(i), float(probs[i])) for i in best]
+
+
+@dataclass
+class ProbabilityChange:
+    token: str
+    id: int
+    baseline_prob: float
+    prob: float
+    delta: float
+
+
+@dataclass
+class AblationEffect:
+    baseline_top_k: list[TopToken]  # the same run without the ablation
+    changes: list[ProbabilityChange]  # each baseline top-k token: before -> after
+
+
+def run(req) -> RunResult:
+    """Run a model on a text with the request's toggles (req: app.schemas.RunRequest).
+
+    With ablations on a decoder, the same text also runs without them, so the result says how
+    the prediction changed (two forward passes, priced as such).
+    """
+    s = get_settings()
+    st = setup(req)
+    cfg, n = st.cfg, st.n
+    hooks = _resolve_hooks(req.hooks, cfg, st.model.name)
     values = sum(math.prod(hook_dims(h, cfg, n)) for h in hooks)
     if values > s.max_hook_values:
         raise ValueError(f"the hooks asked for hold {values:,} numbers, more than the limit of "
                          f"{s.max_hook_values:,} per response: ask for fewer hooks or use a shorter text")
-    drawn = count_params(cfg).total if model.draws_weights else 0
-    if model.draws_weights and drawn > s.max_params:
-        raise ValueError(f"a model of this size has {drawn:,} parameters, more than the limit of "
-                         f"{s.max_params:,}: reduce d_model or n_layers")
-    check_cost(drawn + forward_work(cfg, n), largest_array(cfg, n),
-               "the text's length, d_model, n_layers or n_heads")
-
-    seed = req.seed if req.seed is not None else model.default_seed
-    params = model.load_params(cfg, seed, encoding)
-    logits, cache = run_with_cache(params, cfg, np.asarray(encoding.ids), names=hooks,
-                                   logits=not model.is_encoder)
+    compare_baseline = bool(st.ablate) and not st.model.is_encoder
+    p = load(st, forward_work(cfg, n, logits=not st.model.is_encoder) * (2 if compare_baseline else 1))
+    logits, cache = run_with_cache(p.params, cfg, p.ids, names=hooks, ablate=p.ablate,
+                                   logits=not p.model.is_encoder)
     top: list[TopToken] = []
-    if not model.is_encoder and req.top_k:
+    effect = None
+    if not p.model.is_encoder:
         probs = next_token_probs(logits)  # [d_vocab]
-        k = min(req.top_k, probs.size)
-        best = np.argsort(-probs, kind="stable")[:k]
-        top = [TopToken(model.tokenizer.token_str(int(i)), int(i), float(probs[i])) for i in best]
-    return RunResult(model.name, encoding.tokens, list(encoding.ids), cfg, seed,
-                     {h: cache[h] for h in hooks}, top)
+        top = top_tokens(p.model, probs, req.top_k) if req.top_k else []
+        if compare_baseline:
+            baseline_logits, _ = run_with_cache(p.params, cfg, p.ids, names=())
+            baseline = next_token_probs(baseline_logits)  # [d_vocab]
+            before = top_tokens(p.model, baseline, req.top_k) if req.top_k else []
+            effect = AblationEffect(before, [ProbabilityChange(t.token, t.id, t.prob, float(probs[t.id]),
+                                                               float(probs[t.id]) - t.prob) for t in before])
+    return RunResult(p.model.name, p.encoding.tokens, list(p.encoding.ids), cfg, p.seed,
+                     {h: cache[h] for h in hooks}, top, p.ablate, effect)
 
 
 # ------------------------------------------------------------------ the four stages, for pages
@@ -322,3 +414,231 @@ def residual_norms(result: RunResult) -> ResidualNorms:
             writes.append(h[b + "hook_" + part])
     norms = lambda arrays: np.stack([np.linalg.norm(a, axis=-1) for a in arrays], axis=-1)  # [pos, n]
     return ResidualNorms(stream_names, norms(stream), writes_names, norms(writes))
+
+
+# ------------------------------------------------------------------ looking inside (issue 6)
+
+def _require_next_token(model: registry.Model, cfg: TransformerConfig, what: str) -> None:
+    """Decomposition and the logit lens read the residual stream through the final norm and the unembedding."""
+    if model.is_encoder:
+        raise ValueError(f"{what} does not apply to {model.name!r}: it is an encoder (BERT-style), which predicts "
+                         "no next token, and post-norm, so it has no final layer norm and unembedding to read the "
+                         "residual stream through. Choose a decoder such as 'toy' (detectors and rollout do work "
+                         "on encoders)")
+    if cfg.block_type != "pre_norm":
+        raise ValueError(f"{what} needs a pre-norm model (GPT-2 style, with a final layer norm); {model.name!r} "
+                         "is post-norm, whose residual stream is re-normalised in every block")
+
+
+@dataclass
+class Decomposition:
+    setup: Prepared
+    d: analysis.ResidualDecomposition  # labels, parts [n_parts, d_model], direct_logit [n_parts], ...
+    target_str: str
+
+
+def decompose(req) -> Decomposition:
+    """The residual stream at `req.pos` split into its parts, each part's direct logit for the target token."""
+    st = setup(req)
+    _require_next_token(st.model, st.cfg, "the residual-stream decomposition")
+    if not -st.n <= req.pos < st.n:
+        raise ValueError(f"pos={req.pos} is outside the text's {st.n} tokens: use 0 … {st.n - 1}, or -1 for the last")
+    if req.target is not None and req.target >= st.cfg.d_vocab:
+        raise ValueError(f"target={req.target} is not a token id of {st.model.name!r}, whose vocabulary is "
+                         f"0 … {st.cfg.d_vocab - 1}; leave it out to use the model's most likely next token")
+    n_parts = 3 + st.cfg.n_layers * (st.cfg.n_heads + 3)  # embeddings, then per layer heads, biases, mlp
+    # one pass finds the most likely token when none is given, the second decomposes
+    p = load(st, forward_work(st.cfg, st.n) * (1 if req.target is not None else 2), n_parts * st.cfg.d_model)
+    target = req.target
+    if target is None:
+        logits, _ = run_with_cache(p.params, p.cfg, p.ids, names=(), ablate=p.ablate)
+        target = int(np.argmax(logits[req.pos]))
+    d = analysis.residual_decomposition(p.params, p.cfg, p.ids, token=target, pos=req.pos, ablate=p.ablate)
+    return Decomposition(p, d, p.model.tokenizer.token_str(target))
+
+
+@dataclass
+class Lens:
+    setup: Prepared
+    points: list[str]  # hook names, see core.analysis.lens_points
+    top_ids: np.ndarray  # [n_points, pos, k]
+    top_probs: np.ndarray  # [n_points, pos, k]
+    token_strs: dict[int, str]  # every id in top_ids, readable
+
+
+def logit_lens(req) -> Lens:
+    """Every resid_pre / resid_mid (and the last resid_post) decoded through ln_final and W_U.
+
+    The same numbers as core.analysis.logit_lens, one point at a time, so the largest array is
+    [pos, d_vocab] rather than [n_points, pos, d_vocab] (GPT-2's vocabulary is 50,257 wide).
+    """
+    s = get_settings()
+    st = setup(req)
+    _require_next_token(st.model, st.cfg, "the logit lens")
+    cfg, n = st.cfg, st.n
+    points = analysis.lens_points(cfg)
+    k = min(req.top_k, cfg.d_vocab)
+    if len(points) * n * k > s.max_hook_values:
+        raise ValueError(f"the lens table holds {len(points) * n * k:,} cells, more than the limit of "
+                         f"{s.max_hook_values:,}: reduce top_k or use a shorter text")
+    lens_work = len(points) * n * cfg.d_model * cfg.d_vocab  # each point's unembedding
+    p = load(st, forward_work(cfg, n, logits=False) + lens_work, n * cfg.d_vocab)
+    _, cache = run_with_cache(p.params, cfg, p.ids, names=points, ablate=p.ablate, logits=False)
+    top_ids = np.empty((len(points), n, k), dtype=np.int64)
+    top_probs = np.empty((len(points), n, k))
+    for i, point in enumerate(points):
+        probs = softmax(analysis.lens_logits(p.params, cfg, cache[point]))  # [pos, d_vocab]
+        top_ids[i] = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
+        top_probs[i] = np.take_along_axis(probs, top_ids[i], axis=-1)
+    strs = {int(t): p.model.tokenizer.token_str(int(t)) for t in np.unique(top_ids)}
+    return Lens(p, points, top_ids, top_probs, strs)
+
+
+@dataclass
+class FlaggedHead:
+    detector: str
+    on: str  # "text" or "random"
+    layer: int
+    head: int
+    score: float
+
+
+@dataclass
+class Detectors:
+    setup: Prepared
+    random_ids: list[int]
+    random_tokens: list[str]
+    scores: dict[str, dict[str, np.ndarray]]  # {detector: {"text"|"random": [n_layers, n_heads]}}, NaN = undefined
+    threshold: float
+    flagged: list[FlaggedHead]  # highest score first
+
+
+def detectors(req) -> Detectors:
+    """Previous-token, duplicate-token and induction scores of every head, on the text and on a
+    repeated random sequence (where only induction can predict the second half)."""
+    st = setup(req)
+    model, cfg = st.model, st.cfg
+    random_ids = analysis.repeated_random_tokens(cfg.d_vocab, req.random_length, 2, req.random_seed)
+    n_random = random_ids.size
+    check_count("the repeated random sequence", n_random, get_settings().max_tokens, "reduce random_length")
+    # The random run uses the weights this model has for a text of that length (the same weights,
+    # except for spec-forward, whose position table is drawn per prompt length).
+    random_cfg = _configure(model, req, n_random)
+    if random_cfg.positional_embedding_type == "learned" and n_random > random_cfg.n_ctx:
+        raise ValueError(f"the repeated random sequence has {n_random} tokens, more than the context of "
+                         f"{model.name!r}, n_ctx={random_cfg.n_ctx}: reduce random_length")
+    ablate_random = ablation_map(req.ablate, random_cfg)
+    random_tokens = [model.tokenizer.token_str(int(t)) for t in random_ids]
+    longest = max(st.n, n_random)
+    p = load(st, forward_work(cfg, st.n, logits=False) + forward_work(random_cfg, n_random, logits=False),
+             max(largest_array(random_cfg, n_random), cfg.n_layers * cfg.n_heads * longest * longest))
+    on_text = analysis.head_detector_scores(p.params, cfg, p.ids, ablate=p.ablate)
+    random_params = model.load_params(random_cfg, p.seed, Encoding(list(map(int, random_ids)), random_tokens))
+    on_random = analysis.head_detector_scores(random_params, random_cfg, random_ids, ablate=ablate_random)
+    scores = {name: {"text": on_text[name], "random": on_random[name]} for name in analysis.HEAD_DETECTORS}
+    flagged = [FlaggedHead(name, on, layer, head, float(grid[layer, head]))
+               for name, by in scores.items() for on, grid in by.items()
+               for layer, head in zip(*np.nonzero(np.nan_to_num(grid, nan=-1.0) >= req.threshold))]
+    flagged.sort(key=lambda f: -f.score)
+    return Detectors(p, list(map(int, random_ids)), random_tokens, scores, req.threshold, flagged)
+
+
+@dataclass
+class KVSteps:
+    setup: Prepared
+    run: analysis.KVRun  # steps (shapes, bytes, logits), all tokens, the final K and V
+    token_strs: list[str]  # every token fed in, prompt then generated
+    top_ids: list[int]  # the most likely next token after each step
+    max_abs_diff: np.ndarray  # [steps]: |cached logits − full recomputation logits|, max over the vocabulary
+    itemsize: int  # bytes per cached number
+
+
+def kv_steps(req) -> KVSteps:
+    """Generate token by token with a KV cache, and check every step against a full recomputation."""
+    s = get_settings()
+    st = setup(req)
+    model, cfg, n = st.model, st.cfg, st.n
+    if model.is_encoder:
+        raise ValueError(f"{model.name!r} is an encoder: it generates nothing, and its bidirectional attention "
+                         "lets every new token change the earlier positions, so nothing could be cached. "
+                         "Choose a decoder such as 'toy'")
+    if not cfg.causal:
+        raise ValueError("a KV cache needs the causal mask: without it every new token changes the earlier "
+                         "positions too, so nothing can be reused. Turn causal back on")
+    total = n + req.n_new
+    check_count("the text plus the generated tokens", total, s.max_tokens, "reduce n_new or shorten the text")
+    if cfg.positional_embedding_type == "learned" and total > cfg.n_ctx:
+        raise ValueError(f"{n} tokens of text + n_new={req.n_new} exceed the context of {model.name!r}, "
+                         f"n_ctx={cfg.n_ctx} learned positions: reduce n_new to at most {max(cfg.n_ctx - n, 0)}")
+    # stepping costs about one full pass over all tokens; the check recomputes them all once more
+    p = load(st, 2 * forward_work(cfg, total), 2 * total * cfg.d_vocab,
+             "n_new, the text's length, d_model, n_layers or n_heads")
+    kv = analysis.run_with_kv_cache(p.params, cfg, p.ids, n_new=req.n_new)
+    full, _ = run_with_cache(p.params, cfg, kv.tokens, names=())  # [total, d_vocab]
+    cached = np.stack([step.logits for step in kv.steps])  # [total, d_vocab]
+    diff = np.abs(cached - full).max(axis=-1)  # [total]
+    strs = p.encoding.tokens + [model.tokenizer.token_str(int(t)) for t in kv.tokens[n:]]
+    return KVSteps(p, kv, strs, [int(np.argmax(step.logits)) for step in kv.steps], diff,
+                   p.params["embed"]["W_E"].dtype.itemsize)
+
+
+@dataclass
+class ComparedSide:
+    setup: Prepared
+    pattern: np.ndarray  # [query_pos, key_pos] of the chosen layer and head
+
+
+@dataclass
+class Comparison:
+    a: ComparedSide
+    b: ComparedSide
+    layer: int
+    head: int
+    difference: np.ndarray | None  # b − a, when both sides have as many tokens
+    note: str | None
+
+
+COMPARE_FIELDS = ("text", "causal", "scale", "temperature", "positional_embedding_type", "seed", "ablate")
+
+
+def _pattern(req, layer: int, head: int) -> ComparedSide:
+    st = setup(req)
+    if layer >= st.cfg.n_layers or head >= st.cfg.n_heads:
+        raise ValueError(f"layer {layer}, head {head} does not exist: {st.model.name!r} has {st.cfg.n_layers} "
+                         f"layer(s) of {st.cfg.n_heads} head(s), counted from 0")
+    p = load(st, forward_work(st.cfg, st.n, logits=False))
+    name = f"blocks.{layer}.attn.hook_pattern"
+    _, cache = run_with_cache(p.params, p.cfg, p.ids, names=[name], ablate=p.ablate, logits=False)
+    return ComparedSide(p, cache[name][head])
+
+
+def compare(req) -> Comparison:
+    """One head's pattern under two settings (req.other changes the first side's), and b − a."""
+    a = _pattern(req, req.layer, req.head)
+    changes = {k: getattr(req.other, k) for k in COMPARE_FIELDS if getattr(req.other, k) is not None}
+    b = _pattern(req.model_copy(update=changes), req.layer, req.head)
+    if a.pattern.shape != b.pattern.shape:
+        return Comparison(a, b, req.layer, req.head, None,
+                          f"the two texts have {a.pattern.shape[0]} and {b.pattern.shape[0]} tokens: a "
+                          "difference needs texts of the same number of tokens")
+    return Comparison(a, b, req.layer, req.head, b.pattern - a.pattern, None)
+
+
+@dataclass
+class Rollout:
+    setup: Prepared
+    rollout: np.ndarray  # [n_layers, query_pos, key_pos], rows sum to 1
+
+
+def rollout(req) -> Rollout:
+    """Attention rollout after every layer (core.analysis.attention_rollout); works on any model."""
+    s = get_settings()
+    st = setup(req)
+    cfg, n = st.cfg, st.n
+    if cfg.n_layers * n * n > s.max_hook_values:
+        raise ValueError(f"the rollout holds {cfg.n_layers * n * n:,} numbers, more than the limit of "
+                         f"{s.max_hook_values:,}: use a shorter text")
+    p = load(st, forward_work(cfg, n, logits=False) + cfg.n_layers * n ** 3, cfg.n_layers * cfg.n_heads * n * n)
+    names = [f"blocks.{layer}.attn.hook_pattern" for layer in range(cfg.n_layers)]
+    _, cache = run_with_cache(p.params, cfg, p.ids, names=names, ablate=p.ablate, logits=False)
+    return Rollout(p, analysis.attention_rollout(analysis.stack_patterns(cache, cfg.n_layers)))

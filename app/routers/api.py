@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Annotated
 
+import numpy as np
 from fastapi import APIRouter, Query
 
 from core import DTYPE_BYTES, hook_shape
@@ -150,4 +151,117 @@ def run(req: schemas.RunRequest) -> FastJSONResponse:
         "hooks": r.hooks,
         "hook_shapes": {h: {"axes": hook_shape(h), "dims": list(a.shape)} for h, a in r.hooks.items()},
         "top_k": [dataclasses.asdict(t) for t in r.top_k],
+        "ablation_effect": None if r.ablation is None else dataclasses.asdict(r.ablation),
     })
+
+
+# ------------------------------------------------------------------ looking inside
+
+_ENCODER_422 = ("Encoders (all-MiniLM-L6-v2) and post-norm models answer 422 saying why: they predict no next "
+                "token and have no final layer norm to read the residual stream through.")
+
+
+def _ablations(ablate: dict[tuple[int, int], str]) -> list[dict]:
+    return [{"layer": layer, "head": head, "method": how} for (layer, head), how in ablate.items()]
+
+
+def _analysis_head(p: service.Prepared) -> dict:
+    """The fields every analysis response starts with (schemas.AnalysisResponse)."""
+    return {"model": p.model.name, "tokens": p.encoding.tokens, "token_ids": list(p.encoding.ids),
+            "config": p.cfg.to_dict(), "seed": p.seed, "ablate": _ablations(p.ablate)}
+
+
+@router.post("/analysis/decompose", response_model=schemas.DecomposeResponse, responses=_ERRORS,
+             summary="Residual-stream decomposition and direct logit attribution at one position")
+def decompose(req: schemas.DecomposeRequest) -> FastJSONResponse:
+    """The last residual stream at `pos` as the sum of what wrote it (embeddings, every head, every MLP,
+    biases), and each part's direct contribution to the `target` token's logit, with the final layer norm's
+    σ frozen from the run: `sum(direct_logit) + logit_bias == logit`. """ + _ENCODER_422
+    r = service.decompose(req)
+    d = r.d
+    return FastJSONResponse(_analysis_head(r.setup) | {
+        "pos": d.pos, "target": {"token": r.target_str, "id": d.token}, "labels": d.labels,
+        "direct_logit": d.direct_logit, "logit_bias": d.logit_bias, "scale": d.scale, "logit": d.logit,
+        "parts": d.parts, "part_norms": np.linalg.norm(d.parts, axis=-1),
+    })
+
+
+@router.post("/analysis/logit-lens", response_model=schemas.LogitLensResponse, responses=_ERRORS,
+             summary="Logit lens: the top tokens the residual stream predicts after every layer")
+def logit_lens(req: schemas.LogitLensRequest) -> FastJSONResponse:
+    """Each layer's `resid_pre` and `resid_mid`, and the last `resid_post`, passed through the final layer
+    norm and the unembedding as if the remaining layers were deleted. The last point is the model's own
+    prediction (equal to `/run`'s `top_k` at the last position). """ + _ENCODER_422
+    r = service.logit_lens(req)
+    strs, ids, probs = r.token_strs, r.top_ids.tolist(), r.top_probs.tolist()
+    return FastJSONResponse(_analysis_head(r.setup) | {
+        "points": r.points,
+        "top_k": [[[{"token": strs[t], "id": t, "prob": pr} for t, pr in zip(cell_ids, cell_probs)]
+                   for cell_ids, cell_probs in zip(point_ids, point_probs)]
+                  for point_ids, point_probs in zip(ids, probs)],
+    })
+
+
+@router.post("/analysis/detectors", response_model=schemas.DetectorsResponse, responses=_ERRORS,
+             summary="Previous-token, duplicate-token and induction scores of every head")
+def detectors(req: schemas.DetectorsRequest) -> FastJSONResponse:
+    """A head's score is its mean attention on the keys the detector names (1.0: only there), over the
+    queries that have such a key: the token before (previous_token), earlier copies of the same token
+    (duplicate_token), the tokens that followed earlier copies (induction). Computed on the text and on a
+    random sequence repeated once, where the second half is predictable only by induction. Works on every
+    model, encoders included."""
+    r = service.detectors(req)
+    return FastJSONResponse(_analysis_head(r.setup) | {
+        "random_tokens": r.random_tokens, "random_token_ids": r.random_ids,
+        "detectors": r.scores, "threshold": r.threshold,
+        "flagged": [dataclasses.asdict(f) for f in r.flagged],
+    })
+
+
+@router.post("/analysis/kv-cache", response_model=schemas.KVStepsResponse, responses=_ERRORS,
+             summary="Generate token by token with a KV cache: shapes, bytes, and agreement with recomputation")
+def kv_cache_steps(req: schemas.KVStepsRequest) -> FastJSONResponse:
+    """Reads the text one token at a time, then greedily generates `n_new` tokens, keeping every layer's K
+    and V. Each step appends one row to K and V; `max_abs_diff` compares that step's logits with a full
+    recomputation of the whole sequence (it is 0 up to floating-point rounding). Causal decoders only
+    (422 otherwise, saying why)."""
+    r = service.kv_steps(req)
+    cfg = r.setup.cfg
+    steps = [{"pos": st.pos, "token": r.token_strs[st.pos], "id": st.token, "generated": st.generated,
+              "k_shape": list(st.k_shape), "v_shape": list(st.k_shape), "cache_bytes": st.cache_bytes,
+              "max_abs_diff": float(diff), "top": {"token": r.setup.model.tokenizer.token_str(top), "id": top}}
+             for st, diff, top in zip(r.run.steps, r.max_abs_diff, r.top_ids)]
+    n_text = len(r.setup.encoding.ids)
+    return FastJSONResponse(_analysis_head(r.setup) | {
+        "steps": steps, "generated_text": "".join(r.token_strs[n_text:]),
+        "dtype": str(r.run.keys[0].dtype),
+        "bytes_formula": (f"2 × n_layers {cfg.n_layers} × n_heads {cfg.n_heads} × d_head {cfg.d_head} × "
+                          f"{r.itemsize} bytes = {2 * cfg.n_layers * cfg.n_heads * cfg.d_head * r.itemsize:,} "
+                          "bytes per token"),
+        "max_abs_diff": float(r.max_abs_diff.max()),
+    })
+
+
+@router.post("/analysis/compare", response_model=schemas.CompareResponse, responses=_ERRORS,
+             summary="One head's attention pattern under two texts or two settings, and their difference")
+def compare(req: schemas.CompareRequest) -> FastJSONResponse:
+    """Side `a` is the request's own settings; side `b` is the same with `other`'s fields changed (a text,
+    the mask, the scale, the temperature, the positions, the seed, or the ablated heads). `difference` is
+    b − a, when both have as many tokens."""
+    r = service.compare(req)
+
+    def side(s: service.ComparedSide) -> dict:
+        return {"tokens": s.setup.encoding.tokens, "config": s.setup.cfg.to_dict(),
+                "ablate": _ablations(s.setup.ablate), "pattern": s.pattern}
+
+    return FastJSONResponse({"model": r.a.setup.model.name, "layer": r.layer, "head": r.head,
+                             "a": side(r.a), "b": side(r.b), "difference": r.difference, "note": r.note})
+
+
+@router.post("/analysis/rollout", response_model=schemas.RolloutResponse, responses=_ERRORS,
+             summary="Attention rollout: how much each input token flows into each position, layer by layer")
+def rollout(req: schemas.RolloutRequest) -> FastJSONResponse:
+    """Abnar & Zuidema (2020): per layer, the heads' mean pattern plus the identity (the residual
+    connection), rows renormalised, multiplied through the layers. Works on every model."""
+    r = service.rollout(req)
+    return FastJSONResponse(_analysis_head(r.setup) | {"rollout": r.rollout})
