@@ -37,11 +37,16 @@ pytestmark = pytest.mark.slow
 # Routes the installed server must answer with 200 (static files are added from the repository).
 # Extend this list as routes land: every page and API route a fresh install must be able to serve.
 SERVED_PATHS = [
+    "/",
     "/healthz",
     "/readyz",
     "/docs",
     "/openapi.json",
     "/api/v1/models",
+    "/api/v1/lessons/attention",
+    "/api/v1/lessons/forward",
+    "/api/v1/params?preset=gpt2-small",
+    "/api/v1/kv-cache?preset=gpt2-small",
 ]
 
 
