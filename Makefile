@@ -42,6 +42,14 @@ serve: $(VENV)/.stamp-runtime $(VENDOR)/.stamp
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# Not part of `make test`: each starts its own server on a free 127.0.0.1 port and prints a tally.
+FUZZ_REQUESTS ?= 2000
+fuzz: setup
+	$(PY) scripts/fuzz.py --requests $(FUZZ_REQUESTS)
+
+soak: setup
+	$(PY) scripts/soak.py
+
 # Regenerate tests/fixtures/ (parity references from Hugging Face transformers). Needs torch, so it
 # runs in its own venv; the app and its tests never import torch.
 TORCHENV ?= /tmp/torchenv

@@ -6,11 +6,16 @@ import pytest
 
 from app.security import SECURITY_HEADERS
 
-# A page, the offline API docs, a JSON route, a static file, and a 404.
-PATHS = ["/healthz", "/static/vendor/htmx.min.js", "/no-such-page"]
+# A page, the offline API docs, a JSON route, static files (and, below, a 404 and a 422).
+PATHS = ["/", "/docs", "/api/v1/models", "/healthz", "/static/vendor/htmx.min.js", "/static/js/explorer.js"]
 
 
 @pytest.mark.parametrize("path", PATHS)
+def test_pages_docs_json_and_static_files_load(client, path):
+    assert client.get(path).status_code == 200
+
+
+@pytest.mark.parametrize("path", PATHS + ["/no-such-page", "/api/v1/lessons/attention?d_model=-1"])
 def test_security_headers_on_every_response(client, path):
     r = client.get(path)
     for name, value in SECURITY_HEADERS.items():
