@@ -236,3 +236,257 @@ def probability_bars(tokens: Sequence[str], probs: Sequence[float], *, export_na
     return {"data": [trace], "layout": layout,
             "export": {"name": export_name, "kind": "bars", "x": list(tokens), "x_title": "token",
                        "value": "probability"}}
+
+
+# ------------------------------------------------------------------ lessons and the calculator
+
+# Okabe & Ito's palette, distinguishable with every common colour-vision deficiency; each series
+# also gets its own dash and marker, so lines never differ by colour alone.
+SERIES_COLORS = ["#0072b2", "#e69f00", "#009e73", "#cc79a7", "#56b4e9", "#d55e00", "#000000"]
+SERIES_DASHES = ["solid", "dash", "dot", "dashdot", "longdash", "longdashdot", "solid"]
+SERIES_SYMBOLS = ["circle", "square", "diamond", "triangle-up", "x", "cross", "star"]
+NOT_COUNTED_COLOR = "#bdbdbd"
+
+
+def line_chart(
+    series: Sequence[tuple[str, Sequence[float], Sequence[float]]],  # (name, x, y) per line
+    *,
+    x_title: str,
+    y_title: str,
+    export_name: str,
+    x_log: bool = False,
+    y_log: bool = False,
+    y_range: Sequence[float] | None = None,
+    y_hover: str = ".4f",
+    y_tickformat: str | None = None,
+    x_tickvals: Sequence[float] | None = None,
+) -> dict:
+    """Several y-versus-x lines on one chart (top weight vs d, dot product vs gap, cache size vs length)."""
+    data = []
+    for k, (name, x, y) in enumerate(series):
+        style = k % len(SERIES_COLORS)
+        data.append({
+            "type": "scatter", "mode": "lines+markers", "name": escape(name),
+            "x": [float(v) for v in x], "y": [float(v) for v in y],
+            "line": {"color": SERIES_COLORS[style], "dash": SERIES_DASHES[style], "width": 2.5},
+            "marker": {"symbol": SERIES_SYMBOLS[style], "size": 7},
+            "hovertemplate": f"{escape(name)}<br>{escape(x_title)} = %{{x}}<br>{escape(y_title)} = "
+                             f"%{{y:{y_hover}}}<extra></extra>",
+        })
+    xaxis: dict = {"title": {"text": escape(x_title)}, "type": "log" if x_log else "linear", "zeroline": False}
+    if x_tickvals is not None:
+        xaxis.update(tickmode="array", tickvals=[float(v) for v in x_tickvals],
+                     ticktext=[f"{v:,.0f}" if float(v).is_integer() else f"{v:g}" for v in x_tickvals])
+    yaxis: dict = {"title": {"text": escape(y_title)}, "type": "log" if y_log else "linear", "zeroline": False}
+    if y_range is not None:
+        yaxis["range"] = list(y_range)
+    if y_tickformat:
+        yaxis["tickformat"] = y_tickformat
+    layout = _base_layout(xaxis=xaxis, yaxis=yaxis, showlegend=True,
+                          legend={"orientation": "h", "x": 0, "y": 1.02, "yanchor": "bottom"})
+    layout["margin"] = {"l": 70, "r": 20, "t": 30, "b": 60}
+    return {"data": data, "layout": layout,
+            "export": {"name": export_name, "kind": "series", "x_title": x_title, "y_title": y_title,
+                       "series": [{"name": n, "x": list(map(float, x)), "y": list(map(float, y))}
+                                  for n, x, y in series]}}
+
+
+def value_heatmap(
+    matrix: np.ndarray,  # [rows, columns], e.g. [pos, d_model]
+    *,
+    x_title: str,
+    y_title: str,
+    value_name: str,
+    export_name: str,
+) -> dict:
+    """A numeric matrix with numbered rows and columns, on the diverging scale centred on 0
+    (a positional encoding: rows are positions, columns dimensions)."""
+    m = np.asarray(matrix, dtype=float)
+    if m.ndim != 2:
+        raise ValueError(f"expected a 2-d matrix, got shape {m.shape}")
+    top = float(np.abs(m[np.isfinite(m)]).max()) if np.isfinite(m).any() else 1.0
+    top = top or 1.0
+    trace = {
+        "type": "heatmap", "z": _finite_or_none(m), "colorscale": SCORES_COLORSCALE, "zmin": -top, "zmax": top,
+        "zmid": 0, "hoverongaps": False,
+        "hovertemplate": f"{escape(y_title)} %{{y}}, {escape(x_title)} %{{x}}<br>{escape(value_name)} = "
+                         f"%{{z:.4f}}<extra></extra>",
+        "colorbar": {"title": {"text": escape(value_name), "side": "right"}, "thickness": 14, "len": 0.9},
+    }
+    layout = _base_layout(
+        xaxis={"title": {"text": escape(x_title)}, "showgrid": False, "zeroline": False},
+        yaxis={"title": {"text": escape(y_title)}, "showgrid": False, "zeroline": False, "autorange": "reversed"},
+    )
+    rows, cols = m.shape
+    return {"data": [trace], "layout": layout,
+            "export": {"name": export_name, "kind": "matrix", "x": list(range(cols)), "y": list(range(rows)),
+                       "x_title": x_title, "y_title": y_title, "value": value_name}}
+
+
+def component_bars(
+    names: Sequence[str],
+    sizes: Sequence[int],  # parameters each component adds, or would add if it were counted
+    counted: Sequence[bool],
+    notes: Sequence[str],
+    *,
+    value_name: str = "parameters",
+    export_name: str = "parameters",
+) -> dict:
+    """Where a model's parameters are: one bar per component; components that exist but add no
+    parameters (a tied unembedding, the mask buffer) are grey and hatched, and say so."""
+    labels = [escape(n) for n in names]
+    text = [f"{s:,}" if c else f"{s:,} (not counted)" for s, c in zip(sizes, counted)]
+    trace = {
+        "type": "bar", "orientation": "h", "x": [int(s) for s in sizes], "y": list(range(len(labels))),
+        "marker": {"color": ["#225ea8" if c else NOT_COUNTED_COLOR for c in counted],
+                   "pattern": {"shape": ["" if c else "/" for c in counted], "fgcolor": "#737373"},
+                   "line": {"width": 0}},
+        "text": text, "textposition": "outside", "cliponaxis": False,
+        "customdata": [[lab, escape(note)] for lab, note in zip(labels, notes)],
+        "hovertemplate": "%{customdata[0]}<br>%{x:,} " + escape(value_name) + "<br>%{customdata[1]}<extra></extra>",
+    }
+    top = max((int(s) for s in sizes), default=1) or 1
+    layout = _base_layout(
+        xaxis={"title": {"text": escape(value_name)}, "range": [0, top * 1.35], "tickformat": "~s",
+               "rangemode": "tozero"},
+        yaxis={"tickmode": "array", "tickvals": list(range(len(labels))), "ticktext": labels,
+               "range": [len(labels) - 0.5, -0.5], "automargin": True},
+        bargap=0.3,
+    )
+    return {"data": [trace], "layout": layout,
+            "export": {"name": export_name, "kind": "bars", "x": list(names), "x_title": "component",
+                       "value": value_name}}
+
+
+# ------------------------------------------------------------------ looking inside (issue 6)
+
+POSITIVE_COLOR, NEGATIVE_COLOR, TOTAL_COLOR = "#b35806", "#542788", "#1f2933"  # PuOr's ends, and ink
+
+
+def logit_waterfall(labels: Sequence[str], contributions: Sequence[float], logit_bias: float, logit: float,
+                    *, export_name: str = "direct-logit-attribution") -> dict:
+    """Direct logit attribution as a waterfall: each part's bar starts where the previous one ended, so
+    the last step lands on the logit, drawn as its own bar from 0. Bars are floating (`base`), since
+    the cartesian Plotly bundle has no waterfall trace. Orange raises the logit, purple lowers it."""
+    steps = [*map(float, contributions), float(logit_bias)]
+    names = [escape(label) for label in labels] + ["bias (ln_final.b, b_U)"]
+    ends = np.cumsum(steps)
+    starts = ends - np.asarray(steps)
+    x = list(range(len(steps) + 1))
+    trace = {
+        "type": "bar", "x": x, "y": steps + [float(logit)], "base": [*map(float, starts), 0.0],
+        "marker": {"color": [POSITIVE_COLOR if s >= 0 else NEGATIVE_COLOR for s in steps] + [TOTAL_COLOR],
+                   "pattern": {"shape": ["" if s >= 0 else "/" for s in steps] + [""], "fgcolor": "#ffffff"}},
+        "customdata": [[n, float(e)] for n, e in zip(names, ends)] + [["logit", float(logit)]],
+        "hovertemplate": "%{customdata[0]}<br>adds %{y:+.4f}<br>running total %{customdata[1]:.4f}<extra></extra>",
+    }
+    layout = _base_layout(
+        xaxis={"tickmode": "array", "tickvals": x, "ticktext": names + ["<b>logit</b>"], "tickangle": -50,
+               "automargin": True, "title": {"text": "part of the residual stream (in forward order)"}},
+        yaxis={"title": {"text": "contribution to the logit"}, "zeroline": True, "zerolinecolor": "#737373"},
+        bargap=0.15, showlegend=False,
+    )
+    return {"data": [trace], "layout": layout,
+            "export": {"name": export_name, "kind": "bars", "x": [*labels, "bias", "logit"], "x_title": "part",
+                       "value": "direct logit contribution"}}
+
+
+def lens_heatmap(probs: np.ndarray, cell_tokens: Sequence[Sequence[str]], hover: Sequence[Sequence[str]],
+                 points: Sequence[str], tokens: Sequence[str], *, export_name: str = "logit-lens") -> dict:
+    """The logit lens: rows are points of the residual stream (first layer on top), columns positions.
+    Colour is the top token's probability; each cell is labelled with that token, and its hover lists
+    the top-k (`hover`, already escaped: "a 0.31<br>b 0.12 ...")."""
+    p = np.asarray(probs, dtype=float)  # [n_points, pos]
+    if p.shape != (len(points), len(tokens)):
+        raise ValueError(f"expected a [{len(points)}, {len(tokens)}] array, got shape {p.shape}")
+    labels = [token_label(t) for t in tokens]
+    trace = {
+        "type": "heatmap", "z": _finite_or_none(p), "colorscale": WEIGHTS_COLORSCALE, "zmin": 0.0, "zmax": 1.0,
+        "text": [[token_label(t) for t in row] for row in cell_tokens], "texttemplate": "%{text}",
+        "textfont": {"size": 11}, "customdata": [list(row) for row in hover],
+        "hovertemplate": "%{y} · position %{x}<br>%{customdata}<extra></extra>",
+        "colorbar": {"title": {"text": "top token's p", "side": "right"}, "thickness": 14},
+    }
+    layout = _base_layout(
+        xaxis={**_token_axis("position (token read so far)", labels, small=False), "side": "top"},
+        yaxis={"tickmode": "array", "tickvals": list(range(len(points))), "ticktext": [escape(s) for s in points],
+               "range": [len(points) - 0.5, -0.5], "automargin": True, "showgrid": False},
+    )
+    return {"data": [trace], "layout": layout,
+            "export": {"name": export_name, "kind": "matrix", "x": list(tokens), "y": list(points),
+                       "x_title": "position", "y_title": "residual stream point", "value": "top token probability"}}
+
+
+def head_heatmap(scores: np.ndarray, *, value_name: str, export_name: str) -> dict:
+    """One score per head: rows are layers, columns heads, 0 … 1 on the sequential scale, each cell
+    printed; a head with no score (nothing to detect) is a gap."""
+    s = np.asarray(scores, dtype=float)  # [n_layers, n_heads]
+    n_layers, n_heads = s.shape
+    trace = {
+        "type": "heatmap", "z": _finite_or_none(s), "colorscale": WEIGHTS_COLORSCALE, "zmin": 0.0, "zmax": 1.0,
+        "texttemplate": "%{z:.2f}", "textfont": {"size": 11}, "hoverongaps": False, "xgap": 1, "ygap": 1,
+        "hovertemplate": f"layer %{{y}} head %{{x}}<br>{escape(value_name)} = %{{z:.3f}}<extra></extra>",
+        "colorbar": {"title": {"text": escape(value_name), "side": "right"}, "thickness": 14},
+    }
+    layout = _base_layout(
+        xaxis={"title": {"text": "head"}, "tickmode": "array", "tickvals": list(range(n_heads)), "showgrid": False},
+        yaxis={"title": {"text": "layer"}, "tickmode": "array", "tickvals": list(range(n_layers)),
+               "range": [n_layers - 0.5, -0.5], "showgrid": False},
+    )
+    return {"data": [trace], "layout": layout,
+            "export": {"name": export_name, "kind": "matrix", "x": list(range(n_heads)), "y": list(range(n_layers)),
+                       "x_title": "head", "y_title": "layer", "value": value_name}}
+
+
+def cache_growth(positions: Sequence[int], cache_bytes: Sequence[int], generated: Sequence[bool],
+                 *, export_name: str = "kv-cache-bytes") -> dict:
+    """The KV cache's bytes after each step: a straight line, one row of K and V per layer per token.
+    Steps reading the text and steps generating are two series (circles and diamonds)."""
+    series = []
+    for name, chosen, symbol, color in (("reading the text", False, "circle", "#0072b2"),
+                                        ("generating", True, "diamond", "#e69f00")):
+        idx = [i for i, g in enumerate(generated) if g == chosen]
+        if idx:
+            series.append({"type": "scatter", "mode": "lines+markers", "name": name,
+                           "x": [int(positions[i]) + 1 for i in idx], "y": [int(cache_bytes[i]) for i in idx],
+                           "marker": {"symbol": symbol, "size": 8, "color": color}, "line": {"color": color},
+                           "hovertemplate": "%{x} tokens cached<br>%{y:,} bytes<extra></extra>"})
+    layout = _base_layout(
+        xaxis={"title": {"text": "tokens in the cache"}, "rangemode": "tozero"},
+        yaxis={"title": {"text": "bytes of K and V (all layers)"}, "rangemode": "tozero", "tickformat": "~s"},
+        showlegend=True, legend={"orientation": "h", "x": 0, "y": 1.02, "yanchor": "bottom"},
+    )
+    layout["margin"] = {**layout["margin"], "t": 30}
+    return {"data": series, "layout": layout,
+            "export": {"name": export_name, "kind": "bars", "x": [int(p) + 1 for p in positions],
+                       "x_title": "tokens cached", "value": "bytes"}}
+
+
+def probability_change_bars(tokens: Sequence[str], before: Sequence[float], after: Sequence[float],
+                            *, export_name: str = "next-token-ablation") -> dict:
+    """The most likely next tokens without the ablation (hatched grey) and with it (blue), side by side."""
+    labels = [token_label(t) for t in tokens]
+    y = list(range(len(labels)))
+    bars = []
+    for name, values, style in (("without ablation", before, {"color": NOT_ABLATED_COLOR,
+                                                              "pattern": {"shape": "/", "fgcolor": "#737373"}}),
+                                ("with ablation", after, {"color": "#225ea8"})):
+        bars.append({"type": "bar", "orientation": "h", "name": name, "x": [float(v) for v in values], "y": y,
+                     "marker": style, "customdata": labels, "text": [f"{v:.3f}" for v in values],
+                     "textposition": "outside", "cliponaxis": False,
+                     "hovertemplate": f"next token %{{customdata}}<br>{name}: p = %{{x:.4f}}<extra></extra>"})
+    top = max([*map(float, before), *map(float, after)], default=1.0)
+    layout = _base_layout(
+        xaxis={"title": {"text": "probability"}, "range": [0, min(1.0, top * 1.3) or 1.0]},
+        yaxis={"tickmode": "array", "tickvals": y, "ticktext": labels, "range": [len(labels) - 0.5, -0.5],
+               "automargin": True, "title": {"text": "next token"}},
+        barmode="group", bargap=0.2, showlegend=True,
+        legend={"orientation": "h", "x": 0, "y": 1.02, "yanchor": "bottom"},
+    )
+    layout["margin"] = {**layout["margin"], "t": 30}
+    return {"data": bars, "layout": layout,
+            "export": {"name": export_name, "kind": "bars", "x": list(tokens), "x_title": "token",
+                       "value": "probability with ablation"}}
+
+
+NOT_ABLATED_COLOR = "#d9d9d9"

@@ -125,7 +125,7 @@ T, d_model, d_k = $T, $d_model, $d_k
 X = np.random.randn(T, d_model)
 W_q, W_k = (np.random.randn(d_model, d_k) / np.sqrt(d_model) for _ in range(2))
 
-scores = (X @ W_q) @ (X @ W_k).T / np.sqrt(d_k)
+scores = (X @ W_q) @ (X @ W_k).T$divide
 mask = np.triu(np.ones((T, T), dtype=bool), k=1)   # True above the diagonal
 scores = np.where(mask, -np.inf, scores)           # the future is forbidden
 
@@ -136,10 +136,11 @@ print(np.round(weights, 2))
 '''
 
 
-def causal(text: str, seed: int, d_model: int, d_k: int) -> str:
+def causal(text: str, seed: int, d_model: int, d_k: int, scale: bool = True) -> str:
     """The spec's "Causal masks" snippet."""
     tokens = text.split()
-    return _fill(_CAUSAL, seed=seed, tokens=_py_list(tokens), T=len(tokens), d_model=d_model, d_k=d_k)
+    return _fill(_CAUSAL, seed=seed, tokens=_py_list(tokens), T=len(tokens), d_model=d_model, d_k=d_k,
+                 divide=" / np.sqrt(d_k)" if scale else "   # unscaled: not divided by √d_k")
 
 
 # ------------------------------------------------------------------ multiple heads

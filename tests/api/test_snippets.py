@@ -129,10 +129,11 @@ def test_attention_snippet_matches_the_service(text, seed, d_model, d_k, causal,
     assert printed.strip().splitlines()[-1] == f"scores for {r.lesson.tokens[-1]}: {last}"
 
 
-@pytest.mark.parametrize("text, seed, d_model, d_k", [(TEXT, 0, 8, 4), ("a b c d e f", 9, 16, 8), ("x y", 2, 3, 5)])
-def test_causal_snippet_matches_the_service(text, seed, d_model, d_k):
-    r = service.lesson_attention(text, seed, d_model, d_k, causal=True, scale=True)
-    ns, _ = run(snippets.causal(text, seed, d_model, d_k))
+@pytest.mark.parametrize("text, seed, d_model, d_k, scale", [
+    (TEXT, 0, 8, 4, True), ("a b c d e f", 9, 16, 8, True), ("x y", 2, 3, 5, False)])
+def test_causal_snippet_matches_the_service(text, seed, d_model, d_k, scale):
+    r = service.lesson_attention(text, seed, d_model, d_k, causal=True, scale=scale)
+    ns, _ = run(snippets.causal(text, seed, d_model, d_k, scale))
     assert (ns["mask"] == r.lesson.mask).all() and r.lesson.mask.any()
     assert close(ns["weights"], r.lesson.result.weights)
     assert close(ns["scores"], r.lesson.result.scores)  # -inf where masked, in both

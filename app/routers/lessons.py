@@ -1,0 +1,552 @@
+"""HTML pages: one live lesson per section of the spec (/lessons/...) and the calculator (/params).
+
+Like the explorer, a page computes nothing itself. Its query string is parsed by the API's own
+request models (app/schemas.py: same names, defaults and limits, so every page state is also an
+API call), the numbers come from the service layer (app/service.py), the figures from
+app/figures.py, and the NumPy snippet of the current view from app/snippets.py.
+
+A plain GET answers the full page; an htmx request answers only the "results" block with the
+canonical URL in HX-Push-Url. Bad settings render the API's message in place of the figures,
+with status 422, and the controls keep the learner's values so they can fix them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+from urllib.parse import urlencode
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, PlainTextResponse
+from jinja2_fragments.fastapi import Jinja2Blocks
+from pydantic import BaseModel, Field, ValidationError, field_validator
+
+from core import DTYPE_BYTES, PRESETS, lessons
+
+from .. import figures, schemas, service, snippets
+from ..errors import _readable
+from ..paths import TEMPLATES_DIR
+from ..settings import get_settings
+from .pages import figure_json
+
+router = APIRouter(tags=["pages"], include_in_schema=False)
+
+templates = Jinja2Blocks(directory=str(TEMPLATES_DIR))
+templates.env.filters["figure_json"] = figure_json
+
+_TRUE = {"1", "true", "on", "yes"}
+PAGE_ONLY = ("classroom",)  # in the URL, but not a field of the API request
+
+
+# ------------------------------------------------------------------ the pages' own request models
+
+class CausalQuery(schemas.AttentionQuery):
+    """The attention lesson with the mask always on: the page shows it beside the unmasked weights."""
+
+    causal: Literal[True] = Field(True, description="always on in this lesson")
+
+
+class ParamsLessonQuery(schemas.ParamsQuery):
+    """The spec's formula counts GPT-2-style models, so the lesson starts from GPT-2 small and the
+    unembedding is always tied (the calculator at /params counts untied models too)."""
+
+    preset: schemas.PresetName = Field("gpt2-small", description="start from this configuration")
+
+    @field_validator("tied_embeddings")
+    @classmethod
+    def _tied(cls, v: bool | None) -> bool | None:
+        if v is False:
+            raise ValueError("the spec's formula assumes a tied unembedding: count untied models in the "
+                             "calculator at /params")
+        return v
+
+
+class CalculatorQuery(schemas.ParamsQuery, schemas.KVCacheQuery):
+    """Both calculators' fields: the parameter count and the KV cache of one configuration. The page
+    opens on GPT-2 small, the model the spec counts to the last digit."""
+
+    preset: schemas.PresetName = Field("gpt2-small", description="start from this configuration")
+
+
+# ------------------------------------------------------------------ number formatting for tables
+
+def fixed(value: float, digits: int) -> str:
+    """As the spec's np.round(..., digits) prints it, in a table cell: 0.89, −∞ for a masked score.
+    (np.round rounds halves to even, 0.005 -> 0.0, where "%.2f" gives 0.01.)"""
+    if math.isinf(value):
+        return "−∞" if value < 0 else "∞"
+    text = f"{np.round(value, digits):.{digits}f}"
+    return "0." + "0" * digits if text == "-0." + "0" * digits else text
+
+
+def full(value: float) -> str:
+    """Full precision, for a cell's hover text."""
+    return "−∞ (masked)" if math.isinf(value) and value < 0 else repr(float(value))
+
+
+def cells(row, digits: int = 2, masked=None) -> list[dict]:
+    """Table cells of one row; a cell is masked where `masked` says so, or where its score is −∞."""
+    flags = masked if masked is not None else [False] * len(row)
+    return [{"text": fixed(float(v), digits), "full": full(float(v)), "masked": bool(m) or math.isinf(float(v))}
+            for v, m in zip(row, flags)]
+
+
+def shape(array_or_dims) -> str:
+    dims = array_or_dims.shape if hasattr(array_or_dims, "shape") else tuple(array_or_dims)
+    return "(" + ", ".join(map(str, dims)) + ("," if len(dims) == 1 else "") + ")"
+
+
+def human_bytes(n: int) -> str:
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n} bytes"
+
+
+# ------------------------------------------------------------------ the lessons, one view builder each
+
+def check_drawable(n: int, what: str = "words", of: str = "the text") -> None:
+    """A page draws T × T tables and heatmaps; beyond the explorer's limit they stop being legible
+    (the JSON API still takes up to max_tokens)."""
+    s = get_settings()
+    if n > s.explorer_max_tokens:
+        raise ValueError(f"{of} has {n} {what}; this page draws up to {s.explorer_max_tokens} "
+                         f"(the API takes up to {s.max_tokens}): shorten it")
+
+
+def view_attention(q: schemas.AttentionQuery) -> dict:
+    check_drawable(len(q.text.split()))
+    r = service.lesson_attention(q.text, q.seed, q.d_model, q.d_k, q.causal, q.scale)
+    a = r.lesson
+    tokens = a.tokens
+    scores = a.result.scores  # [query_pos, key_pos], scaled and masked
+    top = figures.score_range(scores)
+    return {
+        "tokens": tokens,
+        "shapes": {"Q": shape(a.Q), "K": shape(a.K), "V": shape(a.V), "output": shape(a.result.output)},
+        "weights": [{"token": t, "cells": cells(row, masked=m), "sum": fixed(float(row.sum()), 2)}
+                    for t, row, m in zip(tokens, a.result.weights, a.mask)],
+        "last_token": tokens[-1], "last_scores": cells(r.scaled_scores[-1]),
+        "divisor": r.divisor,
+        "figures": [
+            {"id": "scores", "title": "Scores  Q Kᵀ / √d_k" if q.scale else "Scores  Q Kᵀ (not scaled)",
+             "caption": "How well each query (row) matches each key (column). Orange is positive, purple negative."
+                        + (" Hatched cells are masked: the key comes after the query." if q.causal else ""),
+             "figure": figures.attention_heatmap(scores, tokens, kind="scores", mask=a.mask if q.causal else None,
+                                                 zmax=top, export_name="attention-scores")},
+            {"id": "weights", "title": "Weights  softmax(scores)",
+             "caption": "Each row is a probability distribution over the keys: it sums to 1.",
+             "figure": figures.attention_heatmap(a.result.weights, tokens, kind="weights",
+                                                 mask=a.mask if q.causal else None, export_name="attention-weights")},
+        ],
+        "snippet": snippets.attention(q.text, q.seed, q.d_model, q.d_k, q.causal, q.scale),
+    }
+
+
+def view_scaling(q: schemas.ScalingQuery) -> dict:
+    rows = service.lesson_scaling(q.dim_list, q.n_queries, q.n_keys, q.seed)
+    dims = [r.d for r in rows]
+    return {
+        "rows": [{"d": r.d, "std": fixed(r.std, 1), "std_full": full(r.std), "sqrt_d": fixed(math.sqrt(r.d), 1),
+                  "unscaled": fixed(r.top_weight_unscaled, 2), "unscaled_full": full(r.top_weight_unscaled),
+                  "scaled": fixed(r.top_weight_scaled, 2), "scaled_full": full(r.top_weight_scaled)} for r in rows],
+        "uniform": fixed(1 / q.n_keys, 3), "n_keys": q.n_keys, "n_queries": q.n_queries,
+        "figures": [
+            {"id": "top-weight", "title": "Average top weight vs width d",
+             "caption": f"The largest of {q.n_keys} softmax weights, averaged over {q.n_queries:,} random queries. "
+                        "Unscaled, it climbs towards 1 (a one-hot spike); scaled by 1/√d it stays put.",
+             "figure": figures.line_chart(
+                 [("unscaled: softmax(q·k)", dims, [r.top_weight_unscaled for r in rows]),
+                  ("scaled: softmax(q·k / √d)", dims, [r.top_weight_scaled for r in rows]),
+                  (f"uniform: 1/{q.n_keys}", dims, [1 / q.n_keys] * len(dims))],
+                 x_title="d (width of q and k)", y_title="average top weight", export_name="top-weight-vs-d",
+                 x_log=len(dims) > 1 and max(dims) / min(dims) > 8, y_range=[0, 1.05], y_hover=".3f",
+                 x_tickvals=dims)},
+            {"id": "std", "title": "Spread of the raw scores vs width d",
+             "caption": "The standard deviation of q·k grows like √d, which is exactly what dividing by √d undoes.",
+             "figure": figures.line_chart(
+                 [("std of q·k", dims, [r.std for r in rows]), ("√d", dims, [math.sqrt(d) for d in dims])],
+                 x_title="d (width of q and k)", y_title="standard deviation", export_name="std-vs-d",
+                 x_log=len(dims) > 1 and max(dims) / min(dims) > 8, y_hover=".2f", x_tickvals=dims)},
+        ],
+        "snippet": snippets.scaling(q.dim_list, q.n_queries, q.n_keys, q.seed),
+    }
+
+
+def view_causal(q: CausalQuery) -> dict:
+    check_drawable(len(q.text.split()))
+    masked = service.lesson_attention(q.text, q.seed, q.d_model, q.d_k, True, q.scale).lesson
+    free = service.lesson_attention(q.text, q.seed, q.d_model, q.d_k, False, q.scale).lesson
+    tokens = masked.tokens
+    return {
+        "tokens": tokens,
+        "mask": [{"token": t, "cells": [int(c) for c in row]} for t, row in zip(tokens, masked.mask)],
+        "weights": [{"token": t, "cells": cells(row, masked=m)}
+                    for t, row, m in zip(tokens, masked.result.weights, masked.mask)],
+        "unmasked": [{"token": t, "cells": cells(row)} for t, row in zip(tokens, free.result.weights)],
+        "figures": [
+            {"id": "without-mask", "title": "Without the mask",
+             "caption": "Every token mixes every token, later ones included.",
+             "figure": figures.attention_heatmap(free.result.weights, tokens, kind="weights",
+                                                 export_name="weights-bidirectional")},
+            {"id": "with-mask", "title": "With the causal mask",
+             "caption": "Hatched cells are −∞ before the softmax, so their weight is exactly 0; "
+                        "each row's remaining weights are renormalised.",
+             "figure": figures.attention_heatmap(masked.result.weights, tokens, kind="weights", mask=masked.mask,
+                                                 export_name="weights-causal")},
+        ],
+        "snippet": snippets.causal(q.text, q.seed, q.d_model, q.d_k, q.scale),
+    }
+
+
+def view_multihead(q: schemas.MultiheadQuery) -> dict:
+    check_drawable(len(q.text.split()))
+    m = service.lesson_multihead(q.text, q.seed, q.d_model, q.n_heads, q.causal, q.scale)
+    mask = np.isneginf(m.result.scores[0]) if q.causal else None
+    return {
+        "tokens": m.tokens, "d_head": m.d_head, "n_heads": m.n_heads,
+        "shapes": {"Q": shape(m.Q), "weights": shape(m.result.weights), "out": shape(m.output)},
+        "last_rows": [{"head": h, "cells": cells(w[-1])} for h, w in enumerate(m.result.weights)],
+        "figures": [
+            {"id": f"head-{h}", "title": f"Head {h}",
+             "caption": f"softmax(Q Kᵀ{' / √d_head' if q.scale else ''}) of head {h}, d_head = {m.d_head}",
+             "figure": figures.attention_heatmap(w, m.tokens, kind="weights", mask=mask,
+                                                 export_name=f"head-{h}-weights")}
+            for h, w in enumerate(m.result.weights)],
+        "snippet": snippets.multihead(q.text, q.seed, q.d_model, q.n_heads, q.causal, q.scale),
+    }
+
+
+def view_positions(q: schemas.PositionsQuery) -> dict:
+    cells_limit = get_settings().explorer_max_tokens ** 2  # as many cells as the largest attention heatmap
+    if q.n_pos * q.d > cells_limit:
+        raise ValueError(f"{q.n_pos} positions × {q.d} dimensions is {q.n_pos * q.d:,} numbers; this page draws "
+                         f"up to {cells_limit:,} (the API takes more): reduce n_pos or d")
+    p = service.lesson_positions(q.n_pos, q.d, q.pair_list)
+    starts = list(dict.fromkeys(i for i, _, _ in p.dots)) or [0]
+    # dot product against every later position, for each pair's first position (the same service call)
+    series = []
+    for i in starts:
+        gaps = service.lesson_positions(q.n_pos, q.d, tuple((i, j) for j in range(i, q.n_pos)))
+        series.append((f"from position {i}", [j - i for _, j, _dot in gaps.dots], [dot for *_, dot in gaps.dots]))
+    return {
+        "head": [cells(row) for row in p.encoding[:3, :6]],
+        "dots": [{"i": i, "j": j, "gap": j - i, "dot": fixed(dot, 2), "full": full(dot)} for i, j, dot in p.dots],
+        "figures": [
+            {"id": "encoding", "title": f"The encoding: {q.n_pos} positions × {q.d} dimensions",
+             "caption": "Row = position, column = dimension: sin on even dimensions, cos on odd ones. Early "
+                        "dimensions turn fast, later ones slowly.",
+             "figure": figures.value_heatmap(p.encoding, x_title="dimension", y_title="position",
+                                             value_name="value", export_name="sinusoidal-encoding")},
+            {"id": "dot-vs-gap", "title": "Dot product vs gap",
+             "caption": "pe[i] · pe[i + gap] for each starting position i: the lines coincide, because the dot "
+                        "product depends only on the gap. It does not fall smoothly with distance.",
+             "figure": figures.line_chart(series, x_title="gap (positions apart)", y_title="dot product",
+                                          export_name="dot-vs-gap", y_hover=".2f")},
+        ],
+        "snippet": snippets.positions(q.n_pos, q.d, tuple((i, j) for i, j, _ in p.dots)),
+    }
+
+
+def _component_groups(count, cfg) -> list[tuple[str, int, bool, str]]:
+    """The breakdown's entries gathered into the spec's components: (name, parameters, counted, note).
+    An uncounted component shows what it would cost, so the chart can say why it costs nothing."""
+    groups: dict[str, list] = {}
+    for e in count.entries:
+        copies = cfg.n_layers if e.per_layer else 1
+        leaf = e.name.rsplit(".", 1)[-1]
+        if not e.counted:
+            name = "unembedding (tied)" if e.name.startswith("unembed") else (
+                "causal mask buffers" if leaf == "mask" else e.name)
+        elif e.name.startswith("embed"):
+            name = "token table"
+        elif e.name.startswith(("pos_embed", "token_type_embed")):
+            name = "position table" if e.name.startswith("pos_embed") else "segment table"
+        elif ".ln" in e.name or e.name.startswith(("ln_final", "ln_embed")):
+            name = "layer norms (gain + bias)"
+        elif ".attn." in e.name:
+            name = "attention biases" if leaf.startswith("b_") else "attention weights"
+        elif ".mlp." in e.name:
+            name = "MLP biases" if leaf.startswith("b_") else "MLP weights"
+        else:
+            name = "unembedding" + (" bias" if leaf.startswith("b_") else "")
+        g = groups.setdefault(name, [0, e.counted, e.note])
+        g[0] += e.size * copies
+    return [(name, size, counted, note) for name, (size, counted, note) in groups.items() if size]
+
+
+def _breakdown_figure(count, cfg, export_name: str) -> dict:
+    names, sizes, counted, notes = zip(*_component_groups(count, cfg))
+    return figures.component_bars(names, sizes, counted, notes, export_name=export_name)
+
+
+def _spec_tuple(cfg) -> tuple[int, ...]:
+    """(vocab, n_ctx, d, n_layers[, d_ff]) as the spec's gpt_params takes them."""
+    sizes = (cfg.d_vocab, cfg.n_ctx, cfg.d_model, cfg.n_layers)
+    return sizes + ((cfg.d_mlp,) if cfg.d_mlp != 4 * cfg.d_model else ())
+
+
+def _config_sizes(q) -> dict:
+    return {k: getattr(q, k) for k in ("d_vocab", "n_ctx", "d_model", "n_layers", "d_mlp", "tied_embeddings")
+            if hasattr(q, k)}
+
+
+def view_params_lesson(q: ParamsLessonQuery) -> dict:
+    toy_cfg = service.calc_config("toy")
+    cfg = service.calc_config(q.preset, **_config_sizes(q))
+    name = {"gpt2-small": "GPT-2 small"}.get(q.preset, q.preset) if cfg == PRESETS[q.preset] else "your model"
+    rows = []
+    for label, c in (("toy", toy_cfg), (name, cfg)):
+        n = service.param_count(c)
+        rows.append({"name": label, "embeddings": f"{n.embeddings:,}", "per_block": f"{n.per_block:,}",
+                     "total": f"{n.total:,}", "count": n, "cfg": c})
+    mine = rows[1]["count"]
+    d = cfg.d_model
+    rule = 12 * d * d
+    return {
+        "rows": rows, "d": d, "rule": f"{rule:,}", "per_block": f"{mine.per_block:,}",
+        "rule_gap": f"{abs(mine.per_block - rule) / mine.per_block:.2%}",
+        "embedding_share": f"{mine.embeddings / mine.total:.1%}", "name": name,
+        "figures": [{"id": "breakdown", "title": f"Where the parameters of {name} are",
+                     "caption": "Counted components in blue; grey hatched ones exist but add nothing: the tied "
+                                "unembedding reuses the token table, and the causal mask is a constant.",
+                     "figure": _breakdown_figure(mine, cfg, "parameter-breakdown")}],
+        "snippet": snippets.params({"toy": _spec_tuple(toy_cfg), name: _spec_tuple(cfg)}),
+    }
+
+
+def view_forward(q: schemas.ForwardQuery) -> dict:
+    check_drawable(len(q.prompt), "characters", "the prompt")
+    f = service.lesson_forward(q.text, q.prompt, q.seed, q.d_model, q.n_heads, q.d_mlp)
+    tokens = list(f.prompt)
+    pattern = f.cache["blocks.0.attn.hook_pattern"]  # [head_index, query_pos, key_pos]
+    mask = np.isneginf(f.cache["blocks.0.attn.hook_attn_scores"][0])
+    probs = f.next_token_probs
+    return {
+        "steps": [{"name": n, "shape": shape(s)} for n, s in f.steps],
+        "probs": [{"char": figures.visible(c), "p": fixed(p, 3), "full": full(p)} for c, p in probs.items()],
+        "vocab": "".join(figures.visible(c) for c in f.vocab), "n_vocab": len(f.vocab), "uniform": fixed(1 / len(f.vocab), 3),
+        "prompt": f.prompt,
+        "figures": [
+            {"id": "next-char", "title": f"Next-character probabilities after the prompt",
+             "caption": f"With random weights the guess is close to uniform (1/{len(f.vocab)} ≈ "
+                        f"{1 / len(f.vocab):.3f}); any preference is noise.",
+             "figure": figures.probability_bars(list(probs), list(probs.values()), export_name="next-char")},
+        ] + [
+            {"id": f"head-{h}", "title": f"Head {h}: attention weights",
+             "caption": "The upper triangle is masked: each character sees only itself and earlier ones.",
+             "figure": figures.attention_heatmap(w, tokens, kind="weights", mask=mask,
+                                                 export_name=f"forward-head-{h}-weights")}
+            for h, w in enumerate(pattern)],
+        "snippet": snippets.forward(q.text, q.prompt, q.seed, q.d_model, q.n_heads, q.d_mlp),
+    }
+
+
+# ------------------------------------------------------------------ the calculator
+
+def _kv_lengths(n_ctx: int, seq_len: int) -> list[int]:
+    """Sequence lengths for the cache chart: powers of two up to the longest asked, and that length."""
+    top = max(n_ctx, seq_len)
+    lengths = [2**k for k in range(int(math.log2(top)) + 1)]
+    return sorted(set(lengths) | {n_ctx, seq_len})
+
+
+def view_calculator(q: CalculatorQuery) -> dict:
+    cfg = service.calc_config(q.preset, **_config_sizes(q), n_heads=q.n_heads)
+    count = service.param_count(cfg)
+    kv = service.kv_cache(cfg, q.seq_len, q.batch, q.dtype)
+    lengths = _kv_lengths(cfg.n_ctx, kv.seq_len)
+    powers = [n for n in lengths if n & (n - 1) == 0]
+    ticks = powers[::max(1, math.ceil(len(powers) / 8))]  # at most about 8 labels
+    series = [(f"{dtype} ({size} byte{'s' if size > 1 else ''})", lengths,
+               [service.kv_cache(cfg, n, q.batch, dtype).bytes for n in lengths])
+              for dtype, size in DTYPE_BYTES.items()]
+    entries = [{"name": e.name, "shape": shape(e.shape), "copies": cfg.n_layers if e.per_layer else 1,
+                "counted": e.counted, "total": f"{e.size * (cfg.n_layers if e.per_layer else 1):,}", "note": e.note}
+               for e in count.entries]
+    return {
+        "cfg": cfg, "embeddings": f"{count.embeddings:,}", "per_block": f"{count.per_block:,}",
+        "total": f"{count.total:,}", "entries": entries,
+        "float32_weights": human_bytes(count.total * DTYPE_BYTES["float32"]),
+        "kv": kv, "kv_bytes": f"{kv.bytes:,}", "kv_human": human_bytes(kv.bytes), "dtype": q.dtype,
+        "figures": [
+            {"id": "breakdown", "title": "Where the parameters are",
+             "caption": "Counted components in blue; grey hatched ones exist but add nothing (a tied unembedding "
+                        "reuses the token table; the causal mask is a constant).",
+             "figure": _breakdown_figure(count, cfg, "parameter-breakdown")},
+            {"id": "kv-cache", "title": f"KV-cache size vs sequence length (batch {q.batch})",
+             "caption": "Keys and values of every layer for every cached token: the cache grows linearly with "
+                        "the sequence length, and halves with each halving of the element size.",
+             "figure": figures.line_chart(series, x_title="sequence length (tokens)", y_title="cache size (bytes)",
+                                          export_name="kv-cache-vs-length", x_log=True, y_log=True,
+                                          y_hover=",.0f", y_tickformat="~s", x_tickvals=ticks)},
+        ],
+    }
+
+
+# ------------------------------------------------------------------ the page table
+
+@dataclass(frozen=True)
+class Page:
+    slug: str  # /lessons/{slug}, or the calculator
+    title: str
+    summary: str
+    query: type[BaseModel]
+    build: Callable[[BaseModel], dict]
+    api: tuple[str, ...]  # the JSON endpoints that answer the same query
+
+
+LESSONS = [
+    Page("attention", "Queries, keys and values",
+         "Scaled dot-product attention on four words: scores, softmax weights, output.",
+         schemas.AttentionQuery, view_attention, ("/api/v1/lessons/attention",)),
+    Page("scaling", "Why divide by √d_k",
+         "Unscaled dot products grow with the width and the softmax collapses onto one key.",
+         schemas.ScalingQuery, view_scaling, ("/api/v1/lessons/scaling",)),
+    Page("causal", "Causal masks", "Forbid every token to look ahead, and watch the rows renormalise.",
+         CausalQuery, view_causal, ("/api/v1/lessons/attention",)),
+    Page("multihead", "Multiple heads", "Several attentions side by side, heads as a batch axis.",
+         schemas.MultiheadQuery, view_multihead, ("/api/v1/lessons/multihead",)),
+    Page("positions", "Positional information",
+         "Sinusoidal encodings, whose dot products depend only on the gap between positions.",
+         schemas.PositionsQuery, view_positions, ("/api/v1/lessons/positions",)),
+    Page("params", "Counting parameters", "GPT-2 small to the last digit: 124,439,808.",
+         ParamsLessonQuery, view_params_lesson, ("/api/v1/params",)),
+    Page("forward", "A full forward pass",
+         "One block, two heads, nine characters: every shape on the way to the next-character guess.",
+         schemas.ForwardQuery, view_forward, ("/api/v1/lessons/forward",)),
+]
+BY_SLUG = {p.slug: p for p in LESSONS}
+CALCULATOR = Page("calculator", "Parameter and KV-cache calculator",
+                  "Presets and free sizes; where the parameters are; KV-cache memory by length and dtype.",
+                  CalculatorQuery, view_calculator, ("/api/v1/params", "/api/v1/kv-cache"))
+
+
+# ------------------------------------------------------------------ query string <-> request model
+
+def _given(query: Mapping) -> dict[str, str]:
+    """The URL's fields for the request model: the last value of each (a checkbox sends a hidden "0"
+    before its "1"); an empty box means "the default"."""
+    out = {}
+    for key in dict.fromkeys(query.keys()):
+        if key in PAGE_ONLY:
+            continue
+        value = query.getlist(key)[-1]
+        if value.strip() != "":
+            out[key] = value
+    return out
+
+
+def _url_value(value: object) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
+def canonical(q: BaseModel) -> dict[str, str]:
+    """The fields that differ from the defaults: the shortest query that restores the view."""
+    return {k: _url_value(v) for k, v in q.model_dump(exclude_defaults=True).items() if v is not None}
+
+
+def _api_fields(q: BaseModel, model: type[BaseModel]) -> dict[str, str]:
+    """This page's state as a query for one JSON endpoint: the fields it takes, where they differ from
+    its defaults (a page may default otherwise: the causal lesson's mask, the params lesson's preset)."""
+    fields = model.model_fields
+    return {k: _url_value(v) for k, v in q.model_dump().items()
+            if k in fields and v is not None and v != fields[k].default}
+
+
+def _with_query(path: str, params: Mapping[str, str]) -> str:
+    return path + ("?" + urlencode(params) if params else "")
+
+
+def _field_values(page: Page, given: Mapping[str, str], q: BaseModel | None) -> dict[str, object]:
+    """What the controls show: the validated values, else (after an error) what the learner typed."""
+    defaults = {name: f.default for name, f in page.query.model_fields.items()}
+    if q is not None:
+        return q.model_dump()
+    return defaults | dict(given)
+
+
+API_QUERY = {"/api/v1/lessons/attention": schemas.AttentionQuery, "/api/v1/lessons/scaling": schemas.ScalingQuery,
+             "/api/v1/lessons/multihead": schemas.MultiheadQuery, "/api/v1/lessons/positions": schemas.PositionsQuery,
+             "/api/v1/lessons/forward": schemas.ForwardQuery, "/api/v1/params": schemas.ParamsQuery,
+             "/api/v1/kv-cache": schemas.KVCacheQuery}
+
+
+def render(request: Request, page: Page, path: str, template: str) -> HTMLResponse:
+    headers = request.headers
+    history_restore = headers.get("hx-history-restore-request") == "true"
+    fragment = headers.get("hx-request") == "true" and not history_restore
+    given = _given(request.query_params)
+    classroom = (request.query_params.get("classroom") or "0").lower() in _TRUE
+    q, view, error = None, None, None
+    try:
+        q = page.query.model_validate(given)
+        view = page.build(q)
+    except ValidationError as exc:
+        error = "; ".join(_readable(e)["msg"] for e in exc.errors())
+    except (ValueError, TypeError) as exc:
+        error = str(exc)
+    state = canonical(q) if q is not None else dict(given)
+    if classroom:
+        state["classroom"] = "1"
+    url = _with_query(path, state)
+    if view is not None:
+        view["links"] = {
+            "api": [_with_query(api, _api_fields(q, API_QUERY[api])) for api in page.api],
+            "snippet": _with_query(f"{path}/snippet.py", canonical(q)) if "snippet" in view else None,
+        }
+    context = {
+        "page": page, "lessons": LESSONS, "view": view, "error": error, "values": _field_values(page, given, q),
+        "url": url, "path": path, "classroom": classroom, "form_id": "lesson",
+        "nav": "params" if page is CALCULATOR else "lessons", "presets": list(PRESETS), "dtypes": list(DTYPE_BYTES),
+        "limits": schemas.S,
+    }
+    status = 422 if error and not history_restore else 200
+    response_headers = {"Vary": "HX-Request"}
+    if fragment:
+        response_headers["HX-Push-Url"] = url
+        return templates.TemplateResponse(request, template, context, block_name="results",
+                                          status_code=status, headers=response_headers)
+    return templates.TemplateResponse(request, template, context, status_code=status, headers=response_headers)
+
+
+# ------------------------------------------------------------------ routes
+
+@router.get("/lessons", response_class=HTMLResponse, summary="The lessons")
+def index(request: Request) -> HTMLResponse:
+    return templates.TemplateResponse(request, "lessons/index.html",
+                                      {"lessons": LESSONS, "nav": "lessons", "classroom": False, "form_id": None})
+
+
+@router.get("/lessons/{slug}", response_class=HTMLResponse, summary="One lesson")
+def lesson(request: Request, slug: str) -> HTMLResponse:
+    page = BY_SLUG.get(slug)
+    if page is None:
+        return templates.TemplateResponse(request, "lessons/index.html",
+                                          {"lessons": LESSONS, "nav": "lessons", "classroom": False, "form_id": None,
+                                           "missing": slug}, status_code=404)
+    return render(request, page, f"/lessons/{slug}", f"lessons/{slug}.html")
+
+
+@router.get("/lessons/{slug}/snippet.py", response_class=PlainTextResponse, summary="A lesson's NumPy snippet")
+def snippet(request: Request, slug: str) -> PlainTextResponse:
+    """The snippet of the view this query shows, as a file (the page's download link)."""
+    page = BY_SLUG.get(slug)
+    if page is None or page.slug == "calculator":
+        return PlainTextResponse(f"there is no lesson {slug!r}: see /lessons", status_code=404)
+    try:
+        view = page.build(page.query.model_validate(_given(request.query_params)))
+    except ValidationError as exc:
+        return PlainTextResponse("; ".join(_readable(e)["msg"] for e in exc.errors()), status_code=422)
+    except (ValueError, TypeError) as exc:
+        return PlainTextResponse(str(exc), status_code=422)
+    return PlainTextResponse(view["snippet"], media_type="text/x-python; charset=utf-8",
+                             headers={"Content-Disposition": f'attachment; filename="{slug}.py"'})
+
+
+@router.get("/params", response_class=HTMLResponse, summary="The parameter and KV-cache calculator")
+def calculator(request: Request) -> HTMLResponse:
+    return render(request, CALCULATOR, "/params", "params.html")
