@@ -33,13 +33,15 @@ def words(text: str) -> str:
     return " ".join(text.split())
 
 
-def drawn(page) -> int:
-    return page.evaluate("() => [...document.querySelectorAll('[data-figure]')].filter(e => e._fullLayout).length")
-
-
 def wait_drawn(page, n: int) -> None:
-    page.wait_for_function(f"() => [...document.querySelectorAll('[data-figure]')].filter(e => e._fullLayout).length"
-                           f" === {n}")
+    """Wait until the page holds n figures, all drawn. explorer.js draws a figure only when it comes
+    near the viewport, so each poll scrolls the first undrawn one into view."""
+    page.wait_for_function(f"""() => {{
+      const els = [...document.querySelectorAll('[data-figure]')];
+      const todo = els.filter(e => !e._fullLayout);
+      if (todo.length) todo[0].scrollIntoView();
+      return els.length === {n} && todo.length === 0;
+    }}""")
 
 
 def open_page(page, live_server, path: str) -> None:
