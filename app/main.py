@@ -11,7 +11,7 @@ from .observability import AccessLogMiddleware, configure_access_log
 from .paths import STATIC_DIR
 from . import errors
 from .bodylimit import BodySizeLimitMiddleware
-from .routers import api, docs, health, lessons, pages
+from .routers import api, docs, health, inspect, lessons, pages
 from .security import ComputeLimitMiddleware, SecurityHeadersMiddleware
 from .settings import get_settings
 
@@ -28,6 +28,7 @@ def create_app() -> FastAPI:
     app.include_router(api.router)
     app.include_router(docs.router)
     app.include_router(pages.router)
+    app.include_router(inspect.router)
     app.include_router(lessons.router)
     errors.install(app)
     # Level 1: a 27 MB run response compresses to 10.5 MB in 1.7 s; level 9 (the default) takes 17 s for 9.6 MB.

@@ -418,16 +418,34 @@ def residual_norms(result: RunResult) -> ResidualNorms:
 
 # ------------------------------------------------------------------ looking inside (issue 6)
 
-def _require_next_token(model: registry.Model, cfg: TransformerConfig, what: str) -> None:
-    """Decomposition and the logit lens read the residual stream through the final norm and the unembedding."""
+def next_token_reason(model: registry.Model, cfg: TransformerConfig, what: str) -> str | None:
+    """Why `what` (decomposition, logit lens) cannot run on this model, or None. Both read the residual
+    stream through the final layer norm and the unembedding, which only a pre-norm decoder has."""
     if model.is_encoder:
-        raise ValueError(f"{what} does not apply to {model.name!r}: it is an encoder (BERT-style), which predicts "
-                         "no next token, and post-norm, so it has no final layer norm and unembedding to read the "
-                         "residual stream through. Choose a decoder such as 'toy' (detectors and rollout do work "
-                         "on encoders)")
+        return (f"{what} does not apply to {model.name!r}: it is an encoder (BERT-style), which predicts no "
+                "next token, and post-norm, so it has no final layer norm and unembedding to read the residual "
+                "stream through. Choose a decoder such as 'toy' (detectors and rollout do work on encoders)")
     if cfg.block_type != "pre_norm":
-        raise ValueError(f"{what} needs a pre-norm model (GPT-2 style, with a final layer norm); {model.name!r} "
-                         "is post-norm, whose residual stream is re-normalised in every block")
+        return (f"{what} needs a pre-norm model (GPT-2 style, with a final layer norm); {model.name!r} is "
+                "post-norm, whose residual stream is re-normalised in every block")
+    return None
+
+
+def kv_cache_reason(model: registry.Model, cfg: TransformerConfig) -> str | None:
+    """Why stepped generation with a KV cache cannot run on this model and setting, or None."""
+    if model.is_encoder:
+        return (f"{model.name!r} is an encoder: it generates nothing, and its bidirectional attention lets every "
+                "new token change the earlier positions, so nothing could be cached. Choose a decoder such as 'toy'")
+    if not cfg.causal:
+        return ("a KV cache needs the causal mask: without it every new token changes the earlier positions "
+                "too, so nothing can be reused. Turn causal back on")
+    return None
+
+
+def _require_next_token(model: registry.Model, cfg: TransformerConfig, what: str) -> None:
+    reason = next_token_reason(model, cfg, what)
+    if reason:
+        raise ValueError(reason)
 
 
 @dataclass
@@ -435,6 +453,7 @@ class Decomposition:
     setup: Prepared
     d: analysis.ResidualDecomposition  # labels, parts [n_parts, d_model], direct_logit [n_parts], ...
     target_str: str
+    probs_at_pos: np.ndarray  # [d_vocab], the model's next-token probabilities at pos (to choose a target)
 
 
 def decompose(req) -> Decomposition:
@@ -447,14 +466,13 @@ def decompose(req) -> Decomposition:
         raise ValueError(f"target={req.target} is not a token id of {st.model.name!r}, whose vocabulary is "
                          f"0 … {st.cfg.d_vocab - 1}; leave it out to use the model's most likely next token")
     n_parts = 3 + st.cfg.n_layers * (st.cfg.n_heads + 3)  # embeddings, then per layer heads, biases, mlp
-    # one pass finds the most likely token when none is given, the second decomposes
-    p = load(st, forward_work(st.cfg, st.n) * (1 if req.target is not None else 2), n_parts * st.cfg.d_model)
-    target = req.target
-    if target is None:
-        logits, _ = run_with_cache(p.params, p.cfg, p.ids, names=(), ablate=p.ablate)
-        target = int(np.argmax(logits[req.pos]))
+    # one pass gives the prediction at pos (the default target), the second decomposes
+    p = load(st, 2 * forward_work(st.cfg, st.n), n_parts * st.cfg.d_model)
+    logits, _ = run_with_cache(p.params, p.cfg, p.ids, names=(), ablate=p.ablate)
+    probs = softmax(logits[req.pos])  # [d_vocab]
+    target = req.target if req.target is not None else int(np.argmax(probs))
     d = analysis.residual_decomposition(p.params, p.cfg, p.ids, token=target, pos=req.pos, ablate=p.ablate)
-    return Decomposition(p, d, p.model.tokenizer.token_str(target))
+    return Decomposition(p, d, p.model.tokenizer.token_str(target), probs)
 
 
 @dataclass
@@ -558,13 +576,9 @@ def kv_steps(req) -> KVSteps:
     s = get_settings()
     st = setup(req)
     model, cfg, n = st.model, st.cfg, st.n
-    if model.is_encoder:
-        raise ValueError(f"{model.name!r} is an encoder: it generates nothing, and its bidirectional attention "
-                         "lets every new token change the earlier positions, so nothing could be cached. "
-                         "Choose a decoder such as 'toy'")
-    if not cfg.causal:
-        raise ValueError("a KV cache needs the causal mask: without it every new token changes the earlier "
-                         "positions too, so nothing can be reused. Turn causal back on")
+    reason = kv_cache_reason(model, cfg)
+    if reason:
+        raise ValueError(reason)
     total = n + req.n_new
     check_count("the text plus the generated tokens", total, s.max_tokens, "reduce n_new or shorten the text")
     if cfg.positional_embedding_type == "learned" and total > cfg.n_ctx:
@@ -639,6 +653,15 @@ def rollout(req) -> Rollout:
         raise ValueError(f"the rollout holds {cfg.n_layers * n * n:,} numbers, more than the limit of "
                          f"{s.max_hook_values:,}: use a shorter text")
     p = load(st, forward_work(cfg, n, logits=False) + cfg.n_layers * n ** 3, cfg.n_layers * cfg.n_heads * n * n)
-    names = [f"blocks.{layer}.attn.hook_pattern" for layer in range(cfg.n_layers)]
-    _, cache = run_with_cache(p.params, cfg, p.ids, names=names, ablate=p.ablate, logits=False)
-    return Rollout(p, analysis.attention_rollout(analysis.stack_patterns(cache, cfg.n_layers)))
+    _, cache = run_with_cache(p.params, cfg, p.ids, names=pattern_hooks(cfg), ablate=p.ablate, logits=False)
+    return Rollout(p, rollout_of(cache, cfg))
+
+
+def pattern_hooks(cfg: TransformerConfig) -> list[str]:
+    """Every layer's attention pattern: what `rollout_of` needs."""
+    return [f"blocks.{layer}.attn.hook_pattern" for layer in range(cfg.n_layers)]
+
+
+def rollout_of(hooks: dict[str, np.ndarray], cfg: TransformerConfig) -> np.ndarray:
+    """Attention rollout from a run that kept `pattern_hooks`.  # -> [n_layers, query_pos, key_pos]"""
+    return analysis.attention_rollout(analysis.stack_patterns(hooks, cfg.n_layers))

@@ -69,6 +69,13 @@ class Controls:
     head: int = 0
     compare: bool = False
     classroom: bool = False
+    ablate: tuple[tuple[int, int], ...] = ()  # (layer, head) of every ablated head, sorted
+    ablate_method: str = "zero"  # "zero" | "mean", for every ablated head
+    rollout: bool = False  # show attention rollout beside the pattern
+
+    def ablate_request(self) -> list[dict]:
+        """The ablated heads as the run request's `ablate` list."""
+        return [{"layer": layer, "head": head, "method": self.ablate_method} for layer, head in self.ablate]
 
     def __getitem__(self, name: str):  # templates read controls[name]
         return getattr(self, name)
@@ -151,10 +158,29 @@ def parse(query: Mapping, *, model_changed: bool = False) -> Parsed:
         picks[key] = _parse_number(key, raw, int, errors) if raw is not None else 0
         if picks[key] is None or picks[key] < 0:
             picks[key] = 0
+    ablate = () if model_changed else _parse_ablate(query.getlist("ablate"), errors)
+    method = _last(query, "ablate_method") or "zero"
+    if method not in ("zero", "mean"):
+        errors.append(f"ablate_method={method!r} is not zero or mean")
+        method = "zero"
     controls = Controls(model=name, text=text, **(_model_defaults(model) | given), layer=picks["layer"],
                         head=picks["head"], compare=_last(query, "view") == "compare",
-                        classroom=(_last(query, "classroom") or "0").lower() in _TRUE)
+                        classroom=(_last(query, "classroom") or "0").lower() in _TRUE,
+                        ablate=ablate, ablate_method=method,
+                        rollout=(_last(query, "rollout") or "0").lower() in _TRUE)
     return Parsed(controls, given, errors)
+
+
+def _parse_ablate(values: list[str], errors: list[str]) -> tuple[tuple[int, int], ...]:
+    """Ablated heads from repeated `ablate=layer.head` parameters ("0.2" = layer 0, head 2)."""
+    heads = set()
+    for value in values:
+        layer, dot, head = value.strip().partition(".")
+        if not (dot and layer.isdigit() and head.isdigit()):
+            errors.append(f"ablate={value!r} is not layer.head, e.g. ablate=0.2 for layer 0, head 2")
+            continue
+        heads.add((int(layer), int(head)))
+    return tuple(sorted(heads))
 
 
 def canonical_query(parsed: Parsed) -> str:
@@ -178,13 +204,19 @@ def canonical_query(parsed: Parsed) -> str:
         params["view"] = "compare"
     if c.classroom:
         params["classroom"] = 1
-    return "/?" + urlencode(params) if params else "/"
+    if c.ablate:
+        params["ablate"] = [f"{layer}.{head}" for layer, head in c.ablate]
+        if c.ablate_method != "zero":
+            params["ablate_method"] = c.ablate_method
+    if c.rollout:
+        params["rollout"] = 1
+    return "/?" + urlencode(params, doseq=True) if params else "/"
 
 
 # ------------------------------------------------------------------ computing the view (service layer)
 
 def _run_request(c: Controls, given: dict, hooks: list[str], top_k: int, **override) -> schemas.RunRequest:
-    fields = {k: v for k, v in given.items()} | override
+    fields = {k: v for k, v in given.items()} | {"ablate": c.ablate_request()} | override
     return schemas.RunRequest(model=c.model, text=c.text, hooks=hooks, top_k=top_k, **fields)
 
 
@@ -253,7 +285,12 @@ def build_view(c: Controls, given: dict) -> dict:
     cfg_names = model.cfg.replace(n_layers=n_layers, positional_embedding_type=positions) \
         if (n_layers, positions) != (model.cfg.n_layers, model.cfg.positional_embedding_type) else model.cfg
     layer = min(c.layer, n_layers - 1)
+    n_heads = given.get("n_heads", model.cfg.n_heads)
+    # heads that no longer exist (fewer layers or heads now) are dropped, as layer and head are clamped
+    c.ablate = tuple((l, h) for l, h in c.ablate if l < n_layers and h < n_heads)
     hooks = service.residual_hooks(cfg_names) + service.stage_hooks(cfg_names, layer)
+    if c.rollout:
+        hooks += [h for h in service.pattern_hooks(cfg_names) if h not in hooks]
     r = service.run(_run_request(c, given, hooks, 0 if model.is_encoder else TOP_K))
     n = len(r.tokens)
     if n > s.explorer_max_tokens:
@@ -284,9 +321,18 @@ def build_view(c: Controls, given: dict) -> dict:
                    for is_causal, st in pair]
     norms = service.residual_norms(r)
     next_figure = None
-    if r.top_k:
+    if r.ablation is not None and r.ablation.changes:
+        changes = r.ablation.changes
+        next_figure = figures.probability_change_bars([t.token for t in changes], [t.baseline_prob for t in changes],
+                                                      [t.prob for t in changes])
+    elif r.top_k:
         next_figure = figures.probability_bars([t.token for t in r.top_k], [t.prob for t in r.top_k])
+    rollout = None
+    if c.rollout:
+        rollout = figures.attention_heatmap(service.rollout_of(r.hooks, r.cfg)[layer], r.tokens, kind="weights",
+                                            value_name="rollout", export_name=f"rollout-through-layer{layer}")
     return {
+        "ablated": set(c.ablate), "ablation": r.ablation, "rollout_figure": rollout,
         "model_name": r.model, "tokens": r.tokens, "token_labels": [figures.visible(t) for t in r.tokens],
         "config_line": _config_line(r), "layer": layer, "head": head, "n_layers": r.cfg.n_layers,
         "head_figures": head_figures, "stages": _stage_figures(stages, r.tokens, r, where),
@@ -323,6 +369,12 @@ def _limits() -> dict[str, object]:
             "n_heads": s.max_heads, "d_model": s.max_d_model, "n_layers": s.max_layers, "seed": schemas.MAX_SEED}
 
 
+def _inspect_links(parsed: Parsed) -> list[dict]:
+    from .inspect import links  # the Inspect pages build on this module's parse()
+
+    return links(parsed)
+
+
 @router.get("/", response_class=HTMLResponse, summary="The explorer")
 def explorer(request: Request) -> HTMLResponse:
     headers = request.headers
@@ -352,6 +404,7 @@ def explorer(request: Request) -> HTMLResponse:
                         (("n_heads", "Heads"), ("d_model", "Width d_model"), ("n_layers", "Layers"),
                          ("seed", "Seed"))],
         "nav": "explorer", "form_id": "explorer",
+        "inspect_links": _inspect_links(parsed),
     }
     # htmx only swaps a history restore that answers < 400, so the full page keeps 200 there.
     status = 422 if error and not history_restore else 200
