@@ -27,6 +27,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from app.routers.lessons import LESSONS
+
 from .dockerfile import Stage, ignore_patterns, is_ignored, parse_dockerfile
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,6 +49,8 @@ SERVED_PATHS = [
     "/api/v1/lessons/forward",
     "/api/v1/params?preset=gpt2-small",
     "/api/v1/kv-cache?preset=gpt2-small",
+    "/params",
+    "/lessons",
 ]
 
 
@@ -196,11 +200,12 @@ def test_installed_server_serves_every_route_and_static_file(installed, tmp_path
         proc = subprocess.Popen(["python", "-m", "app"], cwd=run_dir, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         _wait_alive(url, proc, log)
+        lessons = [f"/lessons/{page.slug}{end}" for page in LESSONS for end in ("", "/snippet.py")]
         static = [f"/static/{f}" for f in _repo_files("static")] + [f"/static/vendor/{n}" for n in _vendored_names()]
         assert any(p.endswith(".css") for p in static)
         statuses = {}
         with httpx.Client(base_url=url, timeout=60, trust_env=False) as client:
-            for path in SERVED_PATHS + static:
+            for path in SERVED_PATHS + lessons + static:
                 statuses[path] = client.get(path).status_code
             ready = client.get("/readyz").json()
             assert {p: s for p, s in statuses.items() if s != 200} == {}, f"readyz: {ready}"
