@@ -112,6 +112,27 @@ def _mask_overlay(mask: np.ndarray) -> dict | None:
     }
 
 
+# Margins are computed from the labels rather than left to Plotly's automargin, which lays each
+# figure out a second time once its labels are measured. Pixels at the 13 px font;
+# explorer.js scales them with the font in classroom mode.
+CHAR_PX = 8  # one character of a tick label, generously
+AXIS_TITLE_PX = 30
+MAX_LABEL_PX = 200
+
+
+def _label_px(tokens: Sequence[str]) -> int:
+    longest = max((len(visible(t)) for t in tokens), default=1)
+    return min(MAX_LABEL_PX, CHAR_PX * longest + 10)
+
+
+def _token_margins(tokens: Sequence[str]) -> tuple[dict, int]:
+    """(margin, x tick angle) for a heatmap with the tokens on both axes."""
+    label = _label_px(tokens)
+    short = label <= CHAR_PX * 2 + 10  # one or two characters fit upright
+    return {"l": AXIS_TITLE_PX + label, "r": 10, "t": 10, "b": AXIS_TITLE_PX + (22 if short else label)}, \
+        (0 if short else -90)
+
+
 def _token_axis(title: str | None, labels: list[str], *, small: bool) -> dict:
     axis = {"tickmode": "array", "tickvals": list(range(len(labels))), "ticktext": labels,
             "showgrid": False, "zeroline": False, "ticks": "", "range": [-0.5, len(labels) - 0.5]}
@@ -119,7 +140,6 @@ def _token_axis(title: str | None, labels: list[str], *, small: bool) -> dict:
         axis.update(showticklabels=False)
     else:
         axis["title"] = {"text": title}
-        axis["automargin"] = True
     return axis
 
 
@@ -171,10 +191,12 @@ def attention_heatmap(
         legend={"orientation": "h", "x": 1, "y": 1.0, "yanchor": "bottom", "xanchor": "right",
                 "font": {"size": 12}},
     )
-    if overlay is not None and not small:
-        layout["margin"] = {**layout["margin"], "t": 34}
     if small:
         layout["margin"] = {"l": 2, "r": 2, "t": 2, "b": 2}
+    else:
+        layout["margin"], layout["xaxis"]["tickangle"] = _token_margins(tokens)
+        if overlay is not None:
+            layout["margin"]["t"] = 34  # room for the "masked" legend above the plot
     return {"data": data, "layout": layout,
             "export": {"name": export_name, "kind": "matrix", "x": list(tokens), "y": list(tokens),
                        "x_title": KEY_AXIS, "y_title": QUERY_AXIS, "value": value_name,
@@ -208,8 +230,9 @@ def stage_heatmap(
     }
     layout = _base_layout(
         xaxis={"tickmode": "array", "tickvals": list(range(len(stages))), "ticktext": stage_labels,
-               "tickangle": -40, "showgrid": False, "automargin": True},
+               "tickangle": -45, "showgrid": False},
         yaxis={**_token_axis("token (row)", labels, small=False), "range": [len(labels) - 0.5, -0.5]},
+        margin={"l": AXIS_TITLE_PX + _label_px(tokens), "r": 10, "t": 10, "b": 10 + int(0.75 * _label_px(stages))},
     )
     return {"data": [trace], "layout": layout,
             "export": {"name": export_name, "kind": "matrix", "x": list(stages), "y": list(tokens),
@@ -230,8 +253,9 @@ def probability_bars(tokens: Sequence[str], probs: Sequence[float], *, export_na
     layout = _base_layout(
         xaxis={"title": {"text": "probability"}, "range": [0, min(1.0, top * 1.25) or 1.0], "rangemode": "tozero"},
         yaxis={"tickmode": "array", "tickvals": list(range(len(labels))), "ticktext": labels,
-               "range": [len(labels) - 0.5, -0.5], "automargin": True, "title": {"text": "next token"}},
+               "range": [len(labels) - 0.5, -0.5], "title": {"text": "next token"}},
         bargap=0.25,
+        margin={"l": AXIS_TITLE_PX + _label_px(tokens), "r": 40, "t": 10, "b": 50},
     )
     return {"data": [trace], "layout": layout,
             "export": {"name": export_name, "kind": "bars", "x": list(tokens), "x_title": "token",
@@ -408,7 +432,7 @@ def lens_heatmap(probs: np.ndarray, cell_tokens: Sequence[Sequence[str]], hover:
         "colorbar": {"title": {"text": "top token's p", "side": "right"}, "thickness": 14},
     }
     layout = _base_layout(
-        xaxis={**_token_axis("position (token read so far)", labels, small=False), "side": "top"},
+        xaxis={**_token_axis("position (token read so far)", labels, small=False), "automargin": True},
         yaxis={"tickmode": "array", "tickvals": list(range(len(points))), "ticktext": [escape(s) for s in points],
                "range": [len(points) - 0.5, -0.5], "automargin": True, "showgrid": False},
     )

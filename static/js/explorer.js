@@ -13,7 +13,7 @@
 (function () {
   "use strict";
 
-  const CLASSROOM_FONT_SCALE = 1.45;
+  const CLASSROOM_FONT_SCALE = 1.3;
 
   function isClassroom() {
     return document.body.classList.contains("classroom");
@@ -39,6 +39,12 @@
     if (factor !== 1) {
       layout.font = scaledFont(layout.font, factor);
       if (layout.hoverlabel) layout.hoverlabel = Object.assign({}, layout.hoverlabel, {font: scaledFont(layout.hoverlabel.font, factor)});
+      if (layout.margin) {
+        // margins were sized for the labels at the normal font (app/figures.py)
+        layout.margin = Object.fromEntries(Object.entries(layout.margin).map(function (kv) {
+          return [kv[0], typeof kv[1] === "number" ? Math.round(kv[1] * factor) : kv[1]];
+        }));
+      }
     }
     layout.autosize = true;
     return layout;
@@ -94,11 +100,34 @@
     Plotly.react(el, data, layoutFor(el, figure), configFor(el, figure));
   }
 
+  // Figures are drawn when they come near the viewport (one screen ahead), not all at once: a
+  // swap then costs only the figures a reader can see, and the rest draw as the page scrolls.
+  const nearViewport = "IntersectionObserver" in window ? new IntersectionObserver(function (entries) {
+    entries.forEach(function (entry) {
+      if (!entry.isIntersecting) return;
+      nearViewport.unobserve(entry.target);
+      if (entry.target.isConnected) draw(entry.target);
+    });
+  }, {rootMargin: "100% 0px"}) : null;
+
+  // Printing (or saving as PDF) shows the whole page at once: draw whatever is still waiting.
+  window.addEventListener("beforeprint", function () {
+    document.querySelectorAll("[data-figure]").forEach(function (el) {
+      if (!el._fullLayout) {
+        if (nearViewport) nearViewport.unobserve(el);
+        draw(el);
+      }
+    });
+  });
+
   function drawAll(root) {
     const els = [];
     if (root.matches && root.matches("[data-figure]")) els.push(root);
     if (root.querySelectorAll) els.push(...root.querySelectorAll("[data-figure]"));
-    els.forEach(draw);
+    els.forEach(function (el) {
+      if (nearViewport && !el._fullLayout) nearViewport.observe(el);
+      else draw(el);
+    });
   }
 
   function showFigureError(el, message) {
@@ -183,8 +212,20 @@
     }
   }
 
+  // The size is part of the view, so the current URL says it too (a shared link keeps it);
+  // later requests carry it with the form (the checkbox belongs to it via form="...").
+  function rememberClassroom(on) {
+    const url = new URL(location.href);
+    if (on) url.searchParams.set("classroom", "1");
+    else url.searchParams.delete("classroom");
+    history.replaceState(Object.assign({}, history.state, {htmx: true}), "", url.pathname + url.search);
+  }
+
   document.addEventListener("change", function (evt) {
-    if (evt.target.matches("input[name=classroom]")) syncClassroom();
+    if (evt.target.matches("input[name=classroom]")) {
+      syncClassroom();
+      rememberClassroom(evt.target.checked);
+    }
   });
 
   // ------------------------------------------------------------------ errors htmx could not swap
@@ -247,7 +288,9 @@
     });
     document.addEventListener("htmx:beforeCleanupElement", function (evt) {
       const el = evt.target;
-      if (el.hasAttribute && el.hasAttribute("data-figure") && el._fullLayout) Plotly.purge(el);
+      if (!el.hasAttribute || !el.hasAttribute("data-figure")) return;
+      if (nearViewport) nearViewport.unobserve(el);
+      if (el._fullLayout) Plotly.purge(el);
     });
   }
 

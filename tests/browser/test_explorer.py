@@ -80,14 +80,14 @@ def test_the_causal_toggle_masks_exactly_the_upper_triangle(page, live_server):
     assert all(abs(sum(row) - 1) < 1e-9 for row in weights)
 
     page.locator("#causal").uncheck()
-    page.wait_for_function(f"() => ({FIGURE})('stage-masked').traces.length === 1")
+    page.wait_for_function(f"() => ({FIGURE})('stage-masked')?.traces.length === 1")
     assert masked_cells() == set()
     weights = figure(page, "stage-weights")["z"]
     assert all(weights[i][j] > 0 for i, j in upper)  # every token now sees the future
     assert parse_qs(urlparse(page.url).query)["causal"] == ["0"]
 
     page.locator("#causal").check()
-    page.wait_for_function(f"() => ({FIGURE})('stage-masked').traces.length === 2")
+    page.wait_for_function(f"() => ({FIGURE})('stage-masked')?.traces.length === 2")
     assert masked_cells() == upper
 
 
@@ -173,6 +173,7 @@ def test_no_request_leaves_the_server_and_the_console_stays_clean(page, live_ser
     page.wait_for_function("() => document.querySelector('#attn-title').textContent.includes('head 1')")
     page.locator(".classroom-toggle input").check()
     page.wait_for_function("() => document.body.classList.contains('classroom')")
+    assert parse_qs(urlparse(page.url).query)["classroom"] == ["1"]  # the size is part of the link
     assert page.watch.requests, "no request was recorded"
     foreign = [u for u in page.watch.requests
                if not (u.startswith(live_server + "/") or u.startswith(("data:", "blob:")))]
@@ -194,3 +195,17 @@ def test_html_typed_into_the_text_box_is_shown_as_text_and_never_runs(page, live
     page.wait_for_timeout(300)  # an onerror would fire as soon as the image failed
     assert dialogs == []
     assert page.watch.page_errors == []
+
+
+def test_a_click_made_while_a_request_is_in_flight_is_not_lost(page, live_server):
+    open_explorer(page, live_server)
+    type_text(page, "quick brown fox")
+    page.wait_for_timeout(260)  # the debounced request for the text is (about to be) in flight
+    page.locator("label[for=head-2]").click()
+    page.wait_for_function("() => document.querySelector('#attn-title').textContent.includes('head 2')")
+    wait_rows(page, "stage-weights", len("quick brown fox"))
+    page.wait_for_timeout(500)  # nothing later may undo either change
+    assert page.locator("#head-2").is_checked()
+    query = parse_qs(urlparse(page.url).query)
+    assert query["text"] == ["quick brown fox"] and query["head"] == ["2"]
+    assert page.watch.console_errors == []
