@@ -5,7 +5,6 @@ same install path outside Docker.)"""
 from __future__ import annotations
 
 import re
-import shlex
 from pathlib import Path
 
 import pytest

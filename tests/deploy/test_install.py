@@ -29,7 +29,7 @@ import pytest
 
 from app.routers.lessons import LESSONS
 
-from .dockerfile import Stage, ignore_patterns, is_ignored, parse_dockerfile
+from .dockerfile import Instruction, ignore_patterns, is_ignored, parse_dockerfile
 
 REPO = Path(__file__).resolve().parents[2]
 VENDOR_LIST = REPO / "static" / "vendor-files.txt"
@@ -55,7 +55,7 @@ SERVED_PATHS = [
 
 
 def _copy_tree(src: Path, dest: Path, patterns: list[str]) -> None:
-    """COPY <rel> <dest> as Docker does: a folder's contents, minus what .dockerignore excludes."""
+    """COPY <src> <dest> as Docker does: a file, or a folder's contents minus what .dockerignore excludes."""
     if src.is_file():
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, dest)
@@ -68,20 +68,18 @@ def _copy_tree(src: Path, dest: Path, patterns: list[str]) -> None:
             shutil.copy2(path, target)
 
 
-def _apply_copies(stage: Stage, workdir: Path, stage_dirs: dict[str, tuple[str, Path]],
-                  patterns: list[str]) -> None:
-    for copy in stage.all("COPY"):
-        *sources, dest = [w for w in copy.words() if not w.startswith("--")]
-        from_stage = copy.flags().get("from")
-        for src in sources:
-            if from_stage:  # COPY --from=<stage> <absolute path in that stage> <dest>
-                stage_root, stage_dir = stage_dirs[from_stage]
-                origin = stage_dir / Path(src).relative_to(stage_root)
-                shutil.copytree(origin, workdir / dest, dirs_exist_ok=True)
-            else:
-                target = workdir / dest / Path(src).name if dest.endswith("/") and (REPO / src).is_file() \
-                    else workdir / dest
-                _copy_tree(REPO / src, target, patterns)
+def _apply_copy(copy: Instruction, workdir: Path, stage_dirs: dict[str, tuple[str, Path]],
+                patterns: list[str]) -> None:
+    *sources, dest = [w for w in copy.words() if not w.startswith("--")]
+    from_stage = copy.flags().get("from")
+    for src in sources:
+        if from_stage:  # COPY --from=<stage> <absolute path in that stage> <dest>
+            stage_root, stage_dir = stage_dirs[from_stage]
+            shutil.copytree(stage_dir / Path(src).relative_to(stage_root), workdir / dest, dirs_exist_ok=True)
+        elif dest.endswith("/") and (REPO / src).is_file():
+            _copy_tree(REPO / src, workdir / dest / Path(src).name, patterns)
+        else:
+            _copy_tree(REPO / src, workdir / dest, patterns)
 
 
 def _run(script: str, cwd: Path, env: dict[str, str]) -> None:
@@ -104,16 +102,17 @@ def installed(tmp_path_factory) -> Path:
         workdir = root / stage.name
         workdir.mkdir()
         stage_dirs[stage.name] = (stage.last("WORKDIR").args, workdir)
-        _apply_copies(stage, workdir, stage_dirs, patterns)
-        for run in stage.all("RUN"):
-            if run.args.startswith("npm ci"):
+        for step in stage.instructions:  # in order, as Docker runs them
+            if step.keyword == "COPY":
+                _apply_copy(step, workdir, stage_dirs, patterns)
+            elif step.keyword == "RUN" and step.args.startswith("npm ci"):
                 # `make setup` ran `npm ci` from the same package-lock.json.
                 (workdir / "node_modules").symlink_to(REPO / "node_modules")
-                continue
-            script = run.args
-            for path, here in moved.items():
-                script = script.replace(path, here)
-            _run(script, workdir, env)
+            elif step.keyword == "RUN":
+                script = step.args
+                for path, here in moved.items():
+                    script = script.replace(path, here)
+                _run(script, workdir, env)
     return root / "venv"
 
 
