@@ -502,7 +502,7 @@ def render(request: Request, page: Page, path: str, template: str) -> HTMLRespon
         "page": page, "lessons": LESSONS, "view": view, "error": error, "values": _field_values(page, given, q),
         "url": url, "path": path, "classroom": classroom, "form_id": "lesson",
         "nav": "params" if page is CALCULATOR else "lessons", "presets": list(PRESETS), "dtypes": list(DTYPE_BYTES),
-        "limits": schemas.S,
+        "limits": schemas.S, "max_seed": schemas.MAX_SEED,
     }
     status = 422 if error and not history_restore else 200
     response_headers = {"Vary": "HX-Request"}
