@@ -50,6 +50,23 @@ fuzz: setup
 soak: setup
 	$(PY) scripts/soak.py
 
+# Benchmarks (BENCHMARKS.md), not part of `make test`. They run in their own venv, since the
+# PyTorch peer needs torch (2.13.0: the CPU wheel on these machines' disk; the app never imports
+# it); the server they measure runs from the app's own venv. OPENBLAS_CORETYPE and
+# OPENBLAS_L2_SIZE, set on some machines for old OpenBLAS builds, slow a current NumPy: they are
+# unset for this command only. `make bench BENCH=api_load` runs one benchmark.
+BENCH_VENV ?= bench/.env
+BENCH ?=
+$(BENCH_VENV)/.stamp: bench/requirements.txt pyproject.toml requirements.lock
+	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(BENCH_VENV)/bin/python -m pip install --quiet -c requirements.lock -e '.[test]'
+	$(BENCH_VENV)/bin/python -m pip install --quiet -c requirements.lock -r bench/requirements.txt
+	touch $@
+
+bench: setup $(BENCH_VENV)/.stamp
+	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(BENCH_VENV)/bin/python -m bench.run $(BENCH)
+
 # Regenerate tests/fixtures/ (parity references from Hugging Face transformers). Needs torch, so it
 # runs in its own venv; the app and its tests never import torch.
 TORCHENV ?= /tmp/torchenv

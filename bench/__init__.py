@@ -1,0 +1,1 @@
+"""Benchmarks, run by `make bench` in their own environment (bench/.env); never by `make test`."""
