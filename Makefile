@@ -37,7 +37,8 @@ $(VENDOR)/.stamp: node_modules/.stamp static/vendor-files.txt scripts/vendor_ass
 	touch $@
 
 serve: $(VENV)/.stamp-runtime $(VENDOR)/.stamp
-	$(PY) -m uvicorn app.main:app --host $(HOST) --port $(PORT)
+	# python -m app: uvicorn with the app's own settings (JSON access log, graceful shutdown)
+	EXPLORER_HOST=$(HOST) EXPLORER_PORT=$(PORT) $(PY) -m app
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
