@@ -14,6 +14,8 @@ import argparse
 import asyncio
 import time
 
+import httpx
+
 from bench.common import Server, header, median, percentile, run_main, table, verdict
 
 # (label, method, path, JSON body). Texts are character-level for the toy model: n chars = n tokens.
@@ -31,7 +33,8 @@ P99_BUDGET_MS = 25.0
 
 
 async def load(client, method: str, url: str, body, n_requests: int, concurrency: int) -> dict:
-    """`concurrency` clients send `n_requests` in all, each waiting for its answer before the next."""
+    """`concurrency` clients send `n_requests` in all, each waiting for its answer before the next
+    (status 0 counts a connection error)."""
     latencies: list[float] = []
     statuses: dict[int, int] = {}
     remaining = n_requests
@@ -41,10 +44,14 @@ async def load(client, method: str, url: str, body, n_requests: int, concurrency
         while remaining > 0:
             remaining -= 1
             t0 = time.perf_counter()
-            r = await client.request(method, url, json=body)
-            await r.aread()
+            try:
+                r = await client.request(method, url, json=body)
+                await r.aread()
+                status = r.status_code
+            except httpx.TransportError:  # e.g. a kept-alive connection the server had closed
+                status = 0
             latencies.append(time.perf_counter() - t0)
-            statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+            statuses[status] = statuses.get(status, 0) + 1
 
     t0 = time.perf_counter()
     await asyncio.gather(*(one_client() for _ in range(concurrency)))
@@ -55,8 +62,6 @@ async def load(client, method: str, url: str, body, n_requests: int, concurrency
 
 
 async def bench(url: str, rounds: int, n_requests: int) -> dict:
-    import httpx
-
     results: dict[tuple[str, int], list[dict]] = {}
     limits = httpx.Limits(max_connections=max(CLIENTS), max_keepalive_connections=max(CLIENTS))
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60) as client:
