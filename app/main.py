@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import FastAPI
+from threadpoolctl import threadpool_limits
 from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.staticfiles import StaticFiles
 
@@ -17,6 +18,7 @@ from .settings import get_settings
 
 
 def create_app() -> FastAPI:
+    threadpool_limits(get_settings().blas_threads, user_api="blas")  # process-wide, see Settings.blas_threads
     app = FastAPI(
         title="Transformer Explorer",
         version=__version__,
