@@ -102,11 +102,34 @@
 
   // Figures are drawn when they come near the viewport (one screen ahead), not all at once: a
   // swap then costs only the figures a reader can see, and the rest draw as the page scrolls.
+  // One figure per task, full-size figures first and thumbnails (data-static) last, so the
+  // browser paints each heatmap as soon as it is drawn instead of after the whole batch.
+  let queue = [];
+  let pumping = false;
+  function pump() {
+    const el = queue.shift();
+    if (el && el.isConnected && !el._fullLayout) draw(el);
+    if (queue.length) setTimeout(pump, 0);
+    else pumping = false;
+  }
+  function enqueue(el) {
+    if (el.hasAttribute("data-static")) queue.push(el);
+    else {
+      const firstThumb = queue.findIndex(function (q) { return q.hasAttribute("data-static"); });
+      if (firstThumb < 0) queue.push(el);
+      else queue.splice(firstThumb, 0, el);
+    }
+    if (!pumping) {
+      pumping = true;
+      setTimeout(pump, 0);
+    }
+  }
+
   const nearViewport = "IntersectionObserver" in window ? new IntersectionObserver(function (entries) {
     entries.forEach(function (entry) {
       if (!entry.isIntersecting) return;
       nearViewport.unobserve(entry.target);
-      if (entry.target.isConnected) draw(entry.target);
+      if (entry.target.isConnected) enqueue(entry.target);
     });
   }, {rootMargin: "100% 0px"}) : null;
 

@@ -74,9 +74,12 @@ def live_server(tmp_path_factory) -> Iterator[str]:
             proc.wait()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
-    """Debian's Chromium, headless, with a fresh profile and no background network traffic."""
+    """Debian's Chromium, headless, with a fresh profile and no background network traffic.
+
+    Module-scoped: Playwright's sync API keeps an asyncio loop marked as running on this thread
+    while it is open, which would break any later test in the session that calls asyncio.run()."""
     if not CHROMIUM.exists():
         message = f"{CHROMIUM} is missing (apt-get install chromium)"
         if os.environ.get("EXPLORER_REQUIRE_BROWSER") == "1":

@@ -25,7 +25,9 @@ FIGURE = """(id) => {
 }"""
 
 
-def figure(page, card_id: str) -> dict | None:
+def figure(page, card_id: str) -> dict:
+    """What the card's plot drew, once it is drawn (figures draw as they near the viewport)."""
+    page.wait_for_function(f"() => ({FIGURE})({card_id!r}) !== null")
     return page.evaluate(FIGURE, card_id)
 
 
