@@ -58,9 +58,12 @@
     return {
       responsive: true,
       displaylogo: false,
+      // Plotly 4 offers to upload the chart to its cloud by default: this app never sends data away.
+      showSendToCloud: false,
+      showEditInChartStudio: false,
       scrollZoom: false,
       // The PNG export stays (toImage); the rest of the bar is trimmed to what a learner needs.
-      modeBarButtonsToRemove: ["select2d", "lasso2d", "autoScale2d", "toggleSpikelines",
+      modeBarButtonsToRemove: ["sendChartToCloud", "select2d", "lasso2d", "autoScale2d", "toggleSpikelines",
         "hoverClosestCartesian", "hoverCompareCartesian"],
       toImageButtonOptions: {format: "png", filename: name, scale: 2},
     };

@@ -211,3 +211,30 @@ def test_a_click_made_while_a_request_is_in_flight_is_not_lost(page, live_server
     query = parse_qs(urlparse(page.url).query)
     assert query["text"] == ["quick brown fox"] and query["head"] == ["2"]
     assert page.watch.console_errors == []
+
+
+def test_each_figure_downloads_its_data_as_csv_and_json_and_offers_a_png(page, live_server):
+    import csv
+    import io
+    import json
+
+    text = 'a,"b'  # a comma and a quote must survive the CSV
+    open_explorer(page, live_server, "?text=" + text.replace(",", "%2C").replace('"', "%22"))
+    drawn = wait_rows(page, "stage-masked", len(text))
+    card = page.locator("#stage-masked")
+    with page.expect_download() as got:
+        card.get_by_role("button", name="Download CSV").click()
+    rows = list(csv.reader(io.StringIO(open(got.value.path(), encoding="utf-8").read())))
+    assert rows[0][1:] == list(text) and [r[0] for r in rows[1:]] == list(text)  # raw tokens, not escaped
+    for i, row in enumerate(rows[1:]):
+        for j, cell in enumerate(row[1:]):
+            assert (cell == "") == (drawn["z"][i][j] is None)  # masked cells are empty
+            if cell:
+                assert float(cell) == drawn["z"][i][j]  # full precision
+    with page.expect_download() as got:
+        card.get_by_role("button", name="Download JSON").click()
+    data = json.loads(open(got.value.path(), encoding="utf-8").read())
+    assert data["x"] == list(text) and data["values"] == drawn["z"]
+    card.locator(".plot").hover()
+    assert card.locator(".modebar-btn[data-title='Download plot as a PNG']").count() == 1
+    assert card.locator(".modebar-btn[data-title^='Share']").count() == 0  # no upload to Plotly's cloud
