@@ -45,10 +45,10 @@ SECURITY_HEADERS: dict[str, str] = {
     "x-frame-options": "DENY",
 }
 
-# The routes that compute (run a model or a lesson): the explorer page "/" itself, and these
-# prefixes. Everything else -- health, static files, docs, the model list, the parameter and
+# The routes that compute (run a model, a lesson or an analysis): the explorer page "/" itself,
+# and these prefixes (the JSON routes and the pages that show them). Everything else -- health, static files, docs, the model list, the parameter and
 # KV-cache arithmetic -- is cheap and never limited.
-COMPUTE_PREFIXES = ("/api/v1/run", "/api/v1/lessons/", "/lessons/")
+COMPUTE_PREFIXES = ("/api/v1/run", "/api/v1/lessons/", "/api/v1/analysis/", "/lessons/", "/inspect")
 
 
 def is_compute(path: str) -> bool:
@@ -77,7 +77,9 @@ class SecurityHeadersMiddleware:
 
 
 class ComputeLimitMiddleware:
-    """At most `limit` compute requests in flight; the rest get 503 + Retry-After immediately.
+    """At most `limit` compute requests computing at once; the rest get 503 + Retry-After immediately.
+
+    A slot is taken when the request arrives and given back when its response starts (or it fails).
 
     The count lives in this process (asyncio is single-threaded, so a plain int is safe); with
     several uvicorn workers each has its own limit, which matches each having its own CPU share.
@@ -97,10 +99,25 @@ class ComputeLimitMiddleware:
             await self._busy(scope, send)
             return
         self.in_flight += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.in_flight -= 1
+
+        async def send_releasing(message: Message) -> None:
+            # The computing is over once the response starts (bodies are built, and gzipped, before
+            # that): a client that reads its answer slowly must not keep a compute slot.
+            if message["type"] == "http.response.start":
+                release()
+            await send(message)
+
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, send_releasing)
         finally:
-            self.in_flight -= 1
+            release()
 
     async def _busy(self, scope: Scope, send: Send) -> None:
         msg = (f"The server is busy: {self.limit} computations are already running. "

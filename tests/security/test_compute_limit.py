@@ -32,9 +32,9 @@ def _app(limit: int, release: asyncio.Event, started: list) -> ComputeLimitMiddl
 
 def test_routes_classified():
     assert is_compute("/") and is_compute("/api/v1/run") and is_compute("/api/v1/lessons/attention")
-    assert is_compute("/lessons/forward")
+    assert is_compute("/lessons/forward") and is_compute("/inspect") and is_compute("/api/v1/analysis/logit-lens")
     for cheap in ("/healthz", "/static/vendor/htmx.min.js", "/docs", "/openapi.json", "/api/v1/models",
-                  "/api/v1/params", "/api/v1/kv-cache", "/params"):
+                  "/api/v1/params", "/api/v1/kv-cache", "/params", "/lessons", "/readyz"):
         assert not is_compute(cheap), cheap
 
 
