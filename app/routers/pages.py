@@ -276,9 +276,23 @@ def _stage_figures(st: service.AttentionStages, tokens: list[str], r: service.Ru
     return out
 
 
+def _check_view_size(req: schemas.RunRequest, hooks: list[str], *, rollout: bool) -> None:
+    """Refuse, before running, a view too big to draw, naming what the page's controls can reduce
+    (the run's own limit would say "ask for fewer hooks", which a learner on this page cannot do)."""
+    s = get_settings()
+    st = service.setup(req)  # tokenises and configures only: cheap
+    if st.n > s.explorer_max_tokens:
+        raise ValueError(f"the text has {st.n} tokens; the explorer draws up to {s.explorer_max_tokens} "
+                         f"(the API at /api/v1/run takes up to {s.max_tokens}): shorten the text")
+    values = sum(math.prod(service.hook_dims(h, st.cfg, st.n)) for h in hooks)
+    if values > s.max_hook_values:
+        fewer = "fewer layers, a smaller d_model" + (", fewer heads or no attention rollout" if rollout else "")
+        raise ValueError(f"this view would draw {values:,} numbers ({st.n} tokens, {st.cfg.n_layers} layers), "
+                         f"more than this server's limit of {s.max_hook_values:,}: use a shorter text, {fewer}")
+
+
 def build_view(c: Controls, given: dict) -> dict:
     """Run the model through the service layer and build every figure of the explorer."""
-    s = get_settings()
     model = registry.get(c.model)
     n_layers = given.get("n_layers", model.cfg.n_layers)
     positions = given.get("positional_embedding_type", model.cfg.positional_embedding_type)
@@ -291,11 +305,9 @@ def build_view(c: Controls, given: dict) -> dict:
     hooks = service.residual_hooks(cfg_names) + service.stage_hooks(cfg_names, layer)
     if c.rollout:
         hooks += [h for h in service.pattern_hooks(cfg_names) if h not in hooks]
-    r = service.run(_run_request(c, given, hooks, 0 if model.is_encoder else TOP_K))
-    n = len(r.tokens)
-    if n > s.explorer_max_tokens:
-        raise ValueError(f"the text has {n} tokens; the explorer draws up to {s.explorer_max_tokens} "
-                         f"(the API at /api/v1/run takes up to {s.max_tokens}): shorten the text")
+    req = _run_request(c, given, hooks, 0 if model.is_encoder else TOP_K)
+    _check_view_size(req, hooks, rollout=c.rollout)
+    r = service.run(req)
     head = min(c.head, r.cfg.n_heads - 1)
     c.layer, c.head = layer, head  # what is shown is what the URL will say
     where = f"layer{layer}-head{head}"

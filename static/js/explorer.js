@@ -2,7 +2,10 @@
 //
 // - Every element with a `data-figure` attribute (Plotly figure JSON built by app/figures.py) is
 //   drawn with Plotly.react whenever htmx loads content (first page load, swaps, history restores),
-//   and purged when htmx removes it, so swapped-out plots leak nothing.
+//   and purged when htmx removes it, so swapped-out plots leak nothing. (Reusing the old plots
+//   with Plotly.react was measured: no faster than a new plot, since every label changes.)
+// - The figure marked `data-draw-first` (the selected head's softmax weights) is drawn as soon as
+//   the swap lands; the others follow one per task as they come near the viewport.
 // - Buttons with `data-download="json"|"csv"` inside a `.figure` card download the data behind
 //   that card's figure; PNG export is Plotly's own modebar button.
 // - Failed requests that the server could not answer in place (busy, network down, 5xx) show a
@@ -100,7 +103,11 @@
       return;
     }
     const data = el.hasAttribute("data-static") ? (figure.data || []) : withCellText(figure);
-    Plotly.react(el, data, layoutFor(el, figure), configFor(el, figure));
+    el._explorerPending = false;
+    Promise.resolve(Plotly.react(el, data, layoutFor(el, figure), configFor(el, figure))).then(function () {
+      // for scripts/explorer_latency.py and anyone waiting on a figure: its data is now on screen
+      el.dispatchEvent(new CustomEvent("explorer:drawn", {bubbles: true}));
+    });
   }
 
   // Figures are drawn when they come near the viewport (one screen ahead), not all at once: a
@@ -111,7 +118,7 @@
   let pumping = false;
   function pump() {
     const el = queue.shift();
-    if (el && el.isConnected && !el._fullLayout) draw(el);
+    if (el && el.isConnected && el._explorerPending) draw(el);
     if (queue.length) setTimeout(pump, 0);
     else pumping = false;
   }
@@ -139,7 +146,7 @@
   // Printing (or saving as PDF) shows the whole page at once: draw whatever is still waiting.
   window.addEventListener("beforeprint", function () {
     document.querySelectorAll("[data-figure]").forEach(function (el) {
-      if (!el._fullLayout) {
+      if (el._explorerPending) {
         if (nearViewport) nearViewport.unobserve(el);
         draw(el);
       }
@@ -151,8 +158,9 @@
     if (root.matches && root.matches("[data-figure]")) els.push(root);
     if (root.querySelectorAll) els.push(...root.querySelectorAll("[data-figure]"));
     els.forEach(function (el) {
-      if (nearViewport && !el._fullLayout) nearViewport.observe(el);
-      else draw(el);
+      el._explorerPending = true;
+      if (el.hasAttribute("data-draw-first") || !nearViewport) draw(el);
+      else nearViewport.observe(el);
     });
   }
 
@@ -184,6 +192,9 @@
     if (ex.kind === "bars") {
       return {name: ex.name, x_title: ex.x_title, value: ex.value, x: ex.x, values: trace.x};
     }
+    if (ex.kind === "series") {  // line charts: one (name, x, y) per line
+      return {name: ex.name, x_title: ex.x_title, y_title: ex.y_title, series: ex.series};
+    }
     return {name: ex.name || "figure", data: figure.data};
   }
 
@@ -195,6 +206,12 @@
     } else if (table.x) {
       rows.push([table.x_title, table.value]);
       table.x.forEach(function (label, i) { rows.push([label, table.values[i]]); });
+    } else if (table.series) {
+      // long format, one row per point: what a spreadsheet or pandas pivots or plots directly
+      rows.push(["series", table.x_title, table.y_title]);
+      table.series.forEach(function (s) {
+        s.x.forEach(function (x, i) { rows.push([s.name, x, s.y[i]]); });
+      });
     } else {
       rows.push(["data"], [JSON.stringify(table.data)]);
     }
@@ -295,6 +312,17 @@
     const xhr = evt.detail.xhr;
     if (xhr && xhr._explorerSeq !== undefined && xhr._explorerSeq < triggered && !evt.detail.isError) {
       evt.detail.shouldSwap = false;
+    }
+    // Drawn plots leave the old content before htmx cleans it up (htmx walks every element it
+    // removes, and a plot is thousands of SVG nodes: ~70 ms a swap) and are purged after the new
+    // content's first figure is drawn.
+    if (evt.detail.shouldSwap && evt.detail.target) {
+      evt.detail.target.querySelectorAll("[data-figure]").forEach(function (el) {
+        if (!el._fullLayout) return;
+        if (nearViewport) nearViewport.unobserve(el);
+        el.replaceWith(document.createElement(el.tagName));
+        setTimeout(function () { Plotly.purge(el); }, 0);
+      });
     }
   });
 

@@ -116,6 +116,17 @@ def test_a_text_too_long_to_draw_is_refused_with_the_limit(client):
     assert r.status_code == 422 and f"the explorer draws up to {n - 1}" in r.text
 
 
+def test_a_view_too_big_to_draw_names_what_the_page_can_reduce(client):
+    s = get_settings()
+    # the largest toy shape at the explorer's longest text: more numbers than a response may hold
+    params = {"text": "a" * s.explorer_max_tokens, "n_layers": str(s.max_layers), "d_model": str(s.max_d_model)}
+    r = client.get("/", params=params, headers=HX)
+    assert r.status_code == 422
+    message = html.unescape(r.text)
+    assert f"limit of {s.max_hook_values:,}" in message and "fewer layers" in message
+    assert "hooks" not in message  # the page has no hooks to ask for fewer of
+
+
 def test_user_text_is_escaped_in_the_html_and_in_the_figures(client):
     evil = "<script>alert(1)</script><img src=x onerror=alert(2)>"
     r = client.get("/", params={"text": evil})
