@@ -238,3 +238,23 @@ def test_each_figure_downloads_its_data_as_csv_and_json_and_offers_a_png(page, l
     card.locator(".plot").hover()
     assert card.locator(".modebar-btn[data-title='Download plot as a PNG']").count() == 1
     assert card.locator(".modebar-btn[data-title^='Share']").count() == 0  # no upload to Plotly's cloud
+
+
+def test_a_line_chart_downloads_one_csv_row_per_point(page, live_server):
+    import csv
+    import io
+
+    page.goto(live_server + "/lessons/scaling")
+    card = page.locator("#fig-top-weight")
+    card.locator(".plot").scroll_into_view_if_needed()
+    page.wait_for_function("() => document.querySelector('#fig-top-weight .plot')?._fullLayout")
+    drawn = page.evaluate("() => document.querySelector('#fig-top-weight .plot').data.map(t => ({x: t.x, y: t.y}))")
+    with page.expect_download() as got:
+        card.get_by_role("button", name="Download CSV").click()
+    rows = list(csv.reader(io.StringIO(open(got.value.path(), encoding="utf-8").read())))
+    assert rows[0] == ["series", "d (width of q and k)", "average top weight"]
+    names = list(dict.fromkeys(r[0] for r in rows[1:]))
+    assert len(names) == len(drawn) and names[0].startswith("unscaled")  # raw names, not a JSON dump
+    for name, line in zip(names, drawn):
+        points = [(float(r[1]), float(r[2])) for r in rows[1:] if r[0] == name]
+        assert points == list(zip(line["x"], line["y"]))  # every point, full precision
