@@ -1,5 +1,5 @@
-"""Start the app as a real uvicorn subprocess on a free loopback port, for the security tests,
-scripts/fuzz.py and scripts/soak.py. A real process (not TestClient) so that concurrency,
+"""Start the app as a real uvicorn subprocess on a free loopback port, for the security and browser
+tests, scripts/fuzz.py and scripts/soak.py. A real process (not TestClient) so that concurrency,
 the event loop, RSS and the process's sockets are the ones a user meets.
 
     with live_server(env={"EXPLORER_MAX_CONCURRENT_COMPUTE": "2"}) as server:

@@ -1,27 +1,26 @@
 """Browser tests: a real uvicorn server in a subprocess, driven by Debian's headless Chromium.
 
-The server runs exactly as `make serve` runs it (a separate process on a free 127.0.0.1 port);
-the browser is the system's `chromium` (Playwright's own browser downloads are never used, so the
-tests need no network). Without /usr/bin/chromium the tests skip locally, but fail when
-EXPLORER_REQUIRE_BROWSER=1 (set by .ci/run), so CI cannot silently skip them.
+The server is scripts/liveserver.py's (the one the security tests, fuzz and soak runs start): a
+separate uvicorn process on a free 127.0.0.1 port. The browser is the system's `chromium`
+(Playwright's own browser downloads are never used, so the tests need no network). Without
+/usr/bin/chromium the tests skip locally, but fail when EXPLORER_REQUIRE_BROWSER=1 (set by .ci/run),
+so CI cannot silently skip them.
 """
 
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import liveserver  # noqa: E402  (scripts/ is not a package)
+
 CHROMIUM = Path("/usr/bin/chromium")
-REPO = Path(__file__).resolve().parents[2]
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -29,49 +28,12 @@ CHROMIUM_ARGS = [
 SERVER_START_TIMEOUT_S = 30
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url + "/healthz", timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"the server did not answer /healthz within {SERVER_START_TIMEOUT_S}s:\n"
-                       f"{log.read_text()[-3000:]}")
-
-
 @pytest.fixture(scope="session")
-def live_server(tmp_path_factory) -> Iterator[str]:
+def live_server() -> Iterator[str]:
     """Base URL of a real uvicorn server running the app in its own process."""
-    port = _free_port()
-    log = tmp_path_factory.mktemp("server") / "server.log"
-    env = {**os.environ, "EXPLORER_ACCESS_LOG": "false"}
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)],
-            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(url, proc, log)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with liveserver.live_server(env={"EXPLORER_ACCESS_LOG": "false"},
+                                startup_timeout_s=SERVER_START_TIMEOUT_S) as server:
+        yield server.url
 
 
 @pytest.fixture(scope="module")
