@@ -71,6 +71,7 @@ def live_server(env: dict[str, str] | None = None, *, no_outbound: bool = False,
             proc.kill()
             proc.wait()
         log.close()
+        server.log_path.unlink(missing_ok=True)  # read the log inside the with-block
 
 
 def _wait_ready(server: LiveServer, proc: subprocess.Popen, timeout_s: float) -> None:
