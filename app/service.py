@@ -16,7 +16,8 @@ import numpy as np
 from core import PRESETS, TransformerConfig, analysis, count_params, hook_names, hook_shape, kv_cache_bytes, lessons
 from core.attention import attention_scale
 from core.functional import softmax
-from core.model import Params, next_token_probs, run_with_cache
+from core import run_with_cache, run_with_kv_cache
+from core.model import KVRun, Params, next_token_probs
 from core.params import KVCacheSize, ParamCount
 from core.tokenizers import Encoding, word_tokens
 
@@ -471,7 +472,7 @@ def decompose(req) -> Decomposition:
     logits, _ = run_with_cache(p.params, p.cfg, p.ids, names=(), ablate=p.ablate)
     probs = softmax(logits[req.pos])  # [d_vocab]
     target = req.target if req.target is not None else int(np.argmax(probs))
-    d = analysis.residual_decomposition(p.params, p.cfg, p.ids, token=target, pos=req.pos, ablate=p.ablate)
+    d = run_with_cache(p.params, p.cfg, p.ids, ablate=p.ablate)[1].decompose_resid(target, req.pos)
     return Decomposition(p, d, p.model.tokenizer.token_str(target), probs)
 
 
@@ -550,9 +551,11 @@ def detectors(req) -> Detectors:
     longest = max(st.n, n_random)
     p = load(st, forward_work(cfg, st.n, logits=False) + forward_work(random_cfg, n_random, logits=False),
              max(largest_array(random_cfg, n_random), cfg.n_layers * cfg.n_heads * longest * longest))
-    on_text = analysis.head_detector_scores(p.params, cfg, p.ids, ablate=p.ablate)
+    on_text = run_with_cache(p.params, cfg, p.ids, names=pattern_hooks(cfg), ablate=p.ablate,
+                             logits=False)[1].head_detector_scores()
     random_params = model.load_params(random_cfg, p.seed, Encoding(list(map(int, random_ids)), random_tokens))
-    on_random = analysis.head_detector_scores(random_params, random_cfg, random_ids, ablate=ablate_random)
+    on_random = run_with_cache(random_params, random_cfg, random_ids, names=pattern_hooks(random_cfg),
+                               ablate=ablate_random, logits=False)[1].head_detector_scores()
     scores = {name: {"text": on_text[name], "random": on_random[name]} for name in analysis.HEAD_DETECTORS}
     flagged = [FlaggedHead(name, on, layer, head, float(grid[layer, head]))
                for name, by in scores.items() for on, grid in by.items()
@@ -564,7 +567,7 @@ def detectors(req) -> Detectors:
 @dataclass
 class KVSteps:
     setup: Prepared
-    run: analysis.KVRun  # steps (shapes, bytes, logits), all tokens, the final K and V
+    run: KVRun  # steps (shapes, bytes, logits), all tokens, the final K and V
     token_strs: list[str]  # every token fed in, prompt then generated
     top_ids: list[int]  # the most likely next token after each step
     max_abs_diff: np.ndarray  # [steps]: |cached logits − full recomputation logits|, max over the vocabulary
@@ -587,7 +590,7 @@ def kv_steps(req) -> KVSteps:
     # stepping costs about one full pass over all tokens; the check recomputes them all once more
     p = load(st, 2 * forward_work(cfg, total), 2 * total * cfg.d_vocab,
              "n_new, the text's length, d_model, n_layers or n_heads")
-    kv = analysis.run_with_kv_cache(p.params, cfg, p.ids, n_new=req.n_new)
+    kv = run_with_kv_cache(p.params, cfg, p.ids, n_new=req.n_new)
     full, _ = run_with_cache(p.params, cfg, kv.tokens, names=())  # [total, d_vocab]
     cached = np.stack([step.logits for step in kv.steps])  # [total, d_vocab]
     diff = np.abs(cached - full).max(axis=-1)  # [total]
@@ -664,4 +667,4 @@ def pattern_hooks(cfg: TransformerConfig) -> list[str]:
 
 def rollout_of(hooks: dict[str, np.ndarray], cfg: TransformerConfig) -> np.ndarray:
     """Attention rollout from a run that kept `pattern_hooks`.  # -> [n_layers, query_pos, key_pos]"""
-    return analysis.attention_rollout(analysis.stack_patterns(hooks, cfg.n_layers))
+    return analysis.attention_rollout(np.stack([hooks[name] for name in pattern_hooks(cfg)]))

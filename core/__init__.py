@@ -4,24 +4,28 @@ Usable on its own from a notebook:
 
     from core import TransformerConfig, init_params, run_with_cache, lessons
     lessons.attention().result.weights      # the spec's attention table
+    logits, cache = run_with_cache(params, cfg, tokens)
+    cache.attention_stages(layer=0, head=1).weights
 """
 
 from . import analysis, lessons
-from .attention import (AttentionResult, causal_mask, merge_heads, multi_head_attention,
+from .attention import (AttentionResult, causal_mask, merge_heads, multi_head_attention, reference_attention,
                         scaled_dot_product_attention, split_heads)
+from .cache import ActivationCache, run_with_cache
 from .config import PRESETS, TransformerConfig
+from .errors import InputError
 from .functional import gelu, gelu_new, layer_norm, relu, softmax
-from .model import (hook_names, hook_shape, init_params, iter_arrays, next_token_probs, per_head_weights,
-                    run_with_cache, unembedding)
+from .model import (KVCache, forward, hook_names, hook_shape, init_params, iter_arrays, next_token_probs,
+                    per_head_weights, run_with_kv_cache, unembedding)
 from .params import DTYPE_BYTES, count_params, gpt_params, kv_cache_bytes
 from .positions import POSITION_SCHEMES, apply_rotary, sinusoidal
 from .tokenizers import CharTokenizer, word_tokens
 
 __all__ = [
-    "analysis", "lessons", "AttentionResult", "causal_mask", "merge_heads", "multi_head_attention",
-    "scaled_dot_product_attention", "split_heads", "PRESETS", "TransformerConfig", "gelu", "gelu_new",
-    "layer_norm", "relu", "softmax", "hook_names", "hook_shape", "init_params", "iter_arrays",
-    "next_token_probs", "per_head_weights", "run_with_cache", "unembedding", "DTYPE_BYTES", "count_params",
-    "gpt_params", "kv_cache_bytes", "POSITION_SCHEMES", "apply_rotary", "sinusoidal", "CharTokenizer",
-    "word_tokens",
+    "analysis", "lessons", "AttentionResult", "reference_attention", "causal_mask", "merge_heads",
+    "multi_head_attention", "scaled_dot_product_attention", "split_heads", "ActivationCache", "run_with_cache", "PRESETS",
+    "TransformerConfig", "InputError", "gelu", "gelu_new", "layer_norm", "relu", "softmax", "KVCache", "forward",
+    "hook_names", "hook_shape", "init_params", "iter_arrays", "next_token_probs", "per_head_weights",
+    "run_with_kv_cache", "unembedding", "DTYPE_BYTES", "count_params", "gpt_params", "kv_cache_bytes",
+    "POSITION_SCHEMES", "apply_rotary", "sinusoidal", "CharTokenizer", "word_tokens",
 ]

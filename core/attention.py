@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .errors import InputError
 from .functional import softmax
 
 
@@ -33,6 +34,21 @@ def causal_mask(n_query: int, n_key: int | None = None) -> np.ndarray:
 def attention_scale(d_head: int, scale: bool = True, temperature: float = 1.0) -> float:
     """The divisor of QKᵀ: √d_head when scaling is on, times the softmax temperature."""
     return (math.sqrt(d_head) if scale else 1.0) * temperature
+
+
+def reference_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool = False, scale: bool = True,
+                        temperature: float = 1.0) -> AttentionResult:
+    """softmax(Q Kᵀ / √d_k + mask) V, in the fewest lines: the formula as the spec writes it.
+
+    The reference that the lessons teach from and that scaled_dot_product_attention, the blocked
+    and in-place version the models run, is tested against (tests/core/test_functional.py).
+    q: [..., query_pos, d_head], k: [..., key_pos, d_head], v: [..., key_pos, d_v].
+    """
+    scores = q @ np.swapaxes(k, -1, -2) / attention_scale(q.shape[-1], scale, temperature)  # [..., query_pos, key_pos]
+    if causal:
+        scores = np.where(causal_mask(q.shape[-2], k.shape[-2]), -np.inf, scores)  # the future is -inf
+    weights = softmax(scores)  # each row sums to 1
+    return AttentionResult(scores, weights, weights @ v)  # output [..., query_pos, d_v]
 
 
 # Queries are attended to in blocks of this many rows: one block's scores, [..., 64, key_pos],
@@ -61,7 +77,7 @@ def scaled_dot_product_attention(
     scores and 0 weights, so every number is the same whether or not scores are kept.
     """
     if temperature <= 0 or not math.isfinite(temperature):
-        raise ValueError(f"temperature must be a positive finite number, got {temperature}")
+        raise InputError(f"temperature must be a positive finite number, got {temperature}")
     n_query, n_key = q.shape[-2], k.shape[-2]
     divisor = attention_scale(q.shape[-1], scale, temperature)
     lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])  # e.g. (n_heads,)
@@ -95,7 +111,7 @@ def split_heads(x: np.ndarray, n_heads: int) -> np.ndarray:
     """[..., pos, n_heads * d_head] -> [..., n_heads, pos, d_head] (a view, no copy)."""
     *lead, pos, width = x.shape
     if width % n_heads:
-        raise ValueError(f"width {width} is not divisible by n_heads={n_heads}")
+        raise InputError(f"width {width} is not divisible by n_heads={n_heads}")
     return np.swapaxes(x.reshape(*lead, pos, n_heads, width // n_heads), -2, -3)
 
 
@@ -126,7 +142,7 @@ def multi_head_attention(
     if b_QKV is not None:
         qkv += b_QKV
     q, k, v = (split_heads(m, n_heads) for m in np.split(qkv, 3, axis=-1))  # each [n_heads, pos, d_head]
-    result = scaled_dot_product_attention(q, k, v, causal=causal, scale=scale, temperature=temperature)
+    result = reference_attention(q, k, v, causal=causal, scale=scale, temperature=temperature)
     out = merge_heads(result.output) @ W_O  # [pos, d_model]
     if b_O is not None:
         out += b_O

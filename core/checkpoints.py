@@ -23,6 +23,7 @@ from typing import Literal
 import numpy as np
 
 from .config import TransformerConfig
+from .errors import InputError
 from .model import Params, iter_arrays
 from .tokenizers import Encoding
 
@@ -33,7 +34,7 @@ FAMILIES = ("gpt2", "bert")  # config.json's model_type values this loader under
 _ACT_FNS = {"gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
 
 
-class CheckpointError(ValueError):
+class CheckpointError(InputError):
     """Why a folder cannot be run, in words a user can act on."""
 
 
@@ -108,13 +109,13 @@ def read_spec(folder: str | Path) -> CheckpointSpec:
 
 def _act_fn(name: object) -> str:
     if name not in _ACT_FNS:
-        raise ValueError(f"activation {name!r} is not one of {', '.join(_ACT_FNS)}")
+        raise InputError(f"activation {name!r} is not one of {', '.join(_ACT_FNS)}")
     return _ACT_FNS[name]
 
 
 def _gpt2_config(c: dict) -> TransformerConfig:
     if c.get("scale_attn_by_inverse_layer_idx"):
-        raise ValueError("scale_attn_by_inverse_layer_idx (Mistral-style scaling) is not supported")
+        raise InputError("scale_attn_by_inverse_layer_idx (Mistral-style scaling) is not supported")
     return TransformerConfig(
         d_model=c["n_embd"], n_layers=c["n_layer"], n_heads=c["n_head"], d_vocab=c["vocab_size"],
         n_ctx=c.get("n_positions", c.get("n_ctx", 1024)), d_mlp=c.get("n_inner"),  # None: 4 * d_model
@@ -128,9 +129,9 @@ def _gpt2_config(c: dict) -> TransformerConfig:
 
 def _bert_config(c: dict) -> TransformerConfig:
     if c.get("position_embedding_type", "absolute") != "absolute":
-        raise ValueError(f"position_embedding_type {c['position_embedding_type']!r} is not supported (only absolute)")
+        raise InputError(f"position_embedding_type {c['position_embedding_type']!r} is not supported (only absolute)")
     if c.get("is_decoder"):
-        raise ValueError("BERT used as a decoder (is_decoder) is not supported")
+        raise InputError("BERT used as a decoder (is_decoder) is not supported")
     return TransformerConfig(
         d_model=c["hidden_size"], n_layers=c["num_hidden_layers"], n_heads=c["num_attention_heads"],
         d_vocab=c["vocab_size"], n_ctx=c.get("max_position_embeddings", 512), d_mlp=c["intermediate_size"],
@@ -333,16 +334,16 @@ class HFTokenizer:
 
     def encode(self, text: str) -> Encoding:
         if not text:
-            raise ValueError("the text is empty: type at least one word")
+            raise InputError("the text is empty: type at least one word")
         enc = self._tok.encode(text)
         if not enc.ids:
-            raise ValueError(f"the tokenizer found no tokens in {text!r}")
+            raise InputError(f"the tokenizer found no tokens in {text!r}")
         return Encoding(list(enc.ids), [self._readable(t) for t in enc.tokens])
 
     def token_str(self, token_id: int) -> str:
         token = self._tok.id_to_token(int(token_id))
         if token is None:
-            raise ValueError(f"token id {token_id} is not in the vocabulary of {self.vocab_size} tokens")
+            raise InputError(f"token id {token_id} is not in the vocabulary of {self.vocab_size} tokens")
         return self._readable(token)
 
     def _readable(self, token: str) -> str:

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from .errors import InputError
 from .functional import ACTIVATIONS
 from .positions import POSITION_SCHEMES
 
@@ -40,10 +41,10 @@ class TransformerConfig:
         for name in ("d_model", "n_layers", "n_heads", "d_vocab", "n_ctx"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+                raise InputError(f"{name} must be a positive integer, got {value!r}")
         if self.d_head is None:
             if self.d_model % self.n_heads:
-                raise ValueError(
+                raise InputError(
                     f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}: "
                     f"choose a width that is a multiple of the number of heads"
                 )
@@ -59,9 +60,9 @@ class TransformerConfig:
             width, what = (self.d_model, "d_model") if self.positional_embedding_type == "sinusoidal" else (
                 self.d_head, "d_head")
             if width % 2:
-                raise ValueError(f"{self.positional_embedding_type} positions need an even {what}, got {width}")
+                raise InputError(f"{self.positional_embedding_type} positions need an even {what}, got {width}")
         if not (self.attn_temperature > 0 and math.isfinite(self.attn_temperature)):
-            raise ValueError(f"attn_temperature must be a positive finite number, got {self.attn_temperature}")
+            raise InputError(f"attn_temperature must be a positive finite number, got {self.attn_temperature}")
 
     @property
     def causal(self) -> bool:
@@ -81,7 +82,7 @@ class TransformerConfig:
 
 def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        raise ValueError(f"{name}={value!r} is not one of {', '.join(choices)}")
+        raise InputError(f"{name}={value!r} is not one of {', '.join(choices)}")
 
 
 # Named configurations: the spec's toy and the four GPT-2 sizes (Radford et al., 2019).

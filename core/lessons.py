@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .attention import (AttentionResult, causal_mask, merge_heads, multi_head_attention,
-                        scaled_dot_product_attention, split_heads)
+from .attention import AttentionResult, causal_mask, merge_heads, multi_head_attention, reference_attention, split_heads
+from .cache import run_with_cache
 from .config import TransformerConfig
+from .errors import InputError
 from .functional import softmax
-from .model import next_token_probs, run_with_cache
+from .model import next_token_probs
 from .params import gpt_params
 from .positions import sinusoidal
 from .tokenizers import CharTokenizer, word_tokens
@@ -28,7 +29,7 @@ DEFAULT_TEXT = "Ali makan nasi lemak"
 def _check_positive(**values: int) -> None:
     for name, value in values.items():
         if not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            raise InputError(f"{name} must be a positive integer, got {value!r}")
 
 
 # ------------------------------------------------------------------ queries, keys, values
@@ -64,7 +65,7 @@ def attention(text: str = DEFAULT_TEXT, seed: int = 0, d_model: int = 8, d_k: in
     W_k = rs.randn(d_model, d_k) / np.sqrt(d_model)
     W_v = rs.randn(d_model, d_k) / np.sqrt(d_model)
     Q, K, V = X @ W_q, X @ W_k, X @ W_v
-    result = scaled_dot_product_attention(Q, K, V, causal=causal, scale=scale)
+    result = reference_attention(Q, K, V, causal=causal, scale=scale)  # the plain reference, as the spec writes it
     mask = causal_mask(len(tokens)) if causal else np.zeros((len(tokens),) * 2, dtype=bool)
     return AttentionLesson(tokens, X, W_q, W_k, W_v, Q, K, V, Q @ K.T, mask, result)
 
@@ -128,7 +129,7 @@ def multihead(text: str = DEFAULT_TEXT, seed: int = 1, d_model: int = 8, n_heads
     """"Multi-head attention": one QKV matrix for all heads, heads as a batch axis."""
     _check_positive(d_model=d_model, n_heads=n_heads)
     if d_model % n_heads:
-        raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}: "
+        raise InputError(f"d_model={d_model} is not divisible by n_heads={n_heads}: "
                          f"each head gets d_model / n_heads dimensions")
     tokens = word_tokens(text)
     rs = np.random.RandomState(seed)
@@ -159,7 +160,7 @@ def positions(n_pos: int = 50, d: int = 16,
     pe = sinusoidal(n_pos, d)
     for i, j in pairs:
         if not (0 <= i < n_pos and 0 <= j < n_pos):
-            raise ValueError(f"position pair ({i}, {j}) lies outside 0..{n_pos - 1}: raise n_pos or pick closer pairs")
+            raise InputError(f"position pair ({i}, {j}) lies outside 0..{n_pos - 1}: raise n_pos or pick closer pairs")
     return PositionsLesson(pe, [(int(i), int(j), float(pe[i] @ pe[j])) for i, j in pairs])
 
 

@@ -12,12 +12,14 @@ read exactly as the spec prints them.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
 from .attention import merge_heads, scaled_dot_product_attention, split_heads
 from .config import TransformerConfig
+from .errors import InputError
 from .functional import ACTIVATIONS, layer_norm, softmax
 from .positions import apply_rotary, sinusoidal
 
@@ -168,8 +170,38 @@ class _Recorder:
         return value
 
 
-def _norm(x: np.ndarray, ln: Mapping, cfg: TransformerConfig) -> np.ndarray:
+def _no_hook(name: str, value: np.ndarray) -> np.ndarray:
+    return value
+
+
+def norm(x: np.ndarray, ln: Mapping, cfg: TransformerConfig) -> np.ndarray:
+    """The model's layer norm: with gain and bias for "LN", scale-free for "LNPre" (an empty dict)."""
     return layer_norm(x, ln.get("w"), ln.get("b"), cfg.eps)
+
+
+@dataclass(frozen=True)
+class KVCache:
+    """Every layer's keys and values of the tokens seen so far (keys already rotated, for rotary).
+
+    A pass given `past_kv` computes q, k, v for its new tokens only, appends k and v here and lets
+    the new queries attend to every cached key: the same numbers as re-running the whole sequence.
+    """
+
+    keys: tuple[np.ndarray, ...]  # per layer [n_heads, pos, d_head]
+    values: tuple[np.ndarray, ...]  # per layer [n_heads, pos, d_head]
+
+    @classmethod
+    def empty(cls, cfg: TransformerConfig, dtype) -> "KVCache":
+        none = np.zeros((cfg.n_heads, 0, cfg.d_head), dtype=dtype)
+        return cls((none,) * cfg.n_layers, (none,) * cfg.n_layers)
+
+    @property
+    def n_tokens(self) -> int:
+        return self.keys[0].shape[1] if self.keys else 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(k.nbytes + v.nbytes for k, v in zip(self.keys, self.values))
 
 
 def attention_block(
@@ -179,17 +211,22 @@ def attention_block(
     hook: Callable[[str, np.ndarray], np.ndarray],
     prefix: str,
     ablate: Mapping[int, Ablation] | None = None,
-) -> np.ndarray:  # -> [pos, d_model]
+    past: tuple[np.ndarray, np.ndarray] | None = None,  # this layer's cached K, V [n_heads, past, d_head]
+) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:  # -> [pos, d_model], (K, V) including this pass
     qkv = x @ attn["W_QKV"]  # [pos, 3 * n_heads * d_head]
     if "b_QKV" in attn:
         qkv += attn["b_QKV"]
     q, k, v = (split_heads(m, cfg.n_heads) for m in np.split(qkv, 3, axis=-1))  # each [n_heads, pos, d_head]
     for name, m in (("q", q), ("k", k), ("v", v)):
         hook(f"{prefix}attn.hook_{name}", m.swapaxes(0, 1))  # stored as [pos, head_index, d_head]
+    start = 0 if past is None else past[0].shape[1]  # the new tokens' first position
     if cfg.positional_embedding_type == "rotary":
-        q, k = apply_rotary(q), apply_rotary(k)
+        positions = np.arange(start, start + x.shape[0])
+        q, k = apply_rotary(q, positions), apply_rotary(k, positions)
         hook(f"{prefix}attn.hook_rot_q", q.swapaxes(0, 1))
         hook(f"{prefix}attn.hook_rot_k", k.swapaxes(0, 1))
+    if past is not None:  # the new queries see every cached key, then their own
+        k, v = np.concatenate([past[0], k], axis=1), np.concatenate([past[1], v], axis=1)
     # The [n_heads, pos, pos] scores and pattern are the largest activations: build them only
     # when a hook keeps them (a hook without `wants` is assumed to want everything).
     wants = getattr(hook, "wants", None)
@@ -206,7 +243,7 @@ def attention_block(
     out = merge_heads(z) @ attn["W_O"]  # [pos, d_model]
     if "b_O" in attn:
         out += attn["b_O"]
-    return out
+    return out, (k, v)
 
 
 def mlp_block(x: np.ndarray, mlp: Mapping, cfg: TransformerConfig, hook, prefix: str) -> np.ndarray:
@@ -221,54 +258,74 @@ def mlp_block(x: np.ndarray, mlp: Mapping, cfg: TransformerConfig, hook, prefix:
     return out
 
 
-def transformer_block(x, block: Mapping, cfg: TransformerConfig, hook, layer: int, ablate=None) -> np.ndarray:
+def transformer_block(x, block: Mapping, cfg: TransformerConfig, hook, layer: int, ablate=None, past=None
+                      ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
     """Pre-norm (GPT-2): x + attn(ln1(x)), then + mlp(ln2(x)).
     Post-norm (BERT): ln1(x + attn(x)), then ln2(x + mlp(x)); hook_resid_mid and
-    hook_resid_post are then the normalised hidden states the next sub-layer receives."""
+    hook_resid_post are then the normalised hidden states the next sub-layer receives.
+    Returns the block's output and this layer's keys and values (with `past`'s before them)."""
     p = f"blocks.{layer}."
     hook(p + "hook_resid_pre", x)
     if cfg.block_type == "pre_norm":
-        attn_out = hook(p + "hook_attn_out", attention_block(_norm(x, block["ln1"], cfg), block["attn"], cfg, hook, p, ablate))
-        x = hook(p + "hook_resid_mid", x + attn_out)
-        mlp_out = hook(p + "hook_mlp_out", mlp_block(_norm(x, block["ln2"], cfg), block["mlp"], cfg, hook, p))
-        return hook(p + "hook_resid_post", x + mlp_out)
-    attn_out = hook(p + "hook_attn_out", attention_block(x, block["attn"], cfg, hook, p, ablate))
-    x = hook(p + "hook_resid_mid", _norm(x + attn_out, block["ln1"], cfg))
+        attn_out, kv = attention_block(norm(x, block["ln1"], cfg), block["attn"], cfg, hook, p, ablate, past)
+        x = hook(p + "hook_resid_mid", x + hook(p + "hook_attn_out", attn_out))
+        mlp_out = hook(p + "hook_mlp_out", mlp_block(norm(x, block["ln2"], cfg), block["mlp"], cfg, hook, p))
+        return hook(p + "hook_resid_post", x + mlp_out), kv
+    attn_out, kv = attention_block(x, block["attn"], cfg, hook, p, ablate, past)
+    x = hook(p + "hook_resid_mid", norm(x + hook(p + "hook_attn_out", attn_out), block["ln1"], cfg))
     mlp_out = hook(p + "hook_mlp_out", mlp_block(x, block["mlp"], cfg, hook, p))
-    return hook(p + "hook_resid_post", _norm(x + mlp_out, block["ln2"], cfg))
+    return hook(p + "hook_resid_post", norm(x + mlp_out, block["ln2"], cfg)), kv
 
 
-def check_tokens(tokens: np.ndarray, cfg: TransformerConfig) -> np.ndarray:
+def check_tokens(tokens: np.ndarray, cfg: TransformerConfig, start: int = 0) -> np.ndarray:
+    """Token ids [pos] that this model can read at positions start, start + 1, ..."""
     tokens = np.asarray(tokens)
     if tokens.ndim != 1 or tokens.size == 0:
-        raise ValueError(f"expected a non-empty 1-D sequence of token ids, got shape {tokens.shape}")
+        raise InputError(f"expected a non-empty 1-D sequence of token ids, got shape {tokens.shape}")
     if not np.issubdtype(tokens.dtype, np.integer):
-        raise TypeError(f"token ids must be integers, got dtype {tokens.dtype}")
+        raise InputError(f"token ids must be integers, got dtype {tokens.dtype}")
     if tokens.min() < 0 or tokens.max() >= cfg.d_vocab:
-        raise ValueError(f"token ids must lie in [0, {cfg.d_vocab}), got {tokens.min()}..{tokens.max()}")
-    if cfg.positional_embedding_type == "learned" and tokens.size > cfg.n_ctx:
-        raise ValueError(f"{tokens.size} tokens is longer than the model's context of n_ctx={cfg.n_ctx}")
+        raise InputError(f"token ids must lie in [0, {cfg.d_vocab}), got {tokens.min()}..{tokens.max()}")
+    if cfg.positional_embedding_type == "learned" and start + tokens.size > cfg.n_ctx:
+        raise InputError(f"{start + tokens.size} tokens is longer than the model's context of n_ctx={cfg.n_ctx}")
     return tokens
 
 
-def embed(params: Params, cfg: TransformerConfig, tokens: np.ndarray, hook, token_types=None) -> np.ndarray:
-    """Token embedding plus position (and, for BERT, segment) embeddings.  # [pos] -> [pos, d_model]"""
+def embed(params: Params, cfg: TransformerConfig, tokens: np.ndarray, hook, token_types=None,
+          start: int = 0) -> np.ndarray:
+    """Token embedding plus position (and, for BERT, segment) embeddings.  # [pos] -> [pos, d_model]
+
+    `start` is the first token's position (after a KV cache's tokens)."""
     W_E = params["embed"]["W_E"]
     x = hook("hook_embed", W_E[tokens])  # row indexing is the embedding lookup
     n = tokens.size
     if cfg.positional_embedding_type == "learned":
-        x = x + hook("hook_pos_embed", params["pos_embed"]["W_pos"][:n])
+        x = x + hook("hook_pos_embed", params["pos_embed"]["W_pos"][start:start + n])
     elif cfg.positional_embedding_type == "sinusoidal":
-        x = x + hook("hook_pos_embed", sinusoidal(n, cfg.d_model).astype(W_E.dtype))
+        x = x + hook("hook_pos_embed", sinusoidal(start + n, cfg.d_model)[start:].astype(W_E.dtype))
     if cfg.n_token_types:
         types = np.zeros(n, dtype=np.int64) if token_types is None else np.asarray(token_types)
         x = x + hook("hook_token_type_embed", params["token_type_embed"]["W_token_type"][types])
     if cfg.block_type == "post_norm":
-        x = _norm(x, params["ln_embed"], cfg)
+        x = norm(x, params["ln_embed"], cfg)
     return x
 
 
-def run_with_cache(
+def ablation_by_layer(ablate: Mapping[tuple[int, int], Ablation] | None, cfg: TransformerConfig
+                      ) -> dict[int, dict[int, Ablation]]:
+    """{(layer, head): how} checked against the model, as {layer: {head: how}}."""
+    by_layer: dict[int, dict[int, Ablation]] = {}
+    for (layer, head), how in (ablate or {}).items():
+        if not (0 <= layer < cfg.n_layers and 0 <= head < cfg.n_heads):
+            raise InputError(f"cannot ablate layer {layer} head {head}: the model has "
+                             f"{cfg.n_layers} layers of {cfg.n_heads} heads")
+        if how not in ("zero", "mean"):
+            raise InputError(f"ablation must be 'zero' or 'mean', got {how!r}")
+        by_layer.setdefault(layer, {})[head] = how
+    return by_layer
+
+
+def forward(
     params: Params,
     cfg: TransformerConfig,
     tokens,
@@ -277,37 +334,91 @@ def run_with_cache(
     ablate: Mapping[tuple[int, int], Ablation] | None = None,
     token_types=None,
     logits: bool = True,
-) -> tuple[np.ndarray | None, dict[str, np.ndarray]]:
-    """Run the model on token ids [pos]; return logits [pos, d_vocab] and the activation cache.
+    past_kv: KVCache | None = None,
+) -> tuple[np.ndarray | None, dict[str, np.ndarray], KVCache]:
+    """Run the model on token ids [pos]: logits [pos, d_vocab], the activations asked for, and K, V.
 
     names: keep only these hook names (None keeps all). ablate: {(layer, head): "zero"|"mean"}
     replaces that head's output z before W_O. logits=False skips the unembedding (encoders,
-    or when only activations are wanted).
+    or when only activations are wanted). past_kv: the keys and values of earlier tokens; the
+    tokens given then continue that sequence (queries attend to the cached keys too), and the
+    returned KVCache holds them all. Without it, the returned KVCache holds this pass's.
+    core.cache.run_with_cache wraps this in an ActivationCache that answers questions about the run.
     """
-    tokens = check_tokens(tokens, cfg)
+    start = 0 if past_kv is None else past_kv.n_tokens
+    if past_kv is not None and not cfg.causal:
+        raise InputError("a KV cache needs causal attention: in a bidirectional model every new token "
+                         "changes the earlier positions too, so nothing can be reused")
+    tokens = check_tokens(tokens, cfg, start)
     hook = _Recorder(names)
-    by_layer: dict[int, dict[int, Ablation]] = {}
-    for (layer, head), how in (ablate or {}).items():
-        if not (0 <= layer < cfg.n_layers and 0 <= head < cfg.n_heads):
-            raise ValueError(f"cannot ablate layer {layer} head {head}: the model has "
-                             f"{cfg.n_layers} layers of {cfg.n_heads} heads")
-        if how not in ("zero", "mean"):
-            raise ValueError(f"ablation must be 'zero' or 'mean', got {how!r}")
-        by_layer.setdefault(layer, {})[head] = how
-    x = embed(params, cfg, tokens, hook, token_types)
+    by_layer = ablation_by_layer(ablate, cfg)
+    x = embed(params, cfg, tokens, hook, token_types, start)
+    keys, values = [], []
     for layer, block in enumerate(params["blocks"]):
-        x = transformer_block(x, block, cfg, hook, layer, by_layer.get(layer))
+        past = None if past_kv is None else (past_kv.keys[layer], past_kv.values[layer])
+        x, (k, v) = transformer_block(x, block, cfg, hook, layer, by_layer.get(layer), past)
+        keys.append(k)
+        values.append(v)
     if cfg.block_type == "pre_norm":
-        x = hook("ln_final.hook_normalized", _norm(x, params["ln_final"], cfg))
+        x = hook("ln_final.hook_normalized", norm(x, params["ln_final"], cfg))
+    kv = KVCache(tuple(keys), tuple(values))
     if not logits:
-        return None, hook.cache
+        return None, hook.cache, kv
     W_U, b_U = unembedding(params)
     out = x @ W_U  # [pos, d_vocab]
     if b_U is not None:
         out += b_U
-    return out, hook.cache
+    return out, hook.cache, kv
 
 
 def next_token_probs(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
     """Probabilities of the token after the last position.  # [pos, d_vocab] -> [d_vocab]"""
     return softmax(logits[-1] / temperature)
+
+
+# ---------------------------------------------------------------------------- generation, stepped
+
+@dataclass(frozen=True)
+class KVStep:
+    pos: int
+    token: int  # the token fed in at this step
+    generated: bool  # False while reading the prompt, True for tokens the model chose
+    k_shape: tuple[int, int, int]  # every layer's K: [n_heads, pos + 1, d_head]; V has the same
+    cache_bytes: int  # all layers' K and V
+    logits: np.ndarray  # [d_vocab], the prediction for the next token
+
+
+@dataclass(frozen=True)
+class KVRun:
+    steps: list[KVStep]
+    tokens: np.ndarray  # [pos], prompt then generated
+    kv: KVCache  # every layer's final K and V
+
+
+def run_with_kv_cache(params: Params, cfg: TransformerConfig, prompt, n_new: int = 0) -> KVRun:
+    """Feed the prompt one token at a time, then greedily generate `n_new` tokens, keeping K and V.
+
+    Each step is one `forward` of one token with `past_kv`: q, k, v for the new token only,
+    appended to every layer's cache, the new query attending to all cached keys. The same
+    numbers as re-running the whole sequence, at a cost per step that grows with the length
+    instead of its square. Only a causal model can be cached.
+    """
+    if not cfg.causal:
+        raise InputError("a KV cache needs causal attention: in a bidirectional model every new token "
+                         "changes the earlier positions too, so nothing can be reused")
+    prompt = check_tokens(prompt, cfg)
+    if not isinstance(n_new, (int, np.integer)) or n_new < 0:
+        raise InputError(f"n_new must be a non-negative integer, got {n_new!r}")
+    if cfg.positional_embedding_type == "learned" and prompt.size + n_new > cfg.n_ctx:
+        raise InputError(f"{prompt.size} prompt tokens + {n_new} new ones exceed the model's context "
+                         f"of n_ctx={cfg.n_ctx}")
+    kv = KVCache.empty(cfg, params["embed"]["W_E"].dtype)
+    tokens, steps = list(prompt), []
+    pos = 0
+    while pos < len(tokens):
+        logits, _, kv = forward(params, cfg, np.array([tokens[pos]]), names=(), past_kv=kv)
+        steps.append(KVStep(pos, int(tokens[pos]), pos >= prompt.size, kv.keys[0].shape, kv.nbytes, logits[0]))
+        if pos == len(tokens) - 1 and len(tokens) < prompt.size + n_new:
+            tokens.append(int(np.argmax(logits[0])))  # greedy: the most probable next token
+        pos += 1
+    return KVRun(steps, np.array(tokens), kv)

@@ -7,10 +7,12 @@ it works for GPT-2 XL) and says what it counts; a test checks it against the arr
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 from .config import TransformerConfig
+from .errors import InputError
 
 # Bytes per element of the dtypes a KV cache is commonly stored in.
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
@@ -23,10 +25,17 @@ class ParamEntry:
     per_layer: bool  # one copy in every block
     counted: bool  # False for arrays that exist but add no parameters (tied, or buffers)
     note: str = ""
+    copies: int = 1  # n_layers for a per-layer array, else 1
 
     @property
     def size(self) -> int:
+        """Elements of one copy."""
         return math.prod(self.shape)
+
+    @property
+    def total(self) -> int:
+        """Parameters this entry adds to the model's total: every copy, or 0 when not counted."""
+        return self.size * self.copies if self.counted else 0
 
 
 def param_entries(cfg: TransformerConfig) -> list[ParamEntry]:
@@ -74,7 +83,7 @@ def param_entries(cfg: TransformerConfig) -> list[ParamEntry]:
         e.append(ParamEntry("unembed.W_U", (d, V), False, True, "output layer"))
         if cfg.bias:
             e.append(ParamEntry("unembed.b_U", (V,), False, True, "output bias"))
-    return e
+    return [dataclasses.replace(x, copies=cfg.n_layers) if x.per_layer else x for x in e]
 
 
 @dataclass(frozen=True)
@@ -90,7 +99,7 @@ def count_params(cfg: TransformerConfig) -> ParamCount:
     counted = [x for x in entries if x.counted]
     embeddings = sum(x.size for x in counted if x.name.split(".")[0] in ("embed", "pos_embed", "token_type_embed"))
     per_block = sum(x.size for x in counted if x.per_layer)
-    total = sum(x.size * (cfg.n_layers if x.per_layer else 1) for x in counted)
+    total = sum(x.total for x in entries)
     return ParamCount(embeddings, per_block, total, entries)
 
 
@@ -121,10 +130,10 @@ class KVCacheSize:
 def kv_cache_bytes(cfg: TransformerConfig, seq_len: int, batch: int = 1, dtype: str = "float32") -> KVCacheSize:
     """Memory that caching every layer's keys and values of `seq_len` tokens takes."""
     if dtype not in DTYPE_BYTES:
-        raise ValueError(f"dtype={dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
+        raise InputError(f"dtype={dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
     for name, value in (("seq_len", seq_len), ("batch", batch)):
         if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            raise InputError(f"{name} must be a positive integer, got {value!r}")
     size = DTYPE_BYTES[dtype]
     total = 2 * cfg.n_layers * batch * seq_len * cfg.n_heads * cfg.d_head * size
     return KVCacheSize(total, cfg.n_layers, seq_len, batch, cfg.n_heads, cfg.d_head, size)

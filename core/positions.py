@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .errors import InputError
+
 POSITION_SCHEMES = ("none", "sinusoidal", "learned", "rotary")
 ROPE_BASE = 10000.0  # the RoFormer paper's base, as for sinusoidal encodings
 
@@ -19,7 +21,7 @@ def sinusoidal(n_pos: int, d: int) -> np.ndarray:  # -> [n_pos, d]
     because sin a sin b + cos a cos b = cos(a - b).
     """
     if d % 2:
-        raise ValueError(f"sinusoidal encodings need an even width, got d={d}")
+        raise InputError(f"sinusoidal encodings need an even width, got d={d}")
     pos = np.arange(n_pos)[:, None]  # [n_pos, 1]
     i = np.arange(0, d, 2)[None, :]  # [1, d/2], the even dimensions
     angle = pos / (10000 ** (i / d))  # [n_pos, d/2]
@@ -31,7 +33,7 @@ def sinusoidal(n_pos: int, d: int) -> np.ndarray:  # -> [n_pos, d]
 def rotary_angles(positions: np.ndarray, d_head: int, base: float = ROPE_BASE) -> np.ndarray:
     """θ_{p,i} = p · base^(-2i/d_head) for each position p and pair i.  # -> [pos, d_head/2]"""
     if d_head % 2:
-        raise ValueError(f"rotary embeddings rotate pairs of dimensions: d_head={d_head} must be even")
+        raise InputError(f"rotary embeddings rotate pairs of dimensions: d_head={d_head} must be even")
     inv_freq = base ** (-np.arange(0, d_head, 2) / d_head)  # [d_head/2]
     return np.asarray(positions, dtype=np.float64)[:, None] * inv_freq[None, :]
 

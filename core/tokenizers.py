@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
+from .errors import InputError
+
 
 class Encoding(NamedTuple):
     ids: list[int]  # token ids, one per token
@@ -23,7 +25,7 @@ def word_tokens(text: str) -> list[str]:
     """Split on spaces, as the spec's "Ali makan nasi lemak" examples do."""
     tokens = text.split()
     if not tokens:
-        raise ValueError("the text is empty: type at least one word")
+        raise InputError("the text is empty: type at least one word")
     return tokens
 
 
@@ -36,7 +38,7 @@ class CharTokenizer:
     @classmethod
     def from_text(cls, corpus: str) -> "CharTokenizer":
         if not corpus:
-            raise ValueError("a character vocabulary needs a non-empty corpus")
+            raise InputError("a character vocabulary needs a non-empty corpus")
         return cls(tuple(sorted(set(corpus))))
 
     @property
@@ -45,11 +47,11 @@ class CharTokenizer:
 
     def encode(self, text: str) -> list[int]:
         if not text:
-            raise ValueError("the text is empty: type at least one character")
+            raise InputError("the text is empty: type at least one character")
         stoi = self.stoi
         unknown = sorted({c for c in text if c not in stoi})
         if unknown:
-            raise ValueError(
+            raise InputError(
                 f"characters {''.join(unknown)!r} are not in the vocabulary {''.join(self.vocab)!r}"
             )
         return [stoi[c] for c in text]
@@ -78,7 +80,7 @@ class AsciiTokenizer:
 
     def encode(self, text: str) -> Encoding:
         if not text:
-            raise ValueError("the text is empty: type at least one character")
+            raise InputError("the text is empty: type at least one character")
         stoi = {c: i for i, c in enumerate(self.vocab[:-1])}
         return Encoding([stoi.get(c, self.unk_id) for c in text], list(text))
 

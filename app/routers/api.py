@@ -234,7 +234,7 @@ def kv_cache_steps(req: schemas.KVStepsRequest) -> FastJSONResponse:
     n_text = len(r.setup.encoding.ids)
     return FastJSONResponse(_analysis_head(r.setup) | {
         "steps": steps, "generated_text": "".join(r.token_strs[n_text:]),
-        "dtype": str(r.run.keys[0].dtype),
+        "dtype": str(r.run.kv.keys[0].dtype),
         "bytes_formula": (f"2 × n_layers {cfg.n_layers} × n_heads {cfg.n_heads} × d_head {cfg.d_head} × "
                           f"{r.itemsize} bytes = {2 * cfg.n_layers * cfg.n_heads * cfg.d_head * r.itemsize:,} "
                           "bytes per token"),

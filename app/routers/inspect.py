@@ -165,7 +165,7 @@ def kvcache_view(c: pages.Controls, given: dict, params: dict) -> dict:
              "top": figures.visible(r.setup.model.tokenizer.token_str(top))}
             for st, diff, top in zip(steps, r.max_abs_diff, r.top_ids)]
     n_text = len(r.setup.encoding.ids)
-    return {"rows": rows, "max_diff": float(r.max_abs_diff.max()), "dtype": str(r.run.keys[0].dtype),
+    return {"rows": rows, "max_diff": float(r.max_abs_diff.max()), "dtype": str(r.run.kv.keys[0].dtype),
             "generated": "".join(r.token_strs[n_text:]), "n_layers": r.setup.cfg.n_layers,
             "figure": figures.cache_growth([st.pos for st in steps], [st.cache_bytes for st in steps],
                                            [st.generated for st in steps])}

@@ -128,11 +128,22 @@ def test_last_lens_point_is_runs_top_k(client, toggles):
 def test_lens_equals_cores_logit_lens(client):
     lens = post(client, "analysis/logit-lens", text="Ali makan", top_k=3, ablate=[{"layer": 1, "head": 1}])
     cfg, params, ids = toy_model("Ali makan")
-    core = analysis.logit_lens(params, cfg, ids, k=3, ablate={(1, 1): "zero"})
-    assert lens["points"] == core.points
-    assert [[[c["id"] for c in cell] for cell in point] for point in lens["top_k"]] == core.top_tokens.tolist()
-    np.testing.assert_allclose([[[c["prob"] for c in cell] for cell in point] for point in lens["top_k"]],
-                               core.top_probs, rtol=1e-12)
+    _, cache = run_with_cache(params, cfg, ids, ablate={(1, 1): "zero"})
+    points = [f"blocks.{l}.hook_resid_{p}" for l in range(cfg.n_layers) for p in ("pre", "mid")]
+    points.append(f"blocks.{cfg.n_layers - 1}.hook_resid_post")
+    assert lens["points"] == points
+    for point, got in zip(points, lens["top_k"]):
+        # written out here, independently of core: the final layer norm, then the tied unembedding
+        x = cache[point]
+        x = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + cfg.eps)
+        x = x * params["ln_final"]["w"] + params["ln_final"]["b"]
+        logits = x @ params["embed"]["W_E"].T
+        probs = np.exp(logits - logits.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        top = np.argsort(-probs, axis=-1, kind="stable")[:, :3]
+        assert [[c["id"] for c in cell] for cell in got] == top.tolist()
+        np.testing.assert_allclose([[c["prob"] for c in cell] for cell in got],
+                                   np.take_along_axis(probs, top, -1), rtol=1e-12)
 
 
 # ------------------------------------------------------------------ detectors

@@ -3,10 +3,22 @@
 import numpy as np
 import pytest
 
-from core import TransformerConfig, init_params, kv_cache_bytes, run_with_cache
-from core.analysis import (attention_rollout, detector_score, duplicate_token_keys, head_detector_scores,
-                           induction_keys, lens_points, logit_lens, previous_token_keys, repeated_random_tokens,
-                           residual_decomposition, run_with_kv_cache, stack_patterns)
+from core import TransformerConfig, init_params, kv_cache_bytes, run_with_cache, run_with_kv_cache
+from core.analysis import (attention_rollout, detector_score, duplicate_token_keys, induction_keys, lens_points,
+                           previous_token_keys, repeated_random_tokens)
+
+
+# The questions are asked of a run's ActivationCache (core/cache.py); these run the model first.
+def residual_decomposition(params, cfg, tokens, token, pos=-1, ablate=None):
+    return run_with_cache(params, cfg, tokens, ablate=ablate)[1].decompose_resid(token, pos)
+
+
+def logit_lens(params, cfg, tokens, k=5, ablate=None):
+    return run_with_cache(params, cfg, tokens, ablate=ablate, logits=False)[1].logit_lens(k)
+
+
+def head_detector_scores(params, cfg, tokens, ablate=None):
+    return run_with_cache(params, cfg, tokens, ablate=ablate, logits=False)[1].head_detector_scores()
 
 POSITIONS = ["none", "sinusoidal", "learned", "rotary"]
 
@@ -270,8 +282,8 @@ def test_cached_steps_equal_the_full_recomputation(positions, block_type):
     assert [s.generated for s in run.steps] == [False] * 5 + [True] * 4
     k_name = "attn.hook_rot_k" if positions == "rotary" else "attn.hook_k"
     for layer in range(cfg.n_layers):
-        np.testing.assert_allclose(run.keys[layer], cache[f"blocks.{layer}.{k_name}"].swapaxes(0, 1), atol=1e-12)
-        np.testing.assert_allclose(run.values[layer], cache[f"blocks.{layer}.attn.hook_v"].swapaxes(0, 1),
+        np.testing.assert_allclose(run.kv.keys[layer], cache[f"blocks.{layer}.{k_name}"].swapaxes(0, 1), atol=1e-12)
+        np.testing.assert_allclose(run.kv.values[layer], cache[f"blocks.{layer}.attn.hook_v"].swapaxes(0, 1),
                                    atol=1e-12)
 
 
@@ -321,7 +333,7 @@ def test_rollout_of_a_hand_checked_2_layer_case():
 def test_rollout_rows_sum_to_1(attention_dir):
     cfg = small(attention_dir=attention_dir)
     _, cache = run_with_cache(random_params(cfg), cfg, TOKENS)
-    rollout = attention_rollout(stack_patterns(cache, cfg.n_layers))
+    rollout = attention_rollout(cache.stack_activation("attn.hook_pattern"))
     assert rollout.shape == (cfg.n_layers, len(TOKENS), len(TOKENS))
     assert np.all(rollout >= 0)
     np.testing.assert_allclose(rollout.sum(axis=-1), 1.0, rtol=1e-12)

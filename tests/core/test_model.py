@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core import TransformerConfig, hook_names, hook_shape, init_params, run_with_cache
+from core import InputError, TransformerConfig, hook_names, hook_shape, init_params, run_with_cache
 
 bounded = settings(max_examples=20, deadline=None)
 
@@ -118,14 +118,15 @@ def test_float32_in_gives_float32_out_through_the_whole_forward_pass(positions, 
     assert logits.dtype == np.float32
 
 
-@pytest.mark.parametrize("tokens, error", [
-    (np.array([], dtype=int), ValueError),
-    (np.array([[1, 2]]), ValueError),
-    (np.array([0.5, 1.0]), TypeError),
-    (np.array([0, 99]), ValueError),
-    (np.arange(9) % 5, ValueError),  # longer than n_ctx with learned positions
+@pytest.mark.parametrize("tokens, message", [
+    (np.array([], dtype=int), "non-empty 1-D"),
+    (np.array([[1, 2]]), "non-empty 1-D"),
+    (np.array([0.5, 1.0]), "must be integers"),
+    (np.array([0, 99]), r"must lie in \[0, 5\)"),
+    (np.arange(9) % 5, "longer than the model's context"),  # longer than n_ctx with learned positions
 ])
-def test_bad_tokens_are_rejected_with_a_message(tokens, error):
+def test_bad_tokens_are_rejected_with_a_message(tokens, message):
+    """Bad input is an InputError (the app's 422), never a bare ValueError or TypeError (a 500)."""
     cfg = TransformerConfig(d_model=8, n_heads=2, n_layers=1, d_vocab=5, n_ctx=8)
-    with pytest.raises(error):
+    with pytest.raises(InputError, match=message):
         run_with_cache(init_params(cfg), cfg, tokens)
