@@ -1,7 +1,8 @@
 """Exception handlers: every error answers in FastAPI's shape, {"detail": [{"loc", "msg", "type"}]}.
 
 - request validation (pydantic): 422, each message prefixed by the field it is about;
-- ValueError/TypeError raised by core/ or the service layer for bad input: 422 with its message;
+- InputError, raised by core/ and the service for input the user can fix: 422 with its message
+  (any other exception, a ValueError from a bug included, is a 500);
 - HTTP errors under /api/ (404, 405): the same shape, saying where the API is documented;
 - anything else is a bug: logged with its traceback, answered with a generic 500.
 """
@@ -14,6 +15,8 @@ from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from core import InputError
 
 from .jsonio import FastJSONResponse
 
@@ -33,7 +36,8 @@ def _field(loc: tuple) -> str:
     return name
 
 
-def _readable(err: dict) -> dict:
+def readable(err: dict) -> dict:
+    """A pydantic error as this API words it: the field first, then what is wrong with it."""
     field = _field(tuple(err.get("loc", ())))
     msg = err.get("msg", "invalid value")
     if err.get("type") == "extra_forbidden":
@@ -50,7 +54,7 @@ def _readable(err: dict) -> dict:
 
 async def validation_error(request: Request, exc: RequestValidationError) -> FastJSONResponse:
     # The offending input is not echoed: it may be large, or not representable in JSON (NaN).
-    return FastJSONResponse({"detail": [_readable(e) for e in exc.errors()]}, status_code=422)
+    return FastJSONResponse({"detail": [readable(e) for e in exc.errors()]}, status_code=422)
 
 
 async def bad_input(request: Request, exc: Exception) -> FastJSONResponse:
@@ -75,7 +79,6 @@ async def unexpected(request: Request, exc: Exception) -> FastJSONResponse:
 
 def install(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, validation_error)
-    app.add_exception_handler(ValueError, bad_input)
-    app.add_exception_handler(TypeError, bad_input)
+    app.add_exception_handler(InputError, bad_input)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(Exception, unexpected)

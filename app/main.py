@@ -1,48 +1,63 @@
-"""Builds the FastAPI application."""
+"""Builds the FastAPI application: routers, error handlers, middleware, and the model catalogue at start-up."""
 
 from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from threadpoolctl import threadpool_limits
 
-from . import __version__
+from . import __version__, errors
+from .bodylimit import BodySizeLimitMiddleware
+from .catalog import build_catalog
 from .compression import CachedStaticFiles, GZipMiddleware
 from .observability import AccessLogMiddleware, configure_access_log
 from .paths import STATIC_DIR
-from . import errors
-from .bodylimit import BodySizeLimitMiddleware
-from .routers import api, docs, health, inspect, lessons, pages
+from .routers import api, docs, explorer, health, inspect_views, lessons
 from .security import ComputeLimitMiddleware, SecurityHeadersMiddleware
-from .settings import get_settings
+from .settings import Settings, get_settings
 
 
-def create_app() -> FastAPI:
-    threadpool_limits(get_settings().blas_threads, user_api="blas")  # process-wide, see Settings.blas_threads
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """The app for these settings (default: the environment's, EXPLORER_*). Given settings also
+    become what every route's settings dependency returns."""
+    s = settings or get_settings()
+    threadpool_limits(s.blas_threads, user_api="blas")  # process-wide, see Settings.blas_threads
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Found once per process: the built-in models and the checkpoint folders' config.json files
+        # (weights load on first use). Routes get it through app/deps.py.
+        app.state.catalog = build_catalog(s)
+        yield
+
     app = FastAPI(
         title="Transformer Explorer",
         version=__version__,
         description="See how a Transformer works: the spec's lessons, runnable models and their activations.",
         docs_url=None,  # served by our own offline page (no CDN)
         redoc_url=None,
+        lifespan=lifespan,
     )
+    if settings is not None:
+        app.dependency_overrides[get_settings] = lambda: settings
     app.include_router(health.router)
     app.include_router(api.router)
     app.include_router(docs.router)
-    app.include_router(pages.router)
-    app.include_router(inspect.router)
+    app.include_router(explorer.router)
+    app.include_router(inspect_views.router)
     app.include_router(lessons.router)
     errors.install(app)
     app.add_middleware(GZipMiddleware)  # off the event loop for big bodies; static files compressed once
-    app.add_middleware(BodySizeLimitMiddleware, max_bytes=get_settings().max_body_bytes)
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=s.max_body_bytes)
     app.mount("/static", CachedStaticFiles(directory=STATIC_DIR), name="static")
     # Added last = outermost: the headers also go on the limiter's 503s and on error responses.
-    limits = get_settings()
-    app.add_middleware(ComputeLimitMiddleware, limit=limits.max_concurrent_compute,
-                       retry_after_s=limits.retry_after_s)
+    app.add_middleware(ComputeLimitMiddleware, limit=s.max_concurrent_compute, retry_after_s=s.retry_after_s)
     app.add_middleware(SecurityHeadersMiddleware)
     # Keep this one last (outermost): the logged duration then covers every other middleware.
-    if get_settings().access_log:
-        configure_access_log(get_settings().log_level)
+    if s.access_log:
+        configure_access_log(s.log_level)
         app.add_middleware(AccessLogMiddleware)
     return app
 

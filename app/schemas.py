@@ -1,9 +1,17 @@
 """Request and response models of the REST API v1, with their limits and examples.
 
 Every limit comes from app/settings.py and every default from the core function it feeds
-(core.lessons' signatures), so each is written once. Request models forbid unknown fields.
-Response models document the JSON in the OpenAPI; the routes build large arrays straight
-from NumPy (app/jsonio.py) instead of validating them through these models.
+(core.lessons' signatures), so each is written once. Request models forbid unknown fields; a
+model request becomes the service's typed RunSpec with `.spec()`.
+
+Response models are read from the service's results (`from_attributes`): a route validates its
+result into the response model and sends that (app/routers/api.py), so the OpenAPI describes
+exactly what is sent. Small value types (a top-k token, an ablation's effect, a flagged head)
+are the service's own dataclasses, used here as they are. Arrays pass through unvalidated as
+`Matrix` (NumPy in, JSON out, app/jsonio.py) with their JSON schema stated.
+
+The limits shown in the schema are the environment's at import (the OpenAPI states them); the
+service checks every limit again at request time with the injected settings (app/deps.py).
 """
 
 from __future__ import annotations
@@ -12,10 +20,12 @@ import inspect
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, WithJsonSchema, field_validator
 from pydantic_core import PydanticCustomError
 
-from core import PRESETS, DTYPE_BYTES, POSITION_SCHEMES, TransformerConfig, lessons
+from core import DTYPE_BYTES, POSITION_SCHEMES, PRESETS, TransformerConfig, lessons
+
+from . import service
 
 from .settings import get_settings
 
@@ -43,7 +53,12 @@ def Text(default_: Any, max_length: int, description: str, **kw) -> Any:
 
 NonBlank = Annotated[str, AfterValidator(_non_blank)]
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED, description=f"random seed, 0 … {MAX_SEED:,}")]
-Matrix = list[list[float | None]]  # JSON rows; null where a score is masked (-inf)
+# An array sent as nested JSON lists, null where a score is masked (-inf) or undefined (NaN). Not
+# validated (NumPy arrays pass through to app/jsonio.py); its schema is that of nested float lists.
+Matrix = Annotated[Any, WithJsonSchema(TypeAdapter(list[list[float | None]]).json_schema())]
+Matrices = Annotated[Any, WithJsonSchema(TypeAdapter(list[list[list[float | None]]]).json_schema())]
+BoolMatrix = Annotated[Any, WithJsonSchema(TypeAdapter(list[list[bool]]).json_schema())]
+Vector = Annotated[Any, WithJsonSchema(TypeAdapter(list[float]).json_schema())]
 
 PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
 DType = Literal[tuple(DTYPE_BYTES)]  # type: ignore[valid-type]
@@ -198,6 +213,14 @@ class ModelRequest(Request):
     d_model: int | None = Field(None, ge=1, le=S.max_d_model)
     seed: int | None = Field(None, ge=0, le=MAX_SEED, description="weights' seed; null: the model's default")
 
+    def spec(self) -> service.RunSpec:
+        """What to run, as the service's typed specification."""
+        ablate = tuple(service.AblatedHead(a.layer, a.head, a.method) for a in getattr(self, "ablate", ()))
+        return service.RunSpec(model=self.model, text=self.text, causal=self.causal, scale=self.scale,
+                               temperature=self.temperature, positional_embedding_type=self.positional_embedding_type,
+                               n_heads=self.n_heads, n_layers=self.n_layers, d_model=self.d_model, seed=self.seed,
+                               ablate=ablate)
+
 
 class AblatingRequest(ModelRequest):
     ablate: list[HeadAblation] = Field(
@@ -279,6 +302,13 @@ class CompareSide(Request):
     ablate: list[HeadAblation] | None = Field(None, max_length=S.max_ablations,
                                               description="replaces the first side's list (use [] for none)")
 
+    def changes(self) -> dict[str, object]:
+        """The fields this side changes, as RunSpec fields (ablations as the service's type)."""
+        out = {k: v for k, v in self.model_dump(exclude={"ablate"}).items() if v is not None}
+        if self.ablate is not None:
+            out["ablate"] = tuple(service.AblatedHead(a.layer, a.head, a.method) for a in self.ablate)
+        return out
+
 
 class CompareRequest(AblatingRequest):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
@@ -300,7 +330,9 @@ class RolloutRequest(AblatingRequest):
 # ------------------------------------------------------------------ responses
 
 class ResponseModel(BaseModel):
-    """Documents a JSON response (not used to validate it)."""
+    """A JSON response, read from a service result's attributes."""
+
+    model_config = ConfigDict(from_attributes=True)
 
 
 class AttentionLessonResponse(ResponseModel):
@@ -309,7 +341,7 @@ class AttentionLessonResponse(ResponseModel):
     raw_scores: Matrix = Field(description="Q Kᵀ [query_pos, key_pos], rows are queries, columns keys")
     scaled_scores: Matrix = Field(description="raw_scores ÷ divisor, before the mask")
     scores: Matrix = Field(description="scaled and masked: null where the mask forbids")
-    mask: list[list[bool]] = Field(description="true where a query may not see a key")
+    mask: BoolMatrix = Field(description="true where a query may not see a key")
     weights: Matrix = Field(description="softmax of each row of scores")
     output: Matrix = Field(description="weights @ V [pos, d_k]")
     divisor: float = Field(description="√d_k when scaling, else 1")
@@ -339,15 +371,9 @@ class MultiheadResponse(ResponseModel):
     output: Matrix = Field(description="concatenated heads @ W_o [pos, d_model]")
 
 
-class DotModel(ResponseModel):
-    i: int
-    j: int
-    dot: float
-
-
 class PositionsResponse(ResponseModel):
     encoding: Matrix = Field(description="[n_pos, d]: sin on even dimensions, cos on odd")
-    dots: list[DotModel]
+    dots: list[service.Dot]
 
 
 class StepModel(ResponseModel):
@@ -427,17 +453,6 @@ class HooksResponse(ResponseModel):
     hooks: list[HookModel]
 
 
-class TopToken(ResponseModel):
-    token: str
-    id: int
-    prob: float
-
-
-class HookShape(ResponseModel):
-    axes: str
-    dims: list[int]
-
-
 class RunResponse(ResponseModel):
     model: str
     tokens: list[str]
@@ -445,35 +460,14 @@ class RunResponse(ResponseModel):
     config: TransformerConfig
     seed: int
     hooks: dict[str, Any] = Field(description="nested lists by hook name; masked scores are null")
-    hook_shapes: dict[str, HookShape]
-    top_k: list[TopToken] = Field(description="most likely next tokens; empty for encoders")
-    ablation_effect: AblationEffect | None = Field(
+    hook_shapes: dict[str, service.HookShape]
+    top_k: list[service.TopToken] = Field(description="most likely next tokens; empty for encoders")
+    ablation_effect: service.AblationEffect | None = Field(
         None, description="with `ablate`, on a decoder: the prediction without the ablation and how much each of "
                           "its top tokens' probability changed")
 
 
 # ------------------------------------------------------------------ looking inside (analysis)
-
-class TokenRef(ResponseModel):
-    token: str
-    id: int
-
-
-class ProbabilityChange(ResponseModel):
-    token: str
-    id: int
-    baseline_prob: float = Field(description="probability without the ablation")
-    prob: float = Field(description="probability with the ablation")
-    delta: float = Field(description="prob − baseline_prob")
-
-
-class AblationEffect(ResponseModel):
-    baseline_top_k: list[TopToken] = Field(description="the next-token top-k of the same run without ablation")
-    changes: list[ProbabilityChange] = Field(description="each baseline top-k token, before and after")
-
-
-RunResponse.model_rebuild()
-
 
 class AnalysisResponse(ResponseModel):
     model: str
@@ -481,46 +475,32 @@ class AnalysisResponse(ResponseModel):
     token_ids: list[int]
     config: TransformerConfig
     seed: int
-    ablate: list[HeadAblation] = Field(description="the heads ablated in this computation")
+    ablate: list[service.AblatedHead] = Field(description="the heads ablated in this computation")
 
 
 class DecomposeResponse(AnalysisResponse):
     pos: int = Field(description="the position decomposed (a negative request counts from the end)")
-    target: TokenRef = Field(description="the token whose logit is attributed")
+    target: service.TokenRef = Field(description="the token whose logit is attributed")
     labels: list[str] = Field(description="embed, pos_embed, L{layer}H{head} per head, L{layer} attn bias, "
                                           "L{layer} mlp, L{layer} mlp bias")
-    direct_logit: list[float] = Field(description="each part's direct contribution to the target's logit")
+    direct_logit: Vector = Field(description="each part's direct contribution to the target's logit")
     logit_bias: float = Field(description="ln_final.b · W_U[:, target] + b_U[target]: written by no part")
     scale: float = Field(description="the final layer norm's σ at pos, frozen from the run")
     logit: float = Field(description="the model's actual logit; = sum(direct_logit) + logit_bias")
     parts: Matrix = Field(description="[n_parts, d_model]: what each part wrote; they sum to the last resid_post")
-    part_norms: list[float] = Field(description="‖part‖ for each part")
-
-
-class LensCell(ResponseModel):
-    token: str
-    id: int
-    prob: float
+    part_norms: Vector = Field(description="‖part‖ for each part")
 
 
 class LogitLensResponse(AnalysisResponse):
     points: list[str] = Field(description="where the residual stream is read: each layer's resid_pre and "
                                           "resid_mid, then the last resid_post (the model's output)")
-    top_k: list[list[list[LensCell]]] = Field(description="[point][pos][k], most probable first")
+    top_k: list[list[list[service.TopToken]]] = Field(description="[point][pos][k], most probable first")
 
 
 class DetectorScores(ResponseModel):
-    text: list[list[float | None]] = Field(description="[n_layers, n_heads] on the request's text; null "
-                                                       "when no token qualifies (e.g. nothing repeats)")
-    random: list[list[float | None]] = Field(description="[n_layers, n_heads] on the repeated random sequence")
-
-
-class FlaggedHead(ResponseModel):
-    detector: str
-    on: Literal["text", "random"]
-    layer: int
-    head: int
-    score: float
+    text: Matrix = Field(description="[n_layers, n_heads] on the request's text; null when no token qualifies "
+                                     "(e.g. nothing repeats)")
+    random: Matrix = Field(description="[n_layers, n_heads] on the repeated random sequence")
 
 
 class DetectorsResponse(AnalysisResponse):
@@ -528,7 +508,7 @@ class DetectorsResponse(AnalysisResponse):
     random_token_ids: list[int]
     detectors: dict[str, DetectorScores] = Field(description="previous_token, duplicate_token, induction")
     threshold: float
-    flagged: list[FlaggedHead] = Field(description="heads scoring at least `threshold`, highest first")
+    flagged: list[service.FlaggedHead] = Field(description="heads scoring at least `threshold`, highest first")
 
 
 class KVStepModel(ResponseModel):
@@ -537,10 +517,10 @@ class KVStepModel(ResponseModel):
     id: int
     generated: bool = Field(description="false while reading the text, true for tokens the model chose")
     k_shape: list[int] = Field(description="each layer's K after this step: [n_heads, pos + 1, d_head]")
-    v_shape: list[int]
+    v_shape: list[int] = Field(description="each layer's V after this step: [n_heads, pos + 1, d_head]")
     cache_bytes: int = Field(description="bytes of every layer's K and V")
     max_abs_diff: float = Field(description="max |cached logits − full recomputation's logits| at this position")
-    top: TokenRef = Field(description="the most likely next token after this step")
+    top: service.TokenRef = Field(description="the most likely next token after this step")
 
 
 class KVStepsResponse(AnalysisResponse):
@@ -552,10 +532,10 @@ class KVStepsResponse(AnalysisResponse):
     max_abs_diff: float = Field(description="the largest difference over all steps")
 
 
-class ComparedSide(ResponseModel):
+class ComparedSideModel(ResponseModel):
     tokens: list[str]
     config: TransformerConfig
-    ablate: list[HeadAblation]
+    ablate: list[service.AblatedHead]
     pattern: Matrix = Field(description="[query_pos, key_pos] of the chosen layer and head")
 
 
@@ -563,13 +543,13 @@ class CompareResponse(ResponseModel):
     model: str
     layer: int
     head: int
-    a: ComparedSide
-    b: ComparedSide
+    a: ComparedSideModel
+    b: ComparedSideModel
     difference: Matrix | None = Field(description="b − a, [query_pos, key_pos]; null when the two have "
                                                   "different numbers of tokens")
     note: str | None = Field(description="why there is no difference, if there is none")
 
 
 class RolloutResponse(AnalysisResponse):
-    rollout: list[Matrix] = Field(description="[n_layers, query_pos, key_pos]: how much each input token "
-                                              "flows into each position after each layer; rows sum to 1")
+    rollout: Matrices = Field(description="[n_layers, query_pos, key_pos]: how much each input token "
+                                          "flows into each position after each layer; rows sum to 1")

@@ -79,6 +79,10 @@ class ScalingRow:
     top_weight_unscaled: float  # mean over queries of the largest softmax weight
     top_weight_scaled: float
 
+    @property
+    def sqrt_d(self) -> float:  # what std grows like, and what the scaled scores are divided by
+        return math.sqrt(self.d)
+
 
 def scaling(dims: tuple[int, ...] = (4, 64, 512), n_queries: int = 1000, n_keys: int = 16,
             seed: int = 42) -> list[ScalingRow]:

@@ -152,6 +152,13 @@ def hook_shape(name: str) -> str:
     return HOOK_SHAPES[key]
 
 
+def hook_dims(name: str, cfg: TransformerConfig, n_tokens: int) -> list[int]:
+    """A hook's concrete shape for a run of n_tokens: "blocks.0.attn.hook_pattern" -> [n_heads, n, n]."""
+    sizes = {"pos": n_tokens, "query_pos": n_tokens, "key_pos": n_tokens, "head_index": cfg.n_heads,
+             "d_head": cfg.d_head, "d_model": cfg.d_model, "d_mlp": cfg.d_mlp, "d_vocab": cfg.d_vocab}
+    return [sizes[axis.strip()] for axis in hook_shape(name).strip("[]").split(",")]
+
+
 # ---------------------------------------------------------------------------- forward pass
 
 class _Recorder:
@@ -383,7 +390,8 @@ class KVStep:
     pos: int
     token: int  # the token fed in at this step
     generated: bool  # False while reading the prompt, True for tokens the model chose
-    k_shape: tuple[int, int, int]  # every layer's K: [n_heads, pos + 1, d_head]; V has the same
+    k_shape: tuple[int, int, int]  # every layer's K: [n_heads, pos + 1, d_head]
+    v_shape: tuple[int, int, int]  # every layer's V: [n_heads, pos + 1, d_head]
     cache_bytes: int  # all layers' K and V
     logits: np.ndarray  # [d_vocab], the prediction for the next token
 
@@ -417,7 +425,8 @@ def run_with_kv_cache(params: Params, cfg: TransformerConfig, prompt, n_new: int
     pos = 0
     while pos < len(tokens):
         logits, _, kv = forward(params, cfg, np.array([tokens[pos]]), names=(), past_kv=kv)
-        steps.append(KVStep(pos, int(tokens[pos]), pos >= prompt.size, kv.keys[0].shape, kv.nbytes, logits[0]))
+        steps.append(KVStep(pos, int(tokens[pos]), pos >= prompt.size, kv.keys[0].shape, kv.values[0].shape, kv.nbytes,
+                            logits[0]))
         if pos == len(tokens) - 1 and len(tokens) < prompt.size + n_new:
             tokens.append(int(np.argmax(logits[0])))  # greedy: the most probable next token
         pos += 1

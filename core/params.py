@@ -33,9 +33,14 @@ class ParamEntry:
         return math.prod(self.shape)
 
     @property
+    def elements(self) -> int:
+        """Elements of every copy, counted or not."""
+        return self.size * self.copies
+
+    @property
     def total(self) -> int:
         """Parameters this entry adds to the model's total: every copy, or 0 when not counted."""
-        return self.size * self.copies if self.counted else 0
+        return self.elements if self.counted else 0
 
 
 def param_entries(cfg: TransformerConfig) -> list[ParamEntry]:
@@ -137,3 +142,19 @@ def kv_cache_bytes(cfg: TransformerConfig, seq_len: int, batch: int = 1, dtype: 
     size = DTYPE_BYTES[dtype]
     total = 2 * cfg.n_layers * batch * seq_len * cfg.n_heads * cfg.d_head * size
     return KVCacheSize(total, cfg.n_layers, seq_len, batch, cfg.n_heads, cfg.d_head, size)
+
+
+# ---------------------------------------------------------------------------- the cost of a forward pass
+
+def forward_work(cfg: TransformerConfig, n_tokens: int, logits: bool = True) -> int:
+    """Multiply-adds of one forward pass over n_tokens: every block weight once per token, QKᵀ and
+    pattern · V, and the unembedding (unless the pass stops before the logits)."""
+    matmuls = n_tokens * count_params(cfg).per_block * cfg.n_layers
+    attention = cfg.n_layers * 2 * n_tokens * n_tokens * cfg.n_heads * cfg.d_head
+    return matmuls + attention + (n_tokens * cfg.d_model * cfg.d_vocab if logits else 0)
+
+
+def largest_array(cfg: TransformerConfig, n_tokens: int) -> int:
+    """Elements of the biggest array a forward pass holds: a layer's scores, or the largest weight matrix."""
+    return max(cfg.n_heads * n_tokens * n_tokens, cfg.d_vocab * cfg.d_model, cfg.n_ctx * cfg.d_model,
+               cfg.d_model * 3 * cfg.n_heads * cfg.d_head, cfg.d_model * cfg.d_mlp)

@@ -6,15 +6,13 @@ and starts it from static/js/docs.js, so it needs no CDN and no inline script.
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
-from fastapi.templating import Jinja2Templates
 
-from ..paths import TEMPLATES_DIR
+from .. import web
 
 router = APIRouter(tags=["docs"])
-templates = Jinja2Templates(directory=TEMPLATES_DIR)
 
 
 @router.get("/docs", response_class=HTMLResponse, include_in_schema=False)
 def docs(request: Request) -> HTMLResponse:
-    return templates.TemplateResponse(request, "docs.html", {"openapi_url": request.app.openapi_url,
-                                                             "title": request.app.title})
+    return web.templates.TemplateResponse(request, "docs.html", {"openapi_url": request.app.openapi_url,
+                                                                 "title": request.app.title})

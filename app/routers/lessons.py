@@ -21,23 +21,14 @@ from urllib.parse import urlencode
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, PlainTextResponse
-from jinja2_fragments.fastapi import Jinja2Blocks
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, field_validator
 
-from core import DTYPE_BYTES, PRESETS, lessons
-
-from .. import figures, schemas, service, snippets
-from ..errors import _readable
-from ..paths import TEMPLATES_DIR
-from ..settings import get_settings
-from .pages import figure_json
+from .. import figures, schemas, snippets, web
+from ..deps import ServiceDep
+from ..service import Service
 
 router = APIRouter(tags=["pages"], include_in_schema=False)
 
-templates = Jinja2Blocks(directory=str(TEMPLATES_DIR))
-templates.env.filters["figure_json"] = figure_json
-
-_TRUE = {"1", "true", "on", "yes"}
 PAGE_ONLY = ("classroom",)  # in the URL, but not a field of the API request
 
 
@@ -108,18 +99,9 @@ def human_bytes(n: int) -> str:
 
 # ------------------------------------------------------------------ the lessons, one view builder each
 
-def check_drawable(n: int, what: str = "words", of: str = "the text") -> None:
-    """A page draws T × T tables and heatmaps; beyond the explorer's limit they stop being legible
-    (the JSON API still takes up to max_tokens)."""
-    s = get_settings()
-    if n > s.explorer_max_tokens:
-        raise ValueError(f"{of} has {n} {what}; this page draws up to {s.explorer_max_tokens} "
-                         f"(the API takes up to {s.max_tokens}): shorten it")
-
-
-def view_attention(q: schemas.AttentionQuery) -> dict:
-    check_drawable(len(q.text.split()))
-    r = service.lesson_attention(q.text, q.seed, q.d_model, q.d_k, q.causal, q.scale)
+def view_attention(svc: Service, q: schemas.AttentionQuery) -> dict:
+    svc.check_drawable(len(q.text.split()))
+    r = svc.lesson_attention(q.text, q.seed, q.d_model, q.d_k, q.causal, q.scale)
     a = r.lesson
     tokens = a.tokens
     scores = a.result.scores  # [query_pos, key_pos], scaled and masked
@@ -146,11 +128,11 @@ def view_attention(q: schemas.AttentionQuery) -> dict:
     }
 
 
-def view_scaling(q: schemas.ScalingQuery) -> dict:
-    rows = service.lesson_scaling(q.dim_list, q.n_queries, q.n_keys, q.seed)
+def view_scaling(svc: Service, q: schemas.ScalingQuery) -> dict:
+    rows = svc.lesson_scaling(q.dim_list, q.n_queries, q.n_keys, q.seed)
     dims = [r.d for r in rows]
     return {
-        "rows": [{"d": r.d, "std": fixed(r.std, 1), "std_full": full(r.std), "sqrt_d": fixed(math.sqrt(r.d), 1),
+        "rows": [{"d": r.d, "std": fixed(r.std, 1), "std_full": full(r.std), "sqrt_d": fixed(r.sqrt_d, 1),
                   "unscaled": fixed(r.top_weight_unscaled, 2), "unscaled_full": full(r.top_weight_unscaled),
                   "scaled": fixed(r.top_weight_scaled, 2), "scaled_full": full(r.top_weight_scaled)} for r in rows],
         "uniform": fixed(1 / q.n_keys, 3), "n_keys": q.n_keys, "n_queries": q.n_queries,
@@ -168,7 +150,7 @@ def view_scaling(q: schemas.ScalingQuery) -> dict:
             {"id": "std", "title": "Spread of the raw scores vs width d",
              "caption": "The standard deviation of q·k grows like √d, which is exactly what dividing by √d undoes.",
              "figure": figures.line_chart(
-                 [("std of q·k", dims, [r.std for r in rows]), ("√d", dims, [math.sqrt(d) for d in dims])],
+                 [("std of q·k", dims, [r.std for r in rows]), ("√d", dims, [r.sqrt_d for r in rows])],
                  x_title="d (width of q and k)", y_title="standard deviation", export_name="std-vs-d",
                  x_log=len(dims) > 1 and max(dims) / min(dims) > 8, y_hover=".2f", x_tickvals=dims)},
         ],
@@ -176,10 +158,10 @@ def view_scaling(q: schemas.ScalingQuery) -> dict:
     }
 
 
-def view_causal(q: CausalQuery) -> dict:
-    check_drawable(len(q.text.split()))
-    masked = service.lesson_attention(q.text, q.seed, q.d_model, q.d_k, True, q.scale).lesson
-    free = service.lesson_attention(q.text, q.seed, q.d_model, q.d_k, False, q.scale).lesson
+def view_causal(svc: Service, q: CausalQuery) -> dict:
+    svc.check_drawable(len(q.text.split()))
+    r = svc.lesson_causal(q.text, q.seed, q.d_model, q.d_k, q.scale)
+    masked, free = r.masked, r.free
     tokens = masked.tokens
     return {
         "tokens": tokens,
@@ -202,10 +184,10 @@ def view_causal(q: CausalQuery) -> dict:
     }
 
 
-def view_multihead(q: schemas.MultiheadQuery) -> dict:
-    check_drawable(len(q.text.split()))
-    m = service.lesson_multihead(q.text, q.seed, q.d_model, q.n_heads, q.causal, q.scale)
-    mask = np.isneginf(m.result.scores[0]) if q.causal else None
+def view_multihead(svc: Service, q: schemas.MultiheadQuery) -> dict:
+    svc.check_drawable(len(q.text.split()))
+    r = svc.lesson_multihead(q.text, q.seed, q.d_model, q.n_heads, q.causal, q.scale)
+    m, mask = r.lesson, r.mask
     return {
         "tokens": m.tokens, "d_head": m.d_head, "n_heads": m.n_heads,
         "shapes": {"Q": shape(m.Q), "weights": shape(m.result.weights), "out": shape(m.output)},
@@ -220,18 +202,10 @@ def view_multihead(q: schemas.MultiheadQuery) -> dict:
     }
 
 
-def view_positions(q: schemas.PositionsQuery) -> dict:
-    cells_limit = get_settings().explorer_max_tokens ** 2  # as many cells as the largest attention heatmap
-    if q.n_pos * q.d > cells_limit:
-        raise ValueError(f"{q.n_pos} positions × {q.d} dimensions is {q.n_pos * q.d:,} numbers; this page draws "
-                         f"up to {cells_limit:,} (the API takes more): reduce n_pos or d")
-    p = service.lesson_positions(q.n_pos, q.d, q.pair_list)
-    starts = list(dict.fromkeys(i for i, _, _ in p.dots)) or [0]
-    # dot product against every later position, for each pair's first position (the same service call)
-    series = []
-    for i in starts:
-        gaps = service.lesson_positions(q.n_pos, q.d, tuple((i, j) for j in range(i, q.n_pos)))
-        series.append((f"from position {i}", [j - i for _, j, _dot in gaps.dots], [dot for *_, dot in gaps.dots]))
+def view_positions(svc: Service, q: schemas.PositionsQuery) -> dict:
+    r = svc.lesson_positions(q.n_pos, q.d, q.pair_list, series=True)
+    p = r.lesson
+    series = [(f"from position {s.start}", s.gaps, s.dots) for s in r.series]
     return {
         "head": [cells(row) for row in p.encoding[:3, :6]],
         "dots": [{"i": i, "j": j, "gap": j - i, "dot": fixed(dot, 2), "full": full(dot)} for i, j, dot in p.dots],
@@ -251,42 +225,9 @@ def view_positions(q: schemas.PositionsQuery) -> dict:
     }
 
 
-def _component_groups(count, cfg) -> list[tuple[str, int, bool, str]]:
-    """The breakdown's entries gathered into the spec's components: (name, parameters, counted, note).
-    An uncounted component shows what it would cost, so the chart can say why it costs nothing."""
-    groups: dict[str, list] = {}
-    for e in count.entries:
-        copies = cfg.n_layers if e.per_layer else 1
-        leaf = e.name.rsplit(".", 1)[-1]
-        if not e.counted:
-            name = "unembedding (tied)" if e.name.startswith("unembed") else (
-                "causal mask buffers" if leaf == "mask" else e.name)
-        elif e.name.startswith("embed"):
-            name = "token table"
-        elif e.name.startswith(("pos_embed", "token_type_embed")):
-            name = "position table" if e.name.startswith("pos_embed") else "segment table"
-        elif ".ln" in e.name or e.name.startswith(("ln_final", "ln_embed")):
-            name = "layer norms (gain + bias)"
-        elif ".attn." in e.name:
-            name = "attention biases" if leaf.startswith("b_") else "attention weights"
-        elif ".mlp." in e.name:
-            name = "MLP biases" if leaf.startswith("b_") else "MLP weights"
-        else:
-            name = "unembedding" + (" bias" if leaf.startswith("b_") else "")
-        g = groups.setdefault(name, [0, e.counted, e.note])
-        g[0] += e.size * copies
-    return [(name, size, counted, note) for name, (size, counted, note) in groups.items() if size]
-
-
-def _breakdown_figure(count, cfg, export_name: str) -> dict:
-    names, sizes, counted, notes = zip(*_component_groups(count, cfg))
-    return figures.component_bars(names, sizes, counted, notes, export_name=export_name)
-
-
-def _spec_tuple(cfg) -> tuple[int, ...]:
-    """(vocab, n_ctx, d, n_layers[, d_ff]) as the spec's gpt_params takes them."""
-    sizes = (cfg.d_vocab, cfg.n_ctx, cfg.d_model, cfg.n_layers)
-    return sizes + ((cfg.d_mlp,) if cfg.d_mlp != 4 * cfg.d_model else ())
+def _breakdown_figure(groups, export_name: str) -> dict:
+    return figures.component_bars([g.name for g in groups], [g.size for g in groups], [g.counted for g in groups],
+                                  [g.note for g in groups], export_name=export_name)
 
 
 def _config_sizes(q) -> dict:
@@ -294,44 +235,35 @@ def _config_sizes(q) -> dict:
             if hasattr(q, k)}
 
 
-def view_params_lesson(q: ParamsLessonQuery) -> dict:
-    toy_cfg = service.calc_config("toy")
-    cfg = service.calc_config(q.preset, **_config_sizes(q))
-    name = {"gpt2-small": "GPT-2 small"}.get(q.preset, q.preset) if cfg == PRESETS[q.preset] else "your model"
-    rows = []
-    for label, c in (("toy", toy_cfg), (name, cfg)):
-        n = service.param_count(c)
-        rows.append({"name": label, "embeddings": f"{n.embeddings:,}", "per_block": f"{n.per_block:,}",
-                     "total": f"{n.total:,}", "count": n, "cfg": c})
-    mine = rows[1]["count"]
-    d = cfg.d_model
-    rule = 12 * d * d
+def view_params_lesson(svc: Service, q: ParamsLessonQuery) -> dict:
+    r = svc.lesson_params(q.preset, _config_sizes(q))
+    rows = [{"name": row.name, "embeddings": f"{row.count.embeddings:,}", "per_block": f"{row.count.per_block:,}",
+             "total": f"{row.count.total:,}", "count": row.count, "cfg": row.cfg} for row in r.rows]
+    mine = r.rows[1].count
     return {
-        "rows": rows, "d": d, "rule": f"{rule:,}", "per_block": f"{mine.per_block:,}",
-        "rule_gap": f"{abs(mine.per_block - rule) / mine.per_block:.2%}",
-        "embedding_share": f"{mine.embeddings / mine.total:.1%}", "name": name,
-        "figures": [{"id": "breakdown", "title": f"Where the parameters of {name} are",
+        "rows": rows, "d": r.rows[1].cfg.d_model, "rule": f"{r.rule:,}", "per_block": f"{mine.per_block:,}",
+        "rule_gap": f"{r.rule_gap:.2%}", "embedding_share": f"{r.embedding_share:.1%}", "name": r.name,
+        "figures": [{"id": "breakdown", "title": f"Where the parameters of {r.name} are",
                      "caption": "Counted components in blue; grey hatched ones exist but add nothing: the tied "
                                 "unembedding reuses the token table, and the causal mask is a constant.",
-                     "figure": _breakdown_figure(mine, cfg, "parameter-breakdown")}],
-        "snippet": snippets.params({"toy": _spec_tuple(toy_cfg), name: _spec_tuple(cfg)}),
+                     "figure": _breakdown_figure(r.groups, "parameter-breakdown")}],
+        "snippet": snippets.params(r.spec_sizes),
     }
 
 
-def view_forward(q: schemas.ForwardQuery) -> dict:
-    check_drawable(len(q.prompt), "characters", "the prompt")
-    f = service.lesson_forward(q.text, q.prompt, q.seed, q.d_model, q.n_heads, q.d_mlp)
-    tokens = list(f.prompt)
-    pattern = f.cache["blocks.0.attn.hook_pattern"]  # [head_index, query_pos, key_pos]
-    mask = np.isneginf(f.cache["blocks.0.attn.hook_attn_scores"][0])
+def view_forward(svc: Service, q: schemas.ForwardQuery) -> dict:
+    svc.check_drawable(len(q.prompt), "characters", "the prompt")
+    r = svc.lesson_forward(q.text, q.prompt, q.seed, q.d_model, q.n_heads, q.d_mlp)
+    f, tokens, pattern, mask = r.lesson, r.tokens, r.patterns, r.mask  # pattern [head_index, query_pos, key_pos]
     probs = f.next_token_probs
     return {
         "steps": [{"name": n, "shape": shape(s)} for n, s in f.steps],
         "probs": [{"char": figures.visible(c), "p": fixed(p, 3), "full": full(p)} for c, p in probs.items()],
-        "vocab": "".join(figures.visible(c) for c in f.vocab), "n_vocab": len(f.vocab), "uniform": fixed(1 / len(f.vocab), 3),
+        "vocab": "".join(figures.visible(c) for c in f.vocab), "n_vocab": len(f.vocab),
+        "uniform": fixed(1 / len(f.vocab), 3),
         "prompt": f.prompt,
         "figures": [
-            {"id": "next-char", "title": f"Next-character probabilities after the prompt",
+            {"id": "next-char", "title": "Next-character probabilities after the prompt",
              "caption": f"With random weights the guess is close to uniform (1/{len(f.vocab)} ≈ "
                         f"{1 / len(f.vocab):.3f}); any preference is noise.",
              "figure": figures.probability_bars(list(probs), list(probs.values()), export_name="next-char")},
@@ -347,42 +279,28 @@ def view_forward(q: schemas.ForwardQuery) -> dict:
 
 # ------------------------------------------------------------------ the calculator
 
-def _kv_lengths(n_ctx: int, seq_len: int) -> list[int]:
-    """Sequence lengths for the cache chart: powers of two up to the longest asked, and that length."""
-    top = max(n_ctx, seq_len)
-    lengths = [2**k for k in range(int(math.log2(top)) + 1)]
-    return sorted(set(lengths) | {n_ctx, seq_len})
-
-
-def view_calculator(q: CalculatorQuery) -> dict:
-    cfg = service.calc_config(q.preset, **_config_sizes(q), n_heads=q.n_heads)
-    count = service.param_count(cfg)
-    kv = service.kv_cache(cfg, q.seq_len, q.batch, q.dtype)
-    lengths = _kv_lengths(cfg.n_ctx, kv.seq_len)
-    powers = [n for n in lengths if n & (n - 1) == 0]
-    ticks = powers[::max(1, math.ceil(len(powers) / 8))]  # at most about 8 labels
-    series = [(f"{dtype} ({size} byte{'s' if size > 1 else ''})", lengths,
-               [service.kv_cache(cfg, n, q.batch, dtype).bytes for n in lengths])
-              for dtype, size in DTYPE_BYTES.items()]
-    entries = [{"name": e.name, "shape": shape(e.shape), "copies": cfg.n_layers if e.per_layer else 1,
-                "counted": e.counted, "total": f"{e.size * (cfg.n_layers if e.per_layer else 1):,}", "note": e.note}
-               for e in count.entries]
+def view_calculator(svc: Service, q: CalculatorQuery) -> dict:
+    r = svc.calculator(q.preset, _config_sizes(q), q.n_heads, q.seq_len, q.batch, q.dtype)
+    cfg, count, kv = r.cfg, r.count, r.kv
+    series = [(f"{dtype} ({size} byte{'s' if size > 1 else ''})", r.lengths, r.kv_by_dtype[dtype])
+              for dtype, size in schemas.DTYPE_BYTES.items()]
+    entries = [{"name": e.name, "shape": shape(e.shape), "copies": e.copies, "counted": e.counted,
+                "total": f"{e.elements:,}", "note": e.note} for e in count.entries]
     return {
         "cfg": cfg, "embeddings": f"{count.embeddings:,}", "per_block": f"{count.per_block:,}",
-        "total": f"{count.total:,}", "entries": entries,
-        "float32_weights": human_bytes(count.total * DTYPE_BYTES["float32"]),
+        "total": f"{count.total:,}", "entries": entries, "float32_weights": human_bytes(r.weights_bytes),
         "kv": kv, "kv_bytes": f"{kv.bytes:,}", "kv_human": human_bytes(kv.bytes), "dtype": q.dtype,
         "figures": [
             {"id": "breakdown", "title": "Where the parameters are",
              "caption": "Counted components in blue; grey hatched ones exist but add nothing (a tied unembedding "
                         "reuses the token table; the causal mask is a constant).",
-             "figure": _breakdown_figure(count, cfg, "parameter-breakdown")},
+             "figure": _breakdown_figure(r.groups, "parameter-breakdown")},
             {"id": "kv-cache", "title": f"KV-cache size vs sequence length (batch {q.batch})",
              "caption": "Keys and values of every layer for every cached token: the cache grows linearly with "
                         "the sequence length, and halves with each halving of the element size.",
              "figure": figures.line_chart(series, x_title="sequence length (tokens)", y_title="cache size (bytes)",
                                           export_name="kv-cache-vs-length", x_log=True, y_log=True,
-                                          y_hover=",.0f", y_tickformat="~s", x_tickvals=ticks)},
+                                          y_hover=",.0f", y_tickformat="~s", x_tickvals=r.ticks)},
         ],
     }
 
@@ -395,7 +313,7 @@ class Page:
     title: str
     summary: str
     query: type[BaseModel]
-    build: Callable[[BaseModel], dict]
+    build: Callable[[Service, BaseModel], dict]
     api: tuple[str, ...]  # the JSON endpoints that answer the same query
 
 
@@ -475,20 +393,15 @@ API_QUERY = {"/api/v1/lessons/attention": schemas.AttentionQuery, "/api/v1/lesso
              "/api/v1/kv-cache": schemas.KVCacheQuery}
 
 
-def render(request: Request, page: Page, path: str, template: str) -> HTMLResponse:
-    headers = request.headers
-    history_restore = headers.get("hx-history-restore-request") == "true"
-    fragment = headers.get("hx-request") == "true" and not history_restore
+def render(request: Request, svc: Service, page: Page, path: str, template: str) -> HTMLResponse:
     given = _given(request.query_params)
-    classroom = (request.query_params.get("classroom") or "0").lower() in _TRUE
+    classroom = web.is_on(request.query_params, "classroom")
     q, view, error = None, None, None
     try:
         q = page.query.model_validate(given)
-        view = page.build(q)
-    except ValidationError as exc:
-        error = "; ".join(_readable(e)["msg"] for e in exc.errors())
-    except (ValueError, TypeError) as exc:
-        error = str(exc)
+        view = page.build(svc, q)
+    except web.PAGE_ERRORS as exc:
+        error = web.error_message(exc)
     state = canonical(q) if q is not None else dict(given)
     if classroom:
         state["classroom"] = "1"
@@ -501,52 +414,49 @@ def render(request: Request, page: Page, path: str, template: str) -> HTMLRespon
     context = {
         "page": page, "lessons": LESSONS, "view": view, "error": error, "values": _field_values(page, given, q),
         "url": url, "path": path, "classroom": classroom, "form_id": "lesson",
-        "nav": "params" if page is CALCULATOR else "lessons", "presets": list(PRESETS), "dtypes": list(DTYPE_BYTES),
-        "limits": schemas.S, "max_seed": schemas.MAX_SEED,
+        "nav": "params" if page is CALCULATOR else "lessons", "presets": list(schemas.PRESETS),
+        "dtypes": list(schemas.DTYPE_BYTES), "limits": svc.settings, "max_seed": schemas.MAX_SEED,
     }
-    status = 422 if error and not history_restore else 200
-    response_headers = {"Vary": "HX-Request"}
-    if fragment:
-        response_headers["HX-Push-Url"] = url
-        return templates.TemplateResponse(request, template, context, block_name="results",
-                                          status_code=status, headers=response_headers)
-    return templates.TemplateResponse(request, template, context, status_code=status, headers=response_headers)
+    return web.render(request, template, context, url=url, error=error)
 
 
 # ------------------------------------------------------------------ routes
 
+def _index(request: Request, missing: str | None = None) -> HTMLResponse:
+    context = {"lessons": LESSONS, "nav": "lessons", "classroom": False, "form_id": None}
+    if missing is not None:
+        context["missing"] = missing
+    return web.templates.TemplateResponse(request, "lessons/index.html", context,
+                                          status_code=404 if missing is not None else 200)
+
+
 @router.get("/lessons", response_class=HTMLResponse, summary="The lessons")
 def index(request: Request) -> HTMLResponse:
-    return templates.TemplateResponse(request, "lessons/index.html",
-                                      {"lessons": LESSONS, "nav": "lessons", "classroom": False, "form_id": None})
+    return _index(request)
 
 
 @router.get("/lessons/{slug}", response_class=HTMLResponse, summary="One lesson")
-def lesson(request: Request, slug: str) -> HTMLResponse:
+def lesson(request: Request, slug: str, svc: ServiceDep) -> HTMLResponse:
     page = BY_SLUG.get(slug)
     if page is None:
-        return templates.TemplateResponse(request, "lessons/index.html",
-                                          {"lessons": LESSONS, "nav": "lessons", "classroom": False, "form_id": None,
-                                           "missing": slug}, status_code=404)
-    return render(request, page, f"/lessons/{slug}", f"lessons/{slug}.html")
+        return _index(request, missing=slug)
+    return render(request, svc, page, f"/lessons/{slug}", f"lessons/{slug}.html")
 
 
 @router.get("/lessons/{slug}/snippet.py", response_class=PlainTextResponse, summary="A lesson's NumPy snippet")
-def snippet(request: Request, slug: str) -> PlainTextResponse:
+def snippet(request: Request, slug: str, svc: ServiceDep) -> PlainTextResponse:
     """The snippet of the view this query shows, as a file (the page's download link)."""
     page = BY_SLUG.get(slug)
     if page is None or page.slug == "calculator":
         return PlainTextResponse(f"there is no lesson {slug!r}: see /lessons", status_code=404)
     try:
-        view = page.build(page.query.model_validate(_given(request.query_params)))
-    except ValidationError as exc:
-        return PlainTextResponse("; ".join(_readable(e)["msg"] for e in exc.errors()), status_code=422)
-    except (ValueError, TypeError) as exc:
-        return PlainTextResponse(str(exc), status_code=422)
+        view = page.build(svc, page.query.model_validate(_given(request.query_params)))
+    except web.PAGE_ERRORS as exc:
+        return PlainTextResponse(web.error_message(exc), status_code=422)
     return PlainTextResponse(view["snippet"], media_type="text/x-python; charset=utf-8",
                              headers={"Content-Disposition": f'attachment; filename="{slug}.py"'})
 
 
 @router.get("/params", response_class=HTMLResponse, summary="The parameter and KV-cache calculator")
-def calculator(request: Request) -> HTMLResponse:
-    return render(request, CALCULATOR, "/params", "params.html")
+def calculator(request: Request, svc: ServiceDep) -> HTMLResponse:
+    return render(request, svc, CALCULATOR, "/params", "params.html")

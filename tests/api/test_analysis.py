@@ -7,9 +7,10 @@ directly, so a wrong formula anywhere in the chain fails.
 import numpy as np
 import pytest
 
-from app import registry, service
+from app.catalog import build_catalog
 from app.settings import get_settings
-from core import analysis, run_with_cache
+from core import run_with_cache
+from core.params import forward_work
 
 from .conftest import messages
 
@@ -31,7 +32,7 @@ def error(client, path, **body) -> str:
 
 def toy_model(text, **toggles):
     """The toy model's config, weights and token ids exactly as the API builds them (for core checks)."""
-    model = registry.get("toy")
+    model = build_catalog(get_settings())["toy"]
     encoding = model.tokenizer.encode(text)
     cfg = model.configure({k: v for k, v in toggles.items() if k in ("n_heads", "n_layers", "d_model")},
                           len(encoding.ids))
@@ -231,7 +232,7 @@ def test_rollout_rows_sum_to_one(client, toggles):
 
 @pytest.fixture(scope="module")
 def minilm():
-    model = registry.models().get(MINILM_NAME)
+    model = build_catalog(get_settings()).get(MINILM_NAME)
     if model is None or model.error:
         pytest.skip(f"{MINILM_NAME} is not runnable here: {model and model.error}")
     return MINILM_NAME
@@ -292,5 +293,5 @@ def test_limits_are_in_the_schema_and_enforced(client):
 
 
 def test_a_pass_without_logits_is_priced_without_the_unembedding():
-    cfg = registry.get("toy").cfg
-    assert service.forward_work(cfg, 10) - service.forward_work(cfg, 10, logits=False) == 10 * cfg.d_model * cfg.d_vocab
+    cfg = build_catalog(get_settings())["toy"].cfg
+    assert forward_work(cfg, 10) - forward_work(cfg, 10, logits=False) == 10 * cfg.d_model * cfg.d_vocab

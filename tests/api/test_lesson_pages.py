@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from app import service, snippets
+from core import count_params
 from core import lessons
 
 HX = {"HX-Request": "true"}
@@ -68,7 +69,7 @@ def error_text(text: str) -> str:
 
 # ------------------------------------------------------------------ the spec's numbers, by default
 
-def test_attention_page_prints_the_spec_table_and_the_last_scores(client):
+def test_attention_page_prints_the_spec_table_and_the_last_scores(client, svc):
     r = client.get("/lessons/attention")
     assert r.status_code == 200
     t = tables(r.text)["weights-table"]
@@ -80,7 +81,7 @@ def test_attention_page_prints_the_spec_table_and_the_last_scores(client):
     last = r.text[r.text.index('id="last-scores"'):]
     assert [s for s in ("4.15", "0.69", "-0.52", "-2.84") if s in last[:600]] == ["4.15", "0.69", "-0.52", "-2.84"]
     # full precision on hover: each cell's title is the service's float
-    w = service.lesson_attention(lessons.DEFAULT_TEXT, 0, 8, 4, False, True).lesson.result.weights
+    w = svc.lesson_attention(lessons.DEFAULT_TEXT, 0, 8, 4, False, True).lesson.result.weights
     assert [float(x) for x in titles(r.text, "weights-table")[1][1:5]] == list(w[0])
 
 
@@ -142,10 +143,10 @@ def test_calculator_opens_on_gpt2_small(client):
 
 # ------------------------------------------------------------------ other settings: the service's numbers
 
-def test_attention_table_follows_the_settings(client):
+def test_attention_table_follows_the_settings(client, svc):
     query = {"text": "the cat sat on the mat", "seed": 5, "d_model": 16, "d_k": 8, "causal": "true", "scale": "false"}
     t = tables(client.get("/lessons/attention?" + urlencode(query)).text)["weights-table"]
-    w = service.lesson_attention(query["text"], 5, 16, 8, True, False).lesson.result.weights
+    w = svc.lesson_attention(query["text"], 5, 16, 8, True, False).lesson.result.weights
     assert len(t) == 1 + 6
     assert [row[1:7] for row in t[1:]] == [[f"{v:.2f}" for v in row] for row in w]
 
@@ -155,7 +156,7 @@ def test_calculator_follows_preset_sizes_batch_and_dtype(client):
     r = client.get("/params?" + urlencode(query))
     cfg = service.calc_config("gpt2-xl", n_layers=10)
     kv = service.kv_cache(cfg, 2048, 4, "int8").bytes
-    assert f'<dd id="total">{service.param_count(cfg).total:,}</dd>' in r.text
+    assert f'<dd id="total">{count_params(cfg).total:,}</dd>' in r.text
     assert f"{kv:,}" in r.text
     rows = tables(r.text)["entries-table"]
     assert any(row[0] == "unembed.W_U" and row[3] == "not counted" for row in rows)

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from app import pretrained
-from app.settings import get_settings
 from core import count_params
 from core.checkpoints import read_spec
 
@@ -23,8 +22,8 @@ ATOL = 1e-4  # as in tests/core/test_parity.py: the API must not lose precision 
 
 
 @pytest.fixture
-def models_dir(tmp_path, monkeypatch):
-    """EXPLORER_MODELS_DIR with a GPT-2 and a BERT fixture and three folders that cannot run."""
+def models_dir(tmp_path):
+    """An EXPLORER_MODELS_DIR with a GPT-2 and a BERT fixture and three folders that cannot run."""
     root = tmp_path / "models"
     for name in ("gpt2-tiny", "bert-tiny"):
         shutil.copytree(FIXTURES / name, root / name)
@@ -34,10 +33,13 @@ def models_dir(tmp_path, monkeypatch):
     config = root / "llama-ish" / "config.json"
     config.write_text(json.dumps(json.loads(config.read_text()) | {"model_type": "llama"}))
     shutil.copytree(FIXTURES / "gpt2-tiny", root / "toy")  # a built-in model's name
-    monkeypatch.setenv("EXPLORER_MODELS_DIR", str(root))
-    get_settings.cache_clear()
-    yield root
-    get_settings.cache_clear()  # the next call reads the environment without our variable
+    return root
+
+
+@pytest.fixture
+def dir_client(client_with, models_dir):
+    """The app started with EXPLORER_MODELS_DIR set to `models_dir`."""
+    return client_with(models_dir=models_dir)
 
 
 def listed(client) -> dict[str, dict]:
@@ -46,8 +48,8 @@ def listed(client) -> dict[str, dict]:
     return {m["name"]: m for m in r.json()["models"]}
 
 
-def test_models_lists_minilm_and_the_folders(client, models_dir):
-    models = listed(client)
+def test_models_lists_minilm_and_the_folders(dir_client, models_dir):
+    models = listed(dir_client)
     minilm = models[pretrained.MINILM_NAME]
     assert minilm["kind"] == "pretrained" and minilm["runnable"] and minilm["is_encoder"]
     assert minilm["config"]["n_layers"] == 6 and minilm["config"]["d_model"] == 384
@@ -75,9 +77,9 @@ def test_minilm_runs_at_parity_through_the_api(client):
     np.testing.assert_allclose(body["hooks"]["blocks.5.hook_resid_post"], ref["case0_last_hidden_state"], atol=ATOL)
 
 
-def test_gpt2_folder_runs_at_parity_through_the_api(client, models_dir):
+def test_gpt2_folder_runs_at_parity_through_the_api(dir_client, models_dir):
     ref = np.load(FIXTURES / "gpt2-tiny.npz")
-    r = client.post("/api/v1/run", json={"model": "gpt2-tiny", "text": str(ref["case1_text"]), "top_k": 5,
+    r = dir_client.post("/api/v1/run", json={"model": "gpt2-tiny", "text": str(ref["case1_text"]), "top_k": 5,
                                          "hooks": ["blocks.1.attn.hook_pattern"]})
     assert r.status_code == 200, r.text
     body = r.json()
@@ -92,11 +94,11 @@ def test_gpt2_folder_runs_at_parity_through_the_api(client, models_dir):
     np.testing.assert_allclose([t["prob"] for t in body["top_k"]], probs[best], atol=ATOL)
 
 
-def test_gpt2_attention_toggles_apply(client, models_dir):
+def test_gpt2_attention_toggles_apply(dir_client, models_dir):
     hook = "blocks.0.attn.hook_pattern"
     req = {"model": "gpt2-tiny", "text": "The cat sat", "hooks": [hook]}
-    causal = np.array(client.post("/api/v1/run", json=req).json()["hooks"][hook])
-    both = np.array(client.post("/api/v1/run", json=req | {"causal": False}).json()["hooks"][hook])
+    causal = np.array(dir_client.post("/api/v1/run", json=req).json()["hooks"][hook])
+    both = np.array(dir_client.post("/api/v1/run", json=req | {"causal": False}).json()["hooks"][hook])
     assert np.all(np.triu(causal, k=1) == 0) and np.any(np.triu(both, k=1) > 0)
 
 
@@ -105,37 +107,38 @@ def test_gpt2_attention_toggles_apply(client, models_dir):
     ("gpt2-tiny", "n_heads", 2),  # trained weights have the sizes they have
     ("gpt2-tiny", "seed", 3),
 ])
-def test_toggles_a_pretrained_model_refuses(client, models_dir, model, field, value):
-    r = client.post("/api/v1/run", json={"model": model, "text": "The cat", field: value})
+def test_toggles_a_pretrained_model_refuses(dir_client, models_dir, model, field, value):
+    r = dir_client.post("/api/v1/run", json={"model": model, "text": "The cat", field: value})
     assert r.status_code == 422 and field in messages(r)
 
 
-def test_broken_and_too_long_are_422(client, models_dir):
-    r = client.post("/api/v1/run", json={"model": "no-tokenizer", "text": "The cat"})
+def test_broken_and_too_long_are_422(dir_client, models_dir):
+    r = dir_client.post("/api/v1/run", json={"model": "no-tokenizer", "text": "The cat"})
     assert r.status_code == 422 and "tokenizer.json" in messages(r)
     n_ctx = read_spec(FIXTURES / "gpt2-tiny").cfg.n_ctx
-    r = client.post("/api/v1/run", json={"model": "gpt2-tiny", "text": "a " * (2 * n_ctx)})
+    r = dir_client.post("/api/v1/run", json={"model": "gpt2-tiny", "text": "a " * (2 * n_ctx)})
     assert r.status_code == 422 and f"n_ctx={n_ctx}" in messages(r)
 
 
-def test_weights_broken_beyond_config_become_the_listed_reason(client, models_dir):
+def test_weights_broken_beyond_config_become_the_listed_reason(client_with, models_dir):
     """config.json can look fine while model.safetensors is not: the first run finds out and
     from then on the listing says why."""
     bad = models_dir / "truncated"
     shutil.copytree(FIXTURES / "gpt2-tiny", bad)
     data = (bad / "model.safetensors").read_bytes()
     (bad / "model.safetensors").write_bytes(data[: len(data) // 2])
-    assert listed(client)["truncated"]["runnable"]  # its config.json is fine
-    r = client.post("/api/v1/run", json={"model": "truncated", "text": "The cat"})
+    dir_client = client_with(models_dir=models_dir)
+    assert listed(dir_client)["truncated"]["runnable"]  # its config.json is fine
+    r = dir_client.post("/api/v1/run", json={"model": "truncated", "text": "The cat"})
     assert r.status_code == 422 and "model.safetensors" in messages(r)
-    after = listed(client)["truncated"]
+    after = listed(dir_client)["truncated"]
     assert not after["runnable"] and "model.safetensors" in after["error"]
 
 
 # ---------------------------------------------------------------------------- loading: once, within budget
 
-def make_catalog(mb: int) -> pretrained.Catalog:
-    return pretrained.Catalog(FIXTURES, mb * 2**20)
+def make_catalog(mb: int) -> pretrained.Checkpoints:
+    return pretrained.Checkpoints(FIXTURES, mb * 2**20)
 
 
 def test_concurrent_first_requests_load_once():
@@ -158,7 +161,7 @@ def test_concurrent_first_requests_load_once():
 
 def test_memory_budget_drops_the_least_recently_used():
     sizes = {name: 4 * count_params(read_spec(FIXTURES / name).cfg).total for name in ("gpt2-tiny", "bert-tiny")}
-    catalog = pretrained.Catalog(FIXTURES, max(sizes.values()) + min(sizes.values()) // 2)  # room for one
+    catalog = pretrained.Checkpoints(FIXTURES, max(sizes.values()) + min(sizes.values()) // 2)  # room for one
     gpt2, bert = catalog.entries["gpt2-tiny"], catalog.entries["bert-tiny"]
     gpt2.params()
     assert catalog.budget.loaded() == ["gpt2-tiny"]
@@ -169,6 +172,6 @@ def test_memory_budget_drops_the_least_recently_used():
 
 
 def test_a_model_larger_than_the_budget_says_so():
-    catalog = pretrained.Catalog(None, 1 * 2**20)  # 1 MB: MiniLM needs about 87
+    catalog = pretrained.Checkpoints(None, 1 * 2**20)  # 1 MB: MiniLM needs about 87
     with pytest.raises(ValueError, match="EXPLORER_PRETRAINED_MEMORY_MB"):
         catalog.entries[pretrained.MINILM_NAME].params()

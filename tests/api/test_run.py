@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from app import registry
+from app.catalog import PARAMS_CACHE_SIZE
 from core import hook_names
 
 from .conftest import messages
@@ -74,28 +74,28 @@ def test_same_seed_same_weights_and_position_toggle_keeps_weights(client):
 
 def test_toy_params_are_drawn_once_per_config_and_seed(client):
     run(client, model="toy", text="abc", seed=11)
-    cache = registry._toy_cache
+    cache = client.app.state.catalog.toy_cache
     key = next(k for k in cache._items if k[1] == 11)
     first = cache._items[key]
     run(client, model="toy", text="xyz", seed=11, causal=False)
     assert cache._items[key] is first  # reused, not redrawn
-    for seed in range(20, 20 + registry.PARAMS_CACHE_SIZE + 2):
+    for seed in range(20, 20 + PARAMS_CACHE_SIZE + 2):
         run(client, model="toy", text="a", seed=seed)
-    assert len(cache) == registry.PARAMS_CACHE_SIZE
+    assert len(cache) == PARAMS_CACHE_SIZE
 
 
 def test_toy_accepts_any_unicode(client):
     text = "héllo 🙂 مرحبا e\u0301"
     r = run(client, model="toy", text=text, top_k=1)
     assert r["tokens"] == list(text)
-    unk = len(registry.models()["toy"].tokenizer.vocab) - 1
+    unk = len(client.app.state.catalog["toy"].tokenizer.vocab) - 1
     assert r["token_ids"][1] == unk and r["token_ids"][0] == ord("h") - 32
 
 
 def test_hooks_endpoint(client):
     h = client.get("/api/v1/hooks", params={"model": "toy", "n_layers": 3, "positional_embedding_type": "rotary"}).json()
     names = [x["name"] for x in h["hooks"]]
-    assert names == hook_names(registry.models()["toy"].cfg.replace(n_layers=3, positional_embedding_type="rotary"))
+    assert names == hook_names(client.app.state.catalog["toy"].cfg.replace(n_layers=3, positional_embedding_type="rotary"))
     assert "blocks.2.attn.hook_rot_q" in names
     assert {x["name"]: x["shape"] for x in h["hooks"]}["blocks.0.attn.hook_pattern"] == "[head_index, query_pos, key_pos]"
 

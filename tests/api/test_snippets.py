@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from app import service, snippets
+from core import count_params
 from core import lessons
 
 # The spec's printed output, section by section (spec/transformers-in-depth.txt).
@@ -117,8 +118,8 @@ def close(a, b) -> bool:
     ("one two three", 123, 5, 3, True, False),
     ("solo", 3, 4, 2, True, True),
 ])
-def test_attention_snippet_matches_the_service(text, seed, d_model, d_k, causal, scale):
-    r = service.lesson_attention(text, seed, d_model, d_k, causal, scale)
+def test_attention_snippet_matches_the_service(text, seed, d_model, d_k, causal, scale, svc):
+    r = svc.lesson_attention(text, seed, d_model, d_k, causal, scale)
     ns, printed = run(snippets.attention(text, seed, d_model, d_k, causal, scale))
     assert ns["tokens"] == r.lesson.tokens
     assert close(ns["Q"], r.lesson.Q) and close(ns["K"], r.lesson.K) and close(ns["V"], r.lesson.V)
@@ -131,8 +132,8 @@ def test_attention_snippet_matches_the_service(text, seed, d_model, d_k, causal,
 
 @pytest.mark.parametrize("text, seed, d_model, d_k, scale", [
     (TEXT, 0, 8, 4, True), ("a b c d e f", 9, 16, 8, True), ("x y", 2, 3, 5, False)])
-def test_causal_snippet_matches_the_service(text, seed, d_model, d_k, scale):
-    r = service.lesson_attention(text, seed, d_model, d_k, causal=True, scale=scale)
+def test_causal_snippet_matches_the_service(text, seed, d_model, d_k, scale, svc):
+    r = svc.lesson_attention(text, seed, d_model, d_k, causal=True, scale=scale)
     ns, _ = run(snippets.causal(text, seed, d_model, d_k, scale))
     assert (ns["mask"] == r.lesson.mask).all() and r.lesson.mask.any()
     assert close(ns["weights"], r.lesson.result.weights)
@@ -145,8 +146,8 @@ def test_causal_snippet_matches_the_service(text, seed, d_model, d_k, scale):
     ("a b c d e", 5, 12, 3, False, False),
     ("a b c", 0, 6, 1, True, False),
 ])
-def test_multihead_snippet_matches_the_service(text, seed, d_model, n_heads, causal, scale):
-    m = service.lesson_multihead(text, seed, d_model, n_heads, causal, scale)
+def test_multihead_snippet_matches_the_service(text, seed, d_model, n_heads, causal, scale, svc):
+    m = svc.lesson_multihead(text, seed, d_model, n_heads, causal, scale)
     ns, printed = run(snippets.multihead(text, seed, d_model, n_heads, causal, scale))
     assert close(ns["weights"], m.result.weights)
     assert close(ns["out"], m.output)
@@ -158,18 +159,18 @@ def test_multihead_snippet_matches_the_service(text, seed, d_model, n_heads, cau
     (20, 8, ((0, 3), (1, 4), (2, 2))),
     (100, 32, ((10, 20), (10, 40), (50, 60))),
 ])
-def test_positions_snippet_matches_the_service(n_pos, d, pairs):
-    p = service.lesson_positions(n_pos, d, pairs)
+def test_positions_snippet_matches_the_service(n_pos, d, pairs, svc):
+    p = svc.lesson_positions(n_pos, d, pairs)
     ns, printed = run(snippets.positions(n_pos, d, pairs))
     assert close(ns["pe"], p.encoding)
     dot_lines = printed.strip().splitlines()[-len(pairs):]
-    for line, (i, j, dot) in zip(dot_lines, p.dots):
+    for line, (i, j, dot) in zip(dot_lines, p.lesson.dots):
         assert line.startswith(f"pos {i} vs pos {j:<3} dot = {dot:.2f}")
 
 
-def test_scaling_snippet_matches_the_service():
+def test_scaling_snippet_matches_the_service(svc):
     dims, n_queries, n_keys, seed = (2, 32, 300), 200, 8, 5
-    rows = service.lesson_scaling(dims, n_queries, n_keys, seed)
+    rows = svc.lesson_scaling(dims, n_queries, n_keys, seed)
     _, printed = run(snippets.scaling(dims, n_queries, n_keys, seed))
     expected = "".join(f"d={r.d:<4} std of q.k = {r.std:5.1f}   avg top weight: unscaled "
                        f"{r.top_weight_unscaled:.2f}, scaled {r.top_weight_scaled:.2f}\n" for r in rows)
@@ -182,7 +183,7 @@ def test_scaling_snippet_matches_the_service():
     {"d_vocab": 50257, "n_ctx": 1024, "d_model": 1600, "n_layers": 48},
 ])
 def test_params_snippet_matches_the_service(sizes):
-    count = service.param_count(service.calc_config(None, **sizes))
+    count = count_params(service.calc_config(None, **sizes))
     cfg = (sizes["d_vocab"], sizes["n_ctx"], sizes["d_model"], sizes["n_layers"]) + (
         (sizes["d_mlp"],) if "d_mlp" in sizes else ())
     ns, printed = run(snippets.params({"mine": cfg}))
@@ -195,14 +196,14 @@ def test_params_snippet_matches_the_service(sizes):
     ("hello world", "low", 3, 8, 4, 16),
     ("abc", "cab", 0, 6, 3, 10),
 ])
-def test_forward_snippet_matches_the_service(text, prompt, seed, d_model, n_heads, d_mlp):
-    f = service.lesson_forward(text, prompt, seed, d_model, n_heads, d_mlp)
+def test_forward_snippet_matches_the_service(text, prompt, seed, d_model, n_heads, d_mlp, svc):
+    f = svc.lesson_forward(text, prompt, seed, d_model, n_heads, d_mlp)
     ns, printed = run(snippets.forward(text, prompt, seed, d_model, n_heads, d_mlp))
     assert ns["vocab"] == f.vocab
     assert close(ns["logits"], f.logits)
     assert close(ns["p"], list(f.next_token_probs.values()))
-    assert [line.split()[-1] for line in printed.splitlines()[:2]] == [str(f.steps[0][1][-1]) + ")",
-                                                                      str(f.steps[1][1][-1]) + ")"]
+    assert [line.split()[-1] for line in printed.splitlines()[:2]] == [str(f.lesson.steps[0][1][-1]) + ")",
+                                                                      str(f.lesson.steps[1][1][-1]) + ")"]
 
 
 # words (no spaces: the lessons split on them) that would break out of a naively built literal

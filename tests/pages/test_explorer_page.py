@@ -10,17 +10,10 @@ from urllib.parse import parse_qs, urlparse
 
 import numpy as np
 import pytest
-from fastapi.testclient import TestClient
 
-from app.main import app
 from app.settings import get_settings
 
 HX = {"HX-Request": "true"}
-
-
-@pytest.fixture(scope="module")
-def client():
-    return TestClient(app)
 
 
 def figures_by_card(page: str) -> dict[str, dict]:

@@ -10,18 +10,10 @@ from urllib.parse import parse_qs, urlparse
 
 import numpy as np
 import pytest
-from fastapi.testclient import TestClient
 
-from app import registry
-from app.main import app
 
 HX = {"HX-Request": "true"}
 MINILM = "all-MiniLM-L6-v2"
-
-
-@pytest.fixture(scope="module")
-def client():
-    return TestClient(app)
 
 
 def cards(page: str) -> dict[str, dict]:
@@ -116,7 +108,8 @@ def test_compare_page_draws_both_sides_and_their_difference(client):
 
 
 def test_views_that_do_not_apply_say_why(client):
-    if MINILM not in registry.models() or registry.models()[MINILM].error:
+    models = client.app.state.catalog
+    if MINILM not in models or models[MINILM].error:
         pytest.skip(f"{MINILM} is not runnable here")
     for view in ("decompose", "lens", "kvcache"):
         page = client.get("/inspect", params={"view": view, "model": MINILM})

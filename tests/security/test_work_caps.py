@@ -2,7 +2,7 @@
 before any computing, and /healthz keeps answering while the heaviest ones run side by side;
 past the concurrency limit the server answers 503 + Retry-After.
 
-The heaviest request is found with the service's own cost formulas (app/service.py), so the test
+The heaviest request is found with the service's own cost formulas (core/params.py), so the test
 follows the limits wherever they are set; the server then confirms it is allowed (200)."""
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ import httpx
 import pytest
 
 import liveserver
-from app import service
+from app.catalog import build_catalog
 from app.settings import get_settings
 from core import count_params
+from core.params import forward_work, largest_array
 
 S = get_settings()
 RUN = "/api/v1/run"
@@ -26,7 +27,7 @@ HEALTH_WITHIN_S = 5.0  # generous: a liveness probe must not wait behind the com
 def _cost(cfg, n: int) -> tuple[int, int]:
     """(multiply-adds incl. drawing the weights, largest array) of a run with one ablated head,
     which the service prices as two forward passes."""
-    return count_params(cfg).total + 2 * service.forward_work(cfg, n), service.largest_array(cfg, n)
+    return count_params(cfg).total + 2 * forward_work(cfg, n), largest_array(cfg, n)
 
 
 def _allowed(cfg, n: int) -> bool:
@@ -36,7 +37,7 @@ def _allowed(cfg, n: int) -> bool:
 
 def heaviest_toy_run() -> tuple[dict, dict]:
     """The allowed toy run with the most work, and one token more (refused)."""
-    toy = service.get_model("toy")
+    toy = build_catalog(S)["toy"]
     best = None
     for d_model in (64, 128, 256, 512):
         for n_layers in range(1, S.max_layers + 1):

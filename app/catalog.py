@@ -1,7 +1,9 @@
-"""The models this server can run, by name: built-in toys now, Hugging Face checkpoints later.
+"""The models this server can run, by name: the built-in toys and the pretrained checkpoints.
 
 A `Model` knows its default config, its tokeniser, which toggles it accepts, and how to get
-weights for a config. The service layer (app/service.py) checks a request against the limits
+weights for a config. The catalogue is built once, when the app starts (app/main.py's lifespan),
+kept on `app.state` and handed to the service (app/deps.py): listing reads config.json files
+only, and nothing heavy happens at import. The service checks a request against the limits
 *before* asking for weights, because drawing or loading them is the expensive part.
 """
 
@@ -9,20 +11,25 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from core import PRESETS, TransformerConfig, init_params, lessons
+from core import PRESETS, InputError, TransformerConfig, init_params, lessons
 from core.model import Params
 from core.tokenizers import AsciiTokenizer, CharTokenizer, Encoding, Tokenizer
 
-from .settings import get_settings
+from . import pretrained
+from .settings import Settings
 
 # The run request's toggles, by kind: attention toggles change how a model computes, size
 # toggles (and seed) change which weights it has.
 ATTENTION_TOGGLES = ("causal", "scale", "temperature", "positional_embedding_type")
 SIZE_TOGGLES = ("n_heads", "n_layers", "d_model", "seed")
+# Trained weights are what they are: only the attention toggles apply, and an encoder has no
+# causal toggle (it was trained to see both ways).
+DECODER_TOGGLES = tuple(t for t in ATTENTION_TOGGLES if t != "positional_embedding_type")
+ENCODER_TOGGLES = tuple(t for t in DECODER_TOGGLES if t != "causal")
 
 # How many drawn toy models stay in memory; each is at most settings.max_params floats.
 PARAMS_CACHE_SIZE = 4
@@ -42,9 +49,23 @@ class Model:
     default_text: str = ""
     is_encoder: bool = False  # bidirectional, no next-token prediction
     draws_weights: bool = True  # weights are drawn at random per request (counts towards the work)
-    error: str | None = None  # why this model cannot run (a broken checkpoint folder)
     # (default cfg, requested sizes, number of tokens) -> the cfg to run
     make_cfg: Callable[[TransformerConfig, dict[str, int], int], TransformerConfig] | None = None
+    loader: pretrained.CheckpointLoader | None = None  # a checkpoint's, whose error can appear after a load
+    static_error: str | None = None  # why a folder cannot run, known when it was found
+
+    @property
+    def config(self) -> TransformerConfig:  # the API's name for it
+        return self.cfg
+
+    @property
+    def runnable(self) -> bool:
+        return self.error is None
+
+    @property
+    def error(self) -> str | None:
+        """Why this model cannot run, or None (a checkpoint may only find out when it first loads)."""
+        return self.static_error or (self.loader.error if self.loader is not None else None)
 
     def configure(self, sizes: dict[str, int], n_tokens: int) -> TransformerConfig:
         """This model's config with the requested sizes (n_heads, n_layers, d_model) applied."""
@@ -87,11 +108,10 @@ class ParamsCache:
         return len(self._items)
 
 
-_toy_cache = ParamsCache(PARAMS_CACHE_SIZE)
+# ------------------------------------------------------------------ the built-in models
 
-
-def _weights_key(cfg: TransformerConfig) -> TransformerConfig:
-    """The config that decides the weights: attention toggles and the position scheme do not.
+def weights_key(cfg: TransformerConfig) -> TransformerConfig:
+    """The config that decides a toy's weights: attention toggles and the position scheme do not.
 
     Drawing always as if positions were learned keeps the random stream identical, so flipping
     the position scheme or the mask changes how the same weights are used, not the weights.
@@ -99,13 +119,6 @@ def _weights_key(cfg: TransformerConfig) -> TransformerConfig:
     return cfg.replace(positional_embedding_type="learned", attention_dir="causal",
                        use_attn_scale=True, attn_temperature=1.0)
 
-
-def _toy_params(cfg: TransformerConfig, seed: int, encoding: Encoding) -> Params:
-    key_cfg = _weights_key(cfg)
-    return _toy_cache.get((key_cfg, seed), lambda: init_params(key_cfg, seed))
-
-
-# ------------------------------------------------------------------ spec-forward
 
 class SpecCharTokenizer:
     """The spec's forward-pass vocabulary (" aeiklmns"), adapted to the Tokenizer protocol."""
@@ -118,9 +131,6 @@ class SpecCharTokenizer:
 
     def token_str(self, token_id: int) -> str:
         return self.chars.vocab[token_id]
-
-
-_SPEC = lessons.forward()  # the spec's model with its defaults (tiny: 9 × 16 embeddings)
 
 
 def _spec_forward_cfg(cfg: TransformerConfig, sizes: dict[str, int], n_tokens: int) -> TransformerConfig:
@@ -136,46 +146,85 @@ def _spec_forward_params(cfg: TransformerConfig, seed: int, encoding: Encoding) 
                            d_mlp=cfg.d_mlp).params
 
 
-def _built_in() -> dict[str, Model]:
-    spec_text = "nasi lemak"  # the spec's corpus: its sorted characters are the vocabulary
+def built_in_models(toy_cache: ParamsCache) -> dict[str, Model]:
+    spec = lessons.forward()  # the spec's model with its defaults (tiny: 9 × 16 embeddings)
     toy_tokenizer = AsciiTokenizer()
     toy_cfg = PRESETS["toy"].replace(d_vocab=len(toy_tokenizer.vocab), n_ctx=1024)
+
+    def toy_params(cfg: TransformerConfig, seed: int, encoding: Encoding) -> Params:
+        key_cfg = weights_key(cfg)
+        return toy_cache.get((key_cfg, seed), lambda: init_params(key_cfg, seed))
+
     return {
         "spec-forward": Model(
             name="spec-forward", kind="toy",
             description=("The spec's \"A full forward pass\" model: characters of \"nasi lemak\", one block, "
                          "two heads, d_model 16, ReLU, no biases, scale-free layer norm, random weights "
                          "drawn the spec's way. \"nasi \" gives the spec's next-character probabilities."),
-            cfg=_SPEC.cfg, tokenizer=SpecCharTokenizer(spec_text), load_params=_spec_forward_params,
+            cfg=spec.cfg, tokenizer=SpecCharTokenizer("".join(spec.vocab)), load_params=_spec_forward_params,
             toggles=ATTENTION_TOGGLES + ("n_heads", "d_model", "seed"),
-            default_seed=42, default_text=_SPEC.prompt, make_cfg=_spec_forward_cfg,
+            default_seed=42, default_text=spec.prompt, make_cfg=_spec_forward_cfg,
         ),
         "toy": Model(
             name="toy", kind="toy",
             description=("A character-level GPT-style decoder with random weights: printable ASCII plus "
                          "[UNK] for any other character, 2 layers of 4 heads, d_model 64, learned positions, "
                          "GELU, pre-norm. Every toggle applies."),
-            cfg=toy_cfg, tokenizer=toy_tokenizer, load_params=_toy_params,
+            cfg=toy_cfg, tokenizer=toy_tokenizer, load_params=toy_params,
             default_seed=0, default_text="Ali makan nasi lemak",
         ),
     }
 
 
-_MODELS = _built_in()
+# ------------------------------------------------------------------ pretrained checkpoints as models
+
+def _checkpoint_model(name: str, entry: pretrained.CheckpointLoader | pretrained.Broken) -> Model:
+    if isinstance(entry, pretrained.Broken):
+        return Model(name=name, kind="pretrained", description="cannot run: see error", cfg=entry.cfg,
+                     tokenizer=None, load_params=None, toggles=(), draws_weights=False, static_error=entry.error)
+    spec = entry.spec
+    return Model(
+        name=name, kind="pretrained", description=f"{spec.description}; {entry.origin}", cfg=spec.cfg,
+        tokenizer=pretrained.LazyTokenizer(entry), load_params=lambda cfg, seed, encoding: entry.params(),
+        toggles=ENCODER_TOGGLES if spec.is_encoder else DECODER_TOGGLES,
+        default_text=pretrained.DEFAULT_TEXT[spec.family], is_encoder=spec.is_encoder, draws_weights=False,
+        loader=entry,
+    )
 
 
-def models() -> dict[str, Model]:
-    """Every model this server knows, runnable or not, by name: the built-ins, then the
-    pretrained ones (app/pretrained.py: bundled MiniLM and EXPLORER_MODELS_DIR's folders)."""
-    from . import pretrained  # imported here: it builds on Model, defined above
+class Catalog(Mapping[str, Model]):
+    """Every model this server knows, runnable or not, by name: the built-ins, then the pretrained
+    ones (the bundled MiniLM and EXPLORER_MODELS_DIR's folders)."""
 
-    return _MODELS | pretrained.catalog(get_settings(), frozenset(_MODELS)).models()
+    def __init__(self, models: dict[str, Model], checkpoints: pretrained.Checkpoints | None = None,
+                 toy_cache: ParamsCache | None = None):
+        self._models = models
+        self.checkpoints = checkpoints  # the pretrained loaders and their memory budget
+        self.toy_cache = toy_cache  # the toys' drawn weights
+
+    def __getitem__(self, name: str) -> Model:
+        return self._models[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._models)
+
+    def __len__(self) -> int:
+        return len(self._models)
+
+    def get_model(self, name: str) -> Model:
+        """The model called `name`, or an InputError that lists the names there are."""
+        try:
+            return self._models[name]
+        except KeyError:
+            raise InputError(f"unknown model {name!r}: choose one of {', '.join(self._models)} "
+                             f"(GET /api/v1/models lists them)") from None
 
 
-def get(name: str) -> Model:
-    known = models()
-    try:
-        return known[name]
-    except KeyError:
-        raise ValueError(f"unknown model {name!r}: choose one of {', '.join(known)} "
-                         f"(GET /api/v1/models lists them)") from None
+def build_catalog(settings: Settings) -> Catalog:
+    """The built-ins and the checkpoints these settings point at, found once (config.json only)."""
+    toy_cache = ParamsCache(PARAMS_CACHE_SIZE)
+    models = built_in_models(toy_cache)
+    checkpoints = pretrained.Checkpoints(settings.models_dir, settings.pretrained_memory_mb * 2**20,
+                                        taken=frozenset(models))
+    models |= {name: _checkpoint_model(name, entry) for name, entry in checkpoints.entries.items()}
+    return Catalog(models, checkpoints, toy_cache)

@@ -1,0 +1,36 @@
+"""What a route is given: the settings, the model catalogue and the service, as dependencies.
+
+Each is declared once as an `Annotated` alias (as the FastAPI full-stack template does), so a
+route states what it needs in its signature and a test swaps it with `app.dependency_overrides`:
+
+    app.dependency_overrides[get_settings] = lambda: Settings(max_tokens=8)
+
+The catalogue is built once, in the app's lifespan (app/main.py), and kept on `app.state`; a
+`Service` is a cheap per-request pairing of it with the settings.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from .catalog import Catalog
+from .service import Service
+from .settings import Settings, get_settings
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+
+def get_catalog(request: Request) -> Catalog:
+    return request.app.state.catalog
+
+
+CatalogDep = Annotated[Catalog, Depends(get_catalog)]
+
+
+def get_service(catalog: CatalogDep, settings: SettingsDep) -> Service:
+    return Service(catalog, settings)
+
+
+ServiceDep = Annotated[Service, Depends(get_service)]

@@ -1,0 +1,159 @@
+"""The explorer page at `/`.
+
+The route reads the page's state from the URL (app/web.py), validates it with the API's own
+request model (app/schemas.py: same names and limits), asks the service for the explorer's view
+(one preparation of the model, app/service.py) and formats the result as Plotly figure dicts
+(app/figures.py) in templates/explorer.html.
+
+A plain GET answers the full page; an htmx request only the block that changed: "results" on
+every change, "explorer" (controls too) when the model changes. Bad settings render their
+message in place of the figures, with status 422.
+"""
+
+from __future__ import annotations
+
+import math
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse
+from .. import figures, schemas, web
+from ..deps import ServiceDep
+from ..service import AttentionStages, ExplorerView
+
+router = APIRouter(tags=["pages"], include_in_schema=False)
+
+TOP_K = 10  # next-token bars shown
+
+
+def _config_line(v: ExplorerView) -> str:
+    cfg = v.config
+    divisor = (f"√{cfg.d_head}" if cfg.use_attn_scale else "1") + (
+        f" × {cfg.attn_temperature:g}" if cfg.attn_temperature != 1 else "")
+    return (f"{v.model}: {len(v.tokens)} tokens · d_model {cfg.d_model} · {cfg.n_heads} heads × d_head "
+            f"{cfg.d_head} · {cfg.n_layers} layer{'s' if cfg.n_layers != 1 else ''} · d_mlp {cfg.d_mlp} · "
+            f"{cfg.positional_embedding_type} positions · {'causal' if cfg.causal else 'bidirectional'} · "
+            f"scores ÷ {divisor} · seed {v.seed}")
+
+
+def _shape(dims) -> str:
+    """A shape as NumPy prints it: (4,) (4, 8)."""
+    dims = list(dims)
+    return "(" + ", ".join(map(str, dims)) + ("," if len(dims) == 1 else "") + ")"
+
+
+def _stage_figures(st: AttentionStages, v: ExplorerView, where: str) -> list[dict]:
+    cfg = v.config
+    top = figures.score_range(st.raw, st.scaled, st.masked)  # one colour range, so scaling shows
+    divisor = ("√d_head = √" + f"{cfg.d_head} = {math.sqrt(cfg.d_head):.3g}") if cfg.use_attn_scale \
+        else "1 (scaling is off)"
+    if cfg.attn_temperature != 1:
+        divisor += f", then ÷ the temperature {cfg.attn_temperature:g}"
+    mask_caption = ("The causal mask sets every key after the query to −∞ (hatched): a token cannot see the "
+                    "future." if cfg.causal else
+                    "No mask: every token may look at every token. Turn on the causal mask to hide the future.")
+    specs = [
+        ("raw", "1 · Raw scores  Q Kᵀ", st.raw, "scores", None,
+         "How well each query matches each key: a dot product. Orange is positive, purple negative."),
+        ("scaled", "2 · Scaled", st.scaled, "scores", None, f"Every score divided by {divisor}, "
+         "so the softmax does not saturate as d_head grows. Same colour range as stage 1."),
+        ("masked", "3 · Masked", st.masked, "scores", st.mask, mask_caption),
+        ("weights", "4 · Softmax weights", st.weights, "weights", st.mask,
+         "Each row exponentiated and normalised: weights are ≥ 0 and each row sums to 1."),
+    ]
+    return [{"key": key, "title": title, "caption": caption,
+             "figure": figures.attention_heatmap(matrix, v.tokens, kind=kind, mask=mask,
+                                                 zmax=top if kind == "scores" else None,
+                                                 export_name=f"{where}-{key}")}
+            for key, title, matrix, kind, mask, caption in specs]
+
+
+def _compare_figures(v: ExplorerView, where: str) -> list[dict]:
+    """The chosen head with and without the causal mask, the masked one first."""
+    pair = sorted([(v.config.causal, v.stages), (not v.config.causal, v.other_stages)], key=lambda p: not p[0])
+    return [{"key": "causal" if is_causal else "bidirectional",
+             "title": "With the causal mask" if is_causal else "Without the mask (bidirectional)",
+             "caption": ("Each token mixes only itself and earlier tokens; rows are renormalised."
+                         if is_causal else "Each token mixes every token, later ones included."),
+             "figure": figures.attention_heatmap(st.weights, v.tokens, kind="weights",
+                                                 mask=st.mask if is_causal else None,
+                                                 export_name=f"{where}-weights-"
+                                                             f"{'causal' if is_causal else 'bidirectional'}")}
+            for is_causal, st in pair]
+
+
+def _short(stage: str) -> str:
+    """"1 resid_mid" -> "1 mid": the stream's columns stay legible for deep models."""
+    return stage.replace("resid_", "")
+
+
+def view_context(v: ExplorerView, ablated: set[tuple[int, int]]) -> dict:
+    """The explorer's figures and texts from the service's view."""
+    layer, head = v.layer, v.head
+    where = f"layer{layer}-head{head}"
+    head_figures = [figures.attention_heatmap(v.patterns[h], v.tokens, kind="weights", mask=v.stages.mask,
+                                              small=True, export_name=f"layer{layer}-head{h}-weights")
+                    for h in range(v.config.n_heads)]
+    next_figure = None
+    if v.ablation_effect is not None and v.ablation_effect.changes:
+        changes = v.ablation_effect.changes
+        next_figure = figures.probability_change_bars([t.token for t in changes], [t.baseline_prob for t in changes],
+                                                      [t.prob for t in changes])
+    elif v.top_k:
+        next_figure = figures.probability_bars([t.token for t in v.top_k], [t.prob for t in v.top_k])
+    rollout = None
+    if v.rollout is not None:
+        rollout = figures.attention_heatmap(v.rollout, v.tokens, kind="weights", value_name="rollout",
+                                            export_name=f"rollout-through-layer{layer}")
+    norms = v.residual
+    return {
+        "ablated": ablated, "ablation": v.ablation_effect, "rollout_figure": rollout,
+        "model_name": v.model, "tokens": v.tokens, "token_labels": [figures.visible(t) for t in v.tokens],
+        "config_line": _config_line(v), "layer": layer, "head": head, "n_layers": v.config.n_layers,
+        "head_figures": head_figures, "stages": _stage_figures(v.stages, v, where),
+        "compare": _compare_figures(v, where) if v.other_stages is not None else None,
+        "residual_figure": figures.stage_heatmap(norms.stream, v.tokens, [_short(n) for n in norms.stream_names],
+                                                 value_name="‖x‖", export_name="residual-stream-norms"),
+        "writes_figure": figures.stage_heatmap(norms.writes, v.tokens, norms.writes_names,
+                                               value_name="‖added‖", export_name="sublayer-output-norms"),
+        "next_figure": next_figure,
+        "shapes": [{"name": r.name, "axes": r.axes, "shape": _shape(r.dims), "layer_start": r.layer_start}
+                   for r in v.shapes],
+    }
+
+
+@router.get("/", response_class=HTMLResponse, summary="The explorer")
+def explorer(request: Request, svc: ServiceDep) -> HTMLResponse:
+    model_changed = web.is_fragment(request) and request.headers.get("hx-trigger-name") == "model"
+    models = svc.models()
+    parsed = web.parse_explorer(request.query_params, models, model_changed=model_changed)
+    c = parsed.controls
+    model = models[c.model]
+    error = "; ".join(parsed.errors) or None
+    view = None
+    if error is None:
+        # heads that no longer exist (fewer layers or heads now) are dropped, as layer and head are clamped
+        n_layers = parsed.given.get("n_layers", model.cfg.n_layers)
+        n_heads = parsed.given.get("n_heads", model.cfg.n_heads)
+        c.ablate = tuple((layer, head) for layer, head in c.ablate if layer < n_layers and head < n_heads)
+        try:
+            spec = schemas.AblatingRequest(**parsed.request()).spec()
+            v = svc.explorer(spec, c.layer, c.head, compare=c.compare, rollout=c.rollout,
+                             top_k=0 if model.is_encoder else TOP_K)
+            c.layer, c.head = v.layer, v.head  # what is shown is what the URL will say
+            view = view_context(v, set(c.ablate))
+        except web.PAGE_ERRORS as exc:
+            error = web.error_message(exc)
+    limits = web.page_limits(svc.settings)
+    context = {
+        "controls": c, "view": view, "error": error, "models": list(models.values()),
+        "model_description": model.description, "accepted": set(model.toggles),
+        "text_hint": ("the model reads it one character at a time" if model.kind == "toy"
+                      else "split into tokens by the model's own tokeniser"),
+        "position_schemes": schemas.POSITION_SCHEMES, "limits": limits, "classroom": c.classroom,
+        "size_fields": [(name, label, limits[name]) for name, label in
+                        (("n_heads", "Heads"), ("d_model", "Width d_model"), ("n_layers", "Layers"),
+                         ("seed", "Seed"))],
+        "nav": "explorer", "form_id": "explorer", "inspect_links": web.inspect_links(parsed),
+    }
+    return web.render(request, "explorer.html", context, block="explorer" if model_changed else "results",
+                      url=web.explorer_query(parsed), error=error)

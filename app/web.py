@@ -1,0 +1,301 @@
+"""What every HTML page shares: one Jinja environment, one htmx render helper, and page state from the URL.
+
+- `templates`: the single Jinja2 environment (jinja2-fragments, so a page can render one named
+  block for htmx) with its filters.
+- `render`: the one answer to a page request. A plain GET gets the whole page; an htmx request
+  (HX-Request) only the named block, with the canonical URL in HX-Push-Url. Both send
+  `Vary: HX-Request`. A page whose settings cannot run says why in place of its figures, with
+  status 422 (htmx is configured to swap 422s, templates/base.html), except for a history
+  restore, which htmx only swaps below 400.
+- Page state: the helpers that read a query string (`last`, `parse_bool`, `parse_number`,
+  `parse_ablate`) and the explorer's state (`ExplorerState`, `parse_explorer`), which the Inspect
+  pages share, with `explorer_query` (the shortest URL restoring it) and `inspect_links`.
+
+Routers use these; they never import each other.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, urlencode
+
+import orjson
+from fastapi import Request
+from fastapi.responses import HTMLResponse
+from jinja2_fragments.fastapi import Jinja2Blocks
+from pydantic import ValidationError
+
+from core import InputError
+
+from . import schemas
+from .errors import readable
+from .paths import TEMPLATES_DIR
+from .settings import Settings
+
+if TYPE_CHECKING:
+    from .catalog import Model
+
+
+# ------------------------------------------------------------------ the Jinja environment
+
+def figure_json(fig: dict) -> str:
+    """A figure dict as JSON for a data- attribute (autoescape then escapes the quotes).
+
+    orjson writes NaN and ±inf as null, which is what a masked cell must be in JSON."""
+    return orjson.dumps(fig, option=orjson.OPT_SERIALIZE_NUMPY).decode()
+
+
+templates = Jinja2Blocks(directory=str(TEMPLATES_DIR))
+templates.env.filters["figure_json"] = figure_json
+
+
+# ------------------------------------------------------------------ answering a page request
+
+def is_fragment(request: Request) -> bool:
+    """An htmx request for part of the page (a history restore wants the whole page)."""
+    headers = request.headers
+    return headers.get("hx-request") == "true" and headers.get("hx-history-restore-request") != "true"
+
+
+def render(request: Request, template: str, context: dict[str, Any], *, block: str = "results",
+           url: str | None = None, error: str | None = None) -> HTMLResponse:
+    """The page, or for htmx its `block` with `url` pushed to the address bar; 422 when `error`."""
+    history_restore = request.headers.get("hx-history-restore-request") == "true"
+    status = 422 if error and not history_restore else 200
+    headers = {"Vary": "HX-Request"}
+    if is_fragment(request):
+        if url is not None:
+            headers["HX-Push-Url"] = url
+        return templates.TemplateResponse(request, template, context, block_name=block, status_code=status,
+                                          headers=headers)
+    return templates.TemplateResponse(request, template, context, status_code=status, headers=headers)
+
+
+# What a page shows in place of its figures, with status 422: its settings fail the request model's
+# limits, or the service refuses them. Anything else is a bug (500).
+PAGE_ERRORS = (ValidationError, InputError)
+
+
+def error_message(exc: Exception) -> str:
+    """What a page shows for a request it cannot run: pydantic's errors worded as the API words them."""
+    if isinstance(exc, ValidationError):
+        return "; ".join(readable(e)["msg"] for e in exc.errors())
+    return str(exc)
+
+
+# ------------------------------------------------------------------ reading a query string
+
+TRUE, FALSE = {"1", "true", "on", "yes"}, {"0", "false", "off", "no"}
+
+
+def last(query: Mapping, name: str) -> str | None:
+    """The last value of a repeated parameter (a checkbox sends a hidden "0" then its "1"); "" is None."""
+    values = query.getlist(name)
+    value = values[-1] if values else None
+    return None if value is None or value.strip() == "" else value.strip()
+
+
+def is_on(query: Mapping, name: str) -> bool:
+    """A checkbox-like flag: on when its last value is 1, true, on or yes."""
+    return (last(query, name) or "0").lower() in TRUE
+
+
+def parse_bool(name: str, value: str, errors: list[str]) -> bool | None:
+    if value.lower() in TRUE:
+        return True
+    if value.lower() in FALSE:
+        return False
+    errors.append(f"{name}={value!r} is not on or off: use 1 or 0")
+    return None
+
+
+def parse_number(name: str, value: str, kind: type, errors: list[str]):
+    try:
+        number = kind(value)
+    except ValueError:
+        errors.append(f"{name}={value!r} is not {'a whole number' if kind is int else 'a number'}")
+        return None
+    if kind is float and not math.isfinite(number):
+        errors.append(f"{name} must be a finite number, got {value!r}")
+        return None
+    return number
+
+
+def parse_ablate(values: list[str], errors: list[str]) -> tuple[tuple[int, int], ...]:
+    """Ablated heads from `layer.head` values ("0.2" = layer 0, head 2), sorted, each once."""
+    heads = set()
+    for value in values:
+        layer, dot, head = value.strip().partition(".")
+        if not (dot and layer.isdigit() and head.isdigit()):
+            errors.append(f"ablate={value!r} is not layer.head, e.g. ablate=0.2 for layer 0, head 2")
+            continue
+        heads.add((int(layer), int(head)))
+    return tuple(sorted(heads))
+
+
+def page_limits(settings: Settings) -> dict[str, object]:
+    """The limits the explorer's and Inspect's controls show (max= attributes, help texts)."""
+    temperature = schemas.RunRequest.model_fields["temperature"].metadata
+    bounds = {type(m).__name__: getattr(m, type(m).__name__.lower(), None) for m in temperature}
+    return {"explorer_max_tokens": settings.explorer_max_tokens, "explorer_max_chars": settings.max_text_chars,
+            "min_temperature": bounds.get("Gt", 0), "max_temperature": bounds.get("Le"),
+            "n_heads": settings.max_heads, "d_model": settings.max_d_model, "n_layers": settings.max_layers,
+            "seed": schemas.MAX_SEED}
+
+
+# ------------------------------------------------------------------ the explorer's state
+
+DEFAULT_MODEL = "toy"
+SIZE_FIELDS = ("n_heads", "d_model", "n_layers", "seed")
+TOGGLE_FIELDS = ("causal", "scale", "temperature", "positional_embedding_type") + SIZE_FIELDS
+
+
+@dataclass
+class ExplorerState:
+    """What the explorer's controls show: the URL's values, else the model's defaults."""
+
+    model: str
+    text: str
+    causal: bool
+    scale: bool
+    temperature: float
+    positional_embedding_type: str
+    n_heads: int
+    d_model: int
+    n_layers: int
+    seed: int
+    layer: int = 0
+    head: int = 0
+    compare: bool = False
+    classroom: bool = False
+    ablate: tuple[tuple[int, int], ...] = ()  # (layer, head) of every ablated head, sorted
+    ablate_method: str = "zero"  # "zero" | "mean", for every ablated head
+    rollout: bool = False  # show attention rollout beside the pattern
+
+    def ablate_request(self) -> list[dict]:
+        """The ablated heads as a request's `ablate` list."""
+        return [{"layer": layer, "head": head, "method": self.ablate_method} for layer, head in self.ablate]
+
+    def __getitem__(self, name: str):  # templates read controls[name]
+        return getattr(self, name)
+
+
+@dataclass
+class Parsed:
+    controls: ExplorerState
+    given: dict[str, object]  # toggles the URL sets (not left to the model's default)
+    defaults: dict[str, object]  # the model's own values of the toggles
+    errors: list[str] = field(default_factory=list)
+    default_text: str = ""
+
+    def request(self, **fields) -> dict[str, object]:
+        """The model request's fields for this state: the model, the text, the toggles set, ablations."""
+        c = self.controls
+        return {"model": c.model, "text": c.text, **self.given, "ablate": c.ablate_request(), **fields}
+
+
+def model_defaults(model: Model) -> dict[str, object]:
+    cfg = model.cfg
+    return {"causal": cfg.causal, "scale": cfg.use_attn_scale, "temperature": cfg.attn_temperature,
+            "positional_embedding_type": cfg.positional_embedding_type, "n_heads": cfg.n_heads,
+            "d_model": cfg.d_model, "n_layers": cfg.n_layers, "seed": model.default_seed}
+
+
+def parse_explorer(query: Mapping, models: Mapping[str, Model], *, model_changed: bool = False) -> Parsed:
+    """The explorer's state from its query string. With model_changed, the new model's defaults
+    replace the toggles (they belong to the previous model)."""
+    errors: list[str] = []
+    name = last(query, "model") or DEFAULT_MODEL
+    if name not in models:
+        errors.append(f"unknown model {name!r}: choose one of {', '.join(models)}")
+        name = DEFAULT_MODEL
+    model = models[name]
+    text = query.getlist("text")[-1] if query.getlist("text") else None
+    if text is None or (model_changed and text in {m.default_text for m in models.values()}):
+        text = model.default_text  # a default text follows the model; the learner's own text stays
+    given: dict[str, object] = {}
+    if not model_changed:
+        for key in TOGGLE_FIELDS:
+            raw = last(query, key)
+            if raw is None:
+                continue
+            if key in ("causal", "scale"):
+                value = parse_bool(key, raw, errors)
+            elif key == "temperature":
+                value = parse_number(key, raw, float, errors)
+            elif key == "positional_embedding_type":
+                value = raw
+            else:
+                value = parse_number(key, raw, int, errors)
+            if value is not None and key in model.toggles:
+                given[key] = value
+    picks = {}
+    for key in ("layer", "head"):
+        raw = None if model_changed else last(query, key)
+        picks[key] = parse_number(key, raw, int, errors) if raw is not None else 0
+        if picks[key] is None or picks[key] < 0:
+            picks[key] = 0
+    ablate = () if model_changed else parse_ablate(query.getlist("ablate"), errors)
+    method = last(query, "ablate_method") or "zero"
+    if method not in ("zero", "mean"):
+        errors.append(f"ablate_method={method!r} is not zero or mean")
+        method = "zero"
+    defaults = model_defaults(model)
+    controls = ExplorerState(model=name, text=text, **(defaults | given), layer=picks["layer"], head=picks["head"],
+                             compare=last(query, "view") == "compare", classroom=is_on(query, "classroom"),
+                             ablate=ablate, ablate_method=method, rollout=is_on(query, "rollout"))
+    return Parsed(controls, given, defaults, errors, model.default_text)
+
+
+def explorer_query(parsed: Parsed) -> str:
+    """The shortest URL that restores this view: only what differs from the model's defaults."""
+    c = parsed.controls
+    params: dict[str, object] = {}
+    if c.model != DEFAULT_MODEL:
+        params["model"] = c.model
+    if c.text != parsed.default_text:
+        params["text"] = c.text
+    for key, value in parsed.given.items():
+        if value != parsed.defaults[key]:
+            params[key] = int(value) if isinstance(value, bool) else value
+    if c.layer:
+        params["layer"] = c.layer
+    if c.head:
+        params["head"] = c.head
+    if c.compare:
+        params["view"] = "compare"
+    if c.classroom:
+        params["classroom"] = 1
+    if c.ablate:
+        params["ablate"] = [f"{layer}.{head}" for layer, head in c.ablate]
+        if c.ablate_method != "zero":
+            params["ablate_method"] = c.ablate_method
+    if c.rollout:
+        params["rollout"] = 1
+    return "/?" + urlencode(params, doseq=True) if params else "/"
+
+
+# The Inspect views (/inspect?view=...), in the order of their tabs; the explorer links to each.
+INSPECT_VIEWS = {
+    "decompose": "Residual decomposition",
+    "lens": "Logit lens",
+    "detectors": "Head detectors",
+    "kvcache": "KV cache, stepped",
+    "compare": "Compare",
+}
+
+
+def explorer_state(parsed: Parsed) -> list[tuple[str, str]]:
+    """The explorer's canonical parameters (model, text, toggles, layer, head, ablations), minus its view."""
+    query = explorer_query(parsed).partition("?")[2]
+    return [(k, v) for k, v in parse_qsl(query) if k != "view"]
+
+
+def inspect_links(parsed: Parsed) -> list[dict]:
+    """One link per Inspect view, carrying the explorer's current state."""
+    state = explorer_state(parsed)
+    return [{"key": key, "label": label, "url": "/inspect?" + urlencode([("view", key)] + state)}
+            for key, label in INSPECT_VIEWS.items()]

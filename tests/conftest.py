@@ -1,0 +1,48 @@
+"""Fixtures every test folder may use: the app as TestClient, and the service it serves with."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.catalog import Catalog, build_catalog
+from app.main import app, create_app
+from app.service import Service
+from app.settings import Settings, get_settings
+
+
+@pytest.fixture(scope="session")
+def client() -> Iterator[TestClient]:
+    """The app with the environment's settings, started (its lifespan builds the model catalogue).
+    raise_server_exceptions: a bug (anything the catch-all would answer with 500) fails the test."""
+    with TestClient(app, raise_server_exceptions=True) as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+def catalog() -> Catalog:
+    """The model catalogue the default settings describe, as the app builds it at start-up."""
+    return build_catalog(get_settings())
+
+
+@pytest.fixture
+def svc(catalog: Catalog) -> Service:
+    """The service one request is served with, for tests that call it directly."""
+    return Service(catalog, get_settings())
+
+
+@pytest.fixture
+def client_with() -> Iterator[Callable[..., TestClient]]:
+    """client_with(models_dir=..., max_tokens=...): a started app whose settings differ from the defaults."""
+    opened = []
+
+    def make(**changes) -> TestClient:
+        c = TestClient(create_app(Settings(**changes)), raise_server_exceptions=True)
+        opened.append(c.__enter__())
+        return opened[-1]
+
+    yield make
+    for c in opened:
+        c.__exit__(None, None, None)
