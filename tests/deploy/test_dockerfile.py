@@ -1,6 +1,7 @@
 """The Dockerfile, read as text: stages, pinned bases, what each stage installs, and how it runs.
-(No Docker engine here, so the image itself is not built; tests/deploy/test_install.py runs the
-same install path outside Docker.)"""
+`make test` needs no container engine, so the image itself is built and run by
+scripts/image_test.py (`make image-test`, which .ci/run runs); tests/deploy/test_install.py runs
+the same install path outside Docker."""
 
 from __future__ import annotations
 
