@@ -309,7 +309,8 @@ class Smoke:
         while time.monotonic() - t0 < limit:
             health = self.engine.inspect("container", self.container)["State"].get("Health", {})
             if health.get("Status") == "healthy":
-                return f"docker inspect: healthy after {time.monotonic() - t0:.0f} s (its command fails on a closed port)"
+                took = time.monotonic() - t0
+                return f"docker inspect: healthy after {took:.0f} s (its command fails on a closed port)"
             time.sleep(1)
         raise CheckFailed(f"not healthy within {limit:.0f} s: {health}")
 
