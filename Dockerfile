@@ -43,13 +43,18 @@ ENV PATH=/opt/venv/bin:$PATH \
     EXPLORER_HOST=0.0.0.0 \
     EXPLORER_PORT=8000 \
     EXPLORER_WORKERS=1
-RUN useradd --system --uid 10001 --user-group --no-create-home --home-dir /nonexistent \
+# One user and its own group, both 10001 and both named explorer, so files the app creates belong
+# to a named group. Not --system: system ids stop at 999 (useradd warns, and --user-group then
+# picks a gid below 1000). --no-log-init: no sparse lastlog/faillog entry for a high uid.
+RUN groupadd --gid 10001 explorer \
+ && useradd --uid 10001 --gid explorer --no-create-home --no-log-init --home-dir /nonexistent \
         --shell /usr/sbin/nologin explorer
 COPY --from=build /opt/venv /opt/venv
 WORKDIR /srv
 USER 10001:10001
 EXPOSE 8000
-# Liveness only; /readyz says whether the assets and the models folder are usable.
+# The one health check (docker-compose.yml inherits it). Liveness only; /readyz says whether the
+# assets and the models folder are usable. Shell form: one string, which engines pass intact.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=20s --retries=3 \
     CMD python -c "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('EXPLORER_PORT', '8000'), timeout=4)"
 # Exec form: python is PID 1 and gets SIGTERM itself; uvicorn then drains requests

@@ -12,7 +12,7 @@ VENDOR := static/vendor
 # The files the app serves from the npm packages pinned in package-lock.json are listed once,
 # in static/vendor-files.txt; scripts/vendor_assets.sh copies them (the Dockerfile calls it too).
 
-.PHONY: setup serve test bench fuzz soak fixtures lock clean
+.PHONY: setup serve test image-test bench fuzz soak fixtures lock clean
 
 setup: $(VENV)/.stamp-test $(VENDOR)/.stamp
 
@@ -42,6 +42,13 @@ serve: $(VENV)/.stamp-runtime $(VENDOR)/.stamp
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The container smoke test, not part of `make test` (it needs Docker or podman; .ci/run runs it):
+# builds the image and runs it as docker-compose.yml does, then checks it from outside
+# (scripts/image_test.py). IMAGE_TEST_ARGS=--no-build checks the image already built.
+IMAGE_TEST_ARGS ?=
+image-test: $(VENV)/.stamp-runtime
+	$(PY) scripts/image_test.py $(IMAGE_TEST_ARGS)
 
 # Not part of `make test`: each starts its own server on a free 127.0.0.1 port and prints a tally.
 FUZZ_REQUESTS ?= 2000

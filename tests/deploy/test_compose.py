@@ -1,5 +1,5 @@
 """docker-compose.yml, parsed as YAML and checked against what Compose needs and what we promise:
-the service builds from this folder, publishes the app's port, checks /healthz, restarts, runs
+the service builds from this folder, publishes the app's port, keeps the image's /healthz check, restarts, runs
 with a read-only root filesystem and mounts the optional models folder at EXPLORER_MODELS_DIR."""
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from .dockerfile import healthcheck_command, parse_dockerfile
 REPO = Path(__file__).resolve().parents[2]
 # Compose's top-level keys (compose-spec); anything else is rejected by `docker compose config`.
 COMPOSE_TOP_LEVEL = {"version", "name", "include", "services", "networks", "volumes", "configs", "secrets"}
-DURATION = re.compile(r"^(\d+(\.\d+)?(us|ms|s|m|h))+$")
 
 
 @pytest.fixture(scope="module")
@@ -57,14 +56,12 @@ def test_port_published_is_the_port_the_container_listens_on(service):
     assert runtime.last("EXPOSE").args == env["EXPLORER_PORT"]
 
 
-def test_healthcheck_probes_healthz_like_the_image(service):
-    check = service["healthcheck"]
-    assert check["test"][0] == "CMD"
+def test_health_is_the_images_own_check_stated_once(service):
+    """Compose inherits the image's HEALTHCHECK; a second copy here could drift from it (and a CMD
+    list with spaces in its arguments is split by podman's Docker API)."""
+    assert "healthcheck" not in service
     runtime = parse_dockerfile((REPO / "Dockerfile").read_text())[-1]
-    assert check["test"][1:] == healthcheck_command(runtime), "compose and Dockerfile checks differ"
-    for key in ("interval", "timeout", "start_period"):
-        assert DURATION.match(check[key]), f"healthcheck.{key}={check[key]!r} is not a Compose duration"
-    assert isinstance(check["retries"], int) and check["retries"] >= 1
+    assert "/healthz" in " ".join(healthcheck_command(runtime))
 
 
 def test_restarts_and_read_only_root_with_a_tmpfs(service):

@@ -1,10 +1,12 @@
 """The Dockerfile, read as text: stages, pinned bases, what each stage installs, and how it runs.
-(No Docker engine here, so the image itself is not built; tests/deploy/test_install.py runs the
-same install path outside Docker.)"""
+`make test` needs no container engine, so the image itself is built and run by
+scripts/image_test.py (`make image-test`, which .ci/run runs); tests/deploy/test_install.py runs
+the same install path outside Docker."""
 
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -80,6 +82,43 @@ def test_runtime_runs_as_a_non_root_user_and_serves_with_python_m_app(stages):
     # The runtime holds the venv built earlier, not a second install from the internet.
     assert [i.flags().get("from") for i in runtime.all("COPY")] == ["build"]
     assert not re.search(r"\bpip install\b", _runs(runtime))
+
+
+def _commands(stage: Stage, program: str) -> list[list[str]]:
+    """Each `program ...` command of the stage's RUN lines, as words."""
+    found = []
+    for i in stage.all("RUN"):
+        for cmd in re.split(r"&&|;|\n", i.args):
+            words = shlex.split(cmd)
+            if words and words[0] == program:
+                found.append(words)
+    return found
+
+
+def _option(words: list[str], name: str) -> str | None:
+    return words[words.index(name) + 1] if name in words else None
+
+
+def test_runtime_user_and_group_are_one_named_pair(stages):
+    """USER uid:gid must both exist in the image: a gid that no /etc/group line names gives the
+    files the app writes an anonymous group (`id` says gid=10001(10001))."""
+    runtime = stages[-1]
+    uid, _, gid = runtime.last("USER").args.partition(":")
+    assert uid.isdigit() and gid.isdigit(), "numeric USER: Kubernetes' runAsNonRoot can check it"
+    groupadds, useradds = _commands(runtime, "groupadd"), _commands(runtime, "useradd")
+    assert len(groupadds) == 1 and len(useradds) == 1, "make the group, then the user in it, once each"
+    groupadd, useradd = groupadds[0], useradds[0]
+    group, user = groupadd[-1], useradd[-1]
+    assert _option(groupadd, "--gid") == gid
+    assert _option(useradd, "--uid") == uid
+    assert _option(useradd, "--gid") in (gid, group), "the user's primary group is the group made above"
+    # --system caps ids at SYS_UID_MAX (999): useradd warns, and --user-group picks a gid below 1000.
+    assert "--system" not in useradd and "--user-group" not in useradd
+    assert user == group == "explorer"
+
+
+def test_the_image_states_the_one_healthcheck(stages):
+    assert [len(s.all("HEALTHCHECK")) for s in stages] == [0, 0, 1]
 
 
 def test_runtime_exposes_the_default_port_and_checks_healthz(stages):
