@@ -41,6 +41,7 @@ serve: $(VENV)/.stamp-runtime $(VENDOR)/.stamp
 	EXPLORER_HOST=$(HOST) EXPLORER_PORT=$(PORT) $(PY) -m app
 
 test: setup
+	$(PY) -m ruff check .
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The container smoke test, not part of `make test` (it needs Docker or podman; .ci/run runs it):

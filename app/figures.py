@@ -163,9 +163,7 @@ def attention_heatmap(
     trace: dict = {"type": "heatmap", "z": _finite_or_none(m), "hoverongaps": False,
                    "xgap": 1 if small else 0, "ygap": 1 if small else 0}
     if kind == "scores":
-        finite = np.abs(m[np.isfinite(m)])
-        top = zmax if zmax is not None else (float(finite.max()) if finite.size else 1.0)
-        top = top or 1.0  # an all-zero matrix still needs a range
+        top = zmax if zmax is not None else score_range(m)
         trace.update(colorscale=SCORES_COLORSCALE, zmin=-top, zmax=top, zmid=0)
     elif kind == "weights":
         trace.update(colorscale=WEIGHTS_COLORSCALE, zmin=0.0, zmax=1.0)
@@ -204,7 +202,8 @@ def attention_heatmap(
 
 
 def score_range(*matrices: np.ndarray) -> float:
-    """One symmetric colour range for several score matrices, so their colours compare."""
+    """One symmetric colour range [-top, top] for one or several matrices (so their colours compare):
+    the largest finite |value|; 1 when there is none, or all are 0 (a range still needs a width)."""
     tops = [float(np.abs(m[np.isfinite(m)]).max()) for m in map(np.asarray, matrices) if np.isfinite(m).any()]
     return max(tops, default=1.0) or 1.0
 
@@ -328,8 +327,7 @@ def value_heatmap(
     m = np.asarray(matrix, dtype=float)
     if m.ndim != 2:
         raise ValueError(f"expected a 2-d matrix, got shape {m.shape}")
-    top = float(np.abs(m[np.isfinite(m)]).max()) if np.isfinite(m).any() else 1.0
-    top = top or 1.0
+    top = score_range(m)
     trace = {
         "type": "heatmap", "z": _finite_or_none(m), "colorscale": SCORES_COLORSCALE, "zmin": -top, "zmax": top,
         "zmid": 0, "hoverongaps": False,

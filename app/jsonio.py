@@ -1,6 +1,6 @@
 """Fast JSON for large NumPy arrays: orjson serialises them directly, at full precision.
 
-JSON has no infinity: masked scores (-inf) and any NaN become null, as DESIGN.md says.
+JSON has no infinity: masked scores (-inf) and any NaN become null (ARCHITECTURE.md, conventions).
 Arrays are written without going through Python lists or pydantic validation.
 """
 

@@ -41,7 +41,7 @@ class MemoryBudget:
         self._lock = threading.Lock()
         self._loaded: OrderedDict[str, tuple[CheckpointLoader, int]] = OrderedDict()
 
-    def admit(self, loader: "CheckpointLoader", nbytes: int) -> None:
+    def admit(self, loader: CheckpointLoader, nbytes: int) -> None:
         """Make room for `nbytes` by dropping the least recently used others, then count them."""
         with self._lock:
             self._loaded.pop(loader.name, None)
@@ -50,7 +50,7 @@ class MemoryBudget:
                 old.drop()  # requests running on it keep their reference until they finish
             self._loaded[loader.name] = (loader, nbytes)
 
-    def touch(self, loader: "CheckpointLoader") -> None:
+    def touch(self, loader: CheckpointLoader) -> None:
         with self._lock:
             if loader.name in self._loaded:
                 self._loaded.move_to_end(loader.name)

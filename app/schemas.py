@@ -453,12 +453,17 @@ class HooksResponse(ResponseModel):
     hooks: list[HookModel]
 
 
-class RunResponse(ResponseModel):
+class RunHeadResponse(ResponseModel):
+    """What every model response starts with: the model, its tokens and the config and seed it ran with."""
+
     model: str
     tokens: list[str]
     token_ids: list[int]
     config: TransformerConfig
     seed: int
+
+
+class RunResponse(RunHeadResponse):
     hooks: dict[str, Any] = Field(description="nested lists by hook name; masked scores are null")
     hook_shapes: dict[str, service.HookShape]
     top_k: list[service.TopToken] = Field(description="most likely next tokens; empty for encoders")
@@ -469,12 +474,7 @@ class RunResponse(ResponseModel):
 
 # ------------------------------------------------------------------ looking inside (analysis)
 
-class AnalysisResponse(ResponseModel):
-    model: str
-    tokens: list[str]
-    token_ids: list[int]
-    config: TransformerConfig
-    seed: int
+class AnalysisResponse(RunHeadResponse):
     ablate: list[service.AblatedHead] = Field(description="the heads ablated in this computation")
 
 

@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 # Why each directive:
 # - script-src 'self': only our static files run; no inline <script>, no eval (the pages draw
-#   figures from data- attributes with static/js, see DESIGN.md).
+#   figures from data- attributes with static/js, see ARCHITECTURE.md).
 # - style-src 'unsafe-inline': Plotly positions its SVG through style attributes and injects a
 #   <style> element for its modebar; style cannot run code, so this is the one relaxation.
 # - img-src data: blob:: Plotly's "download as PNG" builds the image as a data:/blob: URL.
@@ -45,9 +45,9 @@ SECURITY_HEADERS: dict[str, str] = {
     "x-frame-options": "DENY",
 }
 
-# The routes that compute (run a model, a lesson or an analysis): the explorer page "/" itself,
-# and these prefixes (the JSON routes and the pages that show them). Everything else -- health, static files, docs, the model list, the parameter and
-# KV-cache arithmetic -- is cheap and never limited.
+# The routes that compute (run a model, a lesson or an analysis): the explorer page "/" itself, and these
+# prefixes (the JSON routes and the pages that show them). Everything else -- health, static files, docs,
+# the model list, the parameter and KV-cache arithmetic -- is cheap and never limited.
 COMPUTE_PREFIXES = ("/api/v1/run", "/api/v1/lessons/", "/api/v1/analysis/", "/lessons/", "/inspect")
 
 

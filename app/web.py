@@ -11,7 +11,7 @@
   `parse_ablate`) and the explorer's state (`ExplorerState`, `parse_explorer`), which the Inspect
   pages share, with `explorer_query` (the shortest URL restoring it) and `inspect_links`.
 
-Routers use these; they never import each other.
+Routers use these; they never import each other (ARCHITECTURE.md).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import time
 
 import httpx
 
-from bench.common import Server, header, median, percentile, run_main, table, verdict
+from bench.common import live_server, header, median, percentile, run_main, table, verdict
 
 # (label, method, path, JSON body). Texts are character-level for the toy model: n chars = n tokens.
 ENDPOINTS = [
@@ -86,7 +86,7 @@ def main(argv: list[str]) -> int:
     env = {"OPENBLAS_NUM_THREADS": str(args.blas_threads)} if args.blas_threads else {}
     header(f"API overhead: one uvicorn worker, the app's default settings{', ' if env else ''}"
            f"{' '.join(f'{k}={v}' for k, v in env.items())}")
-    with Server(env=env) as server:
+    with live_server(env=env) as server:
         results = asyncio.run(bench(server.url, args.rounds, args.requests))
 
     rows = []

@@ -17,7 +17,7 @@ import json
 import re
 from pathlib import Path
 
-from bench.common import ROOT, Server, header, median, run_main, table, verdict
+from bench.common import ROOT, live_server, header, median, run_main, table, verdict
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -68,7 +68,7 @@ def main(argv: list[str]) -> int:
         print(f"{CHROMIUM} is missing (apt-get install chromium): skipped\n")
         return 0
     assets: list[dict] = []
-    with Server(env={"EXPLORER_ACCESS_LOG": "false"}) as server, sync_playwright() as pw:
+    with live_server(env={"EXPLORER_ACCESS_LOG": "false"}) as server, sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1440, "height": 1000})
 

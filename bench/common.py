@@ -122,55 +122,13 @@ def run_main(main: Callable[[list[str]], int]) -> None:
 # ---------------------------------------------------------------------------- a real server
 
 APP_PYTHON = ROOT / ".venv" / "bin" / "python"  # the app's own environment (no torch in it)
+sys.path.insert(0, str(ROOT / "scripts"))
+import liveserver  # noqa: E402  (scripts/ is not a package): the one live-server starter
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """`uvicorn app.main:app` in a subprocess on a free loopback port, as `make serve` runs it
-    (with the app's own venv), stopped on exit. Its output goes to bench/out/server.log."""
-
-    def __init__(self, env: dict[str, str] | None = None, timeout_s: float = 60.0):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
-        self.timeout_s = timeout_s
-        self.proc: subprocess.Popen | None = None
-
-    def __enter__(self) -> "Server":
-        import urllib.request
-
-        python = APP_PYTHON if APP_PYTHON.exists() else Path(sys.executable)
-        OUT.mkdir(parents=True, exist_ok=True)
-        self.log = (OUT / "server.log").open("w")
-        self.proc = subprocess.Popen(
-            [str(python), "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(self.port),
-             "--log-level", "warning"], cwd=ROOT, env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + self.timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited with {self.proc.returncode}: see {OUT / 'server.log'}")
-            try:
-                with urllib.request.urlopen(self.url + "/healthz", timeout=1) as r:
-                    if r.status == 200:
-                        return self
-            except OSError:
-                time.sleep(0.1)
-        self.__exit__()
-        raise RuntimeError(f"the server did not answer within {self.timeout_s} s")
-
-    def __exit__(self, *exc) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
+def live_server(env: dict[str, str] | None = None, timeout_s: float = 60.0):
+    """The app in a real uvicorn process on a free loopback port, run with the app's own venv (as
+    `make serve` runs it), stopped on exit: scripts/liveserver.py's, as the tests use it."""
+    python = APP_PYTHON if APP_PYTHON.exists() else Path(sys.executable)
+    return liveserver.live_server(env={"HF_HUB_OFFLINE": "1", **(env or {})}, startup_timeout_s=timeout_s,
+                                  python=python)

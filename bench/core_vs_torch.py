@@ -148,8 +148,8 @@ def main(argv: list[str]) -> int:
         core_forward(n), torch_forward(n)  # warm-up
         for _ in range(args.repeat):
             rates.append(gemm.measure())
-            core_t.append(wall_and_cpu(lambda: core_forward(n)))
-            torch_t.append(wall_and_cpu(lambda: torch_forward(n)))
+            core_t.append(wall_and_cpu(lambda n=n: core_forward(n)))
+            torch_t.append(wall_and_cpu(lambda n=n: torch_forward(n)))
         c, t, rate = median([w for w, _ in core_t]), median([w for w, _ in torch_t]), median(rates)
         c_cpu, t_cpu = median([u for _, u in core_t]), median([u for _, u in torch_t])
         flops = forward_flops(CFG, n)
@@ -162,8 +162,8 @@ def main(argv: list[str]) -> int:
               flush=True)
 
         # Capturing every activation (the explorer's use) vs torch returning attentions and hidden states.
-        core_all = timed(lambda: core_forward(n, names=None), repeat=max(2, args.repeat // 2))
-        torch_all = timed(lambda: torch_forward(n, output_attentions=True, output_hidden_states=True),
+        core_all = timed(lambda n=n: core_forward(n, names=None), repeat=max(2, args.repeat // 2))
+        torch_all = timed(lambda n=n: torch_forward(n, output_attentions=True, output_hidden_states=True),
                           repeat=max(2, args.repeat // 2))
         cache_rows.append([n, f"{median(core_all) * 1e3:.0f}", f"{median(torch_all) * 1e3:.0f}",
                            f"{median(core_all) / median(torch_all):.2f}"])

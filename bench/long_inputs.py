@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from bench.common import Server, header, median, run_main, table
+from bench.common import live_server, header, median, run_main, table
 
 TEXT = "the cat sat on the mat. "  # the toy model is character-level: one character, one token
 
@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
          {"model": "toy", "text": text(n), "hooks": ["blocks.0.hook_resid_post", "blocks.1.hook_resid_post"]}, {}),
         (f"run, {n} tokens, + one layer's hook_pattern", "POST", run,
          {"model": "toy", "text": text(n), "hooks": ["blocks.0.attn.hook_pattern"]}, {}),
-        (f"run, 256 tokens, + one layer's hook_pattern", "POST", run,
+        ("run, 256 tokens, + one layer's hook_pattern", "POST", run,
          {"model": "toy", "text": text(256), "hooks": ["blocks.0.attn.hook_pattern"]}, {}),
         (f"run, {n + 1} tokens", "POST", run, {"model": "toy", "text": text(n + 1)}, {}),
         (f"run, body over {lim['max_body_bytes']:,} bytes", "POST", run,
@@ -54,7 +54,7 @@ def main(argv: list[str]) -> int:
          {"text": text(lim["explorer_max_tokens"])}, {"HX-Request": "true"}),
     ]
     rows = []
-    with Server(env={"EXPLORER_ACCESS_LOG": "false"}) as server, httpx.Client(base_url=server.url, timeout=120) as c:
+    with live_server(env={"EXPLORER_ACCESS_LOG": "false"}) as server, httpx.Client(base_url=server.url, timeout=120) as c:
         for what, method, path, payload, headers in cases:
             kw = {"json": payload} if method == "POST" else {"params": payload}
             times, r = [], None

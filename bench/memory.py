@@ -15,7 +15,7 @@ import itertools
 import threading
 import time
 
-from bench.common import Server, header, run_main, table
+from bench.common import live_server, header, run_main, table
 
 MINILM = "all-MiniLM-L6-v2"
 # The mix, cycled: what a class of learners and a script might send.
@@ -66,8 +66,8 @@ def main(argv: list[str]) -> int:
     import httpx
 
     header("Memory: one server process")
-    with Server(env={"EXPLORER_ACCESS_LOG": "false"}) as server:
-        pid = server.proc.pid
+    with live_server(env={"EXPLORER_ACCESS_LOG": "false"}) as server:
+        pid = server.pid
         idle = rss_mb(pid)
         t0 = time.perf_counter()
         r = httpx.post(server.url + "/api/v1/run", json={"model": MINILM, "text": "hello"}, timeout=120)

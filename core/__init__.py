@@ -23,9 +23,9 @@ from .tokenizers import CharTokenizer, word_tokens
 
 __all__ = [
     "analysis", "lessons", "AttentionResult", "reference_attention", "causal_mask", "merge_heads",
-    "multi_head_attention", "scaled_dot_product_attention", "split_heads", "ActivationCache", "run_with_cache", "PRESETS",
-    "TransformerConfig", "InputError", "gelu", "gelu_new", "layer_norm", "relu", "softmax", "KVCache", "forward",
-    "hook_names", "hook_shape", "init_params", "iter_arrays", "next_token_probs", "per_head_weights",
+    "multi_head_attention", "scaled_dot_product_attention", "split_heads", "ActivationCache", "run_with_cache",
+    "PRESETS", "TransformerConfig", "InputError", "gelu", "gelu_new", "layer_norm", "relu", "softmax", "KVCache",
+    "forward", "hook_names", "hook_shape", "init_params", "iter_arrays", "next_token_probs", "per_head_weights",
     "run_with_kv_cache", "unembedding", "DTYPE_BYTES", "count_params", "gpt_params", "kv_cache_bytes",
     "POSITION_SCHEMES", "apply_rotary", "sinusoidal", "CharTokenizer", "word_tokens",
 ]

@@ -10,7 +10,8 @@ the `*_hooks` functions name them, so a run can keep only those:
     logits, cache = run_with_cache(params, cfg, tokens, names=names)
     cache.attention_stages(0, head=2).weights          # [query_pos, key_pos]
 
-The formulas themselves live in core/analysis.py as pure functions on arrays.
+The formulas themselves live in core/analysis.py as pure functions on arrays. ARCHITECTURE.md lists
+where each number the app shows is computed.
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ class CheckpointSpec:
 class Checkpoint:
     spec: CheckpointSpec
     params: Params
-    tokenizer: "HFTokenizer"
+    tokenizer: HFTokenizer
 
     @property
     def cfg(self) -> TransformerConfig:

@@ -68,7 +68,7 @@ class TransformerConfig:
     def causal(self) -> bool:
         return self.attention_dir == "causal"
 
-    def replace(self, **changes) -> "TransformerConfig":
+    def replace(self, **changes) -> TransformerConfig:
         """A copy with some fields changed; derived sizes are re-derived unless given."""
         if "d_model" in changes or "n_heads" in changes:
             changes.setdefault("d_head", None)

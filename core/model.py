@@ -198,7 +198,7 @@ class KVCache:
     values: tuple[np.ndarray, ...]  # per layer [n_heads, pos, d_head]
 
     @classmethod
-    def empty(cls, cfg: TransformerConfig, dtype) -> "KVCache":
+    def empty(cls, cfg: TransformerConfig, dtype) -> KVCache:
         none = np.zeros((cfg.n_heads, 0, cfg.d_head), dtype=dtype)
         return cls((none,) * cfg.n_layers, (none,) * cfg.n_layers)
 

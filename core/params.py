@@ -63,7 +63,8 @@ def param_entries(cfg: TransformerConfig) -> list[ParamEntry]:
             e += [ParamEntry(f"blocks.{{l}}.{norm}.w", (d,), True, True, "layer norm gain"),
                   ParamEntry(f"blocks.{{l}}.{norm}.b", (d,), True, True, "layer norm bias")]
         if sub == "attn":
-            e.append(ParamEntry("blocks.{l}.attn.W_QKV", (d, 3 * h * dh), True, True, "queries, keys, values of all heads"))
+            e.append(ParamEntry("blocks.{l}.attn.W_QKV", (d, 3 * h * dh), True, True,
+                                "queries, keys, values of all heads"))
             if cfg.bias:
                 e.append(ParamEntry("blocks.{l}.attn.b_QKV", (3 * h * dh,), True, True, "their biases"))
             e.append(ParamEntry("blocks.{l}.attn.W_O", (h * dh, d), True, True, "output projection"))

@@ -36,7 +36,7 @@ class CharTokenizer:
     vocab: tuple[str, ...]
 
     @classmethod
-    def from_text(cls, corpus: str) -> "CharTokenizer":
+    def from_text(cls, corpus: str) -> CharTokenizer:
         if not corpus:
             raise InputError("a character vocabulary needs a non-empty corpus")
         return cls(tuple(sorted(set(corpus))))

@@ -321,7 +321,8 @@ class Smoke:
         try:
             code = self.engine.run("wait", self.container, timeout=self.service.grace_s).stdout.strip()
         except subprocess.TimeoutExpired:
-            raise CheckFailed(f"still running {self.service.grace_s:.0f} s after SIGTERM (compose would kill it)")
+            raise CheckFailed(f"still running {self.service.grace_s:.0f} s after SIGTERM "
+                              "(compose would kill it)") from None
         took = time.monotonic() - t0
         assert code == "0", f"exit code {code} after SIGTERM:\n{self.logs()}"
         return f"exit 0 after {took:.1f} s (grace {self.service.grace_s:.0f} s)"

@@ -1,6 +1,6 @@
 """Start the app as a real uvicorn subprocess on a free loopback port, for the security and browser
-tests, scripts/fuzz.py and scripts/soak.py. A real process (not TestClient) so that concurrency,
-the event loop, RSS and the process's sockets are the ones a user meets.
+tests, scripts/fuzz.py, scripts/soak.py and the benchmarks (bench/). A real process (not TestClient) so
+that concurrency, the event loop, RSS and the process's sockets are the ones a user meets.
 
     with live_server(env={"EXPLORER_MAX_CONCURRENT_COMPUTE": "2"}) as server:
         httpx.get(server.url + "/healthz")
@@ -17,7 +17,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import httpx
 
@@ -47,10 +47,12 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def live_server(env: dict[str, str] | None = None, *, no_outbound: bool = False,
-                startup_timeout_s: float = 60.0) -> Iterator[LiveServer]:
+                startup_timeout_s: float = 60.0, python: str | os.PathLike | None = None) -> Iterator[LiveServer]:
+    """python: the interpreter to run the app with (default this one; the benchmarks, which run in a
+    venv with torch, pass the app's own .venv's)."""
     port = free_port()
     child_env = {**os.environ, **(env or {})}
-    cmd = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port),
+    cmd = [str(python or sys.executable), "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port),
            "--log-level", "warning", "--no-access-log"]
     if no_outbound:
         # asyncio's loop connects through Python's socket module, where the guard sits (uvloop

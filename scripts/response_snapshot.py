@@ -49,7 +49,7 @@ def _posts(schema: dict) -> list[tuple[str, dict]]:
         if "post" not in ops:
             continue
         ref = ops["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[-1]
-        for i, example in enumerate(schema["components"]["schemas"][ref].get("examples", [])):
+        for example in schema["components"]["schemas"][ref].get("examples", []):
             out.append((path, example))
     return out
 

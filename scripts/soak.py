@@ -77,7 +77,8 @@ def mix(rng: random.Random, models: list[str], paths: set[str]) -> Call:
     candidates += [(4, Call("lesson", "GET", p, params=q)) for p, q in lessons.items() if p in paths]
     cheap = {"/api/v1/models": None, "/api/v1/params": {"preset": "gpt2-small"},
              "/api/v1/kv-cache": {"preset": "gpt2-small"}, "/openapi.json": None}
-    candidates += [(2, Call("cheap", "GET", p, params=q)) for p, q in cheap.items() if p in paths or p == "/openapi.json"]
+    candidates += [(2, Call("cheap", "GET", p, params=q)) for p, q in cheap.items()
+                   if p in paths or p == "/openapi.json"]
     weights, calls = zip(*candidates)
     call = rng.choices(calls, weights=weights)[0]
     return call
@@ -171,7 +172,8 @@ def main() -> int:
     print(f"  latency ms: p50 {percentile(lat, 50):.1f}, p95 {percentile(lat, 95):.1f}, "
           f"p99 {percentile(lat, 99):.1f}, max {max(lat, default=0):.1f}")
     hz = tally.healthz_ms
-    print(f"  /healthz latency ms: p50 {percentile(hz, 50):.1f}, p95 {percentile(hz, 95):.1f}, max {max(hz, default=0):.1f}")
+    print(f"  /healthz latency ms: p50 {percentile(hz, 50):.1f}, p95 {percentile(hz, 95):.1f}, "
+          f"max {max(hz, default=0):.1f}")
     print(f"  errors: {sum(tally.errors.values())} (warm-up round: {sum(warm.errors.values())})")
     for what, count in tally.errors.most_common(10):
         print(f"    {count} x {what}")

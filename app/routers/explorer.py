@@ -7,7 +7,8 @@ request model (app/schemas.py: same names and limits), asks the service for the 
 
 A plain GET answers the full page; an htmx request only the block that changed: "results" on
 every change, "explorer" (controls too) when the model changes. Bad settings render their
-message in place of the figures, with status 422.
+message in place of the figures, with status 422. ARCHITECTURE.md follows one edit of the text box
+through here to the redrawn heatmap.
 """
 
 from __future__ import annotations

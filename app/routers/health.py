@@ -6,12 +6,12 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from fastapi import APIRouter, Depends, Response
+from fastapi import APIRouter, Response
 from pydantic import BaseModel
 
 from .. import __version__
 from ..paths import STATIC_DIR
-from ..settings import Settings, get_settings
+from ..deps import SettingsDep
 
 router = APIRouter(tags=["health"])
 
@@ -31,6 +31,8 @@ class Readiness(BaseModel):
 
 @router.get("/healthz", response_model=Health, summary="Is the server alive?")
 def healthz() -> Health:
+    """200 while the process answers: the liveness probe (the image's HEALTHCHECK uses it). Never
+    limited and never computing, so it answers while every compute slot is busy."""
     return Health()
 
 
@@ -66,7 +68,9 @@ def vendor_asset_problems(static_dir: Path) -> list[str]:
 
 @router.get("/readyz", response_model=Readiness, summary="Can the server serve pages and models?",
             responses={503: {"model": Readiness, "description": "not ready; `reasons` says why"}})
-def readyz(response: Response, settings: Settings = Depends(get_settings)) -> Readiness:
+def readyz(response: Response, settings: SettingsDep) -> Readiness:
+    """200 when the front-end files are in place and the models folder, if set, can be read; 503 with
+    the `reasons` an operator has to fix otherwise. Point a load balancer at it."""
     reasons = models_dir_problems(settings.models_dir) + vendor_asset_problems(STATIC_DIR)
     if reasons:
         response.status_code = 503

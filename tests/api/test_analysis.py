@@ -46,7 +46,9 @@ def test_ablation_changes_downstream_hooks_only(client):
              "blocks.1.hook_attn_out", "blocks.1.hook_resid_post"]
     base = post(client, "run", text=TEXT, hooks=hooks)
     late = post(client, "run", text=TEXT, hooks=hooks, ablate=[{"layer": 1, "head": 2}])
-    same = lambda name, r: np.array_equal(np.array(base["hooks"][name]), np.array(r["hooks"][name]))
+    def same(name, r):
+        return np.array_equal(np.array(base["hooks"][name]), np.array(r["hooks"][name]))
+
     # layer 1's own pattern is computed before its heads' outputs are replaced
     assert same("blocks.0.hook_resid_post", late) and same("blocks.1.attn.hook_pattern", late)
     assert not same("blocks.1.hook_attn_out", late) and not same("blocks.1.hook_resid_post", late)
@@ -130,7 +132,7 @@ def test_lens_equals_cores_logit_lens(client):
     lens = post(client, "analysis/logit-lens", text="Ali makan", top_k=3, ablate=[{"layer": 1, "head": 1}])
     cfg, params, ids = toy_model("Ali makan")
     _, cache = run_with_cache(params, cfg, ids, ablate={(1, 1): "zero"})
-    points = [f"blocks.{l}.hook_resid_{p}" for l in range(cfg.n_layers) for p in ("pre", "mid")]
+    points = [f"blocks.{layer}.hook_resid_{p}" for layer in range(cfg.n_layers) for p in ("pre", "mid")]
     points.append(f"blocks.{cfg.n_layers - 1}.hook_resid_post")
     assert lens["points"] == points
     for point, got in zip(points, lens["top_k"]):

@@ -154,7 +154,7 @@ def test_ablating_a_head_changes_nothing_upstream(how, layer, head):
     params = random_params(cfg)
     logits, clean = run_with_cache(params, cfg, TOKENS)
     ablated_logits, ablated = run_with_cache(params, cfg, TOKENS, ablate={(layer, head): how})
-    upstream = [n for n in clean if n.startswith(tuple(f"blocks.{l}." for l in range(layer)))
+    upstream = [n for n in clean if n.startswith(tuple(f"blocks.{earlier}." for earlier in range(layer)))
                 or not n.startswith("blocks.")]
     upstream.remove("ln_final.hook_normalized")
     same_layer = [f"blocks.{layer}.{n}" for n in ("hook_resid_pre", "attn.hook_q", "attn.hook_k", "attn.hook_v",

@@ -9,7 +9,6 @@ import re
 from urllib.parse import parse_qs, urlparse
 
 import numpy as np
-import pytest
 
 from app.settings import get_settings
 

@@ -1,0 +1,186 @@
+"""Every EXPLORER_* setting, changed, takes effect.
+
+Request-time limits come from the settings dependency (app/deps.py): an app created with other
+settings (create_app(Settings(...)), which overrides the dependency) refuses past them. The limits a
+request model states in the OpenAPI are read when app.schemas is imported, so those are checked in a
+fresh interpreter with the environment set, as a deployment sets them. Process settings (host, port,
+workers, log level) are checked on `python -m app` itself. (EXPLORER_BLAS_THREADS: tests/deploy;
+EXPLORER_MAX_CONCURRENT_COMPUTE and EXPLORER_RETRY_AFTER_S: tests/security/test_compute_limit.py;
+EXPLORER_ACCESS_LOG: tests/deploy/test_access_log.py.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.settings import Settings
+
+from .conftest import messages
+
+REPO = Path(__file__).resolve().parents[2]
+TOY = {"model": "toy", "text": "Ali makan"}
+
+
+def test_every_setting_is_covered_here_or_named():
+    """A new setting needs a test: this file's cases (or the file named in its docstring) cover each."""
+    covered = {"max_tokens", "max_work", "max_elements", "max_params", "max_hook_values", "explorer_max_tokens",
+               "max_body_bytes", "pretrained_memory_mb", "models_dir", "host", "port", "workers", "log_level"}
+    covered |= set(SCHEMA_LIMITS)
+    elsewhere = {"blas_threads", "max_concurrent_compute", "retry_after_s", "access_log"}
+    assert set(Settings.model_fields) == covered | elsewhere
+
+
+# ------------------------------------------------------------------ request-time limits (the dependency)
+
+@pytest.mark.parametrize(("setting", "value", "body", "says"), [
+    ("max_tokens", 5, TOY, "more than the limit of 5"),
+    ("max_work", 10_000, TOY, "more than this server's limit of 10,000"),
+    ("max_elements", 100, TOY, "more than this server's limit of 100"),
+    ("max_params", 1_000, TOY, "more than the limit of 1,000"),
+    ("max_hook_values", 100, TOY | {"hooks": ["blocks.0.attn.hook_pattern"]}, "more than the limit of 100"),
+])
+def test_request_limits_follow_the_settings(client, client_with, setting, value, body, says):
+    assert client.post("/api/v1/run", json=body).status_code == 200  # fine with the defaults
+    r = client_with(**{setting: value}).post("/api/v1/run", json=body)
+    assert r.status_code == 422 and says in messages(r)
+
+
+def test_explorer_max_tokens_limits_the_pages(client, client_with):
+    assert client.get("/", params={"text": "abcd"}).status_code == 200
+    small = client_with(explorer_max_tokens=3)
+    r = small.get("/", params={"text": "abcd"})
+    assert r.status_code == 422 and "the explorer draws up to 3" in r.text
+    r = small.get("/lessons/attention", params={"text": "a b c d"})
+    assert r.status_code == 422 and "this page draws up to 3" in r.text
+    assert small.post("/api/v1/run", json={**TOY, "text": "abcd"}).status_code == 200  # the API is not a page
+
+
+def test_max_body_bytes_sets_the_413(client_with):
+    c = client_with(max_body_bytes=2048)
+    assert c.post("/api/v1/run", json={**TOY, "text": "a" * 900}).status_code == 200
+    r = c.post("/api/v1/run", json={**TOY, "text": "a" * 2100})
+    assert r.status_code == 413 and "2,048 bytes" in messages(r)
+
+
+def test_pretrained_memory_budget(client_with):
+    r = client_with(pretrained_memory_mb=1).post("/api/v1/run", json={"model": "all-MiniLM-L6-v2", "text": "hi"})
+    assert r.status_code == 422 and "EXPLORER_PRETRAINED_MEMORY_MB" in messages(r)
+
+
+# ------------------------------------------------------------------ limits the request models state
+
+# setting -> (value, the request just past it, the field the 422 names)
+SCHEMA_LIMITS = {
+    "max_text_chars": (10, ("POST", "/api/v1/run", {"text": "a" * 11}), "text"),
+    "max_d_model": (8, ("POST", "/api/v1/run", {"text": "a", "d_model": 12}), "d_model"),
+    "max_heads": (2, ("POST", "/api/v1/run", {"text": "a", "n_heads": 4}), "n_heads"),
+    "max_layers": (2, ("POST", "/api/v1/run", {"text": "a", "n_layers": 3}), "n_layers"),
+    "max_d_mlp": (32, ("GET", "/api/v1/lessons/forward", {"d_mlp": 33}), "d_mlp"),
+    "max_top_k": (3, ("POST", "/api/v1/run", {"text": "a", "top_k": 4}), "top_k"),
+    "max_hooks": (1, ("POST", "/api/v1/run", {"text": "a", "hooks": ["hook_embed"] * 2}), "hooks"),
+    "max_dims": (2, ("GET", "/api/v1/lessons/scaling", {"dims": "4,8,16"}), "dims"),
+    "max_queries": (10, ("GET", "/api/v1/lessons/scaling", {"n_queries": 11}), "n_queries"),
+    "max_ablations": (1, ("POST", "/api/v1/run", {"text": "a", "ablate": [{"layer": 0, "head": 0},
+                                                                          {"layer": 0, "head": 1}]}), "ablate"),
+    "max_new_tokens": (2, ("POST", "/api/v1/analysis/kv-cache", {"text": "a", "n_new": 3}), "n_new"),
+    "calc_max_width": (100, ("GET", "/api/v1/params", {"d_model": 101}), "d_model"),
+    "calc_max_vocab": (100, ("GET", "/api/v1/params", {"d_vocab": 101}), "d_vocab"),
+    "calc_max_ctx": (100, ("GET", "/api/v1/params", {"n_ctx": 101}), "n_ctx"),
+    "calc_max_layers": (3, ("GET", "/api/v1/params", {"n_layers": 4}), "n_layers"),
+    "calc_max_batch": (2, ("GET", "/api/v1/kv-cache", {"batch": 3}), "batch"),
+}
+
+PROBE = """
+import json, sys
+from fastapi.testclient import TestClient
+from app.main import app
+cases = json.loads(sys.argv[1])
+out = {}
+with TestClient(app) as c:
+    for name, (method, path, fields) in cases.items():
+        if method == "POST":
+            r = c.post(path, json={"model": "toy", **fields})
+        else:
+            r = c.get(path, params=fields)
+        out[name] = [r.status_code, [d["msg"] for d in r.json().get("detail", [])] if r.status_code == 422 else []]
+    out["openapi"] = c.get("/openapi.json").json()
+print(json.dumps(out))
+"""
+
+
+def probe(env: dict[str, str], cases: dict) -> dict:
+    """Run the cases in a fresh interpreter whose environment sets `env` (settings are read at import)."""
+    done = subprocess.run([sys.executable, "-c", PROBE, json.dumps(cases)], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "EXPLORER_ACCESS_LOG": "false", **env})
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_request_model_limits_follow_the_environment():
+    cases = {name: request for name, (_, request, _) in SCHEMA_LIMITS.items()}
+    with_defaults = probe({}, cases)
+    lowered = probe({f"EXPLORER_{name.upper()}": str(value) for name, (value, _, _) in SCHEMA_LIMITS.items()}, cases)
+    for name, (_, _, field) in SCHEMA_LIMITS.items():
+        assert with_defaults[name][0] != 422 or not any(m.startswith(field) for m in with_defaults[name][1]), name
+        status, msgs = lowered[name]
+        assert status == 422 and any(m.startswith(field) for m in msgs), (name, status, msgs)
+    # and the OpenAPI states the new limits
+    run = lowered["openapi"]["components"]["schemas"]["RunRequest"]["properties"]
+    assert run["text"]["maxLength"] == 10 and run["hooks"]["maxItems"] == 1
+    assert run["d_model"]["anyOf"][0]["maximum"] == 8 and run["n_layers"]["anyOf"][0]["maximum"] == 2
+
+
+# ------------------------------------------------------------------ the process: host, port, workers, log level
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def workers(pid: int) -> list[int]:
+    """uvicorn's worker processes: the supervisor's children started by multiprocessing's spawn (not
+    its resource tracker)."""
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    kids = [int(p) for p in path.read_text().split()] if path.exists() else []
+    return [k for k in kids if b"spawn_main" in Path(f"/proc/{k}/cmdline").read_bytes()]
+
+
+def test_python_m_app_serves_on_the_settings_host_port_and_workers(tmp_path):
+    port = free_port()
+    env = {**os.environ, "EXPLORER_HOST": "127.0.0.1", "EXPLORER_PORT": str(port), "EXPLORER_WORKERS": "2",
+           "EXPLORER_LOG_LEVEL": "warning"}
+    log = (tmp_path / "server.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "app"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        for _ in range(4):
+            assert httpx.get(f"http://127.0.0.1:{port}/api/v1/models", timeout=30).status_code == 200
+        # uvicorn's supervisor runs the two workers as its children
+        deadline = time.monotonic() + 30
+        while len(workers(proc.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(workers(proc.pid)) == 2
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+    # log level warning: neither the access log nor uvicorn's info lines
+    text = (tmp_path / "server.log").read_text()
+    assert '"path": "/healthz"' not in text and "Uvicorn running" not in text, text
