@@ -3,7 +3,9 @@
 - request validation (pydantic): 422, each message prefixed by the field it is about;
 - ValueError/TypeError raised by core/ or the service layer for bad input: 422 with its message;
 - HTTP errors under /api/ (404, 405): the same shape, saying where the API is documented;
-- anything else is a bug: logged with its traceback, answered with a generic 500.
+- anything else is a bug: logged with its traceback, answered with a generic 500 (`unexpected`,
+  which app/main.py installs as a middleware inside the security headers, not here: Starlette calls
+  the handlers registered for Exception from its outermost layer, outside every middleware).
 """
 
 from __future__ import annotations
@@ -78,4 +80,3 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(ValueError, bad_input)
     app.add_exception_handler(TypeError, bad_input)
     app.add_exception_handler(StarletteHTTPException, http_error)
-    app.add_exception_handler(Exception, unexpected)
