@@ -15,6 +15,7 @@ import json
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -128,10 +129,18 @@ def _get(target: str) -> bytes:
 
 @pytest.mark.parametrize("path", ["/api/v1/lessons/attention", "/"])
 def test_a_100k_character_query_string_gets_a_json_414(entry, path):
+    before = len(_access_lines(entry))
     _assert_readable_error(*_raw(entry, _get(path + "?text=" + "a" * 100_000)), 414, "url_too_long",
                            S.max_url_bytes)
-    logged = [json.loads(line) for line in entry.log().splitlines() if line.startswith('{"ts"')]
-    assert {"path": path, "status": 414}.items() <= logged[-1].items()  # the access log saw it too
+    deadline = time.monotonic() + 10  # the line is written once the answer has gone out
+    while len(_access_lines(entry)) == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (line,) = _access_lines(entry)[before:]
+    assert {"path": path, "status": 414}.items() <= line.items()  # the access log saw it too
+
+
+def _access_lines(server) -> list[dict]:
+    return [json.loads(line) for line in server.log().splitlines() if line.startswith('{"ts"')]
 
 
 def test_a_long_path_gets_a_json_414_too(entry):
