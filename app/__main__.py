@@ -2,6 +2,7 @@
 
 import uvicorn
 
+from .bodylimit import HTTP_PROTOCOL
 from .settings import get_settings
 
 # On SIGTERM uvicorn stops accepting, lets requests in flight finish for up to this long, then exits.
@@ -13,6 +14,7 @@ def main() -> None:
     s = get_settings()
     uvicorn.run("app.main:app", host=s.host, port=s.port, workers=s.workers, log_level=s.log_level,
                 proxy_headers=True, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+                http=HTTP_PROTOCOL,  # httptools, bounding the URL so an over-long one gets a JSON 414
                 access_log=False)  # app/observability.py writes one JSON line per request instead
 
 

@@ -4,7 +4,9 @@
 - InputError, raised by core/ and the service for input the user can fix: 422 with its message
   (any other exception, a ValueError from a bug included, is a 500);
 - HTTP errors under /api/ (404, 405): the same shape, saying where the API is documented;
-- anything else is a bug: logged with its traceback, answered with a generic 500.
+- anything else is a bug: logged with its traceback, answered with a generic 500 (`unexpected`,
+  which app/main.py installs as a middleware inside the security headers, not here: Starlette calls
+  the handlers registered for Exception from its outermost layer, outside every middleware).
 """
 
 from __future__ import annotations
@@ -81,4 +83,3 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(InputError, bad_input)
     app.add_exception_handler(StarletteHTTPException, http_error)
-    app.add_exception_handler(Exception, unexpected)

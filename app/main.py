@@ -6,10 +6,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.middleware.errors import ServerErrorMiddleware
 from threadpoolctl import threadpool_limits
 
 from . import __version__, errors
-from .bodylimit import BodySizeLimitMiddleware
+from .bodylimit import BodySizeLimitMiddleware, UrlLengthLimitMiddleware
 from .catalog import build_catalog
 from .compression import CachedStaticFiles, GZipMiddleware
 from .observability import AccessLogMiddleware, configure_access_log
@@ -35,7 +36,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(
         title="Transformer Explorer",
         version=__version__,
-        description="See how a Transformer works: the spec's lessons, runnable models and their activations.",
+        description=("See how a Transformer works: the spec's lessons, runnable models and their activations. "
+                     f"Request bodies are limited to {s.max_body_bytes:,} bytes (413 beyond), URLs "
+                     f"to {s.max_url_bytes:,} bytes (414 beyond); every error answers in JSON as "
+                     '{"detail": [{"loc", "msg", "type"}]}.'),
         docs_url=None,  # served by our own offline page (no CDN)
         redoc_url=None,
         lifespan=lifespan,
@@ -49,16 +53,24 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(inspect_views.router)
     app.include_router(lessons.router)
     errors.install(app)
+    # Middleware, outermost first (each add_middleware wraps what was added before it):
+    #   AccessLog > SecurityHeaders > ServerError > UrlLengthLimit > BodySizeLimit > ComputeLimit > GZip
+    # - the access log is outermost, so its duration covers every layer and it logs every answer;
+    # - the security headers go on every answer below them: refusals (414, 413, 503) and a bug's 500;
+    # - a bug's 500 is answered here, inside the security headers (Starlette's own ServerErrorMiddleware
+    #   sits outside all of these and would answer without them); the exception still propagates;
+    # - requests too large are refused before they take a compute slot;
+    # - gzip is innermost: it compresses what the routes answer (refusals are too small to matter).
     app.add_middleware(GZipMiddleware)  # off the event loop for big bodies; static files compressed once
-    app.add_middleware(BodySizeLimitMiddleware, max_bytes=s.max_body_bytes)
-    app.mount("/static", CachedStaticFiles(directory=STATIC_DIR), name="static")
-    # Added last = outermost: the headers also go on the limiter's 503s and on error responses.
     app.add_middleware(ComputeLimitMiddleware, limit=s.max_concurrent_compute, retry_after_s=s.retry_after_s)
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=s.max_body_bytes)
+    app.add_middleware(UrlLengthLimitMiddleware, max_bytes=s.max_url_bytes)
+    app.add_middleware(ServerErrorMiddleware, handler=errors.unexpected)
     app.add_middleware(SecurityHeadersMiddleware)
-    # Keep this one last (outermost): the logged duration then covers every other middleware.
     if s.access_log:
         configure_access_log(s.log_level)
         app.add_middleware(AccessLogMiddleware)
+    app.mount("/static", CachedStaticFiles(directory=STATIC_DIR), name="static")
     return app
 
 

@@ -22,6 +22,9 @@ from collections.abc import Iterator
 import httpx
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # scripts/ run as files: make the app importable for its constants
+from app.bodylimit import HTTP_PROTOCOL  # noqa: E402
+
 # A folder holding only sitecustomize.py; on PYTHONPATH it makes the server refuse (and report)
 # every connection that does not go to a loopback address.
 NO_OUTBOUND_DIR = Path(__file__).resolve().parent / "no_outbound"
@@ -34,6 +37,7 @@ class LiveServer:
     url: str
     pid: int
     log_path: Path
+    returncode: int | None = None  # after the with-block: how the server exited on SIGTERM (None: killed)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -46,14 +50,21 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def live_server(env: dict[str, str] | None = None, *, no_outbound: bool = False,
+def live_server(env: dict[str, str] | None = None, *, no_outbound: bool = False, entry_point: bool = False,
                 startup_timeout_s: float = 60.0, python: str | os.PathLike | None = None) -> Iterator[LiveServer]:
-    """python: the interpreter to run the app with (default this one; the benchmarks, which run in a
+    """entry_point=True runs `python -m app` (the image's command: host, port, workers and log level
+    from EXPLORER_* settings) instead of the uvicorn command line; `env` may also set PYTHONPATH.
+    python: the interpreter to run the app with (default this one; the benchmarks, which run in a
     venv with torch, pass the app's own .venv's)."""
     port = free_port()
     child_env = {**os.environ, **(env or {})}
-    cmd = [str(python or sys.executable), "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port),
-           "--log-level", "warning", "--no-access-log"]
+    python = str(python or sys.executable)
+    # The same HTTP protocol as `python -m app` (app/__main__.py): it answers an over-long URL with a JSON 414.
+    cmd = [python, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port),
+           "--log-level", "warning", "--no-access-log", "--http", HTTP_PROTOCOL]
+    if entry_point:
+        cmd = [python, "-m", "app"]
+        child_env |= {"EXPLORER_HOST": "127.0.0.1", "EXPLORER_PORT": str(port)}
     if no_outbound:
         # asyncio's loop connects through Python's socket module, where the guard sits (uvloop
         # would connect from C); the server is otherwise the same.
@@ -68,7 +79,7 @@ def live_server(env: dict[str, str] | None = None, *, no_outbound: bool = False,
     finally:
         proc.terminate()
         try:
-            proc.wait(timeout=15)
+            server.returncode = proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()

@@ -17,35 +17,55 @@ compute itself. This script is NOT run by the tests and needs its own environmen
     gpt2-tiny-prefixed/  the same weights as GPT2LMHeadModel holds them: "transformer." prefix,
                          lm_head.weight stored (tied: equal to wte), no mask buffers
     gpt2-tiny-untied/    other weights; prefix, its own lm_head (tie_word_embeddings false),
-                         exact-erf GELU and n_inner != 4 * n_embd
+                         exact-erf GELU, n_inner != 4 * n_embd and a layer norm eps that is not
+                         the default (1e-6), so a config reader that ignored it would be seen
     bert-tiny/           a BertModel (with pooler and position_ids buffer, as saved in the wild)
     *.npz beside each    token ids and tokens as the reference tokenizer made them, hidden states
                          of every layer, attention patterns of every layer, logits (decoders)
-    minilm_reference.npz all-MiniLM-L6-v2 on a few sentences: token ids, the last hidden state,
-                         and the attention patterns of its first and last layers
+    minilm_reference.npz all-MiniLM-L6-v2 on a few sentences: token ids, the hidden states and
+                         attention patterns of every layer
 
-Every folder holds config.json, model.safetensors and tokenizer.json (a tiny byte-level BPE or
-WordPiece vocabulary trained here with the `tokenizers` package). Weights are redrawn larger than
-Hugging Face's 0.02-std initialisation so that attention patterns are far from uniform and a
-wrong layout cannot pass unnoticed.
+Every folder holds config.json, model.safetensors and tokenizer.json (a tiny byte-level BPE trained
+here with the `tokenizers` package, or a WordPiece vocabulary built from the corpus). Weights are
+redrawn larger than Hugging Face's 0.02-std initialisation so that attention patterns are far from
+uniform and a wrong layout cannot pass unnoticed; they are stored in float32, as checkpoints are.
+
+References are computed in float64 (the model upcast after its float32 weights are drawn), so a
+float64 run of core can be held to 1e-10 and a wrong eps, GELU form, scale or mask cannot hide in
+float32 rounding. Every .npz records how it was made (meta_* arrays): the torch, transformers and
+tokenizers versions, the SHA-256 of this script, which tests/core/test_parity.py compares with the
+script as it is now (a change here without `make fixtures` is reported), and the SHA-256 of each
+checkpoint folder it was recorded on. Running this script twice writes the same bytes.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import hashlib
 import os
+from collections import Counter
 from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # never reach for the Hub: everything here is built locally
 
 import numpy as np
+import tokenizers
 import torch
+import transformers
 from safetensors.numpy import save_file
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import BertConfig, BertModel, GPT2Config, GPT2LMHeadModel
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
+# How every fixture was made; tests/core/test_parity.py reads these keys.
+PROVENANCE = {
+    "generator_sha256": hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
+    "torch_version": torch.__version__,
+    "transformers_version": transformers.__version__,
+    "tokenizers_version": tokenizers.__version__,
+}
 
 CORPUS = [
     "Ali makan nasi lemak.",
@@ -77,13 +97,20 @@ def byte_level_bpe() -> Tokenizer:
 
 
 def wordpiece() -> Tokenizer:
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.decoder = decoders.WordPiece()
+    """A WordPiece vocabulary built from the corpus, not trained: the trainer breaks ties between
+    equally frequent pieces in hash order, so two runs would give different ids. Here: the specials,
+    every character alone and as a continuation (##c), the corpus's words and their common endings."""
+    normalizer, splitter = normalizers.BertNormalizer(lowercase=True), pre_tokenizers.BertPreTokenizer()
+    words = [w for text in CORPUS for w, _ in splitter.pre_tokenize_str(normalizer.normalize_str(text))]
+    chars = sorted({c for w in words for c in w})
+    endings = Counter("##" + w[-n:] for w in words for n in (2, 3) if len(w) > n + 1)
+    common = sorted((e for e, count in endings.items() if count > 1), key=lambda e: (-endings[e], e))
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tok.train_from_iterator(CORPUS, trainers.WordPieceTrainer(vocab_size=110, special_tokens=specials,
-                                                              show_progress=False))
+    vocab = list(dict.fromkeys(specials + chars + ["##" + c for c in chars] + sorted(set(words)) + common))
+    tok = Tokenizer(models.WordPiece({t: i for i, t in enumerate(vocab)}, unk_token="[UNK]"))
+    tok.normalizer = normalizer
+    tok.pre_tokenizer = splitter
+    tok.decoder = decoders.WordPiece()
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
@@ -120,10 +147,28 @@ def save_folder(name: str, tensors: dict[str, np.ndarray], config, tokenizer: To
     return folder
 
 
+def checkpoint_sha256(folder: Path) -> str:
+    """One hash of a checkpoint folder's three files (tests/core/test_parity.py computes the same)."""
+    h = hashlib.sha256()
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        h.update(name.encode() + b"\0" + (folder / name).read_bytes())
+    return h.hexdigest()
+
+
+def save_references(name: str, refs: dict[str, np.ndarray], checkpoints: dict[str, Path]) -> None:
+    """The references, with how they were made (meta_*) and which checkpoints they were recorded on
+    (meta_sha256_<folder name>: a folder re-recorded without its references, or the reverse, shows)."""
+    meta = {f"meta_{k}": np.array(v) for k, v in PROVENANCE.items()}
+    meta |= {f"meta_sha256_{folder}": np.array(checkpoint_sha256(path)) for folder, path in checkpoints.items()}
+    np.savez_compressed(FIXTURES / name, **refs, **meta)
+
+
 @torch.no_grad()
 def record(model, tokenizer: Tokenizer, texts, pair=None, logits: bool = True) -> dict[str, np.ndarray]:
-    """Reference activations, case by case: case{i}_token_ids, _hidden_states [n_layers+1, pos, d_model],
-    _attentions [n_layers, n_heads, pos, pos], _logits [pos, d_vocab], _token_type_ids."""
+    """Reference activations in float64, case by case: case{i}_token_ids, _hidden_states
+    [n_layers+1, pos, d_model], _attentions [n_layers, n_heads, pos, pos], _logits [pos, d_vocab],
+    _token_type_ids. The float32 weights are upcast exactly, so only the arithmetic is float64."""
+    model = copy.deepcopy(model).double()
     out: dict[str, np.ndarray] = {}
     encodings = [tokenizer.encode(t) for t in texts] + ([tokenizer.encode(*pair)] if pair else [])
     for i, enc in enumerate(encodings):
@@ -139,6 +184,7 @@ def record(model, tokenizer: Tokenizer, texts, pair=None, logits: bool = True) -
         out[c + "attentions"] = torch.stack(res.attentions)[:, 0].numpy()
         if logits:
             out[c + "logits"] = res.logits[0].numpy()
+    assert all(v.dtype == np.float64 for v in out.values() if v.dtype.kind == "f"), "expected float64 references"
     return out
 
 
@@ -156,25 +202,26 @@ def gpt2_fixtures(tokenizer: Tokenizer) -> None:
     refs = record(model, tokenizer, GPT2_TEXTS)
     # HF's last hidden state is after ln_f: check that reading before using it in the tests.
     np.testing.assert_allclose(refs["case0_logits"], refs["case0_hidden_states"][-1] @ state["lm_head.weight"].T,
-                               atol=1e-4)
+                               atol=1e-10)
 
     hub = {k.removeprefix("transformer."): v for k, v in state.items() if k != "lm_head.weight"}
     n_ctx = common["n_positions"]
     for layer in range(common["n_layer"]):  # the old constant buffers, as the Hub's gpt2 stores them
         hub[f"h.{layer}.attn.bias"] = np.tril(np.ones((n_ctx, n_ctx), dtype=np.float32))[None, None]
         hub[f"h.{layer}.attn.masked_bias"] = np.array(-1e4, dtype=np.float32)
-    save_folder("gpt2-tiny", hub, config, tokenizer)
-    save_folder("gpt2-tiny-prefixed", state, config, tokenizer)
-    np.savez_compressed(FIXTURES / "gpt2-tiny.npz", **refs)
+    folders = {"gpt2-tiny": save_folder("gpt2-tiny", hub, config, tokenizer),
+               "gpt2-tiny-prefixed": save_folder("gpt2-tiny-prefixed", state, config, tokenizer)}
+    save_references("gpt2-tiny.npz", refs, folders)
 
-    # Untied, exact GELU, a narrower MLP.
-    config = GPT2Config(**common, tie_word_embeddings=False, activation_function="gelu", n_inner=40)
+    # Untied, exact GELU, a narrower MLP, not the default eps.
+    config = GPT2Config(**common, tie_word_embeddings=False, activation_function="gelu", n_inner=40,
+                        layer_norm_epsilon=1e-6)
     model = GPT2LMHeadModel._from_config(config, attn_implementation="eager").eval()
     assert model.lm_head.weight.data_ptr() != model.transformer.wte.weight.data_ptr(), "expected untied weights"
     redraw(model, seed=2)
     state = {k: v for k, v in numpy_state(model).items() if not k.endswith((".attn.bias", ".attn.masked_bias"))}
-    save_folder("gpt2-tiny-untied", state, config, tokenizer)
-    np.savez_compressed(FIXTURES / "gpt2-tiny-untied.npz", **record(model, tokenizer, GPT2_TEXTS))
+    folder = save_folder("gpt2-tiny-untied", state, config, tokenizer)
+    save_references("gpt2-tiny-untied.npz", record(model, tokenizer, GPT2_TEXTS), {"gpt2-tiny-untied": folder})
 
 
 def bert_fixtures(tokenizer: Tokenizer) -> None:
@@ -183,30 +230,19 @@ def bert_fixtures(tokenizer: Tokenizer) -> None:
                         type_vocab_size=2, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     model = BertModel._from_config(config, attn_implementation="eager").eval()
     redraw(model, seed=3)
-    save_folder("bert-tiny", numpy_state(model), config, tokenizer)
-    np.savez_compressed(FIXTURES / "bert-tiny.npz", **record(model, tokenizer, BERT_TEXTS, BERT_PAIR, logits=False))
+    folder = save_folder("bert-tiny", numpy_state(model), config, tokenizer)
+    save_references("bert-tiny.npz", record(model, tokenizer, BERT_TEXTS, BERT_PAIR, logits=False),
+                    {"bert-tiny": folder})
 
 
-@torch.no_grad()
 def minilm_reference(folder: Path) -> None:
-    """Only what the test needs: the last hidden state and the first and last layers' patterns."""
+    """Every layer's hidden states and attention patterns, in float64, as for the tiny fixtures."""
     model = BertModel.from_pretrained(str(folder), attn_implementation="eager", local_files_only=True).eval()
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     tokenizer.no_padding()
     tokenizer.no_truncation()
-    out: dict[str, np.ndarray] = {}
-    last = model.config.num_hidden_layers - 1
-    for i, text in enumerate(MINILM_TEXTS):
-        enc = tokenizer.encode(text)
-        res = model(torch.tensor([enc.ids]), output_attentions=True)
-        c = f"case{i}_"
-        out[c + "text"] = np.array(text)
-        out[c + "token_ids"] = np.array(enc.ids, dtype=np.int64)
-        out[c + "tokens"] = np.array(enc.tokens)
-        out[c + "last_hidden_state"] = res.last_hidden_state[0].numpy()
-        out[c + "attentions_layer0"] = res.attentions[0][0].numpy()
-        out[c + f"attentions_layer{last}"] = res.attentions[last][0].numpy()
-    np.savez_compressed(FIXTURES / "minilm_reference.npz", **out)
+    save_references("minilm_reference.npz", record(model, tokenizer, MINILM_TEXTS, logits=False),
+                    {"all-MiniLM-L6-v2": folder})
 
 
 def main() -> None:

@@ -91,3 +91,31 @@ def test_every_api_operation_has_a_description(client):
     missing = [f"{method.upper()} {path}" for path, ops in schema["paths"].items() for method, op in ops.items()
                if not (op.get("description") or "").strip() or not (op.get("summary") or "").strip()]
     assert missing == []
+
+
+def test_only_input_errors_are_422_and_a_valueerror_from_a_bug_is_a_logged_500(caplog):
+    """core and the service raise InputError for what the user can fix: 422 with its message. Any other
+    exception, a ValueError from NumPy or a bug included, is a 500 without internals, logged."""
+    import logging
+
+    import numpy as np
+
+    from core import InputError
+
+    app = create_app()
+
+    def user_error():
+        raise InputError("d_model=10 is not divisible by n_heads=4: choose a multiple")
+
+    def bug():
+        np.zeros(3).reshape(2, 2)  # ValueError: cannot reshape array of size 3 into shape (2,2)
+
+    app.add_api_route("/api/v1/test-user-error", user_error)
+    app.add_api_route("/api/v1/test-bug", bug)
+    client = TestClient(app, raise_server_exceptions=False)
+    r = client.get("/api/v1/test-user-error")
+    assert r.status_code == 422 and r.json()["detail"][0]["msg"].startswith("d_model=10 is not divisible")
+    with caplog.at_level(logging.ERROR, logger="app.errors"):
+        r = client.get("/api/v1/test-bug")
+    assert r.status_code == 500 and "reshape" not in r.text and r.json()["detail"][0]["type"] == "internal_error"
+    assert any("reshape" in str(rec.exc_info[1]) for rec in caplog.records if rec.exc_info)

@@ -1,6 +1,8 @@
 """The lesson pages and the calculator as HTML (TestClient): the spec's numbers in the default view,
-the service's numbers in any view, errors in place with 422, every state a canonical URL, user text
-escaped, and the snippet download equal to the snippet on the page."""
+the JSON API's numbers in any view (or the published formulas' for the calculator), errors in place
+with 422, every state a canonical URL, user text escaped, and the snippet download equal to the
+snippet on the page. Rounded cells are checked against the full-precision value, not re-rounded
+the way the page rounds them."""
 
 from __future__ import annotations
 
@@ -8,11 +10,9 @@ import html
 from html.parser import HTMLParser
 from urllib.parse import urlencode
 
-import numpy as np
 import pytest
 
-from app import service, snippets
-from core import count_params
+from app import snippets
 from core import lessons
 
 HX = {"HX-Request": "true"}
@@ -69,7 +69,7 @@ def error_text(text: str) -> str:
 
 # ------------------------------------------------------------------ the spec's numbers, by default
 
-def test_attention_page_prints_the_spec_table_and_the_last_scores(client, svc):
+def test_attention_page_prints_the_spec_table_and_the_last_scores(client):
     r = client.get("/lessons/attention")
     assert r.status_code == 200
     t = tables(r.text)["weights-table"]
@@ -80,9 +80,9 @@ def test_attention_page_prints_the_spec_table_and_the_last_scores(client, svc):
                      ["lemak", "0.96", "0.03", "0.01", "0.00", "1.00"]]
     last = r.text[r.text.index('id="last-scores"'):]
     assert [s for s in ("4.15", "0.69", "-0.52", "-2.84") if s in last[:600]] == ["4.15", "0.69", "-0.52", "-2.84"]
-    # full precision on hover: each cell's title is the service's float
-    w = svc.lesson_attention(lessons.DEFAULT_TEXT, 0, 8, 4, False, True).lesson.result.weights
-    assert [float(x) for x in titles(r.text, "weights-table")[1][1:5]] == list(w[0])
+    # full precision on hover: each cell's title is the API's float
+    w = client.get("/api/v1/lessons/attention").json()["weights"]
+    assert [float(x) for x in titles(r.text, "weights-table")[1][1:5]] == w[0]
 
 
 def test_scaling_page_prints_the_spec_rows(client):
@@ -137,27 +137,48 @@ def test_calculator_opens_on_gpt2_small(client):
     r = client.get("/params")
     assert r.status_code == 200
     assert '<dd id="total">124,439,808</dd>' in r.text
-    kv = service.kv_cache(service.calc_config("gpt2-small"), None, 1, "float32").bytes
-    assert f"{kv:,}" in r.text and kv == 2 * 12 * 1024 * 768 * 4
+    kv = 2 * 12 * 1024 * 768 * 4  # K and V × layers × n_ctx × d_model × float32 bytes
+    assert "75,497,472" in r.text and kv == 75_497_472
 
 
 # ------------------------------------------------------------------ other settings: the service's numbers
 
-def test_attention_table_follows_the_settings(client, svc):
+def rounded_from(cell: str, value: float, digits: int = 2) -> bool:
+    """A table cell shows `value` to `digits` decimals: that many printed, no "-0.00", and the
+    nearest such number (half a unit in the last place away at most)."""
+    whole, _, frac = cell.partition(".")
+    return (len(frac) == digits and cell.lstrip("-").replace(".", "").isdigit() and cell != "-0." + "0" * digits
+            and abs(float(cell) - value) <= 0.5 * 10 ** -digits + 1e-12)
+
+
+def test_attention_table_follows_the_settings(client):
     query = {"text": "the cat sat on the mat", "seed": 5, "d_model": 16, "d_k": 8, "causal": "true", "scale": "false"}
-    t = tables(client.get("/lessons/attention?" + urlencode(query)).text)["weights-table"]
-    w = svc.lesson_attention(query["text"], 5, 16, 8, True, False).lesson.result.weights
+    r = client.get("/lessons/attention?" + urlencode(query))
+    t = tables(r.text)["weights-table"]
+    w = client.get("/api/v1/lessons/attention", params=query).json()["weights"]
     assert len(t) == 1 + 6
-    assert [row[1:7] for row in t[1:]] == [[f"{v:.2f}" for v in row] for row in w]
+    for row, expected in zip(t[1:], w):
+        assert all(rounded_from(cell, v) for cell, v in zip(row[1:7], expected)), (row, expected)
+    # each hover title is the API's number itself
+    assert [[float(x) for x in row[1:7]] for row in titles(r.text, "weights-table")[1:]] == w
+
+
+def gpt_params(vocab: int, n_ctx: int, d: int, layers: int, d_mlp: int) -> int:
+    """GPT-2's parameter count (Radford et al., 2019): token and position tables, per block W_QKV, W_O,
+    W_in, W_out with their biases and two layer norms, a final layer norm; W_U tied to W_E."""
+    block = d * 3 * d + 3 * d + d * d + d + d * d_mlp + d_mlp + d_mlp * d + d + 2 * 2 * d
+    return vocab * d + n_ctx * d + layers * block + 2 * d
 
 
 def test_calculator_follows_preset_sizes_batch_and_dtype(client):
     query = {"preset": "gpt2-xl", "seq_len": 2048, "batch": 4, "dtype": "int8", "n_layers": 10}
     r = client.get("/params?" + urlencode(query))
-    cfg = service.calc_config("gpt2-xl", n_layers=10)
-    kv = service.kv_cache(cfg, 2048, 4, "int8").bytes
-    assert f'<dd id="total">{count_params(cfg).total:,}</dd>' in r.text
-    assert f"{kv:,}" in r.text
+    d = 1600  # GPT-2 XL's width; its 48 layers cut to 10 here
+    total = gpt_params(50257, 1024, d, 10, 4 * d)
+    kv = 2 * 10 * 4 * 2048 * d * 1  # K and V × layers × batch × seq_len × d_model × int8's one byte
+    assert f'<dd id="total">{total:,}</dd>' in r.text
+    assert f"{kv:,}" in r.text and kv == client.get("/api/v1/kv-cache", params=query).json()["bytes"]
+    assert gpt_params(50257, 1024, 768, 12, 3072) == 124_439_808  # the formula gives GPT-2 small's published count
     rows = tables(r.text)["entries-table"]
     assert any(row[0] == "unembed.W_U" and row[3] == "not counted" for row in rows)
 
@@ -290,7 +311,14 @@ def test_an_error_message_quoting_user_text_is_escaped(client):
     assert "<b>x" not in r.text and "&lt;" in r.text
 
 
-def test_numbers_in_tables_round_like_numpy_prints_them():
-    from app.routers.lessons import fixed
-    assert [fixed(v, 2) for v in (0.891, -0.004, 0.005, 0.015, 1.0, -np.inf)] == [
-        str(np.round(v, 2)).ljust(4, "0") for v in (0.891, 0.0, 0.005, 0.015, 1.0)] + ["−∞"]
+def test_every_rounded_cell_is_the_apis_number_to_two_decimals(client):
+    """Causal weights hold exact zeros and many small numbers: none prints as "-0.00", each is its
+    full-precision value (the cell's title, equal to the API's) to two decimals."""
+    query = {"text": "a b c d e f g h", "seed": 7}
+    r = client.get("/lessons/causal?" + urlencode(query))
+    w = client.get("/api/v1/lessons/attention", params=query | {"causal": "true"}).json()["weights"]
+    cells = [row[1:9] for row in tables(r.text)["weights-table"][1:]]
+    hover = [[float(x) for x in row[1:9]] for row in titles(r.text, "weights-table")[1:]]
+    assert hover == w
+    assert all(rounded_from(cell, v) for row, values in zip(cells, w) for cell, v in zip(row, values))
+    assert "-0.00" not in r.text and cells[0][1:] == ["0.00"] * 7  # masked: exactly 0

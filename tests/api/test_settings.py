@@ -4,9 +4,10 @@ Request-time limits come from the settings dependency (app/deps.py): an app crea
 settings (create_app(Settings(...)), which overrides the dependency) refuses past them. The limits a
 request model states in the OpenAPI are read when app.schemas is imported, so those are checked in a
 fresh interpreter with the environment set, as a deployment sets them. Process settings (host, port,
-workers, log level) are checked on `python -m app` itself. (EXPLORER_BLAS_THREADS: tests/deploy;
+workers, log level) are checked on `python -m app` itself. (EXPLORER_BLAS_THREADS:
+tests/security/test_http_edge.py;
 EXPLORER_MAX_CONCURRENT_COMPUTE and EXPLORER_RETRY_AFTER_S: tests/security/test_compute_limit.py;
-EXPLORER_ACCESS_LOG: tests/deploy/test_access_log.py.)
+EXPLORER_ACCESS_LOG: tests/deploy/test_access_log.py; EXPLORER_MAX_URL_BYTES: tests/security/test_http_edge.py.)
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def test_every_setting_is_covered_here_or_named():
     covered = {"max_tokens", "max_work", "max_elements", "max_params", "max_hook_values", "explorer_max_tokens",
                "max_body_bytes", "pretrained_memory_mb", "models_dir", "host", "port", "workers", "log_level"}
     covered |= set(SCHEMA_LIMITS)
-    elsewhere = {"blas_threads", "max_concurrent_compute", "retry_after_s", "access_log"}
+    elsewhere = {"blas_threads", "max_concurrent_compute", "retry_after_s", "access_log", "max_url_bytes"}
     assert set(Settings.model_fields) == covered | elsewhere
 
 

@@ -13,7 +13,7 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from core import iter_arrays, run_with_cache
+from core import TransformerConfig, iter_arrays, run_with_cache
 from core.checkpoints import (CheckpointError, HFTokenizer, checkpoint_problem, load_checkpoint, params_nbytes,
                               read_spec)
 
@@ -52,8 +52,11 @@ def test_gpt2_config_maps_to_core_names():
         raw["n_embd"], raw["n_layer"], raw["n_head"], raw["vocab_size"], raw["n_positions"], raw["n_inner"])
     assert cfg.act_fn == "gelu" and cfg.tied_embeddings is False
     assert (cfg.block_type, cfg.attention_dir) == ("pre_norm", "causal")
+    # the fixture's eps is not the default, so this fails if layer_norm_epsilon is not read
+    assert cfg.eps == raw["layer_norm_epsilon"] == 1e-6 != TransformerConfig().eps
     tied = read_spec(FIXTURES / "gpt2-tiny").cfg
     assert tied.act_fn == "gelu_new" and tied.tied_embeddings and tied.d_mlp == 4 * tied.d_model
+    assert tied.eps == json.loads((FIXTURES / "gpt2-tiny" / "config.json").read_text())["layer_norm_epsilon"] == 1e-5
 
 
 def test_minilm_config():

@@ -4,16 +4,20 @@ Follows the Dockerfile itself: the files its COPY lines take (minus .dockerignor
 RUN lines with the repository's node_modules standing in for `npm ci`, and the build stage's RUN lines
 with /wheels and /opt/venv moved into a temporary folder. Then the container's command,
 `python -m app`, runs from an empty folder outside the repository with the image's environment,
-and every page, API route and static file must answer 200. This catches templates or static files
-that a real install would miss, and dependencies missing from requirements.lock.
+and every route of the app (checked against its route table), static file, page of every lesson
+and Inspect view must answer 200, each POST with the example its schema documents. This catches
+templates or static files that a real install would miss, and dependencies missing from
+requirements.lock. The installed server must also refuse an over-long URL with its JSON 414.
 Not covered here (needs an engine): the base images, the non-root user, the read-only filesystem,
 Docker's HEALTHCHECK scheduling and `docker compose` itself.
 """
 
 from __future__ import annotations
 
+import html
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -27,7 +31,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.routers.lessons import LESSONS
+from app.main import app as repo_app
 
 from .dockerfile import Instruction, ignore_patterns, is_ignored, parse_dockerfile
 
@@ -36,22 +40,69 @@ VENDOR_LIST = REPO / "static" / "vendor-files.txt"
 
 pytestmark = pytest.mark.slow
 
-# Routes the installed server must answer with 200 (static files are added from the repository).
-# Extend this list as routes land: every page and API route a fresh install must be able to serve.
-SERVED_PATHS = [
-    "/",
-    "/healthz",
-    "/readyz",
-    "/docs",
-    "/openapi.json",
-    "/api/v1/models",
-    "/api/v1/lessons/attention",
-    "/api/v1/lessons/forward",
-    "/api/v1/params?preset=gpt2-small",
-    "/api/v1/kv-cache?preset=gpt2-small",
-    "/params",
-    "/lessons",
-]
+# GET routes the OpenAPI schema does not list (pages and docs); the others come from /openapi.json.
+# Lessons and Inspect views are found from the pages' own links. test_every_route_is_requested
+# checks that together they reach every route of the app.
+PAGES = ["/", "/docs", "/params", "/lessons"]
+
+
+def _route_templates(routes, prefix: str = "") -> list[tuple[str, str]]:
+    """(method, path template) of every route of the app, its included routers' routes included.
+    FastAPI keeps an included router as one entry holding the original (`original_router`)."""
+    out = []
+    for route in routes:
+        included = getattr(route, "original_router", None)
+        if included is not None:
+            out += _route_templates(included.routes, prefix + (getattr(route.include_context, "prefix", "") or ""))
+        elif getattr(route, "methods", None):
+            out += [(m, prefix + route.path) for m in sorted(route.methods) if m != "HEAD"]
+    return out
+
+
+def _covered(template: str, method: str, requested: list[tuple[str, str]]) -> bool:
+    pattern = re.compile("^" + re.sub(r"\\{[^}]+\\}", "[^/]+", re.escape(template)) + "$")
+    return any(m == method and pattern.match(path.split("?")[0]) for m, path in requested)
+
+
+def _links(html_text: str, prefix: str) -> list[str]:
+    return sorted({html.unescape(u) for u in re.findall(rf'href="({re.escape(prefix)}[^"#]*)"', html_text)})
+
+
+def _every_request(client: httpx.Client) -> list[tuple[str, str, dict | None]]:
+    """(method, path, JSON body) for every route: the schema's GET and POST operations (POSTs with
+    their first documented example), the pages, each lesson page and its snippet, each Inspect view."""
+    schema = client.get("/openapi.json").json()
+    requests: list[tuple[str, str, dict | None]] = [("GET", "/openapi.json", None)]
+    for path, ops in schema["paths"].items():
+        for method, op in ops.items():
+            body = None
+            if "requestBody" in op:
+                ref = op["requestBody"]["content"]["application/json"]["schema"]["$ref"].split("/")[-1]
+                examples = schema["components"]["schemas"][ref].get("examples")
+                assert examples, f"{method.upper()} {path}: its request schema {ref} documents no example"
+                body = examples[0]
+            requests.append((method.upper(), path, body))
+    requests += [("GET", page, None) for page in PAGES]
+    lessons = [u for u in _links(client.get("/lessons").text, "/lessons/") if "?" not in u]
+    assert len(lessons) >= 7, lessons
+    requests += [("GET", u, None) for u in lessons]
+    requests += [("GET", u + "/snippet.py", None) for u in lessons if u != "/lessons/calculator"]
+    views = _links(client.get("/").text, "/inspect?")
+    assert len(views) == 5, views  # decompose, lens, detectors, kvcache, compare
+    requests += [("GET", u, None) for u in views]
+    return requests
+
+
+def test_every_route_is_requested_with_the_repository_app():
+    """The same requests, in-process, on the repository's app: they reach every route it has."""
+    from fastapi.testclient import TestClient
+
+    routes = _route_templates(repo_app.routes)
+    assert ("GET", "/inspect") in routes and ("POST", "/api/v1/run") in routes, "route table not read"
+    with TestClient(repo_app) as client:
+        requested = [(m, p) for m, p, _ in _every_request(client)]
+    missing = [(m, t) for m, t in routes if not _covered(t, m, requested)]
+    assert not missing, f"routes no request reaches (add them to test_install.py): {missing}"
 
 
 def _copy_tree(src: Path, dest: Path, patterns: list[str]) -> None:
@@ -199,21 +250,31 @@ def test_installed_server_serves_every_route_and_static_file(installed, tmp_path
         proc = subprocess.Popen(["python", "-m", "app"], cwd=run_dir, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         _wait_alive(url, proc, log)
-        lessons = [f"/lessons/{page.slug}{end}" for page in LESSONS for end in ("", "/snippet.py")]
         static = [f"/static/{f}" for f in _repo_files("static")] + [f"/static/vendor/{n}" for n in _vendored_names()]
         assert any(p.endswith(".css") for p in static)
         statuses = {}
-        with httpx.Client(base_url=url, timeout=60, trust_env=False) as client:
-            for path in SERVED_PATHS + lessons + static:
-                statuses[path] = client.get(path).status_code
+        with httpx.Client(base_url=url, timeout=120, trust_env=False) as client:
+            requests = _every_request(client) + [("GET", path, None) for path in static]
+            for method, path, body in requests:
+                r = client.request(method, path, json=body)
+                statuses[(method, path)] = (r.status_code, r.text[:200] if r.status_code != 200 else "")
             ready = client.get("/readyz").json()
-            assert {p: s for p, s in statuses.items() if s != 200} == {}, f"readyz: {ready}"
+            assert {k: v for k, v in statuses.items() if v[0] != 200} == {}, f"readyz: {ready}"
+            assert len(statuses) > 30 + len(static), len(statuses)
             # Every model loads from the installed packages (MiniLM's weights were installed --no-deps).
             models = client.get("/api/v1/models").json()["models"]
             assert "pretrained" in {m["kind"] for m in models}, "the bundled MiniLM is not listed"
             for model in models:
                 run = client.post("/api/v1/run", json={"model": model["name"], "text": model["default_text"]})
                 assert run.status_code == 200, (model["name"], run.text[:500])
+        # The installed server's HTTP protocol (an import string, loaded in each worker) bounds the URL.
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(b"GET /?text=" + b"a" * 100_000 + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 414") and b'"url_too_long"' in answer, answer[:300]
     finally:
         proc.send_signal(signal.SIGTERM)  # what `docker stop` sends
         try:

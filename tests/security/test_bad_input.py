@@ -74,108 +74,13 @@ def _raw_get(server, target: str) -> tuple[int, bytes]:
 @pytest.mark.parametrize("path", [LESSON, "/"])
 def test_long_texts_in_a_url(server, path):
     """Over the text limit: refused with the limit named, for the API and for the page alike.
-    At 100k characters the request line itself is too long for uvicorn's parser, which answers
-    400 "Invalid HTTP request received." before the app sees it; the server carries on."""
+    At 100k characters the URL itself is over the server's limit: a JSON 414 naming it (uvicorn
+    alone would answer a plain-text 400 "Invalid HTTP request received."); the server carries on."""
     status, body = _raw_get(server, path + "?text=" + "a" * 20_000)
     assert status == 422 and str(S.max_text_chars) in body.decode()
     status, body = _raw_get(server, path + "?text=" + "a" * 100_000)
-    assert status == 400 and b"Invalid HTTP request" in body
+    assert status == 414 and f"limit of {S.max_url_bytes:,}" in json.loads(body)["detail"][0]["msg"]
     assert httpx.get(server.url + "/healthz").status_code == 200
-
-
-def test_nul_and_control_characters(client):
-    # The toy's vocabulary has one [UNK] id for every character outside printable ASCII, so these
-    # run and are shown as themselves (by the contract); the spec's model names what it cannot read.
-    text = "ab\x00c\x07\x1b"
-    r = client.post(RUN, json={"model": "toy", "text": text})
-    assert r.status_code == 200
-    assert "".join(r.json()["tokens"]) == text
-    r = client.post(RUN, json={"model": "spec-forward", "text": "nasi\x00"})
-    assert r.status_code == 422 and "\\x00" in messages(r) and "vocabulary" in messages(r)
-
-
-def test_lone_surrogate_in_raw_json(client):
-    r = post_raw(client, b'{"model": "toy", "text": "ab\\ud800cd"}')
-    assert r.status_code == 422 and "surrogate" in messages(r)
-
-
-@pytest.mark.parametrize("text", ["emoji 🙂🚀👩‍👩‍👧", "مرحبا بالعالم", "שלום", "e\u0301 n\u0303 a\u0308",
-                                  "mixed עברית and English"])
-def test_emoji_rtl_and_combining_text_work(client, text):
-    r = client.post(RUN, json={"model": "toy", "text": text, "hooks": ["blocks.0.attn.hook_pattern"]})
-    assert r.status_code == 200, r.text
-    body = r.json()
-    assert "".join(body["tokens"]) == text  # each character shown as itself
-    n = len(body["tokens"])
-    pattern = body["hooks"]["blocks.0.attn.hook_pattern"]  # [head_index, query_pos, key_pos]
-    assert len(pattern[0]) == n and len(pattern[0][0]) == n
-    page = client.get("/", params={"text": text, "model": "toy"})
-    assert page.status_code == 200
-
-
-# ------------------------------------------------------------------ numbers
-
-@pytest.mark.parametrize("field,value,expect", [
-    ("n_heads", 10**30, str(S.max_heads)),
-    ("n_heads", -3, "greater than or equal to 1"),
-    ("d_model", 10**6, str(S.max_d_model)),
-    ("n_layers", 0, "greater than or equal to 1"),
-    ("seed", -1, "greater than or equal to 0"),
-    ("seed", 2**64, "less than or equal to"),
-    ("top_k", 10**9, str(S.max_top_k)),
-    ("temperature", -1.5, "greater than 0"),
-    ("temperature", 1e308, "less than or equal to"),
-])
-def test_huge_and_negative_numbers(client, field, value, expect):
-    r = client.post(RUN, json={"model": "toy", "text": "hi", field: value})
-    assert r.status_code == 422
-    assert field in messages(r) and expect in messages(r), messages(r)
-
-
-@pytest.mark.parametrize("literal", [b"NaN", b"Infinity", b"-Infinity", b"1e999"])
-def test_nan_and_infinity_in_json(client, literal):
-    r = post_raw(client, b'{"model": "toy", "text": "hi", "temperature": ' + literal + b"}")
-    assert r.status_code == 422
-    assert "temperature" in messages(r) and "finite" in messages(r)
-
-
-@pytest.mark.parametrize("query", ["temperature=NaN", "temperature=inf", "n_heads=1e400", "seed=-1"])
-def test_nan_and_huge_numbers_on_the_page(client, query):
-    r = client.get("/?" + query)
-    assert r.status_code == 422
-    assert query.split("=")[0] in r.text
-
-
-def test_huge_integer_in_a_query(client):
-    r = client.get(LESSON, params={"d_model": "9" * 40})
-    assert r.status_code == 422 and "d_model" in messages(r)
-
-
-# ------------------------------------------------------------------ shapes of the body
-
-@pytest.mark.parametrize("body,field", [
-    ({"model": "toy", "text": 123}, "text"),
-    ({"model": "toy", "text": ["a"]}, "text"),
-    ({"model": "toy", "text": "hi", "causal": "maybe"}, "causal"),
-    ({"model": "toy", "text": "hi", "hooks": "blocks.0.attn.hook_pattern"}, "hooks"),
-    ({"model": "toy", "text": "hi", "n_heads": "four"}, "n_heads"),
-    ({"model": 7, "text": "hi"}, "model"),
-])
-def test_wrong_types(client, body, field):
-    r = client.post(RUN, json=body)
-    assert r.status_code == 422 and field in messages(r)
-
-
-def test_unknown_fields_are_named(client):
-    r = client.post(RUN, json={"model": "toy", "text": "hi", "n_head": 2})
-    assert r.status_code == 422 and "n_head" in messages(r) and "/docs" in messages(r)
-    r = client.get(LESSON, params={"bogus": "1"})
-    assert r.status_code == 422 and "bogus" in messages(r)
-
-
-def test_unknown_model_lists_the_known_ones(client):
-    r = client.post(RUN, json={"model": "gpt-5", "text": "hi"})
-    assert r.status_code in (404, 422) and "gpt-5" in messages(r) and "toy" in messages(r)
 
 
 @pytest.mark.parametrize("raw", [b'{"model": "toy", "text": ', b"[]", b"null", b'"text"', b"\xff\xfe"])

@@ -72,12 +72,13 @@ def test_every_page_endpoint_and_model_works_offline(guarded):
         for path, ops in schema["paths"].items():
             if "get" in ops and "{" not in path:
                 seen[base + path] = client.get(base + path).status_code
-        models_status = client.get(base + "/api/v1/models").status_code
+        listing = client.get(base + "/api/v1/models")
+        assert listing.status_code == 200 and "post" in schema["paths"]["/api/v1/run"]
+        models = _model_names(listing.json())
         runs = {}
-        if models_status == 200 and "/api/v1/run" in schema["paths"]:
-            for model in _model_names(client.get(base + "/api/v1/models").json()):
-                r = client.post(base + "/api/v1/run", json={"model": model, "text": "nasi lemak"})
-                runs[model] = (r.status_code, r.text[:200])
+        for model in models:
+            r = client.post(base + "/api/v1/run", json={"model": model, "text": "nasi lemak"})
+            runs[model] = (r.status_code, r.text[:200])
 
     log = guarded.log()
     assert liveserver.BLOCKED_MARK not in log, log[-4000:]
@@ -86,7 +87,10 @@ def test_every_page_endpoint_and_model_works_offline(guarded):
     # Every crawled page/asset must load; GET operations may demand parameters (422) but never fail.
     pages_failed = {u: s for u, s in failed.items() if not urlsplit(u).path.startswith("/api/") or s >= 500}
     assert not pages_failed, pages_failed
+    # every model ran, the built-in toys and the bundled pretrained MiniLM among them
+    assert {"toy", "spec-forward", "all-MiniLM-L6-v2"} <= set(runs) == set(models), runs
     assert all(status == 200 for status, _ in runs.values()), runs
+    assert {base + "/", base + "/docs", base + "/params", base + "/inspect"} <= set(seen)  # the crawl reached the pages
     print(f"offline: {len(seen)} URLs, {len(runs)} model runs, statuses {sorted(set(seen.values()))}")
 
 
