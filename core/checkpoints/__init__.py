@@ -54,7 +54,7 @@ NOT_YET = {
 
 __all__ = ["CONFIG_FILE", "INDEX_FILE", "TOKENIZER_FILE", "WEIGHTS_FILE", "FAMILIES", "Checkpoint", "CheckpointError",
            "CheckpointSpec", "HFTokenizer", "SafetensorsFile", "Tensors", "checkpoint_problem", "load_checkpoint",
-           "load_params", "mapped_nbytes", "params_nbytes", "read_spec"]
+           "is_mapped", "load_params", "mapped_nbytes", "params_nbytes", "read_spec"]
 
 
 @dataclass(frozen=True)
@@ -152,35 +152,28 @@ def load_params(spec: CheckpointSpec) -> Params:
         raise CheckpointError(f"the weights cannot be read: {e}") from None
 
 
-def _base(array: np.ndarray):
-    """The object that owns an array's memory: the array itself, or the mmap it views."""
+def _root(array: np.ndarray) -> np.ndarray:
+    """The array that owns the memory a view sees (a transposed matrix's untransposed original)."""
     while isinstance(array.base, np.ndarray):
         array = array.base
-    return array if array.base is None else array.base
+    return array
+
+
+def is_mapped(array: np.ndarray) -> bool:
+    """True for a view of a memory-mapped file (np.frombuffer on an mmap: base is a memoryview of it)."""
+    owner = _root(array).base
+    return isinstance(owner.obj if isinstance(owner, memoryview) else owner, mmap.mmap)
 
 
 def params_nbytes(params: Params) -> int:
     """Bytes held by the parameter arrays (a view, such as a transposed matrix, counts its base once)."""
-    seen: dict[int, int] = {}
-    for _, array in iter_arrays(params):
-        base = array
-        while isinstance(base.base, np.ndarray):
-            base = base.base
-        seen[id(base)] = base.nbytes
-    return sum(seen.values())
+    return sum({id(root): root.nbytes for root in (_root(a) for _, a in iter_arrays(params))}.values())
 
 
 def mapped_nbytes(params: Params) -> int:
     """Of params_nbytes, the bytes that are views of memory-mapped weight files: pages of the page
     cache, shared by every process that maps the same file, rather than this process's own memory."""
-    seen: dict[int, int] = {}
-    for _, array in iter_arrays(params):
-        base = array
-        while isinstance(base.base, np.ndarray):
-            base = base.base
-        if isinstance(base.base, mmap.mmap):
-            seen[id(base)] = base.nbytes
-    return sum(seen.values())
+    return sum({id(root): root.nbytes for root in (_root(a) for _, a in iter_arrays(params)) if is_mapped(root)}.values())
 
 
 # ---------------------------------------------------------------------------- all together
