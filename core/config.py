@@ -218,5 +218,5 @@ PRESETS: dict[str, TransformerConfig] = {
     # GPT-Neo: learned positions, unscaled scores, local (256-token) layers between global ones.
     "tinystories-33m": TransformerConfig(d_vocab=50257, n_ctx=2048, d_model=768, n_layers=4, n_heads=16,
                                          use_attn_scale=False, attn_types=("global", "local") * 2, window_size=256,
-                                         qkv_bias=False),
+                                         qkv_bias=False, unembed_bias=False),
 }
