@@ -180,3 +180,16 @@ def test_a_bf16_sharded_model_runs_in_float32():
     ckpt = load_checkpoint(FAMILIES / "qwen3-qk-norm-bf16")
     logits, cache = run_with_cache(ckpt.params, ckpt.cfg, [1, 2, 3])
     assert logits.dtype == np.float32 and cache["blocks.0.attn.hook_pattern"].dtype == np.float32
+
+
+def test_a_float32_copy_of_a_bf16_model_is_mapped_and_equal(tmp_path):
+    from core.checkpoints.convert import convert_to_float32
+
+    dst = convert_to_float32(FAMILIES / "qwen3-qk-norm-bf16", tmp_path / "f32")
+    assert not (dst / "model.safetensors.partial").exists()
+    copy, original = load_checkpoint(dst), load_checkpoint(FAMILIES / "qwen3-qk-norm-bf16")
+    assert mapped_nbytes(copy.params) == params_nbytes(copy.params) == params_nbytes(original.params)
+    for (name, a), (_, b) in zip(iter_arrays(copy.params), iter_arrays(original.params), strict=True):
+        np.testing.assert_array_equal(a, b, err_msg=name)
+    with pytest.raises(CheckpointError, match="not empty"):
+        convert_to_float32(FAMILIES / "qwen3-qk-norm-bf16", dst)
