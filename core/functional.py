@@ -107,7 +107,8 @@ def silu(x: np.ndarray) -> np.ndarray:
     out = np.multiply(x, 0.5)
     np.tanh(out, out=out)
     out += 1.0
-    out *= 0.5 * x
+    out *= x  # in place, in two steps: no temporary as large as x
+    out *= 0.5
     return out
 
 
