@@ -49,10 +49,10 @@ def write_checkpoint() -> None:
         return
     torch.manual_seed(0)
     c = CFG
-    hf = LlamaConfig(vocab_size=c.d_vocab, hidden_size=c.d_model, intermediate_size=c.d_mlp, num_hidden_layers=c.n_layers,
-                     num_attention_heads=c.n_heads, num_key_value_heads=c.n_key_value_heads, head_dim=c.d_head,
-                     max_position_embeddings=c.n_ctx, rms_norm_eps=c.eps, rope_theta=c.rotary_base,
-                     tie_word_embeddings=True)
+    hf = LlamaConfig(vocab_size=c.d_vocab, hidden_size=c.d_model, intermediate_size=c.d_mlp,
+                     num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads,
+                     num_key_value_heads=c.n_key_value_heads, head_dim=c.d_head, max_position_embeddings=c.n_ctx,
+                     rms_norm_eps=c.eps, rope_theta=c.rotary_base, tie_word_embeddings=True)
     model = LlamaForCausalLM(hf)
     with torch.no_grad():  # norm gains are 1 at init: perturb them so that every array matters
         for name, p in model.named_parameters():
@@ -82,8 +82,8 @@ def speed(args) -> tuple[list, list, dict]:
     torch.set_num_threads(threads)
     params = load_core()
     model = LlamaForCausalLM.from_pretrained(CHECKPOINT, dtype=torch.float32).eval()
-    print(f"threads: NumPy BLAS {blas_info()['blas_threads']}, torch {torch.get_num_threads()} (torch {torch.__version__}, "
-          f"attention {model.config._attn_implementation})\n")
+    print(f"threads: NumPy BLAS {blas_info()['blas_threads']}, torch {torch.get_num_threads()} "
+          f"(torch {torch.__version__}, attention {model.config._attn_implementation})\n")
     ids = np.random.default_rng(1).integers(0, CFG.d_vocab, size=max(args.tokens))
 
     def core_forward(n: int, names=()):
@@ -108,9 +108,11 @@ def speed(args) -> tuple[list, list, dict]:
         c, t = median([w for w, _ in core_t]), median([w for w, _ in torch_t])
         c_cpu, t_cpu = median([u for _, u in core_t]), median([u for _, u in torch_t])
         rows.append([n, f"{c * 1e3:.0f}", f"{t * 1e3:.0f}", f"{c / t:.2f}", f"{c_cpu / t_cpu:.2f}"])
-        explorer = median([wall_and_cpu(lambda: core_forward(n, names=None))[0] for _ in range(max(2, args.repeat // 2))])
+        explorer = median([wall_and_cpu(lambda: core_forward(n, names=None))[0]
+                           for _ in range(max(2, args.repeat // 2))])
         cache_rows.append([n, f"{explorer * 1e3:.0f}"])
-        results[n] = {"core_s": c, "torch_s": t, "ratio": c / t, "cpu_ratio": c_cpu / t_cpu, "all_activations_s": explorer}
+        results[n] = {"core_s": c, "torch_s": t, "ratio": c / t, "cpu_ratio": c_cpu / t_cpu,
+                      "all_activations_s": explorer}
         print(f"  {n} tokens: core {c * 1e3:.0f} ms, torch {t * 1e3:.0f} ms, every activation {explorer * 1e3:.0f} ms",
               flush=True)
     return rows, cache_rows, results
@@ -206,11 +208,10 @@ def memory() -> tuple[list, dict]:
                              f"{drop / mb:.0f}"])
             finally:
                 second.close()
-        f = first.stages
+        f, ran = first.stages, first.stages["ran 128 tokens"]
         rows.insert(0, ["first worker (mapped, after 128 tokens)", f"{f['bytes']['params'] / mb:.0f}",
-                        f"{f['bytes']['mapped'] / mb:.0f}", f"{(f['ran 128 tokens']['rss'] - f['imported']['rss']) / mb:.0f}",
-                        f"{(f['ran 128 tokens']['uss'] - f['imported']['uss']) / mb:.0f}",
-                        f"{f['ran 128 tokens']['pss'] / mb:.0f}", "-"])
+                        f"{f['bytes']['mapped'] / mb:.0f}", f"{(ran['rss'] - f['imported']['rss']) / mb:.0f}",
+                        f"{(ran['uss'] - f['imported']['uss']) / mb:.0f}", f"{ran['pss'] / mb:.0f}", "-"])
     finally:
         first.close()
     return rows, out

@@ -103,7 +103,8 @@ class TransformerConfig:
                                  f"d_head={self.d_head}: rotary turns pairs of a head's dimensions")
         else:
             object.__setattr__(self, "rotary_dim", None)  # only rotary positions rotate anything
-        if not (isinstance(self.rotary_base, (int, float)) and self.rotary_base > 1 and math.isfinite(self.rotary_base)):
+        base = self.rotary_base
+        if not (isinstance(base, (int, float)) and base > 1 and math.isfinite(base)):
             raise InputError(f"rotary_base must be a finite number above 1, got {self.rotary_base!r}")
         if self.window_size is not None and (not _is_int(self.window_size) or self.window_size < 1):
             raise InputError(f"window_size must be a positive number of tokens, got {self.window_size!r}")
@@ -188,8 +189,8 @@ def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
 def _llama_like(**sizes) -> TransformerConfig:
     """Llama's design (Touvron et al., 2023), which SmolLM2, TinyLlama and Qwen share: RMS norms,
     a SwiGLU MLP, rotary in the rotate-half layout, no biases."""
-    return TransformerConfig(normalization_type="RMS", gated_mlp=True, act_fn="silu", positional_embedding_type="rotary",
-                             rotary_adjacent_pairs=False, bias=False, **sizes)
+    return TransformerConfig(normalization_type="RMS", gated_mlp=True, act_fn="silu",
+                             positional_embedding_type="rotary", rotary_adjacent_pairs=False, bias=False, **sizes)
 
 
 # Named configurations: the spec's toy and the four GPT-2 sizes (Radford et al., 2019), then the

@@ -34,8 +34,8 @@ from ..config import TransformerConfig
 from ..errors import InputError
 from ..model import Params, iter_arrays
 from . import bert, gpt2, gpt_neo, gpt_neox, llama
-from .tensors import (CONFIG_FILE, INDEX_FILE, TOKENIZER_FILE, WEIGHTS_FILE, CheckpointError, SafetensorsFile,
-                      Tensors, weight_files)
+from .tensors import (CONFIG_FILE, INDEX_FILE, TOKENIZER_FILE, WEIGHTS_FILE, CheckpointError, SafetensorsFile, Tensors,
+                      weight_files)
 from .tokenizer import HFTokenizer
 
 # config.json's model_type -> the module that maps that family onto core.
@@ -173,7 +173,8 @@ def params_nbytes(params: Params) -> int:
 def mapped_nbytes(params: Params) -> int:
     """Of params_nbytes, the bytes that are views of memory-mapped weight files: pages of the page
     cache, shared by every process that maps the same file, rather than this process's own memory."""
-    return sum({id(root): root.nbytes for root in (_root(a) for _, a in iter_arrays(params)) if is_mapped(root)}.values())
+    roots = (_root(a) for _, a in iter_arrays(params))
+    return sum({id(root): root.nbytes for root in roots if is_mapped(root)}.values())
 
 
 # ---------------------------------------------------------------------------- all together

@@ -47,7 +47,8 @@ def rope(raw: dict, default_theta: float = 10000.0, default_partial: float = 1.0
         raise InputError(f"rope scaling {kind!r} is not supported: only plain rotary embeddings run here "
                          f"(a config with rope_scaling null or rope_type 'default')")
     theta = params.get("rope_theta", raw.get("rope_theta", raw.get("rotary_emb_base", default_theta)))
-    partial = params.get("partial_rotary_factor", raw.get("partial_rotary_factor", raw.get("rotary_pct", default_partial)))
+    partial = params.get("partial_rotary_factor",
+                         raw.get("partial_rotary_factor", raw.get("rotary_pct", default_partial)))
     if not isinstance(theta, (int, float)) or not isinstance(partial, (int, float)) or not 0 < partial <= 1:
         raise InputError(f"rotary base {theta!r} or partial factor {partial!r} is not a usable number")
     return float(theta), float(partial)

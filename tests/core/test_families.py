@@ -16,9 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core import (InputError, KVCache, TransformerConfig, forward, hook_names, init_params, iter_arrays,
-                  kv_cache_bytes, reference_attention, run_with_cache, run_with_kv_cache,
-                  scaled_dot_product_attention)
+from core import (InputError, KVCache, TransformerConfig, forward, hook_names, init_params, iter_arrays, kv_cache_bytes,
+                  reference_attention, run_with_cache, run_with_kv_cache, scaled_dot_product_attention)
 from core.attention import QUERY_BLOCK, local_mask
 from core.cache import decomposition_hooks, stage_hooks
 from core.checkpoints import load_checkpoint
