@@ -100,16 +100,15 @@ def relu(x: np.ndarray) -> np.ndarray:
 
 
 def silu(x: np.ndarray) -> np.ndarray:
-    """x σ(x), the "swish" that Llama's gated MLP (SwiGLU) applies to its gate.
+    """x σ(x) = x / (1 + e^(-x)), the "swish" that Llama's gated MLP (SwiGLU) applies to its gate.
 
-    σ(x) is written 0.5 (1 + tanh(x / 2)), which equals 1 / (1 + e^(-x)) but cannot overflow.
+    For x below about -88 (float32) e^(-x) overflows to inf and the quotient is its limit, -0.
     """
-    out = np.multiply(x, 0.5)
-    np.tanh(out, out=out)
+    out = np.negative(x)
+    with np.errstate(over="ignore"):  # the overflow to inf is the right answer, not an error
+        np.exp(out, out=out)
     out += 1.0
-    out *= x  # in place, in two steps: no temporary as large as x
-    out *= 0.5
-    return out
+    return np.divide(x, out, out=out)
 
 
 ACTIVATIONS = {"gelu_new": gelu_new, "gelu": gelu, "relu": relu, "silu": silu}

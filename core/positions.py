@@ -74,13 +74,14 @@ def rotary(x: np.ndarray, positions: np.ndarray, *, rotary_dim: int | None = Non
     cos, sin = np.cos(angles).astype(x.dtype), np.sin(angles).astype(x.dtype)
     out = np.empty_like(x)
     out[..., rotary_dim:] = x[..., rotary_dim:]  # the dimensions rotary leaves alone (none when full)
-    if adjacent_pairs:
-        a, b = x[..., 0:rotary_dim:2], x[..., 1:rotary_dim:2]
-        out[..., 0:rotary_dim:2] = a * cos - b * sin
-        out[..., 1:rotary_dim:2] = a * sin + b * cos
-    else:
-        half = rotary_dim // 2
-        a, b = x[..., :half], x[..., half:rotary_dim]
-        out[..., :half] = a * cos - b * sin
-        out[..., half:rotary_dim] = b * cos + a * sin
+    if adjacent_pairs:  # pair i is (2i, 2i + 1)
+        first, second = slice(0, rotary_dim, 2), slice(1, rotary_dim, 2)
+    else:  # pair i is (i, i + rotary_dim/2)
+        first, second = slice(0, rotary_dim // 2), slice(rotary_dim // 2, rotary_dim)
+    a, b = x[..., first], x[..., second]
+    # (a, b) -> (a cos - b sin, a sin + b cos), written straight into `out`
+    np.multiply(a, cos, out=out[..., first])
+    out[..., first] -= b * sin
+    np.multiply(a, sin, out=out[..., second])
+    out[..., second] += b * cos
     return out
