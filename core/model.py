@@ -242,6 +242,8 @@ class KVCache:
 
     A pass given `past_kv` computes q, k, v for its new tokens only, appends k and v here and lets
     the new queries attend to every cached key: the same numbers as re-running the whole sequence.
+    Under grouped-query attention only the key/value heads are cached; a local layer's cache keeps
+    every token too (its mask hides those beyond the window), so the bytes are kv_cache_bytes'.
     """
 
     keys: tuple[np.ndarray, ...]  # per layer [n_key_value_heads, pos, d_head]
