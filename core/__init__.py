@@ -14,11 +14,11 @@ from .attention import (AttentionResult, causal_mask, merge_heads, multi_head_at
 from .cache import ActivationCache, run_with_cache
 from .config import PRESETS, TransformerConfig
 from .errors import InputError
-from .functional import gelu, gelu_new, layer_norm, relu, softmax
-from .model import (KVCache, forward, hook_names, hook_shape, init_params, iter_arrays, next_token_probs,
+from .functional import gelu, gelu_new, layer_norm, relu, rms_norm, silu, softmax
+from .model import (KVCache, forward, hook_dims, hook_names, hook_shape, init_params, iter_arrays, next_token_probs,
                     per_head_weights, run_with_kv_cache, unembedding)
-from .params import DTYPE_BYTES, count_params, gpt_params, kv_cache_bytes
-from .positions import POSITION_SCHEMES, apply_rotary, sinusoidal
+from .params import DTYPE_BYTES, count_params, forward_work, gpt_params, kv_cache_bytes, largest_array
+from .positions import POSITION_SCHEMES, apply_rotary, rotary, sinusoidal
 from .tokenizers import CharTokenizer, word_tokens
 
 __all__ = [
@@ -28,4 +28,6 @@ __all__ = [
     "forward", "hook_names", "hook_shape", "init_params", "iter_arrays", "next_token_probs", "per_head_weights",
     "run_with_kv_cache", "unembedding", "DTYPE_BYTES", "count_params", "gpt_params", "kv_cache_bytes",
     "POSITION_SCHEMES", "apply_rotary", "sinusoidal", "CharTokenizer", "word_tokens",
+    # other families (Llama, Qwen, Mistral, GPT-NeoX, GPT-Neo): their functions, and a forward pass's cost
+    "rms_norm", "silu", "rotary", "hook_dims", "forward_work", "largest_array",
 ]

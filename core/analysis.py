@@ -33,7 +33,7 @@ class ResidualDecomposition:
     parts: np.ndarray  # [n_parts, d_model]
     direct_logit: np.ndarray  # [n_parts], each part's direct contribution to the token's logit
     logit_bias: float  # ln_final.b · W_U[:, token] + b_U[token]: written by no part of the residual
-    scale: float  # the final layer norm's σ at pos, frozen from the run
+    scale: float  # the final norm's σ at pos (standard deviation, or root mean square for RMS), frozen from the run
     logit: float  # the model's actual logit
 
     @property
@@ -43,17 +43,20 @@ class ResidualDecomposition:
 
 def direct_logit_attribution(parts: np.ndarray, resid: np.ndarray, token: int, params: Params,
                              cfg: TransformerConfig) -> tuple[np.ndarray, float, float]:
-    """Each part's direct contribution to `token`'s logit through the final layer norm and W_U.
+    """Each part's direct contribution to `token`'s logit through the final norm and W_U.
 
-    parts: [n_parts, d_model] summing to resid [d_model]. The final layer norm is linear except
-    for its 1/σ; freezing σ at the run's value (as TransformerLens does) makes the logit a sum
-    over the parts. Returns (direct_logit [n_parts], logit_bias, σ).
+    parts: [n_parts, d_model] summing to resid [d_model]. The final norm is linear except for
+    its division by σ; freezing σ at the run's value (as TransformerLens does) makes the logit a
+    sum over the parts. A layer norm also centres the vector, which is linear, so it is applied
+    to each part; an RMS norm (Llama, Qwen) does not centre, and its σ is the root mean square.
+    Returns (direct_logit [n_parts], logit_bias, σ).
     """
-    scale = float(np.sqrt(resid.var() + cfg.eps))
+    rms = cfg.normalization_type in ("RMS", "RMSPre")
+    scale = float(np.sqrt(np.mean(resid * resid) + cfg.eps)) if rms else float(np.sqrt(resid.var() + cfg.eps))
     ln = params.get("ln_final", {})
     W_U, b_U = unembedding(params)
     direction = W_U[:, token] * ln["w"] if "w" in ln else W_U[:, token]  # [d_model]
-    centred = parts - parts.mean(axis=-1, keepdims=True)  # centring is linear: apply it per part
+    centred = parts if rms else parts - parts.mean(axis=-1, keepdims=True)  # centring is linear: per part
     direct_logit = centred @ direction / scale  # [n_parts]
     logit_bias = float(ln["b"] @ W_U[:, token] if "b" in ln else 0.0) + float(0.0 if b_U is None else b_U[token])
     return direct_logit, logit_bias, scale

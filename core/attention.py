@@ -31,22 +31,35 @@ def causal_mask(n_query: int, n_key: int | None = None) -> np.ndarray:
     return np.triu(np.ones((n_query, n_key), dtype=bool), k=1 + n_key - n_query)
 
 
+def local_mask(n_query: int, n_key: int, window: int) -> np.ndarray:
+    """Boolean [query_pos, key_pos], True where the key lies `window` or more positions before
+    the query (too far back for a local attention layer, which sees only the last `window` tokens,
+    itself included: GPT-Neo's local layers and Mistral's sliding window).
+
+    The queries are the last n_query of n_key positions, as in causal_mask.
+    """
+    return np.tril(np.ones((n_query, n_key), dtype=bool), k=n_key - n_query - window)
+
+
 def attention_scale(d_head: int, scale: bool = True, temperature: float = 1.0) -> float:
     """The divisor of QKᵀ: √d_head when scaling is on, times the softmax temperature."""
     return (math.sqrt(d_head) if scale else 1.0) * temperature
 
 
 def reference_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool = False, scale: bool = True,
-                        temperature: float = 1.0) -> AttentionResult:
+                        temperature: float = 1.0, window: int | None = None) -> AttentionResult:
     """softmax(Q Kᵀ / √d_k + mask) V, in the fewest lines: the formula as the spec writes it.
 
     The reference that the lessons teach from and that scaled_dot_product_attention, the blocked
     and in-place version the models run, is tested against (tests/core/test_functional.py).
     q: [..., query_pos, d_head], k: [..., key_pos, d_head], v: [..., key_pos, d_v].
+    window: a local layer's span (keys further back than that are -inf too).
     """
     scores = q @ np.swapaxes(k, -1, -2) / attention_scale(q.shape[-1], scale, temperature)  # [..., query_pos, key_pos]
     if causal:
         scores = np.where(causal_mask(q.shape[-2], k.shape[-2]), -np.inf, scores)  # the future is -inf
+    if window is not None:
+        scores = np.where(local_mask(q.shape[-2], k.shape[-2], window), -np.inf, scores)  # the distant past too
     weights = softmax(scores)  # each row sums to 1
     return AttentionResult(scores, weights, weights @ v)  # output [..., query_pos, d_v]
 
@@ -67,6 +80,7 @@ def scaled_dot_product_attention(
     scale: bool = True,
     temperature: float = 1.0,
     keep: bool = True,
+    window: int | None = None,
 ) -> AttentionResult:
     """softmax(Q Kᵀ / √d_k + mask) V, returning scores, weights and output.
 
@@ -75,9 +89,16 @@ def scaled_dot_product_attention(
     When causal, each block of queries skips the keys none of its rows can see: half the work
     of QKᵀ, softmax and weights @ V at long inputs. The skipped entries are exactly the -inf
     scores and 0 weights, so every number is the same whether or not scores are kept.
+    window: a local layer's span; each block then also skips the keys that lie `window` or more
+    positions before all of its queries.
+    Grouped-query attention needs no copies: give q as [n_kv_heads, group, query_pos, d_head] and
+    k, v as [n_kv_heads, 1, key_pos, d_head], and the matrix products broadcast each key head
+    over its group of query heads.
     """
     if temperature <= 0 or not math.isfinite(temperature):
         raise InputError(f"temperature must be a positive finite number, got {temperature}")
+    if window is not None and not (causal and window >= 1):
+        raise InputError(f"a local attention window ({window}) needs causal attention and a span of at least 1")
     n_query, n_key = q.shape[-2], k.shape[-2]
     divisor = attention_scale(q.shape[-1], scale, temperature)
     lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])  # e.g. (n_heads,)
@@ -92,18 +113,24 @@ def scaled_dot_product_attention(
         # Keys this block's queries may see: with a KV cache the queries are the last n_query
         # positions, so query i sits at position n_key - n_query + i and sees keys up to it.
         seen = max(1, n_key - n_query + stop) if causal else n_key
-        s = np.matmul(q[..., start:stop, :], k_t[..., :seen],
-                      out=None if scores is None else scores[..., start:stop, :seen])  # [..., block, seen]
+        # ...and, in a local layer, none before the first query's window.
+        first = 0 if window is None else max(0, n_key - n_query + start - window + 1)
+        s = np.matmul(q[..., start:stop, :], k_t[..., first:seen],
+                      out=None if scores is None else scores[..., start:stop, first:seen])  # [..., block, seen - first]
         s /= divisor
-        if causal:
-            np.copyto(s, -np.inf, where=causal_mask(stop - start, seen))
+        if causal:  # the keys [first, seen) as seen from the block's queries, the last of n_key - first keys
+            np.copyto(s, -np.inf, where=causal_mask(stop - start, seen - first))
+        if window is not None:
+            np.copyto(s, -np.inf, where=local_mask(stop - start, seen - first, window))
         if keep:
             scores[..., start:stop, seen:] = -np.inf  # keys after the block's last query
             weights[..., start:stop, seen:] = 0.0
-            w = softmax(s, out=weights[..., start:stop, :seen])
+            scores[..., start:stop, :first] = -np.inf  # keys before the block's window
+            weights[..., start:stop, :first] = 0.0
+            w = softmax(s, out=weights[..., start:stop, first:seen])
         else:
             w = softmax(s, out=s)  # nobody keeps the scores: overwrite them with the weights
-        np.matmul(w, v[..., :seen, :], out=output[..., start:stop, :])
+        np.matmul(w, v[..., first:seen, :], out=output[..., start:stop, :])
     return AttentionResult(scores, weights, output)
 
 

@@ -137,14 +137,16 @@ class ActivationCache(Mapping):
         return np.stack([self[f"blocks.{layer}.{name}"] for layer in range(self.cfg.n_layers)])
 
     def attention_stages(self, layer: int, head: int) -> AttentionStages:
-        """Raw, scaled and masked scores and the weights of one head (needs `stage_hooks`)."""
+        """Raw, scaled and masked scores and the weights of one query head (needs `stage_hooks`).
+
+        Under grouped-query attention the keys are those of the head's key/value head, cfg.kv_head(head)."""
         cfg = self.cfg
         if not (0 <= layer < cfg.n_layers and 0 <= head < cfg.n_heads):
             raise InputError(f"layer {layer}, head {head} does not exist: the model has {cfg.n_layers} layer(s) "
                              f"of {cfg.n_heads} head(s), counted from 0")
         q_name, k_name, scores_name, pattern_name = stage_hooks(cfg, layer)
         q = self[q_name][:, head]  # [pos, d_head]
-        k = self[k_name][:, head]
+        k = self[k_name][:, cfg.kv_head(head)]  # the key/value head this query head shares with its group
         raw = q @ k.T  # [query_pos, key_pos]
         scaled = raw / attention_scale(cfg.d_head, cfg.use_attn_scale, cfg.attn_temperature)
         masked = self[scores_name][head]

@@ -11,7 +11,10 @@ from .errors import InputError
 from .functional import ACTIVATIONS
 from .positions import POSITION_SCHEMES
 
-NORMALIZATION_TYPES = ("LN", "LNPre")  # LN: gain and bias; LNPre: neither (the spec's toy)
+# LN: layer norm with gain and bias; LNPre: neither (the spec's toy); RMS: root-mean-square norm with
+# a gain (Llama, Mistral, Qwen); RMSPre: RMS norm without a gain.
+NORMALIZATION_TYPES = ("LN", "LNPre", "RMS", "RMSPre")
+ATTN_TYPES = ("global", "local")  # per layer: see every earlier token, or only the last window_size
 ATTENTION_DIRS = ("causal", "bidirectional")
 BLOCK_TYPES = ("pre_norm", "post_norm")  # GPT-2 normalises a sub-layer's input, BERT its output
 
@@ -25,8 +28,8 @@ class TransformerConfig:
     n_ctx: int = 64  # longest sequence; the size of a learned position table
     d_head: int | None = None  # None: d_model // n_heads
     d_mlp: int | None = None  # None: 4 * d_model, as in GPT-2
-    act_fn: Literal["gelu_new", "gelu", "relu"] = "gelu_new"  # gelu_new is GPT-2's tanh GELU
-    normalization_type: Literal["LN", "LNPre"] = "LN"
+    act_fn: Literal["gelu_new", "gelu", "relu", "silu"] = "gelu_new"  # gelu_new is GPT-2's tanh GELU
+    normalization_type: Literal["LN", "LNPre", "RMS", "RMSPre"] = "LN"
     positional_embedding_type: Literal["none", "sinusoidal", "learned", "rotary"] = "learned"
     attention_dir: Literal["causal", "bidirectional"] = "causal"
     use_attn_scale: bool = True  # divide scores by √d_head
@@ -35,7 +38,23 @@ class TransformerConfig:
     bias: bool = True  # biases on every linear map (the spec's toy has none)
     tied_embeddings: bool = True  # unembedding is W_E transposed, as in GPT-2
     n_token_types: int = 0  # BERT's segment embeddings; 0 for decoders
-    eps: float = 1e-5  # layer norm epsilon
+    eps: float = 1e-5  # epsilon of every norm
+    # Switches of other decoder families (Llama, Qwen, Mistral, GPT-NeoX, GPT-Neo); each default is
+    # GPT-2's behaviour, so a config that leaves them alone is the model it always was.
+    n_key_value_heads: int | None = None  # grouped-query attention: heads of K and V, each shared by
+    # n_heads / n_key_value_heads query heads (None: n_heads, one per query head)
+    gated_mlp: bool = False  # SwiGLU-style MLP: act(x @ W_gate) * (x @ W_in), then W_out
+    rotary_dim: int | None = None  # rotary: dimensions of each head that are rotated (None: d_head)
+    rotary_base: float = 10000.0  # rotary: the angle of pair i at position p is p · base^(-2i/rotary_dim)
+    rotary_adjacent_pairs: bool = True  # rotary pairs (2i, 2i+1); False: (i, i + rotary_dim/2), NeoX/Llama
+    parallel_attn_mlp: bool = False  # GPT-NeoX: attention and MLP both read the block's input, x + attn + mlp
+    window_size: int | None = None  # the span of a local attention layer (tokens, itself included)
+    attn_types: tuple[str, ...] | None = None  # per layer "global" or "local" (None: all global)
+    use_qk_norm: bool = False  # Qwen3: RMS-normalise each head's query and key (gain over d_head)
+    qkv_bias: bool | None = None  # biases of Q, K, V (None: as `bias`; Qwen2 has them without b_O)
+    attn_out_bias: bool | None = None  # bias of W_O (None: as `bias`)
+    mlp_bias: bool | None = None  # biases of the MLP (None: as `bias`)
+    unembed_bias: bool | None = None  # b_U of an untied unembedding (None: as `bias`)
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_layers", "n_heads", "d_vocab", "n_ctx"):
@@ -63,21 +82,103 @@ class TransformerConfig:
                 raise InputError(f"{self.positional_embedding_type} positions need an even {what}, got {width}")
         if not (self.attn_temperature > 0 and math.isfinite(self.attn_temperature)):
             raise InputError(f"attn_temperature must be a positive finite number, got {self.attn_temperature}")
+        self._check_families()
+
+    def _check_families(self) -> None:
+        """Validate the other families' switches and resolve their None defaults."""
+        if self.n_key_value_heads is None:
+            object.__setattr__(self, "n_key_value_heads", self.n_heads)
+        kv = self.n_key_value_heads
+        if not _is_int(kv) or kv < 1:
+            raise InputError(f"n_key_value_heads must be a positive integer, got {kv!r}")
+        if self.n_heads % kv:
+            raise InputError(f"n_heads={self.n_heads} is not divisible by n_key_value_heads={kv}: each key/value "
+                             f"head serves an equal group of query heads, so choose a divisor of {self.n_heads}")
+        if self.positional_embedding_type == "rotary":
+            if self.rotary_dim is None:
+                object.__setattr__(self, "rotary_dim", self.d_head)
+            rd = self.rotary_dim
+            if not _is_int(rd) or rd < 2 or rd % 2 or rd > self.d_head:
+                raise InputError(f"rotary_dim={rd!r} must be an even number of dimensions between 2 and "
+                                 f"d_head={self.d_head}: rotary turns pairs of a head's dimensions")
+        else:
+            object.__setattr__(self, "rotary_dim", None)  # only rotary positions rotate anything
+        base = self.rotary_base
+        if not (isinstance(base, (int, float)) and base > 1 and math.isfinite(base)):
+            raise InputError(f"rotary_base must be a finite number above 1, got {self.rotary_base!r}")
+        if self.window_size is not None and (not _is_int(self.window_size) or self.window_size < 1):
+            raise InputError(f"window_size must be a positive number of tokens, got {self.window_size!r}")
+        if self.attn_types is not None:
+            types = tuple(self.attn_types) if isinstance(self.attn_types, (list, tuple)) else None
+            if types is None or len(types) != self.n_layers:
+                raise InputError(f"attn_types needs one entry per layer ({self.n_layers}), got {self.attn_types!r}")
+            for t in types:
+                _check_choice("attn_types entry", t, ATTN_TYPES)
+            object.__setattr__(self, "attn_types", types)
+            if "local" in types and self.window_size is None:
+                raise InputError("local attention layers need a window_size (how many tokens each one sees)")
+            if "local" in types and not self.causal:
+                raise InputError("local attention layers see the last window_size tokens: they need causal attention")
+        if self.parallel_attn_mlp and self.block_type != "pre_norm":
+            raise InputError("parallel_attn_mlp needs a pre-norm block: attention and MLP both read the block's "
+                             "normalised input")
+        for name in ("qkv_bias", "attn_out_bias", "mlp_bias", "unembed_bias"):
+            value = getattr(self, name)
+            if value is None:
+                object.__setattr__(self, name, self.bias)
+            elif not isinstance(value, bool):
+                raise InputError(f"{name} must be true, false or null, got {value!r}")
+
+    def attn_type(self, layer: int) -> str:
+        """"global" or "local" for one layer."""
+        return "global" if self.attn_types is None else self.attn_types[layer]
+
+    def window(self, layer: int) -> int | None:
+        """The number of tokens one layer's queries may see (itself included), or None: all of them."""
+        return self.window_size if self.attn_type(layer) == "local" else None
+
+    @property
+    def group_size(self) -> int:
+        """Query heads that share one key/value head (1 without grouped-query attention)."""
+        return self.n_heads // self.n_key_value_heads
+
+    def kv_head(self, head: int) -> int:
+        """The key/value head that query head `head` reads (consecutive query heads share one)."""
+        return head // self.group_size
 
     @property
     def causal(self) -> bool:
         return self.attention_dir == "causal"
 
     def replace(self, **changes) -> TransformerConfig:
-        """A copy with some fields changed; derived sizes are re-derived unless given."""
+        """A copy with some fields changed; derived sizes are re-derived unless given.
+
+        A model with one K/V head per query head keeps that when n_heads changes; a rotary
+        dimension covering the whole head keeps covering it; the per-layer attention types repeat
+        their pattern when n_layers changes; the bias switches follow a changed `bias`."""
         if "d_model" in changes or "n_heads" in changes:
             changes.setdefault("d_head", None)
         if "d_model" in changes:
             changes.setdefault("d_mlp", None)
+        if "n_heads" in changes and self.n_key_value_heads == self.n_heads:
+            changes.setdefault("n_key_value_heads", None)
+        if ("d_head" in changes or "positional_embedding_type" in changes) and self.rotary_dim == self.d_head:
+            changes.setdefault("rotary_dim", None)
+        if "n_layers" in changes and self.attn_types is not None and "attn_types" not in changes:
+            n = changes["n_layers"]
+            if _is_int(n) and n > 0:
+                changes["attn_types"] = tuple(self.attn_types[i % len(self.attn_types)] for i in range(n))
+        if "bias" in changes:
+            for name in ("qkv_bias", "attn_out_bias", "mlp_bias", "unembed_bias"):
+                changes.setdefault(name, None)
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
@@ -85,11 +186,38 @@ def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
         raise InputError(f"{name}={value!r} is not one of {', '.join(choices)}")
 
 
-# Named configurations: the spec's toy and the four GPT-2 sizes (Radford et al., 2019).
+def _llama_like(**sizes) -> TransformerConfig:
+    """Llama's design (Touvron et al., 2023), which SmolLM2, TinyLlama and Qwen share: RMS norms,
+    a SwiGLU MLP, rotary in the rotate-half layout, no biases."""
+    return TransformerConfig(normalization_type="RMS", gated_mlp=True, act_fn="silu",
+                             positional_embedding_type="rotary", rotary_adjacent_pairs=False, bias=False, **sizes)
+
+
+# Named configurations: the spec's toy and the four GPT-2 sizes (Radford et al., 2019), then the
+# small open decoders of other families, with the sizes of their Hugging Face config.json
+# (tests/core/test_params.py checks each count against transformers' own).
 PRESETS: dict[str, TransformerConfig] = {
     "toy": TransformerConfig(d_vocab=65, n_ctx=64, d_model=64, n_layers=2, n_heads=4),
     "gpt2-small": TransformerConfig(d_vocab=50257, n_ctx=1024, d_model=768, n_layers=12, n_heads=12),
     "gpt2-medium": TransformerConfig(d_vocab=50257, n_ctx=1024, d_model=1024, n_layers=24, n_heads=16),
     "gpt2-large": TransformerConfig(d_vocab=50257, n_ctx=1024, d_model=1280, n_layers=36, n_heads=20),
     "gpt2-xl": TransformerConfig(d_vocab=50257, n_ctx=1024, d_model=1600, n_layers=48, n_heads=25),
+    "smollm2-135m": _llama_like(d_vocab=49152, n_ctx=8192, d_model=576, n_layers=30, n_heads=9, n_key_value_heads=3,
+                                d_mlp=1536, rotary_base=100000.0, eps=1e-5),
+    "tinyllama-1.1b": _llama_like(d_vocab=32000, n_ctx=2048, d_model=2048, n_layers=22, n_heads=32,
+                                  n_key_value_heads=4, d_mlp=5632, rotary_base=10000.0, eps=1e-5,
+                                  tied_embeddings=False),
+    "qwen2.5-0.5b": _llama_like(d_vocab=151936, n_ctx=32768, d_model=896, n_layers=24, n_heads=14, n_key_value_heads=2,
+                                d_mlp=4864, rotary_base=1000000.0, eps=1e-6, qkv_bias=True),
+    "qwen3-0.6b": _llama_like(d_vocab=151936, n_ctx=40960, d_model=1024, n_layers=28, n_heads=16, n_key_value_heads=8,
+                              d_head=128, d_mlp=3072, rotary_base=1000000.0, eps=1e-6, use_qk_norm=True),
+    # GPT-NeoX (Black et al., 2022): parallel attention and MLP, a quarter of each head rotated.
+    "pythia-70m": TransformerConfig(d_vocab=50304, n_ctx=2048, d_model=512, n_layers=6, n_heads=8, d_mlp=2048,
+                                    act_fn="gelu", positional_embedding_type="rotary", rotary_dim=16,
+                                    rotary_adjacent_pairs=False, parallel_attn_mlp=True, tied_embeddings=False,
+                                    unembed_bias=False),
+    # GPT-Neo: learned positions, unscaled scores, local (256-token) layers between global ones.
+    "tinystories-33m": TransformerConfig(d_vocab=50257, n_ctx=2048, d_model=768, n_layers=4, n_heads=16,
+                                         use_attn_scale=False, attn_types=("global", "local") * 2, window_size=256,
+                                         qkv_bias=False, unembed_bias=False),
 }

@@ -49,6 +49,19 @@ def layer_norm(
     return out
 
 
+def rms_norm(x: np.ndarray, w: np.ndarray | None = None, eps: float = 1e-6) -> np.ndarray:  # [..., d] -> [..., d]
+    """Divide each vector by its root mean square, then apply gain `w` (Zhang & Sennrich, 2019).
+
+    Unlike layer_norm it neither centres the vector nor adds a bias: Llama, Mistral and Qwen
+    normalise this way. With `w` omitted this is TransformerLens' "RMSPre".
+    """
+    ms = np.mean(x * x, axis=-1, keepdims=True)
+    out = x / np.sqrt(ms + eps)
+    if w is not None:
+        out *= w
+    return out
+
+
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
@@ -95,7 +108,19 @@ def relu(x: np.ndarray) -> np.ndarray:
     return np.maximum(x, 0)
 
 
-ACTIVATIONS = {"gelu_new": gelu_new, "gelu": gelu, "relu": relu}
+def silu(x: np.ndarray) -> np.ndarray:
+    """x σ(x) = x / (1 + e^(-x)), the "swish" that Llama's gated MLP (SwiGLU) applies to its gate.
+
+    For x below about -88 (float32) e^(-x) overflows to inf and the quotient is its limit, -0.
+    """
+    out = np.negative(x)
+    with np.errstate(over="ignore"):  # the overflow to inf is the right answer, not an error
+        np.exp(out, out=out)
+    out += 1.0
+    return np.divide(x, out, out=out)
+
+
+ACTIVATIONS = {"gelu_new": gelu_new, "gelu": gelu, "relu": relu, "silu": silu}
 
 
 def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:

@@ -1,9 +1,14 @@
 """A configurable Transformer, read top to bottom: parameters, hook names, block, forward.
 
 Parameters are plain nested dicts of arrays whose keys are TransformerLens' names.
-The attention projections are stored fused, as GPT-2 stores them (`W_QKV` with columns
-[Q of every head | K | V]), so one matrix multiply yields every head's queries, keys and
-values; `per_head_weights` gives TransformerLens' per-head views of the same numbers.
+The attention projections come in one of three layouts, whichever the weights were stored in,
+so that a checkpoint's arrays can be used as they lie in the file (memory-mapped, no copies):
+  W_QKV [d_model, 3 * n_heads * d_head]        fused, columns [Q of every head | K | V] (GPT-2, the toys)
+  W_QKV [d_model, n_heads, 3, d_head]          fused per head, each head's q, k, v side by side (GPT-NeoX)
+  W_Q [d_model, n_heads * d_head], W_K and W_V [d_model, n_key_value_heads * d_head]   separate
+                                               (Llama, Qwen, Mistral, GPT-Neo, BERT; grouped-query attention)
+Any of them yields every head's queries, keys and values in one matrix multiply each;
+`per_head_weights` gives TransformerLens' per-head views of the same numbers.
 
 The forward pass works on one sequence of token ids ([pos], no batch axis) so shapes
 read exactly as the spec prints them.
@@ -20,8 +25,8 @@ import numpy as np
 from .attention import merge_heads, scaled_dot_product_attention, split_heads
 from .config import TransformerConfig
 from .errors import InputError
-from .functional import ACTIVATIONS, layer_norm, softmax
-from .positions import apply_rotary, sinusoidal
+from .functional import ACTIVATIONS, layer_norm, rms_norm, softmax
+from .positions import rotary, sinusoidal
 
 Params = dict
 Ablation = Literal["zero", "mean"]
@@ -33,10 +38,12 @@ def init_params(cfg: TransformerConfig, seed: int = 0, dtype=np.float64) -> Para
     """Random weights: N(0, 1/fan_in) matrices (as the spec initialises), zero biases, unit gains.
 
     Scaling by 1/√fan_in keeps activations near unit size at every width, so attention
-    patterns of a random model are neither uniform nor one-hot.
+    patterns of a random model are neither uniform nor one-hot. Q, K and V are fused into one
+    W_QKV when every query head has its own key/value head, and separate (W_Q, W_K, W_V) under
+    grouped-query attention; core.params.param_entries lists the same arrays.
     """
     rng = np.random.default_rng(seed)
-    d, h, dh, dm = cfg.d_model, cfg.n_heads, cfg.d_head, cfg.d_mlp
+    d, h, kv, dh, dm = cfg.d_model, cfg.n_heads, cfg.n_key_value_heads, cfg.d_head, cfg.d_mlp
 
     def matrix(fan_in: int, *shape: int) -> np.ndarray:
         return (rng.standard_normal(shape) / np.sqrt(fan_in)).astype(dtype)
@@ -44,8 +51,9 @@ def init_params(cfg: TransformerConfig, seed: int = 0, dtype=np.float64) -> Para
     def zeros(*shape: int) -> np.ndarray:
         return np.zeros(shape, dtype=dtype)
 
-    def norm() -> dict:
-        return {"w": np.ones(d, dtype=dtype), "b": zeros(d)} if cfg.normalization_type == "LN" else {}
+    def norm(width: int = d) -> dict:
+        gain = {"w": np.ones(width, dtype=dtype)}
+        return {"LN": gain | {"b": zeros(width)}, "RMS": gain}.get(cfg.normalization_type, {})
 
     params: Params = {"embed": {"W_E": matrix(d, cfg.d_vocab, d)}}
     if cfg.positional_embedding_type == "learned":
@@ -56,18 +64,31 @@ def init_params(cfg: TransformerConfig, seed: int = 0, dtype=np.float64) -> Para
         params["ln_embed"] = norm()
     blocks = []
     for _ in range(cfg.n_layers):
-        attn = {"W_QKV": matrix(d, d, 3 * h * dh), "W_O": matrix(h * dh, h * dh, d)}
+        if kv == h:
+            attn = {"W_QKV": matrix(d, d, 3 * h * dh)}
+            if cfg.qkv_bias:
+                attn["b_QKV"] = zeros(3 * h * dh)
+        else:
+            attn = {"W_Q": matrix(d, d, h * dh), "W_K": matrix(d, d, kv * dh), "W_V": matrix(d, d, kv * dh)}
+            if cfg.qkv_bias:
+                attn |= {"b_Q": zeros(h * dh), "b_K": zeros(kv * dh), "b_V": zeros(kv * dh)}
+        if cfg.use_qk_norm:
+            attn |= {"q_norm": {"w": np.ones(dh, dtype=dtype)}, "k_norm": {"w": np.ones(dh, dtype=dtype)}}
+        attn["W_O"] = matrix(h * dh, h * dh, d)
+        if cfg.attn_out_bias:
+            attn["b_O"] = zeros(d)
         mlp = {"W_in": matrix(d, d, dm), "W_out": matrix(dm, dm, d)}
-        if cfg.bias:
-            attn |= {"b_QKV": zeros(3 * h * dh), "b_O": zeros(d)}
-            mlp |= {"b_in": zeros(dm), "b_out": zeros(d)}
+        if cfg.gated_mlp:
+            mlp = {"W_gate": matrix(d, d, dm)} | mlp
+        if cfg.mlp_bias:
+            mlp |= {"b_in": zeros(dm), "b_out": zeros(d)} | ({"b_gate": zeros(dm)} if cfg.gated_mlp else {})
         blocks.append({"ln1": norm(), "attn": attn, "ln2": norm(), "mlp": mlp})
     params["blocks"] = blocks
     if cfg.block_type == "pre_norm":
         params["ln_final"] = norm()
     if not cfg.tied_embeddings:
         params["unembed"] = {"W_U": matrix(d, d, cfg.d_vocab)}
-        if cfg.bias:
+        if cfg.unembed_bias:
             params["unembed"]["b_U"] = zeros(cfg.d_vocab)
     return params
 
@@ -91,12 +112,24 @@ def unembedding(params: Params) -> tuple[np.ndarray, np.ndarray | None]:
 
 
 def per_head_weights(attn: Mapping, cfg: TransformerConfig) -> dict[str, np.ndarray]:
-    """TransformerLens' per-head views of the fused weights (views where the layout allows).
+    """TransformerLens' per-head views of the attention weights, whatever their layout (views, no copies).
 
-    W_Q, W_K, W_V: [n_heads, d_model, d_head]; W_O: [n_heads, d_head, d_model].
+    W_Q: [n_heads, d_model, d_head]; W_K, W_V: [n_key_value_heads, d_model, d_head];
+    W_O: [n_heads, d_head, d_model].
     """
-    h, dh = cfg.n_heads, cfg.d_head
-    W_Q, W_K, W_V = (w.reshape(-1, h, dh).transpose(1, 0, 2) for w in np.split(attn["W_QKV"], 3, axis=-1))
+    h, kv, dh = cfg.n_heads, cfg.n_key_value_heads, cfg.d_head
+
+    def heads(w: np.ndarray, n: int) -> np.ndarray:  # [d_model, n * d_head] -> [n, d_model, d_head]
+        return w.reshape(-1, n, dh).transpose(1, 0, 2)
+
+    if "W_QKV" in attn and attn["W_QKV"].ndim == 4:  # [d_model, n_heads, 3, d_head]
+        W = attn["W_QKV"]
+        W_Q, W_K, W_V = (W[:, :, i].transpose(1, 0, 2) for i in range(3))
+    elif "W_QKV" in attn:
+        W = attn["W_QKV"]
+        W_Q, W_K, W_V = heads(W[:, :h * dh], h), heads(W[:, h * dh:(h + kv) * dh], kv), heads(W[:, (h + kv) * dh:], kv)
+    else:
+        W_Q, W_K, W_V = heads(attn["W_Q"], h), heads(attn["W_K"], kv), heads(attn["W_V"], kv)
     return {"W_Q": W_Q, "W_K": W_K, "W_V": W_V, "W_O": attn["W_O"].reshape(h, dh, -1)}
 
 
@@ -115,14 +148,18 @@ def hook_names(cfg: TransformerConfig) -> list[str]:
         if cfg.positional_embedding_type == "rotary":
             names += [b + "attn.hook_rot_q", b + "attn.hook_rot_k"]
         names += [b + "attn.hook_attn_scores", b + "attn.hook_pattern", b + "attn.hook_z",
-                  b + "hook_attn_out", b + "hook_resid_mid", b + "mlp.hook_pre", b + "mlp.hook_post",
-                  b + "hook_mlp_out", b + "hook_resid_post"]
+                  b + "hook_attn_out", b + "hook_resid_mid", b + "mlp.hook_pre"]
+        if cfg.gated_mlp:
+            names.append(b + "mlp.hook_pre_linear")
+        names += [b + "mlp.hook_post", b + "hook_mlp_out", b + "hook_resid_post"]
     if cfg.block_type == "pre_norm":
         names.append("ln_final.hook_normalized")
     return names
 
 
-# Shapes of each hook, in TransformerLens' axis names (no batch axis here).
+# Shapes of each hook, in TransformerLens' axis names (no batch axis here). The head axis of
+# hook_k, hook_v and hook_rot_k counts key/value heads: n_key_value_heads, which is n_heads
+# except under grouped-query attention (hook_shape(name, cfg) then says kv_head_index).
 HOOK_SHAPES = {
     "hook_embed": "[pos, d_model]",
     "hook_pos_embed": "[pos, d_model]",
@@ -138,7 +175,8 @@ HOOK_SHAPES = {
     "attn.hook_z": "[pos, head_index, d_head]",
     "hook_attn_out": "[pos, d_model]",
     "hook_resid_mid": "[pos, d_model]",
-    "mlp.hook_pre": "[pos, d_mlp]",
+    "mlp.hook_pre": "[pos, d_mlp]",  # x @ W_in, or x @ W_gate in a gated MLP (as TransformerLens names them)
+    "mlp.hook_pre_linear": "[pos, d_mlp]",  # gated MLP only: x @ W_in, multiplied by act(hook_pre)
     "mlp.hook_post": "[pos, d_mlp]",
     "hook_mlp_out": "[pos, d_model]",
     "hook_resid_post": "[pos, d_model]",
@@ -146,17 +184,26 @@ HOOK_SHAPES = {
 }
 
 
-def hook_shape(name: str) -> str:
-    """The axis names of a hook: "blocks.3.attn.hook_q" -> "[pos, head_index, d_head]"."""
+KV_HOOKS = ("attn.hook_k", "attn.hook_v", "attn.hook_rot_k")  # their head axis counts key/value heads
+
+
+def hook_shape(name: str, cfg: TransformerConfig | None = None) -> str:
+    """The axis names of a hook: "blocks.3.attn.hook_q" -> "[pos, head_index, d_head]".
+
+    Given a config with grouped-query attention, the keys' and values' head axis is named
+    kv_head_index (n_key_value_heads long)."""
     key = name.split(".", 2)[2] if name.startswith("blocks.") else name
+    if cfg is not None and key in KV_HOOKS and cfg.n_key_value_heads != cfg.n_heads:
+        return "[pos, kv_head_index, d_head]"
     return HOOK_SHAPES[key]
 
 
-def hook_dims(name: str, cfg: TransformerConfig, n_tokens: int) -> list[int]:
-    """A hook's concrete shape for a run of n_tokens: "blocks.0.attn.hook_pattern" -> [n_heads, n, n]."""
-    sizes = {"pos": n_tokens, "query_pos": n_tokens, "key_pos": n_tokens, "head_index": cfg.n_heads,
-             "d_head": cfg.d_head, "d_model": cfg.d_model, "d_mlp": cfg.d_mlp, "d_vocab": cfg.d_vocab}
-    return [sizes[axis.strip()] for axis in hook_shape(name).strip("[]").split(",")]
+def hook_dims(name: str, cfg: TransformerConfig, n_tokens: int, n_keys: int | None = None) -> tuple[int, ...]:
+    """A hook's concrete shape for a run of `n_tokens` tokens (`n_keys`: with a KV cache's tokens too)."""
+    sizes = {"pos": n_tokens, "query_pos": n_tokens, "key_pos": n_tokens if n_keys is None else n_keys,
+             "head_index": cfg.n_heads, "kv_head_index": cfg.n_key_value_heads, "d_head": cfg.d_head,
+             "d_model": cfg.d_model, "d_mlp": cfg.d_mlp, "d_vocab": cfg.d_vocab}
+    return tuple(sizes[a] for a in hook_shape(name, cfg).strip("[]").split(", "))
 
 
 # ---------------------------------------------------------------------------- forward pass
@@ -182,7 +229,10 @@ def _no_hook(name: str, value: np.ndarray) -> np.ndarray:
 
 
 def norm(x: np.ndarray, ln: Mapping, cfg: TransformerConfig) -> np.ndarray:
-    """The model's layer norm: with gain and bias for "LN", scale-free for "LNPre" (an empty dict)."""
+    """The model's norm: layer norm with gain and bias for "LN", scale-free for "LNPre" (an empty
+    dict); RMS norm with a gain for "RMS", without for "RMSPre"."""
+    if cfg.normalization_type in ("RMS", "RMSPre"):
+        return rms_norm(x, ln.get("w"), cfg.eps)
     return layer_norm(x, ln.get("w"), ln.get("b"), cfg.eps)
 
 
@@ -192,14 +242,16 @@ class KVCache:
 
     A pass given `past_kv` computes q, k, v for its new tokens only, appends k and v here and lets
     the new queries attend to every cached key: the same numbers as re-running the whole sequence.
+    Under grouped-query attention only the key/value heads are cached; a local layer's cache keeps
+    every token too (its mask hides those beyond the window), so the bytes are kv_cache_bytes'.
     """
 
-    keys: tuple[np.ndarray, ...]  # per layer [n_heads, pos, d_head]
-    values: tuple[np.ndarray, ...]  # per layer [n_heads, pos, d_head]
+    keys: tuple[np.ndarray, ...]  # per layer [n_key_value_heads, pos, d_head]
+    values: tuple[np.ndarray, ...]  # per layer [n_key_value_heads, pos, d_head]
 
     @classmethod
     def empty(cls, cfg: TransformerConfig, dtype) -> KVCache:
-        none = np.zeros((cfg.n_heads, 0, cfg.d_head), dtype=dtype)
+        none = np.zeros((cfg.n_key_value_heads, 0, cfg.d_head), dtype=dtype)
         return cls((none,) * cfg.n_layers, (none,) * cfg.n_layers)
 
     @property
@@ -211,6 +263,29 @@ class KVCache:
         return sum(k.nbytes + v.nbytes for k, v in zip(self.keys, self.values))
 
 
+def project_qkv(x: np.ndarray, attn: Mapping, cfg: TransformerConfig
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # [pos, d_model] -> q, k, v
+    """Queries [n_heads, pos, d_head], keys and values [n_key_value_heads, pos, d_head], from
+    whichever layout the weights are stored in (see the module docstring); views, not copies."""
+    h, kv, dh = cfg.n_heads, cfg.n_key_value_heads, cfg.d_head
+    W = attn.get("W_QKV")
+    if W is not None and W.ndim == 4:  # GPT-NeoX: [d_model, n_heads, 3, d_head]
+        qkv = x @ W.reshape(W.shape[0], -1)  # [pos, n_heads * 3 * d_head]; the reshape is a view
+        if "b_QKV" in attn:
+            qkv += attn["b_QKV"].reshape(-1)
+        qkv = qkv.reshape(x.shape[0], h, 3, dh)
+        return tuple(qkv[:, :, i].swapaxes(0, 1) for i in range(3))  # each [n_heads, pos, d_head]
+    if W is not None:  # columns [Q heads | K heads | V heads]
+        qkv = x @ W  # [pos, (n_heads + 2 n_key_value_heads) * d_head]
+        if "b_QKV" in attn:
+            qkv += attn["b_QKV"]
+        parts = qkv[:, :h * dh], qkv[:, h * dh:(h + kv) * dh], qkv[:, (h + kv) * dh:]
+    else:
+        parts = tuple(x @ attn[f"W_{m}"] + attn[f"b_{m}"] if f"b_{m}" in attn else x @ attn[f"W_{m}"]
+                      for m in "QKV")
+    return split_heads(parts[0], h), split_heads(parts[1], kv), split_heads(parts[2], kv)
+
+
 def attention_block(
     x: np.ndarray,  # [pos, d_model], the sub-layer's (normalised) input
     attn: Mapping,
@@ -218,18 +293,19 @@ def attention_block(
     hook: Callable[[str, np.ndarray], np.ndarray],
     prefix: str,
     ablate: Mapping[int, Ablation] | None = None,
-    past: tuple[np.ndarray, np.ndarray] | None = None,  # this layer's cached K, V [n_heads, past, d_head]
+    past: tuple[np.ndarray, np.ndarray] | None = None,  # this layer's cached K, V [n_kv_heads, past, d_head]
+    window: int | None = None,  # a local layer's span in tokens (None: a global layer)
 ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:  # -> [pos, d_model], (K, V) including this pass
-    qkv = x @ attn["W_QKV"]  # [pos, 3 * n_heads * d_head]
-    if "b_QKV" in attn:
-        qkv += attn["b_QKV"]
-    q, k, v = (split_heads(m, cfg.n_heads) for m in np.split(qkv, 3, axis=-1))  # each [n_heads, pos, d_head]
+    q, k, v = project_qkv(x, attn, cfg)  # [n_heads, pos, d_head], K and V [n_key_value_heads, pos, d_head]
+    if "q_norm" in attn:  # Qwen3: each head's query and key RMS-normalised before rotary
+        q, k = rms_norm(q, attn["q_norm"]["w"], cfg.eps), rms_norm(k, attn["k_norm"]["w"], cfg.eps)
     for name, m in (("q", q), ("k", k), ("v", v)):
         hook(f"{prefix}attn.hook_{name}", m.swapaxes(0, 1))  # stored as [pos, head_index, d_head]
     start = 0 if past is None else past[0].shape[1]  # the new tokens' first position
     if cfg.positional_embedding_type == "rotary":
         positions = np.arange(start, start + x.shape[0])
-        q, k = apply_rotary(q, positions), apply_rotary(k, positions)
+        turn = dict(rotary_dim=cfg.rotary_dim, base=cfg.rotary_base, adjacent_pairs=cfg.rotary_adjacent_pairs)
+        q, k = rotary(q, positions, **turn), rotary(k, positions, **turn)
         hook(f"{prefix}attn.hook_rot_q", q.swapaxes(0, 1))
         hook(f"{prefix}attn.hook_rot_k", k.swapaxes(0, 1))
     if past is not None:  # the new queries see every cached key, then their own
@@ -238,12 +314,17 @@ def attention_block(
     # when a hook keeps them (a hook without `wants` is assumed to want everything).
     wants = getattr(hook, "wants", None)
     keep = wants is None or wants(f"{prefix}attn.hook_attn_scores") or wants(f"{prefix}attn.hook_pattern")
+    # Grouped-query attention: query heads [n_kv_heads, group, pos, d_head] against K, V
+    # [n_kv_heads, 1, pos, d_head], broadcast over each group (a view; no key is copied).
+    n_kv, n_q = cfg.n_key_value_heads, q.shape[1]
     scores, pattern, z = scaled_dot_product_attention(
-        q, k, v, causal=cfg.causal, scale=cfg.use_attn_scale, temperature=cfg.attn_temperature, keep=keep
-    )  # [n_heads, query_pos, key_pos] twice (None unless kept), z [n_heads, pos, d_head]
+        q.reshape(n_kv, cfg.group_size, n_q, cfg.d_head), k[:, None], v[:, None], causal=cfg.causal,
+        scale=cfg.use_attn_scale, temperature=cfg.attn_temperature, keep=keep, window=window,
+    )  # [n_kv, group, query_pos, key_pos] twice (None unless kept), z [n_kv, group, pos, d_head]
+    z = z.reshape(cfg.n_heads, n_q, cfg.d_head)  # query heads in order again: head = kv_head * group + i
     if keep:
-        hook(f"{prefix}attn.hook_attn_scores", scores)
-        hook(f"{prefix}attn.hook_pattern", pattern)
+        hook(f"{prefix}attn.hook_attn_scores", scores.reshape(cfg.n_heads, n_q, -1))
+        hook(f"{prefix}attn.hook_pattern", pattern.reshape(cfg.n_heads, n_q, -1))
     for head, how in (ablate or {}).items():
         z[head] = z[head].mean(axis=0) if how == "mean" else 0.0  # this head writes nothing (or its mean)
     hook(f"{prefix}attn.hook_z", z.swapaxes(0, 1))
@@ -254,11 +335,26 @@ def attention_block(
 
 
 def mlp_block(x: np.ndarray, mlp: Mapping, cfg: TransformerConfig, hook, prefix: str) -> np.ndarray:
-    pre = x @ mlp["W_in"]  # [pos, d_mlp]
-    if "b_in" in mlp:
-        pre += mlp["b_in"]
-    hook(f"{prefix}mlp.hook_pre", pre)
-    post = hook(f"{prefix}mlp.hook_post", ACTIVATIONS[cfg.act_fn](pre))
+    """act(x W_in + b_in) W_out + b_out; gated (SwiGLU): (act(x W_gate + b_gate) * (x W_in + b_in)) W_out + b_out."""
+    act = ACTIVATIONS[cfg.act_fn]
+    if "W_gate" in mlp:
+        gate = x @ mlp["W_gate"]  # [pos, d_mlp]
+        if "b_gate" in mlp:
+            gate += mlp["b_gate"]
+        hook(f"{prefix}mlp.hook_pre", gate)
+        linear = x @ mlp["W_in"]  # [pos, d_mlp]
+        if "b_in" in mlp:
+            linear += mlp["b_in"]
+        hook(f"{prefix}mlp.hook_pre_linear", linear)
+        post = act(gate)
+        post *= linear
+        post = hook(f"{prefix}mlp.hook_post", post)
+    else:
+        pre = x @ mlp["W_in"]  # [pos, d_mlp]
+        if "b_in" in mlp:
+            pre += mlp["b_in"]
+        hook(f"{prefix}mlp.hook_pre", pre)
+        post = hook(f"{prefix}mlp.hook_post", act(pre))
     out = post @ mlp["W_out"]  # [pos, d_model]
     if "b_out" in mlp:
         out += mlp["b_out"]
@@ -268,17 +364,23 @@ def mlp_block(x: np.ndarray, mlp: Mapping, cfg: TransformerConfig, hook, prefix:
 def transformer_block(x, block: Mapping, cfg: TransformerConfig, hook, layer: int, ablate=None, past=None
                       ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
     """Pre-norm (GPT-2): x + attn(ln1(x)), then + mlp(ln2(x)).
+    Parallel (GPT-NeoX): x + attn(ln1(x)) + mlp(ln2(x)), both reading the block's input x;
+    hook_resid_mid is then x + attn(ln1(x)), a partial sum that the MLP does not read.
     Post-norm (BERT): ln1(x + attn(x)), then ln2(x + mlp(x)); hook_resid_mid and
     hook_resid_post are then the normalised hidden states the next sub-layer receives.
     Returns the block's output and this layer's keys and values (with `past`'s before them)."""
     p = f"blocks.{layer}."
     hook(p + "hook_resid_pre", x)
+    window = cfg.window(layer)
     if cfg.block_type == "pre_norm":
-        attn_out, kv = attention_block(norm(x, block["ln1"], cfg), block["attn"], cfg, hook, p, ablate, past)
+        attn_out, kv = attention_block(norm(x, block["ln1"], cfg), block["attn"], cfg, hook, p, ablate, past, window)
+        mlp_in = x  # parallel: the MLP reads the block's input too
         x = hook(p + "hook_resid_mid", x + hook(p + "hook_attn_out", attn_out))
-        mlp_out = hook(p + "hook_mlp_out", mlp_block(norm(x, block["ln2"], cfg), block["mlp"], cfg, hook, p))
+        if not cfg.parallel_attn_mlp:
+            mlp_in = x
+        mlp_out = hook(p + "hook_mlp_out", mlp_block(norm(mlp_in, block["ln2"], cfg), block["mlp"], cfg, hook, p))
         return hook(p + "hook_resid_post", x + mlp_out), kv
-    attn_out, kv = attention_block(x, block["attn"], cfg, hook, p, ablate, past)
+    attn_out, kv = attention_block(x, block["attn"], cfg, hook, p, ablate, past, window)
     x = hook(p + "hook_resid_mid", norm(x + hook(p + "hook_attn_out", attn_out), block["ln1"], cfg))
     mlp_out = hook(p + "hook_mlp_out", mlp_block(x, block["mlp"], cfg, hook, p))
     return hook(p + "hook_resid_post", norm(x + mlp_out, block["ln2"], cfg)), kv
@@ -390,8 +492,8 @@ class KVStep:
     pos: int
     token: int  # the token fed in at this step
     generated: bool  # False while reading the prompt, True for tokens the model chose
-    k_shape: tuple[int, int, int]  # every layer's K: [n_heads, pos + 1, d_head]
-    v_shape: tuple[int, int, int]  # every layer's V: [n_heads, pos + 1, d_head]
+    k_shape: tuple[int, int, int]  # every layer's K: [n_key_value_heads, pos + 1, d_head]
+    v_shape: tuple[int, int, int]  # every layer's V: [n_key_value_heads, pos + 1, d_head]
     cache_bytes: int  # all layers' K and V
     logits: np.ndarray  # [d_vocab], the prediction for the next token
 

@@ -45,8 +45,16 @@ class ParamEntry:
 
 def param_entries(cfg: TransformerConfig) -> list[ParamEntry]:
     """Every array of a model built from `cfg`, counted or not, in the order they are used."""
-    d, h, dh, dm, V = cfg.d_model, cfg.n_heads, cfg.d_head, cfg.d_mlp, cfg.d_vocab
-    ln = cfg.normalization_type == "LN"
+    d, h, kv, dh, dm, V = cfg.d_model, cfg.n_heads, cfg.n_key_value_heads, cfg.d_head, cfg.d_mlp, cfg.d_vocab
+    norm_name = {"LN": "layer norm", "RMS": "RMS norm"}.get(cfg.normalization_type)  # None: no parameters
+
+    def norm(prefix: str, per_layer: bool, what: str = "") -> list[ParamEntry]:
+        if norm_name is None:
+            return []
+        gain = [ParamEntry(f"{prefix}.w", (d,), per_layer, True, f"{what}{norm_name} gain")]
+        bias = [ParamEntry(f"{prefix}.b", (d,), per_layer, True, f"{what}{norm_name} bias")]
+        return gain + bias if cfg.normalization_type == "LN" else gain
+
     e: list[ParamEntry] = [ParamEntry("embed.W_E", (V, d), False, True, "token table")]
     if cfg.positional_embedding_type == "learned":
         e.append(ParamEntry("pos_embed.W_pos", (cfg.n_ctx, d), False, True, "learned position table"))
@@ -55,39 +63,51 @@ def param_entries(cfg: TransformerConfig) -> list[ParamEntry]:
                             f"{cfg.positional_embedding_type} positions have no parameters"))
     if cfg.n_token_types:
         e.append(ParamEntry("token_type_embed.W_token_type", (cfg.n_token_types, d), False, True, "segment table"))
-    if cfg.block_type == "post_norm" and ln:
-        e += [ParamEntry("ln_embed.w", (d,), False, True, "embedding layer norm gain"),
-              ParamEntry("ln_embed.b", (d,), False, True, "embedding layer norm bias")]
-    for sub, norm in (("attn", "ln1"), ("mlp", "ln2")):
-        if ln:
-            e += [ParamEntry(f"blocks.{{l}}.{norm}.w", (d,), True, True, "layer norm gain"),
-                  ParamEntry(f"blocks.{{l}}.{norm}.b", (d,), True, True, "layer norm bias")]
+    if cfg.block_type == "post_norm":
+        e += norm("ln_embed", False, "embedding ")
+    for sub, norm_prefix in (("attn", "blocks.{l}.ln1"), ("mlp", "blocks.{l}.ln2")):
+        e += norm(norm_prefix, True)
         if sub == "attn":
-            e.append(ParamEntry("blocks.{l}.attn.W_QKV", (d, 3 * h * dh), True, True,
-                                "queries, keys, values of all heads"))
-            if cfg.bias:
-                e.append(ParamEntry("blocks.{l}.attn.b_QKV", (3 * h * dh,), True, True, "their biases"))
+            if kv == h:
+                e.append(ParamEntry("blocks.{l}.attn.W_QKV", (d, 3 * h * dh), True, True,
+                                    "queries, keys, values of all heads"))
+                if cfg.qkv_bias:
+                    e.append(ParamEntry("blocks.{l}.attn.b_QKV", (3 * h * dh,), True, True, "their biases"))
+            else:
+                e += [ParamEntry("blocks.{l}.attn.W_Q", (d, h * dh), True, True, "queries of all heads"),
+                      ParamEntry("blocks.{l}.attn.W_K", (d, kv * dh), True, True,
+                                 f"keys of the {kv} key/value heads (grouped-query attention)"),
+                      ParamEntry("blocks.{l}.attn.W_V", (d, kv * dh), True, True, "their values")]
+                if cfg.qkv_bias:
+                    e += [ParamEntry(f"blocks.{{l}}.attn.b_{m}", (n * dh,), True, True, "its bias")
+                          for m, n in (("Q", h), ("K", kv), ("V", kv))]
+            if cfg.use_qk_norm:
+                e += [ParamEntry(f"blocks.{{l}}.attn.{m}_norm.w", (dh,), True, True,
+                                 f"RMS norm gain of every head's {what}") for m, what in (("q", "query"), ("k", "key"))]
             e.append(ParamEntry("blocks.{l}.attn.W_O", (h * dh, d), True, True, "output projection"))
-            if cfg.bias:
+            if cfg.attn_out_bias:
                 e.append(ParamEntry("blocks.{l}.attn.b_O", (d,), True, True, "its bias"))
             if cfg.causal:
                 e.append(ParamEntry("blocks.{l}.attn.mask", (cfg.n_ctx, cfg.n_ctx), True, False,
                                     "causal mask: a constant, not learned (GPT-2 checkpoints store it as attn.bias)"))
         else:
+            if cfg.gated_mlp:
+                e.append(ParamEntry("blocks.{l}.mlp.W_gate", (d, dm), True, True, "MLP gate projection"))
+                if cfg.mlp_bias:
+                    e.append(ParamEntry("blocks.{l}.mlp.b_gate", (dm,), True, True, "its bias"))
             e.append(ParamEntry("blocks.{l}.mlp.W_in", (d, dm), True, True, "MLP up-projection"))
-            if cfg.bias:
+            if cfg.mlp_bias:
                 e.append(ParamEntry("blocks.{l}.mlp.b_in", (dm,), True, True, "its bias"))
             e.append(ParamEntry("blocks.{l}.mlp.W_out", (dm, d), True, True, "MLP down-projection"))
-            if cfg.bias:
+            if cfg.mlp_bias:
                 e.append(ParamEntry("blocks.{l}.mlp.b_out", (d,), True, True, "its bias"))
-    if cfg.block_type == "pre_norm" and ln:
-        e += [ParamEntry("ln_final.w", (d,), False, True, "final layer norm gain"),
-              ParamEntry("ln_final.b", (d,), False, True, "final layer norm bias")]
+    if cfg.block_type == "pre_norm":
+        e += norm("ln_final", False, "final ")
     if cfg.tied_embeddings:
         e.append(ParamEntry("unembed.W_U", (d, V), False, False, "tied: the token table transposed, no new parameters"))
     else:
         e.append(ParamEntry("unembed.W_U", (d, V), False, True, "output layer"))
-        if cfg.bias:
+        if cfg.unembed_bias:
             e.append(ParamEntry("unembed.b_U", (V,), False, True, "output bias"))
     return [dataclasses.replace(x, copies=cfg.n_layers) if x.per_layer else x for x in e]
 
@@ -130,7 +150,8 @@ class KVCacheSize:
     n_kv_heads: int
     d_head: int
     dtype_bytes: int
-    formula: str = "2 (K and V) × n_layers × batch × seq_len × n_heads × d_head × bytes per element"
+    formula: str = ("2 (K and V) × n_layers × batch × seq_len × n_key_value_heads × d_head × bytes per element "
+                    "(n_key_value_heads = n_heads unless grouped-query attention shares them)")
 
 
 def kv_cache_bytes(cfg: TransformerConfig, seq_len: int, batch: int = 1, dtype: str = "float32") -> KVCacheSize:
@@ -141,21 +162,36 @@ def kv_cache_bytes(cfg: TransformerConfig, seq_len: int, batch: int = 1, dtype: 
         if not isinstance(value, int) or value < 1:
             raise InputError(f"{name} must be a positive integer, got {value!r}")
     size = DTYPE_BYTES[dtype]
-    total = 2 * cfg.n_layers * batch * seq_len * cfg.n_heads * cfg.d_head * size
-    return KVCacheSize(total, cfg.n_layers, seq_len, batch, cfg.n_heads, cfg.d_head, size)
+    total = 2 * cfg.n_layers * batch * seq_len * cfg.n_key_value_heads * cfg.d_head * size
+    return KVCacheSize(total, cfg.n_layers, seq_len, batch, cfg.n_key_value_heads, cfg.d_head, size)
 
 
-# ---------------------------------------------------------------------------- the cost of a forward pass
+# ---------------------------------------------------------------------------- the work of a forward pass
 
-def forward_work(cfg: TransformerConfig, n_tokens: int, logits: bool = True) -> int:
-    """Multiply-adds of one forward pass over n_tokens: every block weight once per token, QKᵀ and
-    pattern · V, and the unembedding (unless the pass stops before the logits)."""
-    matmuls = n_tokens * count_params(cfg).per_block * cfg.n_layers
-    attention = cfg.n_layers * 2 * n_tokens * n_tokens * cfg.n_heads * cfg.d_head
+def forward_work(cfg: TransformerConfig, n_tokens: int, *, logits: bool = True, n_past: int = 0) -> int:
+    """Multiply-adds of one forward pass over `n_tokens` new tokens (after `n_past` cached ones).
+
+    Every block parameter is used once per token (count_params' per_block: weights, and the few
+    biases and gains, which the count does not try to separate); then QKᵀ and pattern @ V, each
+    n_heads × d_head per query and visible key (all earlier keys counted, as core computes them
+    before masking; a local layer's queries see at most window_size keys); then the unembedding
+    (d_model × d_vocab per token) unless the pass stops before the logits. Grouped-query
+    attention and gated MLPs enter through per_block, which counts their own weights.
+    """
+    per_block = count_params(cfg).per_block
+    n_keys = n_past + n_tokens
+    attention = 0
+    for layer in range(cfg.n_layers):
+        window = cfg.window(layer)
+        visible = n_keys if window is None else min(n_keys, window)
+        attention += 2 * n_tokens * visible * cfg.n_heads * cfg.d_head
+    matmuls = n_tokens * per_block * cfg.n_layers
     return matmuls + attention + (n_tokens * cfg.d_model * cfg.d_vocab if logits else 0)
 
 
-def largest_array(cfg: TransformerConfig, n_tokens: int) -> int:
-    """Elements of the biggest array a forward pass holds: a layer's scores, or the largest weight matrix."""
-    return max(cfg.n_heads * n_tokens * n_tokens, cfg.d_vocab * cfg.d_model, cfg.n_ctx * cfg.d_model,
-               cfg.d_model * 3 * cfg.n_heads * cfg.d_head, cfg.d_model * cfg.d_mlp)
+def largest_array(cfg: TransformerConfig, n_tokens: int, n_past: int = 0) -> int:
+    """Elements of the biggest array a forward pass holds: one layer's scores, or a weight matrix."""
+    qkv_width = (cfg.n_heads + 2 * cfg.n_key_value_heads) * cfg.d_head
+    tables = [cfg.d_vocab * cfg.d_model] + ([cfg.n_ctx * cfg.d_model] if cfg.positional_embedding_type == "learned"
+                                            else [])
+    return max(cfg.n_heads * n_tokens * (n_past + n_tokens), cfg.d_model * qkv_width, cfg.d_model * cfg.d_mlp, *tables)

@@ -100,14 +100,14 @@ def test_bert_prefix_and_extra_heads_are_accepted(tmp_path):
         np.testing.assert_array_equal(x, y, err_msg=name)
 
 
-def test_bert_query_key_value_are_fused_in_gpt2_column_order():
+def test_bert_query_key_value_are_the_files_transposed_without_copies():
+    """nn.Linear stores [out, in]: W_Q, W_K, W_V are its transposes, views of the mapped file."""
     folder = FIXTURES / "bert-tiny"
     raw = tensors_of(folder)
-    W_QKV = load_checkpoint(folder).params["blocks"][1]["attn"]["W_QKV"]
-    q, k, v = np.split(W_QKV, 3, axis=1)
-    np.testing.assert_array_equal(q, raw["encoder.layer.1.attention.self.query.weight"].T)
-    np.testing.assert_array_equal(k, raw["encoder.layer.1.attention.self.key.weight"].T)
-    np.testing.assert_array_equal(v, raw["encoder.layer.1.attention.self.value.weight"].T)
+    attn = load_checkpoint(folder).params["blocks"][1]["attn"]
+    for m, name in (("Q", "query"), ("K", "key"), ("V", "value")):
+        np.testing.assert_array_equal(attn[f"W_{m}"], raw[f"encoder.layer.1.attention.self.{name}.weight"].T)
+        assert not attn[f"W_{m}"].flags.owndata and attn[f"W_{m}"].flags.f_contiguous  # a transposed view
 
 
 def test_float16_weights_run_in_float32(tmp_path):
@@ -155,9 +155,18 @@ def test_pytorch_bin_only_says_why(tmp_path):
 
 def test_unsupported_architecture_is_named(tmp_path):
     folder = copy_fixture("gpt2-tiny", tmp_path)
-    edit_config(folder, model_type="llama")
+    edit_config(folder, model_type="mamba")
     reason = checkpoint_problem(folder)
-    assert "'llama'" in reason and "gpt2" in reason and "bert" in reason
+    assert "'mamba'" in reason and "gpt2" in reason and "llama" in reason and "gpt_neox" in reason
+    edit_config(folder, model_type="gemma")
+    assert "(1 + w)" in checkpoint_problem(folder)  # a near miss says what is missing
+
+
+def test_a_family_config_without_its_fields_names_the_field(tmp_path):
+    folder = copy_fixture("gpt2-tiny", tmp_path)
+    edit_config(folder, model_type="llama")  # GPT-2's field names are not Llama's
+    reason = checkpoint_problem(folder)
+    assert "'llama'" in reason and "'hidden_size'" in reason
 
 
 @pytest.mark.parametrize("text", ["{not json", "[1, 2]", '{"model_type": "gpt2"}'])

@@ -1,0 +1,262 @@
+"""Other families: a SmolLM2-135M-shaped Llama in core against PyTorch, and what a second worker
+process costs when the weights are memory-mapped.
+
+1. Speed. Random weights with SmolLM2-135M's shape (30 layers, 9 query heads sharing 3 key/value
+   heads, d_model 576, SwiGLU 1536, vocabulary 49152, tied), written once as a float32 Hugging Face
+   checkpoint by transformers and read by core.checkpoints (memory-mapped), so both sides run the
+   same numbers (the logits are compared). One forward pass at 128 and 512 tokens, medians,
+   alternating sides, same thread count: core vs transformers' LlamaForCausalLM (its default
+   attention, SDPA). Also the explorer's use: core keeping every activation.
+2. Memory. The same ~540 MB float32 checkpoint loaded by two worker processes at once (each:
+   import core, load the weights, run 128 tokens). A process's RSS counts the file's pages it has
+   touched even though they are shared, so what a second worker adds is measured as its private
+   memory (USS: pages no other process holds) and as the drop of the machine's MemAvailable while
+   it loads and runs. For comparison, a worker that copies the weights into its own memory (what
+   loading without mmap does).
+
+    bench/.env/bin/python -m bench.families [--tokens 128 512] [--repeat 5] [--skip-memory]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from bench.common import OUT, ROOT, blas_info, header, median, run_main, table, verdict, wall_and_cpu
+from core import PRESETS, run_with_cache
+
+CFG = PRESETS["smollm2-135m"]
+CHECKPOINT = OUT / "smollm2-135m-random"
+RATIO_BUDGET = 1.0  # core time / torch time
+SECOND_WORKER_BUDGET_MB = 50  # what a second worker may add with a memory-mapped ~500 MB model
+EXPLORER_BUDGET_S = 1.0  # a 135M model's 128-token explorer view (the issue's goal)
+
+
+def write_checkpoint() -> None:
+    """Random SmolLM2-135M-shaped weights as a float32 Hugging Face folder (about 540 MB)."""
+    import torch
+    from tokenizers import Tokenizer, models
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if (CHECKPOINT / "model.safetensors").is_file():
+        return
+    torch.manual_seed(0)
+    c = CFG
+    hf = LlamaConfig(vocab_size=c.d_vocab, hidden_size=c.d_model, intermediate_size=c.d_mlp,
+                     num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads,
+                     num_key_value_heads=c.n_key_value_heads, head_dim=c.d_head, max_position_embeddings=c.n_ctx,
+                     rms_norm_eps=c.eps, rope_theta=c.rotary_base, tie_word_embeddings=True)
+    model = LlamaForCausalLM(hf)
+    with torch.no_grad():  # norm gains are 1 at init: perturb them so that every array matters
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(CHECKPOINT, safe_serialization=True)
+    # core's loader wants a tokenizer.json beside the weights; the benchmark feeds ids directly.
+    Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]")).save(str(CHECKPOINT / "tokenizer.json"))
+
+
+def load_core():
+    from core.checkpoints import load_params, read_spec
+
+    spec = read_spec(CHECKPOINT)
+    assert spec.cfg == CFG, f"checkpoint config {spec.cfg} differs from the preset {CFG}"
+    return load_params(spec)
+
+
+# ---------------------------------------------------------------------------- speed
+
+def speed(args) -> tuple[list, list, dict]:
+    import torch
+    from transformers import LlamaForCausalLM
+
+    threads = args.threads or blas_info()["blas_threads"]
+    threadpool_limits(threads, user_api="blas")
+    torch.set_num_threads(threads)
+    params = load_core()
+    model = LlamaForCausalLM.from_pretrained(CHECKPOINT, dtype=torch.float32).eval()
+    print(f"threads: NumPy BLAS {blas_info()['blas_threads']}, torch {torch.get_num_threads()} "
+          f"(torch {torch.__version__}, attention {model.config._attn_implementation})\n")
+    ids = np.random.default_rng(1).integers(0, CFG.d_vocab, size=max(args.tokens))
+
+    def core_forward(n: int, names=()):
+        return run_with_cache(params, CFG, ids[:n], names=names)[0]
+
+    def torch_forward(n: int):
+        with torch.inference_mode():
+            return model(input_ids=torch.from_numpy(ids[None, :n]), use_cache=False).logits
+
+    n0 = min(args.tokens)
+    diff = float(np.abs(core_forward(n0) - torch_forward(n0).numpy()[0]).max())
+    print(f"max |logits core - logits torch| at {n0} tokens: {diff:.2e}\n")
+    if not diff < 1e-2:
+        raise SystemExit("the two models disagree: the comparison would be meaningless")
+    rows, cache_rows, results = [], [], {}
+    for n in args.tokens:
+        core_forward(n), torch_forward(n)  # warm-up
+        core_t, torch_t = [], []
+        for _ in range(args.repeat):  # alternate, so drifting machine load hits both alike
+            core_t.append(wall_and_cpu(lambda n=n: core_forward(n)))
+            torch_t.append(wall_and_cpu(lambda n=n: torch_forward(n)))
+        c, t = median([w for w, _ in core_t]), median([w for w, _ in torch_t])
+        c_cpu, t_cpu = median([u for _, u in core_t]), median([u for _, u in torch_t])
+        rows.append([n, f"{c * 1e3:.0f}", f"{t * 1e3:.0f}", f"{c / t:.2f}", f"{c_cpu / t_cpu:.2f}"])
+        explorer = median([wall_and_cpu(lambda n=n: core_forward(n, names=None))[0]
+                           for _ in range(max(2, args.repeat // 2))])
+        cache_rows.append([n, f"{explorer * 1e3:.0f}"])
+        results[n] = {"core_s": c, "torch_s": t, "ratio": c / t, "cpu_ratio": c_cpu / t_cpu,
+                      "all_activations_s": explorer}
+        print(f"  {n} tokens: core {c * 1e3:.0f} ms, torch {t * 1e3:.0f} ms, every activation {explorer * 1e3:.0f} ms",
+              flush=True)
+    return rows, cache_rows, results
+
+
+# ---------------------------------------------------------------------------- memory
+
+# A worker: imports core, waits, loads the weights (mapped, or copied into private memory), runs
+# 128 tokens, and reports its memory at each step on stdout; it stays alive until told to exit.
+WORKER = r"""
+import json, sys
+import numpy as np, psutil
+from core import run_with_cache
+from core.checkpoints import load_params, read_spec, mapped_nbytes, params_nbytes
+from core.model import iter_arrays
+
+def report(stage):
+    m = psutil.Process().memory_full_info()
+    print(json.dumps({"stage": stage, "rss": m.rss, "uss": m.uss, "pss": m.pss}), flush=True)
+
+report("imported"); sys.stdin.readline()
+spec = read_spec(sys.argv[1])
+params = load_params(spec)
+if sys.argv[2] == "copy":  # what a loader without mmap holds: the weights in the process's own memory
+    def copy(p):
+        if isinstance(p, dict): return {k: copy(v) for k, v in p.items()}
+        if isinstance(p, list): return [copy(v) for v in p]
+        return np.array(p)
+    params = copy(params)
+print(json.dumps({"stage": "bytes", "params": params_nbytes(params), "mapped": mapped_nbytes(params)}), flush=True)
+report("loaded")
+run_with_cache(params, spec.cfg, np.arange(128) % spec.cfg.d_vocab, names=())
+report("ran 128 tokens"); sys.stdin.readline()
+"""
+
+
+def mem_available() -> int:
+    for line in open("/proc/meminfo"):
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+class Worker:
+    def __init__(self, mode: str):
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+        self.proc = subprocess.Popen([sys.executable, "-c", WORKER, str(CHECKPOINT), mode], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+        self.stages: dict[str, dict] = {}
+        self.read()  # imported
+
+    def read(self) -> dict:
+        line = json.loads(self.proc.stdout.readline())
+        self.stages[line["stage"]] = line
+        return line
+
+    def step(self) -> None:
+        """Load and run; returns when the worker has reported both."""
+        self.proc.stdin.write("\n")
+        self.proc.stdin.flush()
+        for _ in range(3):
+            self.read()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.write("\n")
+            self.proc.stdin.flush()
+            self.proc.wait(timeout=60)
+
+
+def memory() -> tuple[list, dict]:
+    mb = 2**20
+    rows, out = [], {}
+    first = Worker("mmap")
+    try:
+        first.step()  # the first worker maps the file and touches every page: the page cache holds it now
+        for mode in ("mmap", "copy"):
+            second = Worker(mode)
+            try:
+                before = mem_available()
+                second.step()
+                time.sleep(0.2)
+                drop = before - mem_available()
+                s = second.stages
+                added_uss = s["ran 128 tokens"]["uss"] - s["imported"]["uss"]
+                added_rss = s["ran 128 tokens"]["rss"] - s["imported"]["rss"]
+                out[mode] = {"params_mb": s["bytes"]["params"] / mb, "mapped_mb": s["bytes"]["mapped"] / mb,
+                             "added_uss_mb": added_uss / mb, "added_rss_mb": added_rss / mb,
+                             "pss_mb": s["ran 128 tokens"]["pss"] / mb, "memavailable_drop_mb": drop / mb}
+                rows.append([f"second worker, weights {'memory-mapped' if mode == 'mmap' else 'copied'}",
+                             f"{s['bytes']['params'] / mb:.0f}", f"{s['bytes']['mapped'] / mb:.0f}",
+                             f"{added_rss / mb:.0f}", f"{added_uss / mb:.0f}", f"{s['ran 128 tokens']['pss'] / mb:.0f}",
+                             f"{drop / mb:.0f}"])
+            finally:
+                second.close()
+        f, ran = first.stages, first.stages["ran 128 tokens"]
+        rows.insert(0, ["first worker (mapped, after 128 tokens)", f"{f['bytes']['params'] / mb:.0f}",
+                        f"{f['bytes']['mapped'] / mb:.0f}", f"{(ran['rss'] - f['imported']['rss']) / mb:.0f}",
+                        f"{(ran['uss'] - f['imported']['uss']) / mb:.0f}", f"{ran['pss'] / mb:.0f}", "-"])
+    finally:
+        first.close()
+    return rows, out
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, nargs="+", default=[128, 512])
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=0, help="threads for both sides (0: NumPy's BLAS default)")
+    ap.add_argument("--skip-memory", action="store_true")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import transformers
+
+    transformers.logging.disable_progress_bar()
+    header("Other families: SmolLM2-135M-shaped Llama (random weights, float32)")
+    write_checkpoint()
+    rows, cache_rows, results = speed(args)
+    print()
+    print(table(f"Forward pass, logits only (median of {args.repeat}, after a warm-up)",
+                ["tokens", "core ms", "torch ms", "core / torch", "(CPU time)"], rows))
+    print(table("Core keeping every activation (the explorer's run)", ["tokens", "core ms"], cache_rows))
+    worst = max(r["ratio"] for r in results.values())
+    print(f"budget core/torch <= {RATIO_BUDGET}: worst {worst:.2f} -> {verdict(worst <= RATIO_BUDGET)}")
+    if 128 in results:
+        t = results[128]["all_activations_s"]
+        print(f"budget 128-token run keeping every activation <= {EXPLORER_BUDGET_S} s: {t:.2f} s -> "
+              f"{verdict(t <= EXPLORER_BUDGET_S)}")
+    report = {"speed": results}
+    if not args.skip_memory:
+        mem_rows, mem = memory()
+        print()
+        print(table("Memory of worker processes sharing one float32 checkpoint (MB); 'added' = after loading and "
+                    "128 tokens minus after import",
+                    ["worker", "params", "of which mapped", "added RSS", "added private (USS)", "PSS",
+                     "MemAvailable drop"], mem_rows))
+        added = max(mem["mmap"]["added_uss_mb"], mem["mmap"]["memavailable_drop_mb"])
+        print(f"budget second worker adds <= {SECOND_WORKER_BUDGET_MB} MB with mapped weights: {added:.0f} MB -> "
+              f"{verdict(added <= SECOND_WORKER_BUDGET_MB)}\n")
+        report["memory"] = mem
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "families.json").write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)

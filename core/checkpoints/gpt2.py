@@ -1,0 +1,65 @@
+"""GPT-2 (model_type "gpt2"): pre-norm, learned positions, causal, tied unembedding by default.
+
+GPT-2's Conv1D weights are stored [in, out], which is already core's layout, and c_attn is already
+fused [Q | K | V] as core's W_QKV: every array is the file's own bytes, memory-mapped.
+"""
+
+from __future__ import annotations
+
+from ..config import TransformerConfig
+from ..errors import InputError
+from ..model import Params
+from .fields import act_fn
+from .tensors import CheckpointError, Tensors
+
+MODEL_TYPES = ("gpt2",)
+LABEL = "GPT-2-family decoder"
+PREFIXES = ("transformer.",)
+
+
+def config(c: dict) -> TransformerConfig:
+    if c.get("scale_attn_by_inverse_layer_idx"):
+        raise InputError("scale_attn_by_inverse_layer_idx (Mistral-style scaling) is not supported")
+    return TransformerConfig(
+        d_model=c["n_embd"], n_layers=c["n_layer"], n_heads=c["n_head"], d_vocab=c["vocab_size"],
+        n_ctx=c.get("n_positions", c.get("n_ctx", 1024)), d_mlp=c.get("n_inner"),  # None: 4 * d_model
+        act_fn=act_fn(c.get("activation_function", "gelu_new")),
+        use_attn_scale=c.get("scale_attn_weights", True), eps=c.get("layer_norm_epsilon", 1e-5),
+        tied_embeddings=c.get("tie_word_embeddings", True),
+        normalization_type="LN", positional_embedding_type="learned", attention_dir="causal",
+        block_type="pre_norm", bias=True, unembed_bias=False,  # lm_head has no bias
+    )
+
+
+def params(t: Tensors, cfg: TransformerConfig) -> Params:
+    d, dm, V = cfg.d_model, cfg.d_mlp, cfg.d_vocab
+    hd = cfg.n_heads * cfg.d_head
+
+    def ln(name: str) -> dict:
+        return {"w": t.get(f"{name}.weight", (d,)), "b": t.get(f"{name}.bias", (d,))}
+
+    params: Params = {"embed": {"W_E": t.get("wte.weight", (V, d))},
+                      "pos_embed": {"W_pos": t.get("wpe.weight", (cfg.n_ctx, d))}}
+    blocks = []
+    for layer in range(cfg.n_layers):
+        h = f"h.{layer}."
+        # h.{l}.attn.bias / attn.masked_bias, in older checkpoints, are the causal mask as a
+        # constant buffer; core builds the mask itself, so they are not read.
+        blocks.append({
+            "ln1": ln(h + "ln_1"),
+            "attn": {"W_QKV": t.get(h + "attn.c_attn.weight", (d, 3 * hd)),  # columns [Q | K | V]
+                     "b_QKV": t.get(h + "attn.c_attn.bias", (3 * hd,)),
+                     "W_O": t.get(h + "attn.c_proj.weight", (hd, d)),
+                     "b_O": t.get(h + "attn.c_proj.bias", (d,))},
+            "ln2": ln(h + "ln_2"),
+            "mlp": {"W_in": t.get(h + "mlp.c_fc.weight", (d, dm)), "b_in": t.get(h + "mlp.c_fc.bias", (dm,)),
+                    "W_out": t.get(h + "mlp.c_proj.weight", (dm, d)), "b_out": t.get(h + "mlp.c_proj.bias", (d,))},
+        })
+    params["blocks"] = blocks
+    params["ln_final"] = ln("ln_f")
+    if not cfg.tied_embeddings:
+        # (When tied, a stored lm_head.weight is just W_E again and is not read.)
+        if not t.has("lm_head.weight"):
+            raise CheckpointError("config.json says tie_word_embeddings is false but there is no lm_head.weight")
+        params["unembed"] = {"W_U": t.linear("lm_head.weight", d, V)}  # [d_model, d_vocab]
+    return params
