@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .functional import softmax
+from .functional import softmax, softmax_backward
 
 
 class AttentionResult(NamedTuple):
@@ -131,3 +131,32 @@ def multi_head_attention(
     if b_O is not None:
         out += b_O
     return out, result
+
+
+# ---------------------------------------------------------------------------- backward pass
+
+def scaled_dot_product_attention_backward(
+    dz: np.ndarray,  # [..., query_pos, d_v], gradient of the loss with respect to the output
+    q: np.ndarray,  # [..., query_pos, d_head]
+    k: np.ndarray,  # [..., key_pos, d_head]
+    v: np.ndarray,  # [..., key_pos, d_v]
+    weights: np.ndarray,  # [..., query_pos, key_pos], the forward pass's softmax (0 on masked keys)
+    *,
+    scale: bool = True,
+    temperature: float = 1.0,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # -> dq, dk, dv, shaped like q, k, v
+    """Gradients of softmax(Q Kᵀ / divisor + mask) V with respect to Q, K and V.
+
+    Step by step, backwards: output = A V gives dA = dz Vᵀ and dV = Aᵀ dz; A = softmax(S) gives
+    dS = A ⊙ (dA − rowsum(dA ⊙ A)); S = Q Kᵀ / divisor gives dQ = dS K / divisor and
+    dK = dSᵀ Q / divisor. The causal mask needs no step of its own: a masked score had weight
+    exactly 0, so its dS is 0 and no gradient reaches the key it hid.
+    """
+    divisor = attention_scale(q.shape[-1], scale, temperature)
+    dv = np.swapaxes(weights, -1, -2) @ dz  # [..., key_pos, d_v]
+    dweights = dz @ np.swapaxes(v, -1, -2)  # [..., query_pos, key_pos]
+    dscores = softmax_backward(dweights, weights)
+    dscores /= divisor  # through the scale (and temperature): now the gradient of Q Kᵀ
+    dq = dscores @ k  # [..., query_pos, d_head]
+    dk = np.swapaxes(dscores, -1, -2) @ q  # [..., key_pos, d_head]
+    return dq, dk, dv

@@ -95,3 +95,106 @@ def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndar
     if b is not None:
         out += b
     return out
+
+
+# ---------------------------------------------------------------------------- backward passes
+# Each takes the gradient of the loss with respect to the forward function's output (dy, the
+# same shape as the output) and returns the gradient with respect to its input(s): the chain rule
+# one function at a time. They use what the forward pass computed (its output, or its input) so
+# nothing is recomputed twice; core/backprop.py strings them together for a whole model.
+
+def softmax_backward(dy: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
+    """dL/dz from dL/dy, where y = softmax(z).  # [..., n], [..., n] -> [..., n]
+
+    ∂y_i/∂z_j = y_i (δ_ij − y_j), so dz_j = y_j (dy_j − Σ_i dy_i y_i). A position softmax gave
+    weight 0 (a masked key) gets gradient 0: the mask passes nothing back.
+    """
+    dz = dy * y
+    dz -= y * dz.sum(axis=axis, keepdims=True)
+    return dz
+
+
+def layer_norm_backward(
+    dy: np.ndarray, x: np.ndarray, w: np.ndarray | None = None, eps: float = 1e-5
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:  # [..., d] -> dx [..., d], dw [d], db [d]
+    """Gradients of layer_norm(x, w, b) with respect to x, w and b (dw, db None for LNPre).
+
+    With x̂ = (x − μ)/σ and σ = √(var + eps), the normalisation's Jacobian gives
+    dx = (g − mean(g) − x̂ · mean(g · x̂)) / σ, where g = dy · w is the gradient reaching x̂.
+    Both means are over the last axis: moving one input moves the mean and σ every output uses.
+    """
+    mu = x.mean(axis=-1, keepdims=True)
+    centred = x - mu
+    rstd = 1.0 / np.sqrt(np.mean(centred * centred, axis=-1, keepdims=True) + eps)  # 1/σ, [..., 1]
+    xhat = centred * rstd
+    lead = tuple(range(dy.ndim - 1))  # a gain and a bias are shared by every position (and batch row)
+    dw = (dy * xhat).sum(axis=lead) if w is not None else None
+    db = dy.sum(axis=lead) if w is not None else None
+    g = dy * w if w is not None else dy
+    dx = g - g.mean(axis=-1, keepdims=True)
+    dx -= xhat * np.mean(g * xhat, axis=-1, keepdims=True)
+    dx *= rstd
+    return dx, dw, db
+
+
+def gelu_new_backward(dy: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """dL/dx for y = gelu_new(x) = 0.5 x (1 + tanh u), u = √(2/π)(x + 0.044715 x³).
+
+    dy/dx = 0.5 (1 + tanh u) + 0.5 x (1 − tanh² u) √(2/π)(1 + 3 · 0.044715 x²).
+    """
+    t = np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x))
+    du = _SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * x * x)
+    return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du)
+
+
+def erf_backward(x: np.ndarray) -> np.ndarray:
+    """The derivative of `erf` as implemented (Abramowitz & Stegun 7.1.26), not of the true erf.
+
+    Differentiating the approximation itself keeps finite differences of the forward pass and the
+    backward pass in agreement to rounding; it differs from the true 2/√π · exp(−x²) by about 1e-6.
+    erf(x) = sign(x) (1 − P(t) e^{−a²}), a = |x|, t = 1/(1 + p a), so
+    erf'(x) = (2a P(t) − P'(t) dt/da) e^{−a²}, with dt/da = −p t² (even in x: the signs cancel).
+    """
+    p = 0.3275911
+    c = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)  # P(t) = Σ c_i t^(i+1)
+    a = np.abs(x)
+    t = 1.0 / (1.0 + p * a)
+    poly = t * (c[0] + t * (c[1] + t * (c[2] + t * (c[3] + t * c[4]))))
+    dpoly = c[0] + t * (2 * c[1] + t * (3 * c[2] + t * (4 * c[3] + t * 5 * c[4])))  # P'(t)
+    return (2.0 * a * poly + dpoly * p * t * t) * np.exp(-a * a)
+
+
+def gelu_backward(dy: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """dL/dx for y = gelu(x) = 0.5 x (1 + erf(x/√2)): dy/dx = 0.5 (1 + erf(x/√2)) + 0.5 x erf'(x/√2)/√2."""
+    r = 1.0 / math.sqrt(2.0)
+    return dy * (0.5 * (1.0 + erf(x * r)) + 0.5 * r * x * erf_backward(x * r))
+
+
+def relu_backward(dy: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """dL/dx for y = max(x, 0): the gradient passes where x > 0 (at exactly 0 it is taken as 0, as PyTorch does)."""
+    return dy * (x > 0)
+
+
+ACTIVATION_BACKWARDS = {"gelu_new": gelu_new_backward, "gelu": gelu_backward, "relu": relu_backward}
+
+
+def cross_entropy(logits: np.ndarray, targets: np.ndarray) -> tuple[float, np.ndarray]:
+    """Mean next-token loss −log p(target), and the probabilities it came from.
+
+    logits: [..., d_vocab]; targets: [...] integer ids. Returns (loss, probs [..., d_vocab]).
+    log p is computed as z − max − log Σ exp(z − max), which never overflows.
+    """
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    log_sum = np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    log_probs = shifted - log_sum  # [..., d_vocab]
+    picked = np.take_along_axis(log_probs, targets[..., None], axis=-1)  # [..., 1]
+    return float(-picked.mean()), np.exp(log_probs)
+
+
+def cross_entropy_backward(probs: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """dL/dlogits of the mean cross-entropy: (softmax − one-hot) / number of predictions.  # [..., d_vocab]"""
+    dlogits = probs.copy()
+    np.put_along_axis(dlogits, targets[..., None], np.take_along_axis(probs, targets[..., None], axis=-1) - 1.0,
+                      axis=-1)
+    dlogits /= targets.size
+    return dlogits

@@ -59,7 +59,8 @@ def init_params(cfg: TransformerConfig, seed: int = 0, dtype=np.float64) -> Para
         if cfg.bias:
             attn |= {"b_QKV": zeros(3 * h * dh), "b_O": zeros(d)}
             mlp |= {"b_in": zeros(dm), "b_out": zeros(d)}
-        blocks.append({"ln1": norm(), "attn": attn, "ln2": norm(), "mlp": mlp})
+        blocks.append({"ln1": norm(), "attn": attn} if cfg.attn_only else
+                      {"ln1": norm(), "attn": attn, "ln2": norm(), "mlp": mlp})
     params["blocks"] = blocks
     if cfg.block_type == "pre_norm":
         params["ln_final"] = norm()
@@ -112,9 +113,10 @@ def hook_names(cfg: TransformerConfig) -> list[str]:
         names += [b + "hook_resid_pre", b + "attn.hook_q", b + "attn.hook_k", b + "attn.hook_v"]
         if cfg.positional_embedding_type == "rotary":
             names += [b + "attn.hook_rot_q", b + "attn.hook_rot_k"]
-        names += [b + "attn.hook_attn_scores", b + "attn.hook_pattern", b + "attn.hook_z",
-                  b + "hook_attn_out", b + "hook_resid_mid", b + "mlp.hook_pre", b + "mlp.hook_post",
-                  b + "hook_mlp_out", b + "hook_resid_post"]
+        names += [b + "attn.hook_attn_scores", b + "attn.hook_pattern", b + "attn.hook_z", b + "hook_attn_out"]
+        if not cfg.attn_only:  # an attention-only block adds attn_out straight to resid_post (as TransformerLens)
+            names += [b + "hook_resid_mid", b + "mlp.hook_pre", b + "mlp.hook_post", b + "hook_mlp_out"]
+        names.append(b + "hook_resid_post")
     if cfg.block_type == "pre_norm":
         names.append("ln_final.hook_normalized")
     return names
@@ -227,6 +229,11 @@ def transformer_block(x, block: Mapping, cfg: TransformerConfig, hook, layer: in
     hook_resid_post are then the normalised hidden states the next sub-layer receives."""
     p = f"blocks.{layer}."
     hook(p + "hook_resid_pre", x)
+    if cfg.attn_only:  # no MLP: the attention sub-layer is the whole block
+        pre = cfg.block_type == "pre_norm"
+        attn_out = hook(p + "hook_attn_out", attention_block(_norm(x, block["ln1"], cfg) if pre else x, block["attn"],
+                                                             cfg, hook, p, ablate))
+        return hook(p + "hook_resid_post", x + attn_out if pre else _norm(x + attn_out, block["ln1"], cfg))
     if cfg.block_type == "pre_norm":
         attn_out = hook(p + "hook_attn_out", attention_block(_norm(x, block["ln1"], cfg), block["attn"], cfg, hook, p, ablate))
         x = hook(p + "hook_resid_mid", x + attn_out)

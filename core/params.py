@@ -44,7 +44,7 @@ def param_entries(cfg: TransformerConfig) -> list[ParamEntry]:
     if cfg.block_type == "post_norm" and ln:
         e += [ParamEntry("ln_embed.w", (d,), False, True, "embedding layer norm gain"),
               ParamEntry("ln_embed.b", (d,), False, True, "embedding layer norm bias")]
-    for sub, norm in (("attn", "ln1"), ("mlp", "ln2")):
+    for sub, norm in (("attn", "ln1"),) if cfg.attn_only else (("attn", "ln1"), ("mlp", "ln2")):
         if ln:
             e += [ParamEntry(f"blocks.{{l}}.{norm}.w", (d,), True, True, "layer norm gain"),
                   ParamEntry(f"blocks.{{l}}.{norm}.b", (d,), True, True, "layer norm bias")]
