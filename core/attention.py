@@ -155,8 +155,11 @@ def scaled_dot_product_attention_backward(
     divisor = attention_scale(q.shape[-1], scale, temperature)
     dv = np.swapaxes(weights, -1, -2) @ dz  # [..., key_pos, d_v]
     dweights = dz @ np.swapaxes(v, -1, -2)  # [..., query_pos, key_pos]
-    dscores = softmax_backward(dweights, weights)
-    dscores /= divisor  # through the scale (and temperature): now the gradient of Q Kᵀ
+    dscores = softmax_backward(dweights, weights, out=dweights)  # gradient of the scaled, masked scores
+    # Through the division by the divisor (√d_head, times the temperature): dividing the
+    # [..., pos, d_head] results is cheaper than the [..., pos, pos] scores, and the same numbers.
     dq = dscores @ k  # [..., query_pos, d_head]
+    dq /= divisor
     dk = np.swapaxes(dscores, -1, -2) @ q  # [..., key_pos, d_head]
+    dk /= divisor
     return dq, dk, dv

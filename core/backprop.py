@@ -168,7 +168,7 @@ def backward(params: Params, cfg: TransformerConfig, saved: Saved, dlogits: np.n
         dW_pos = np.zeros_like(params["pos_embed"]["W_pos"])
         dW_pos[: dx.shape[-2]] = dx.sum(axis=0)  # position p's row is shared by every sequence of the batch
         grads["pos_embed"] = {"W_pos": dW_pos}
-    return _ordered_like(params, grads)
+    return grads
 
 
 def _block_backward(dx: np.ndarray, block: dict, s: LayerSaved, cfg: TransformerConfig) -> tuple[np.ndarray, dict]:
@@ -215,15 +215,6 @@ def embedding_backward(dx: np.ndarray, tokens: np.ndarray, d_vocab: int) -> np.n
     dW_E = np.zeros((d_vocab, dx.shape[-1]), dtype=dx.dtype)
     dW_E[ordered[starts]] = np.add.reduceat(dx[order], starts, axis=0)
     return dW_E
-
-
-def _ordered_like(params: Params, grads: Params) -> Params:
-    """grads with params' key order (and only its keys), so both flatten to the same list of arrays."""
-    if isinstance(params, list):
-        return [_ordered_like(p, g) for p, g in zip(params, grads)]
-    if isinstance(params, np.ndarray):
-        return grads
-    return {key: _ordered_like(value, grads[key]) for key, value in params.items()}
 
 
 # ---------------------------------------------------------------------------- loss

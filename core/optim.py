@@ -32,6 +32,7 @@ class ParamVector:
         named = list(iter_arrays(params))
         dtype = np.dtype(dtype or named[0][1].dtype)
         self.names = [name for name, _ in named]
+        self.paths = [tuple(int(k) if k.isdigit() else k for k in name.split(".")) for name in self.names]
         self.shapes = [a.shape for _, a in named]
         self.offsets = np.cumsum([0] + [a.size for _, a in named])
         self.flat = np.concatenate([a.ravel() for _, a in named]).astype(dtype)  # [n_params]
@@ -57,11 +58,14 @@ class ParamVector:
         return build(like)
 
     def flatten(self, grads: Params) -> np.ndarray:
-        """A dict shaped like the params (gradients, say) as one flat vector, in the same order."""
-        arrays = [a for _, a in iter_arrays(grads)]
-        if len(arrays) != len(self.shapes):
-            raise ValueError(f"expected {len(self.shapes)} arrays, got {len(arrays)}")
-        return np.concatenate([a.ravel() for a in arrays]).astype(self.flat.dtype, copy=False)
+        """A dict shaped like the params (gradients, say) as one flat vector, in the params' order."""
+        arrays = []
+        for path in self.paths:
+            node = grads
+            for key in path:
+                node = node[key]
+            arrays.append(node.ravel())
+        return np.concatenate(arrays).astype(self.flat.dtype, copy=False)
 
 
 def clip_grad_norm(grad: np.ndarray, max_norm: float) -> float:
