@@ -25,10 +25,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .attention import merge_heads, scaled_dot_product_attention, scaled_dot_product_attention_backward, split_heads
+from .attention import (BATCH_BLOCK_SCORES, attention_scale, causal_mask, merge_heads,
+                        scaled_dot_product_attention_backward, split_heads)
 from .config import TransformerConfig
 from .functional import (ACTIVATION_BACKWARDS, ACTIVATIONS, cross_entropy, cross_entropy_backward, layer_norm,
-                         layer_norm_backward)
+                         layer_norm_backward, softmax)
 from .model import Params, unembedding
 from .positions import apply_rotary, apply_rotary_backward, sinusoidal
 
@@ -111,8 +112,7 @@ def _block_forward(x: np.ndarray, block: dict, cfg: TransformerConfig) -> tuple[
     q, k, v = (split_heads(m, cfg.n_heads) for m in np.split(qkv, 3, axis=-1))  # each [batch, n_heads, pos, d_head]
     if cfg.positional_embedding_type == "rotary":
         q, k = apply_rotary(q), apply_rotary(k)
-    _, pattern, z = scaled_dot_product_attention(q, k, v, causal=cfg.causal, scale=cfg.use_attn_scale,
-                                                 temperature=cfg.attn_temperature)
+    pattern, z = attention(q, k, v, cfg)
     z = merge_heads(z)  # [batch, pos, n_heads * d_head]
     saved = LayerSaved(x, h, q, k, v, pattern, z)
     x = x + _linear(z, attn["W_O"], attn.get("b_O"))
@@ -124,6 +124,32 @@ def _block_forward(x: np.ndarray, block: dict, cfg: TransformerConfig) -> tuple[
     saved.mlp_pre = _linear(h, mlp["W_in"], mlp.get("b_in"))  # [batch, pos, d_mlp]
     saved.mlp_post = ACTIVATIONS[cfg.act_fn](saved.mlp_pre)
     return x + _linear(saved.mlp_post, mlp["W_out"], mlp.get("b_out")), saved
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, cfg: TransformerConfig) -> tuple[np.ndarray, np.ndarray]:
+    """softmax(Q Kᵀ / divisor + mask) V for a batch: the pattern [batch, n_heads, query_pos, key_pos] and
+    z [batch, n_heads, pos, d_head].
+
+    The steps of core.attention.scaled_dot_product_attention, in its order and with its functions (a
+    test holds the two equal), done for a few sequences at a time (BATCH_BLOCK_SCORES) so that one
+    block's scores stay in the CPU cache through scale, mask and softmax; the pattern is written in
+    place of the scores, which training does not keep.
+    """
+    n_batch, n_heads, n_pos, d_head = q.shape
+    divisor = attention_scale(d_head, cfg.use_attn_scale, cfg.attn_temperature)
+    mask = causal_mask(n_pos) if cfg.causal else None
+    pattern = np.empty((n_batch, n_heads, n_pos, n_pos), dtype=np.result_type(q, k))
+    z = np.empty((n_batch, n_heads, n_pos, v.shape[-1]), dtype=np.result_type(pattern, v))
+    block = max(1, BATCH_BLOCK_SCORES // (n_heads * n_pos * n_pos))  # sequences per block
+    for i in range(0, n_batch, block):
+        b = slice(i, i + block)
+        s = np.matmul(q[b], np.swapaxes(k[b], -1, -2), out=pattern[b])  # [block, n_heads, query_pos, key_pos]
+        s /= divisor
+        if mask is not None:
+            np.copyto(s, -np.inf, where=mask)
+        softmax(s, out=s)
+        np.matmul(s, v[b], out=z[b])
+    return pattern, z
 
 
 # ---------------------------------------------------------------------------- backward
@@ -178,7 +204,7 @@ def _block_backward(dx: np.ndarray, block: dict, s: LayerSaved, cfg: Transformer
         # resid_post = resid_mid + mlp(ln2(resid_mid)): the residual passes dx through unchanged.
         mlp = block["mlp"]
         dpost, w_out = _linear_backward(dx, s.mlp_post, mlp["W_out"], "b_out" in mlp)
-        dpre = ACTIVATION_BACKWARDS[cfg.act_fn](dpost, s.mlp_pre)  # [batch, pos, d_mlp]
+        dpre = ACTIVATION_BACKWARDS[cfg.act_fn](dpost, s.mlp_pre, s.mlp_post)  # [batch, pos, d_mlp]
         dh, w_in = _linear_backward(dpre, s.ln2_out, mlp["W_in"], "b_in" in mlp)
         dmid, g["ln2"] = _ln_backward(dh, s.resid_mid, block["ln2"], cfg)
         dx = dx + dmid
@@ -193,7 +219,11 @@ def _block_backward(dx: np.ndarray, block: dict, s: LayerSaved, cfg: Transformer
         temperature=cfg.attn_temperature)  # each [batch, n_heads, pos, d_head]
     if cfg.positional_embedding_type == "rotary":
         dq, dk = apply_rotary_backward(dq), apply_rotary_backward(dk)
-    dqkv = np.concatenate([merge_heads(dq), merge_heads(dk), merge_heads(dv)], axis=-1)  # [batch, pos, 3 * n_heads * d_head]
+    n_batch, n_heads, n_pos, d_head = dq.shape
+    dqkv = np.empty((n_batch, n_pos, 3, n_heads, d_head), dtype=dq.dtype)  # W_QKV's column order: [Q | K | V] by head
+    for i, part in enumerate((dq, dk, dv)):
+        dqkv[:, :, i] = part.swapaxes(1, 2)  # [batch, pos, n_heads, d_head]
+    dqkv = dqkv.reshape(n_batch, n_pos, -1)  # [batch, pos, 3 * n_heads * d_head]
     dh, qkv = _linear_backward(dqkv, s.ln1_out, attn["W_QKV"], "b_QKV" in attn)
     dpre, g["ln1"] = _ln_backward(dh, s.resid_pre, block["ln1"], cfg)
     g["attn"] = {"W_QKV": qkv["w"], "W_O": o["w"]} | ({"b_QKV": qkv["b"], "b_O": o["b"]} if "b_QKV" in attn else {})

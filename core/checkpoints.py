@@ -27,6 +27,7 @@ from .model import Params, iter_arrays
 from .tokenizers import Encoding
 
 CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.json"
+TRAINED_DIR = Path(__file__).resolve().parent / "trained"  # models trained by core.train that ship with core
 FAMILIES = ("gpt2", "bert")  # config.json's model_type values this loader understands
 
 # Hugging Face's names of activation functions -> core's (gelu_pytorch_tanh is GPT-2's tanh GELU).
@@ -377,6 +378,13 @@ def load_checkpoint(folder: str | Path, spec: CheckpointSpec | None = None) -> C
         raise CheckpointError(f"{TOKENIZER_FILE} has {tokenizer.vocab_size} tokens but the model's "
                               f"embedding has only {spec.cfg.d_vocab} rows: they do not belong together")
     return Checkpoint(spec, load_params(spec), tokenizer)
+
+
+def trained_models() -> dict[str, Path]:
+    """The checkpoint folders in core/trained/ by name (`make trained-models` writes them)."""
+    if not TRAINED_DIR.is_dir():
+        return {}
+    return {p.name: p for p in sorted(TRAINED_DIR.iterdir()) if (p / CONFIG_FILE).is_file()}
 
 
 def checkpoint_problem(folder: str | Path) -> str | None:

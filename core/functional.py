@@ -151,26 +151,32 @@ def layer_norm_backward(
     return dx, dw, db
 
 
-def gelu_new_backward(dy: np.ndarray, x: np.ndarray) -> np.ndarray:
+def gelu_new_backward(dy: np.ndarray, x: np.ndarray, y: np.ndarray | None = None) -> np.ndarray:
     """dL/dx for y = gelu_new(x) = 0.5 x (1 + tanh u), u = √(2/π)(x + 0.044715 x³).
 
     dy/dx = 0.5 (1 + tanh u) + 0.5 x (1 − tanh² u) du/dx, with du/dx = √(2/π)(1 + 3 · 0.044715 x²),
-    which factors as 0.5 (1 + tanh u)(1 + x (1 − tanh u) du/dx). Computed in place, a few arrays
-    in all: at a training batch's MLP width every extra temporary is a pass over megabytes.
+    which factors as 0.5 (1 + tanh u)(1 + x (1 − tanh u) du/dx). Given the forward's output y, the
+    tanh needs no recomputing (the costliest step): 1 + tanh u = 2y/x (and 1 where x = 0).
+    In place, a few arrays in all: at a training batch's MLP width every temporary is megabytes.
     """
-    x2 = x * x
-    t = x2 * (0.044715 * _SQRT_2_OVER_PI)
-    t += _SQRT_2_OVER_PI
-    t *= x  # u
-    np.tanh(t, out=t)
-    x2 *= 3 * 0.044715 * _SQRT_2_OVER_PI
-    x2 += _SQRT_2_OVER_PI  # du/dx
-    grad = 1.0 - t
+    if y is None:
+        one_plus_t = x * x
+        one_plus_t *= 0.044715 * _SQRT_2_OVER_PI
+        one_plus_t += _SQRT_2_OVER_PI
+        one_plus_t *= x  # u
+        np.tanh(one_plus_t, out=one_plus_t)
+        one_plus_t += 1.0
+    else:
+        one_plus_t = np.divide(y, x, out=np.full_like(x, 0.5), where=x != 0)  # 0.5 (1 + tanh u); 0.5 at x = 0
+        one_plus_t *= 2.0
+    du = x * x
+    du *= 3 * 0.044715 * _SQRT_2_OVER_PI
+    du += _SQRT_2_OVER_PI  # du/dx
+    grad = 2.0 - one_plus_t  # 1 − tanh u
     grad *= x
-    grad *= x2
+    grad *= du
     grad += 1.0
-    t += 1.0
-    grad *= t
+    grad *= one_plus_t
     grad *= 0.5
     grad *= dy
     return grad
@@ -193,14 +199,16 @@ def erf_backward(x: np.ndarray) -> np.ndarray:
     return (2.0 * a * poly + dpoly * p * t * t) * np.exp(-a * a)
 
 
-def gelu_backward(dy: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """dL/dx for y = gelu(x) = 0.5 x (1 + erf(x/√2)): dy/dx = 0.5 (1 + erf(x/√2)) + 0.5 x erf'(x/√2)/√2."""
+def gelu_backward(dy: np.ndarray, x: np.ndarray, y: np.ndarray | None = None) -> np.ndarray:
+    """dL/dx for y = gelu(x) = 0.5 x (1 + erf(x/√2)): dy/dx = 0.5 (1 + erf(x/√2)) + 0.5 x erf'(x/√2)/√2.
+    (y, the forward's output, is not needed: taken for the same signature as gelu_new_backward.)"""
     r = 1.0 / math.sqrt(2.0)
     return dy * (0.5 * (1.0 + erf(x * r)) + 0.5 * r * x * erf_backward(x * r))
 
 
-def relu_backward(dy: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """dL/dx for y = max(x, 0): the gradient passes where x > 0 (at exactly 0 it is taken as 0, as PyTorch does)."""
+def relu_backward(dy: np.ndarray, x: np.ndarray, y: np.ndarray | None = None) -> np.ndarray:
+    """dL/dx for y = max(x, 0): the gradient passes where x > 0 (at exactly 0 it is taken as 0, as PyTorch does).
+    (y is not needed: taken for the same signature as gelu_new_backward.)"""
     return dy * (x > 0)
 
 

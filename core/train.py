@@ -36,7 +36,7 @@ import numpy as np
 from . import backprop
 from .analysis import detector_score, induction_keys, previous_token_keys
 from .optim import AdamW, ParamVector, clip_grad_norm, learning_rate
-from .recipes import DEFAULTS, Induction, TrainSettings, make_recipe, settings
+from .recipes import DEFAULTS, UNK, Induction, TrainSettings, make_recipe, settings
 
 SAMPLE_TOKENS = 96  # longest sample (and never past the model's context)
 
@@ -103,13 +103,26 @@ class Snapshot:
                        meta["data_rng_state"], meta["pending_losses"], meta["grad_norm"], meta["elapsed_s"])
 
 
+# A batch is run through the model this many tokens at a time (gradient accumulation), so that each
+# part's activations stay in the CPU cache between the forward and the backward pass: measured ~10%
+# faster on the text recipe's 4,096-token batches. Smaller batches run whole.
+MICRO_BATCH_TOKENS = 1024
+
+
 def optimisation_step(vector: ParamVector, optimizer: AdamW, cfg, batch: np.ndarray, lr: float,
                       grad_clip: float) -> tuple[float, float]:
     """Loss and gradients of batch [batch, pos + 1] (inputs [:, :-1], targets [:, 1:]), the gradient clipped
     to a global norm of grad_clip (0: not clipped), one AdamW update at this learning rate.
     Returns the loss and the gradient's norm before clipping."""
-    loss, grads = backprop.loss_and_grads(vector.params, cfg, batch[:, :-1], batch[:, 1:])
-    grad = vector.flatten(grads)  # [n_params]
+    n_parts = max(1, min(len(batch), batch[:, 1:].size // MICRO_BATCH_TOKENS))
+    loss, grad = 0.0, None
+    for part in np.array_split(batch, n_parts):
+        part_loss, grads = backprop.loss_and_grads(vector.params, cfg, part[:, :-1], part[:, 1:])
+        weight = len(part) / len(batch)  # each part's loss is a mean over its own sequences
+        loss += weight * part_loss
+        g = vector.flatten(grads)  # [n_params]
+        grad = g * g.dtype.type(weight) if grad is None else grad + g * g.dtype.type(weight)
+        # (with one part, weight is 1 and the gradient passes unchanged)
     norm = clip_grad_norm(grad, grad_clip if grad_clip > 0 else math.inf)
     optimizer.step(grad, lr)
     return loss, norm
@@ -241,6 +254,8 @@ class Training:
         rng = np.random.default_rng([self.settings.seed, self.step])
         while len(tokens) < min(self.cfg.n_ctx, prompt_len + n_new):
             logits = self._logits(np.array(tokens)[None])[0, -1].astype(np.float64)
+            if self.recipe.vocab[0] == UNK:
+                logits[0] = -np.inf  # a sample is text: never [UNK]
             if self.recipe.sample_greedy:
                 tokens.append(int(np.argmax(logits)))
             else:

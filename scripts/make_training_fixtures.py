@@ -43,9 +43,9 @@ STEPS = 50
 # name -> (config, dtype, batch, seq_len, optimiser settings). Between them every switch training supports.
 OPT = dict(lr=3e-3, min_lr=3e-4, warmup=5, weight_decay=0.1, grad_clip=0.5, betas=(0.9, 0.999), eps=1e-8)
 CASES = {
-    "attn_only_f64": (dict(d_model=32, n_layers=2, n_heads=4, d_vocab=16, n_ctx=12, attn_only=True), "float64", 8, 12,
+    "attn_only_f64": (dict(d_model=16, n_layers=2, n_heads=4, d_vocab=16, n_ctx=12, attn_only=True), "float64", 8, 12,
                       OPT | dict(grad_clip=1.0)),
-    "mlp_untied_f64": (dict(d_model=24, n_layers=2, n_heads=3, d_vocab=11, n_ctx=10, d_mlp=40, act_fn="gelu_new",
+    "mlp_untied_f64": (dict(d_model=12, n_layers=2, n_heads=3, d_vocab=11, n_ctx=10, d_mlp=20, act_fn="gelu_new",
                             tied_embeddings=False), "float64", 6, 10, OPT),
     "rotary_lnpre_relu_f64": (dict(d_model=16, n_layers=2, n_heads=2, d_vocab=9, n_ctx=8, d_mlp=24, act_fn="relu",
                                    normalization_type="LNPre", positional_embedding_type="rotary", bias=False,
@@ -57,7 +57,7 @@ CASES = {
     # number to every score of a row leaves the softmax unchanged), so in float32 it is rounding noise,
     # which AdamW divides by its own tiny RMS into steps of up to lr, differently in each implementation.
     # (In float64 the noise, ~1e-17, is far below AdamW's eps, so the float64 cases keep their biases.)
-    "mlp_untied_f32": (dict(d_model=24, n_layers=2, n_heads=3, d_vocab=11, n_ctx=10, d_mlp=40, act_fn="gelu_new",
+    "mlp_untied_f32": (dict(d_model=12, n_layers=2, n_heads=3, d_vocab=11, n_ctx=10, d_mlp=20, act_fn="gelu_new",
                             tied_embeddings=False, bias=False), "float32", 6, 10, OPT | dict(grad_clip=1.0)),
     "gelu_erf_f32": (dict(d_model=16, n_layers=2, n_heads=2, d_vocab=9, n_ctx=8, d_mlp=32, act_fn="gelu", bias=False),
                      "float32", 6, 8, OPT | dict(grad_clip=1.0)),
@@ -109,7 +109,7 @@ def training_case(name: str, seed: int) -> dict[str, np.ndarray]:
     meta = {"cfg": cfg_kwargs, "dtype": dtype, "steps": STEPS, "opt": opt,
             "clipped_steps": int(sum(g > opt["grad_clip"] for g in grad_norms)) if opt["grad_clip"] > 0 else 0}
     out[f"{name}/meta"] = np.array(json.dumps(meta))
-    out[f"{name}/batches"] = batches
+    out[f"{name}/batches"] = batches.astype(np.uint8)  # token ids < 256: a quarter of int64's bytes
     out[f"{name}/losses"] = np.array(losses)
     out[f"{name}/grad_norms"] = np.array(grad_norms)
     print(f"{name}: loss {losses[0]:.4f} -> {losses[-1]:.4f}, clipped at {meta['clipped_steps']} of {STEPS} steps")

@@ -122,9 +122,14 @@ def _check_primitive(forward, backward, x, rng):
 
 @pytest.mark.parametrize("act, act_backward", [(gelu_new, gelu_new_backward), (gelu, gelu_backward),
                                                (relu, relu_backward)])
-def test_activation_backward(act, act_backward):
+@pytest.mark.parametrize("given_output", [True, False])
+def test_activation_backward(act, act_backward, given_output):
     rng = np.random.default_rng(0)
-    _check_primitive(act, act_backward, rng.standard_normal((3, 7)) * 2, rng)
+    x = rng.standard_normal((3, 7)) * 2
+    if act is not relu:  # (ReLU has its kink there: no derivative to compare)
+        x[0, 0] = 0.0  # gelu_new_backward recovers tanh from y / x: x = 0 is its special case
+    backward = (lambda dy, x: act_backward(dy, x, act(x))) if given_output else act_backward
+    _check_primitive(act, backward, x, rng)
 
 
 def test_softmax_backward():
@@ -166,3 +171,17 @@ def test_training_refuses_post_norm_with_a_message():
     cfg = TransformerConfig(d_model=8, n_layers=1, n_heads=2, d_vocab=5, n_ctx=4, block_type="post_norm")
     with pytest.raises(ValueError, match="pre_norm"):
         backprop.forward(init_params(cfg), cfg, np.zeros((1, 3), dtype=np.int64))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_batched_attention_gives_scaled_dot_product_attention_exactly(causal):
+    from core.attention import scaled_dot_product_attention
+
+    cfg = TransformerConfig(d_model=8, n_heads=2, n_layers=1, d_vocab=5, attn_temperature=1.5,
+                            attention_dir="causal" if causal else "bidirectional")
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((3, 2, 7, 4)).astype(np.float32) for _ in range(3))
+    pattern, z = backprop.attention(q, k, v, cfg)
+    ref = scaled_dot_product_attention(q, k, v, causal=causal, temperature=1.5)
+    np.testing.assert_array_equal(pattern, ref.weights)
+    np.testing.assert_array_equal(z, ref.output)

@@ -251,3 +251,23 @@ def test_nasi_lemak_learns_that_l_follows_nasi():
             break
     assert records[0].target == pytest.approx(0.151, abs=5e-4)  # the spec's random model
     assert records[-1].target > 0.9
+
+
+# ------------------------------------------------------------------ the command line
+
+def test_the_command_prints_one_line_per_record_and_saves_a_folder(tmp_path):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "core.train", "nasi-lemak", "--steps", "20", "--eval-interval", "10",
+                          "--out", str(tmp_path / "m"), "--snapshot", str(tmp_path / "s.npz")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stdout.splitlines() if " step " in line]
+    assert [line.split("step")[1].split()[0] for line in lines] == ["0/20", "10/20", "20/20"]
+    assert "target" in lines[-1] and (tmp_path / "m" / "model.safetensors").is_file()
+    assert Snapshot.load(tmp_path / "s.npz").step == 20
+
+    bad = subprocess.run([sys.executable, "-m", "core.train", "induction", "--d-model", "30"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "not divisible by n_heads=4" in bad.stderr

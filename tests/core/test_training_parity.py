@@ -20,7 +20,7 @@ from core import backprop
 from core.optim import AdamW, ParamVector, learning_rate
 from core.train import optimisation_step
 
-FIXTURE = Path("/tmp/exp13/training_parity.npz")
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "training_parity.npz"
 TOLERANCE = {"float64": 1e-8, "float32": 1e-4}
 
 
@@ -49,7 +49,7 @@ def test_fifty_steps_match_torch(name):
         view[...] = ref[f"initial/{name_}"]
     optimizer = AdamW(vector, betas=tuple(opt["betas"]), eps=opt["eps"], weight_decay=opt["weight_decay"])
 
-    batches = ref["batches"]
+    batches = ref["batches"].astype(np.int64)
     _, grads = backprop.loss_and_grads(vector.params, cfg, batches[0][:, :-1], batches[0][:, 1:])
     for n in vector.names:
         assert _relative(_get(grads, n), ref[f"grad0/{n}"]) <= tol, f"first-step gradient of {n}"
