@@ -60,12 +60,24 @@ class Record:
     elapsed_s: float = 0.0  # wall-clock seconds of training and evaluation so far
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """Plain JSON data: a score that does not exist (NaN: no query of the probe had a relevant key)
+        or a diverged number becomes None, since JSON has no NaN or infinity."""
+        return _finite(asdict(self))
 
     @property
     def best_induction(self) -> float:
         """The highest induction score among the last layer's heads (where induction heads sit)."""
         return float(np.nanmax(self.induction[-1]))
+
+
+def _finite(value):
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    return value
 
 
 @dataclass
@@ -185,6 +197,9 @@ class Training:
         batch = self.recipe.batch(self.recipe.data_rng)  # [batch, seq_len + 1]
         loss, self.grad_norm = optimisation_step(self.vector, self.optimizer, self.cfg, batch, self.lr(self.step),
                                                  self.settings.grad_clip)
+        if not math.isfinite(loss):
+            raise ValueError(f"the loss became {loss} at step {self.step + 1}: training diverged; lower the "
+                             f"learning rate (lr={self.settings.lr:g}) or keep gradient clipping on")
         self.step += 1
         self._pending.append(loss)
         return loss
@@ -220,10 +235,11 @@ class Training:
         patterns = at_snapshot if patterns is None else patterns
         sample = at_snapshot if sample is None else sample
 
-        # Held-out loss, position by position, in batches of batch_size.
+        # Held-out loss, position by position, MICRO_BATCH_TOKENS at a time (as training runs a batch).
         held_out = recipe.held_out
+        parts = max(1, min(len(held_out), held_out[:, 1:].size // MICRO_BATCH_TOKENS))
         losses = np.concatenate([_token_losses(self._logits(chunk[:, :-1]), chunk[:, 1:])
-                                 for chunk in np.array_split(held_out, max(1, len(held_out) // s.batch_size))])
+                                 for chunk in np.array_split(held_out, parts)])
         quarter = max(1, losses.shape[1] // 4)
         icl = float(losses[:, -quarter:].mean() - losses[:, :quarter].mean())
 

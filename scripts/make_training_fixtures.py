@@ -119,7 +119,7 @@ def training_case(name: str, seed: int) -> dict[str, np.ndarray]:
 # Texts each shipped model is run on (characters of its vocabulary, or ones its [UNK] absorbs).
 TRAINED_TEXTS = {
     "induction": ["Ali makan nasi lemak. Ali makan nasi lemak.", "the cat sat on the mat. the cat sat on the mat."],
-    "nasi-lemak": ["nasi ", "ali makan nasi lemak"],
+    "nasi-lemak": ["nasi ", "makan nasi lemak"],  # within its context of 16
     "python-docs": ["The for statement is used to iterate over the elements of a sequence.",
                     "def f(x):\n    return x + 1  # café"],
 }

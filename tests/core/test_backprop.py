@@ -185,3 +185,22 @@ def test_batched_attention_gives_scaled_dot_product_attention_exactly(causal):
     ref = scaled_dot_product_attention(q, k, v, causal=causal, temperature=1.5)
     np.testing.assert_array_equal(pattern, ref.weights)
     np.testing.assert_array_equal(z, ref.output)
+
+
+# ------------------------------------------------------------------ attention-only models
+
+def test_an_attention_only_model_has_no_mlp_anywhere():
+    from core import hook_names
+    from core.params import count_params
+
+    cfg = TransformerConfig(d_model=8, n_layers=2, n_heads=2, d_vocab=5, n_ctx=6, attn_only=True)
+    params = init_params(cfg)
+    assert all(set(block) == {"ln1", "attn"} for block in params["blocks"])
+    assert count_params(cfg).total == sum(a.size for _, a in iter_arrays(params))
+    names = hook_names(cfg)
+    assert not [n for n in names if "mlp" in n or "resid_mid" in n]
+    _, cache = run_with_cache(params, cfg, np.array([1, 2, 3]))
+    assert list(cache) == names
+    # resid_post is resid_pre plus what attention wrote, exactly
+    np.testing.assert_array_equal(cache["blocks.0.hook_resid_post"],
+                                  cache["blocks.0.hook_resid_pre"] + cache["blocks.0.hook_attn_out"])

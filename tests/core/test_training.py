@@ -271,3 +271,31 @@ def test_the_command_prints_one_line_per_record_and_saves_a_folder(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "core.train", "induction", "--d-model", "30"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "not divisible by n_heads=4" in bad.stderr
+
+
+def test_a_diverging_run_stops_with_what_to_change():
+    run = Training(small())
+    run.vector.flat[:5] = np.inf  # what a far too high learning rate ends in
+    with np.errstate(invalid="ignore"), pytest.raises(ValueError, match="loss became nan at step 1: .* lower the "
+                                                                        "learning rate"):
+        run.train_step()
+
+
+def test_missing_scores_are_json_null():
+    r = Record(step=0, steps=1, lr=0.1, train_loss=None, val_loss=float("nan"), grad_norm=float("inf"),
+               previous_token=[[0.5, float("nan")]], induction=[[0.1, 0.2]], icl_score=0.0, target=None)
+    assert json.loads(json.dumps(r.to_dict(), allow_nan=False))["previous_token"] == [[0.5, None]]
+
+
+def test_the_loader_refuses_an_attn_only_folder_whose_mlp_is_not_zero(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    from core.checkpoints import CheckpointError
+
+    run = Training(small(attn_only=True, steps=1, eval_interval=1))
+    folder = run.export(tmp_path / "m")
+    tensors = load_file(str(folder / "model.safetensors"))
+    tensors["transformer.h.1.mlp.c_proj.bias"] = np.ones_like(tensors["transformer.h.1.mlp.c_proj.bias"])
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match="attn_only, but layer 1's MLP"):
+        load_checkpoint(folder)
