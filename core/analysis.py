@@ -72,7 +72,9 @@ def lens_points(cfg: TransformerConfig) -> list[str]:
     """
     points = []
     for layer in range(cfg.n_layers):
-        points += [f"blocks.{layer}.hook_resid_pre", f"blocks.{layer}.hook_resid_mid"]
+        points.append(f"blocks.{layer}.hook_resid_pre")
+        if not cfg.attn_only:  # an attention-only block has no point between its attention and an MLP
+            points.append(f"blocks.{layer}.hook_resid_mid")
     return points + [f"blocks.{cfg.n_layers - 1}.hook_resid_post"]
 
 

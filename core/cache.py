@@ -66,8 +66,10 @@ def residual_hooks(cfg: TransformerConfig) -> list[str]:
     names = ["hook_embed"]
     for layer in range(cfg.n_layers):
         b = f"blocks.{layer}."
-        names += [b + "hook_resid_pre", b + "hook_attn_out", b + "hook_resid_mid", b + "hook_mlp_out",
-                  b + "hook_resid_post"]
+        names += [b + "hook_resid_pre", b + "hook_attn_out"]
+        if not cfg.attn_only:
+            names += [b + "hook_resid_mid", b + "hook_mlp_out"]
+        names.append(b + "hook_resid_post")
     return names
 
 
@@ -81,7 +83,9 @@ def decomposition_hooks(cfg: TransformerConfig) -> list[str]:
     """What `decompose_resid` needs: the embeddings, every head's z and MLP output, the last stream."""
     names = ["hook_embed", "hook_pos_embed", "hook_token_type_embed"]
     for layer in range(cfg.n_layers):
-        names += [f"blocks.{layer}.attn.hook_z", f"blocks.{layer}.mlp.hook_post"]
+        names.append(f"blocks.{layer}.attn.hook_z")
+        if not cfg.attn_only:
+            names.append(f"blocks.{layer}.mlp.hook_post")
     return names + [f"blocks.{cfg.n_layers - 1}.hook_resid_post"]
 
 
@@ -156,12 +160,13 @@ class ActivationCache(Mapping):
         """Per-token L2 norms along the residual stream and of what each sub-layer adds (needs `residual_hooks`)."""
         stream_names, stream = ["hook_embed"], [self["hook_embed"]]
         writes_names, writes = [], []
+        attn_only = self.cfg.attn_only  # no resid_mid and no MLP: the block is its attention
         for layer in range(self.cfg.n_layers):
             b = f"blocks.{layer}."
-            for point in ("resid_pre", "resid_mid", "resid_post"):
+            for point in ("resid_pre", "resid_post") if attn_only else ("resid_pre", "resid_mid", "resid_post"):
                 stream_names.append(f"{layer} {point}")
                 stream.append(self[b + "hook_" + point])
-            for part in ("attn_out", "mlp_out"):
+            for part in ("attn_out",) if attn_only else ("attn_out", "mlp_out"):
                 writes_names.append(f"{layer} {part}")
                 writes.append(self[b + "hook_" + part])
         norms = lambda arrays: np.stack([np.linalg.norm(a, axis=-1) for a in arrays], axis=-1)  # noqa: E731  [pos, n]
@@ -193,6 +198,8 @@ class ActivationCache(Mapping):
             if "b_O" in block["attn"]:
                 labels.append(f"L{layer} attn bias")
                 parts.append(block["attn"]["b_O"])
+            if cfg.attn_only:
+                continue  # no MLP writes to the stream
             labels.append(f"L{layer} mlp")
             parts.append(self[f"blocks.{layer}.mlp.hook_post"][pos] @ block["mlp"]["W_out"])  # [d_model]
             if "b_out" in block["mlp"]:

@@ -39,6 +39,7 @@ class TransformerConfig:
     tied_embeddings: bool = True  # unembedding is W_E transposed, as in GPT-2
     n_token_types: int = 0  # BERT's segment embeddings; 0 for decoders
     eps: float = 1e-5  # epsilon of every norm
+    attn_only: bool = False  # blocks without an MLP (TransformerLens' name): the classic induction-head setting
     # Switches of other decoder families (Llama, Qwen, Mistral, GPT-NeoX, GPT-Neo); each default is
     # GPT-2's behaviour, so a config that leaves them alone is the model it always was.
     n_key_value_heads: int | None = None  # grouped-query attention: heads of K and V, each shared by
@@ -70,6 +71,8 @@ class TransformerConfig:
             object.__setattr__(self, "d_head", self.d_model // self.n_heads)
         if self.d_mlp is None:
             object.__setattr__(self, "d_mlp", 4 * self.d_model)
+        if not self.attn_only and (not isinstance(self.d_mlp, int) or self.d_mlp < 1):
+            raise InputError(f"d_mlp must be a positive integer, got {self.d_mlp!r} (or set attn_only for no MLP)")
         _check_choice("act_fn", self.act_fn, tuple(ACTIVATIONS))
         _check_choice("normalization_type", self.normalization_type, NORMALIZATION_TYPES)
         _check_choice("positional_embedding_type", self.positional_embedding_type, POSITION_SCHEMES)

@@ -129,3 +129,146 @@ def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndar
     if b is not None:
         out += b
     return out
+
+
+# ---------------------------------------------------------------------------- backward passes
+# Each takes the gradient of the loss with respect to the forward function's output (dy, the
+# same shape as the output) and returns the gradient with respect to its input(s): the chain rule
+# one function at a time. They use what the forward pass computed (its output, or its input) so
+# nothing is recomputed twice; core/backprop.py strings them together for a whole model.
+
+def row_sum(x: np.ndarray) -> np.ndarray:
+    """Σ over the last axis, keeping it as size 1.  # [..., n] -> [..., 1]
+
+    A matrix-vector product with a vector of ones: BLAS adds many short rows (64 numbers of a
+    training batch's residual stream, 32 keys of an attention row) several times faster than
+    x.sum(axis=-1), whose cost at these sizes is NumPy's overhead per row.
+    """
+    rows = x.reshape(-1, x.shape[-1]) @ np.ones(x.shape[-1], dtype=x.dtype)
+    return rows.reshape(*x.shape[:-1], 1)
+
+
+def softmax_backward(dy: np.ndarray, y: np.ndarray, axis: int = -1, out: np.ndarray | None = None) -> np.ndarray:
+    """dL/dz from dL/dy, where y = softmax(z) over the last axis; written into `out` if given
+    (`out=dy` is allowed).  # [..., n], [..., n] -> [..., n]
+
+    ∂y_i/∂z_j = y_i (δ_ij − y_j), so dz_j = y_j (dy_j − Σ_i dy_i y_i). A position softmax gave
+    weight 0 (a masked key) gets gradient 0: the mask passes nothing back.
+    """
+    expected = row_sum(dy * y)  # Σ_i dy_i y_i: dy averaged under y, [..., 1]
+    dz = np.subtract(dy, expected, out=out)
+    dz *= y
+    return dz
+
+
+def layer_norm_backward(
+    dy: np.ndarray, x: np.ndarray, w: np.ndarray | None = None, eps: float = 1e-5
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:  # [..., d] -> dx [..., d], dw [d], db [d]
+    """Gradients of layer_norm(x, w, b) with respect to x, w and b (dw, db None for LNPre).
+
+    With x̂ = (x − μ)/σ and σ = √(var + eps), the normalisation's Jacobian gives
+    dx = (g − mean(g) − x̂ · mean(g · x̂)) / σ, where g = dy · w is the gradient reaching x̂.
+    Both means are over the last axis: moving one input moves the mean and σ every output uses.
+    """
+    inv_d = x.dtype.type(1.0 / x.shape[-1])
+    xhat = x - row_sum(x) * inv_d
+    rstd = 1.0 / np.sqrt(row_sum(xhat * xhat) * inv_d + eps)  # 1/σ, [..., 1]
+    xhat *= rstd
+    lead = tuple(range(dy.ndim - 1))  # a gain and a bias are shared by every position (and batch row)
+    dw = (dy * xhat).sum(axis=lead) if w is not None else None
+    db = dy.sum(axis=lead) if w is not None else None
+    g = dy * w if w is not None else dy
+    dx = g - row_sum(g) * inv_d
+    xhat *= row_sum(g * xhat) * inv_d
+    dx -= xhat
+    dx *= rstd
+    return dx, dw, db
+
+
+def gelu_new_backward(dy: np.ndarray, x: np.ndarray, y: np.ndarray | None = None) -> np.ndarray:
+    """dL/dx for y = gelu_new(x) = 0.5 x (1 + tanh u), u = √(2/π)(x + 0.044715 x³).
+
+    dy/dx = 0.5 (1 + tanh u) + 0.5 x (1 − tanh² u) du/dx, with du/dx = √(2/π)(1 + 3 · 0.044715 x²),
+    which factors as 0.5 (1 + tanh u)(1 + x (1 − tanh u) du/dx). Given the forward's output y, the
+    tanh needs no recomputing (the costliest step): 1 + tanh u = 2y/x (and 1 where x = 0).
+    In place, a few arrays in all: at a training batch's MLP width every temporary is megabytes.
+    """
+    if y is None:
+        one_plus_t = x * x
+        one_plus_t *= 0.044715 * _SQRT_2_OVER_PI
+        one_plus_t += _SQRT_2_OVER_PI
+        one_plus_t *= x  # u
+        np.tanh(one_plus_t, out=one_plus_t)
+        one_plus_t += 1.0
+    else:
+        one_plus_t = np.divide(y, x, out=np.full_like(x, 0.5), where=x != 0)  # 0.5 (1 + tanh u); 0.5 at x = 0
+        one_plus_t *= 2.0
+    du = x * x
+    du *= 3 * 0.044715 * _SQRT_2_OVER_PI
+    du += _SQRT_2_OVER_PI  # du/dx
+    grad = 2.0 - one_plus_t  # 1 − tanh u
+    grad *= x
+    grad *= du
+    grad += 1.0
+    grad *= one_plus_t
+    grad *= 0.5
+    grad *= dy
+    return grad
+
+
+def erf_backward(x: np.ndarray) -> np.ndarray:
+    """The derivative of `erf` as implemented: in float64, where `erf` is the C library's, the true
+    2/√π · exp(−x²); in other dtypes the derivative of the Abramowitz & Stegun polynomial itself, so
+    finite differences of the forward pass and the backward pass agree to rounding (it differs from
+    the true derivative by about 1e-6).
+    erf(x) = sign(x) (1 − P(t) e^{−a²}), a = |x|, t = 1/(1 + p a), so
+    erf'(x) = (2a P(t) − P'(t) dt/da) e^{−a²}, with dt/da = −p t² (even in x: the signs cancel).
+    """
+    if x.dtype == np.float64:
+        return (2.0 / math.sqrt(math.pi)) * np.exp(-x * x)
+    p = 0.3275911
+    c = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)  # P(t) = Σ c_i t^(i+1)
+    a = np.abs(x)
+    t = 1.0 / (1.0 + p * a)
+    poly = t * (c[0] + t * (c[1] + t * (c[2] + t * (c[3] + t * c[4]))))
+    dpoly = c[0] + t * (2 * c[1] + t * (3 * c[2] + t * (4 * c[3] + t * 5 * c[4])))  # P'(t)
+    return (2.0 * a * poly + dpoly * p * t * t) * np.exp(-a * a)
+
+
+def gelu_backward(dy: np.ndarray, x: np.ndarray, y: np.ndarray | None = None) -> np.ndarray:
+    """dL/dx for y = gelu(x) = 0.5 x (1 + erf(x/√2)): dy/dx = 0.5 (1 + erf(x/√2)) + 0.5 x erf'(x/√2)/√2.
+    (y, the forward's output, is not needed: taken for the same signature as gelu_new_backward.)"""
+    r = 1.0 / math.sqrt(2.0)
+    return dy * (0.5 * (1.0 + erf(x * r)) + 0.5 * r * x * erf_backward(x * r))
+
+
+def relu_backward(dy: np.ndarray, x: np.ndarray, y: np.ndarray | None = None) -> np.ndarray:
+    """dL/dx for y = max(x, 0): the gradient passes where x > 0 (at exactly 0 it is taken as 0, as PyTorch does).
+    (y is not needed: taken for the same signature as gelu_new_backward.)"""
+    return dy * (x > 0)
+
+
+ACTIVATION_BACKWARDS = {"gelu_new": gelu_new_backward, "gelu": gelu_backward, "relu": relu_backward}
+
+
+def cross_entropy(logits: np.ndarray, targets: np.ndarray) -> tuple[float, np.ndarray]:
+    """Mean next-token loss −log p(target), and the probabilities it came from.
+
+    logits: [..., d_vocab]; targets: [...] integer ids. Returns (loss, probs [..., d_vocab]).
+    With z shifted by its maximum (so exp never overflows) and S = Σ exp(z), −log p(t) = log S − z_t.
+    """
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    probs = np.exp(shifted)
+    total = row_sum(probs)  # [..., 1]
+    picked = np.take_along_axis(shifted, targets[..., None], axis=-1)  # [..., 1]
+    loss = float(np.mean(np.log(total) - picked))
+    probs /= total
+    return loss, probs
+
+
+def cross_entropy_backward(probs: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """dL/dlogits of the mean cross-entropy: (softmax − one-hot) / number of predictions.  # [..., d_vocab]"""
+    dlogits = probs / probs.dtype.type(targets.size)
+    picked = np.take_along_axis(dlogits, targets[..., None], axis=-1)
+    np.put_along_axis(dlogits, targets[..., None], picked - probs.dtype.type(1.0 / targets.size), axis=-1)
+    return dlogits

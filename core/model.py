@@ -82,7 +82,8 @@ def init_params(cfg: TransformerConfig, seed: int = 0, dtype=np.float64) -> Para
             mlp = {"W_gate": matrix(d, d, dm)} | mlp
         if cfg.mlp_bias:
             mlp |= {"b_in": zeros(dm), "b_out": zeros(d)} | ({"b_gate": zeros(dm)} if cfg.gated_mlp else {})
-        blocks.append({"ln1": norm(), "attn": attn, "ln2": norm(), "mlp": mlp})
+        blocks.append({"ln1": norm(), "attn": attn} if cfg.attn_only else
+                      {"ln1": norm(), "attn": attn, "ln2": norm(), "mlp": mlp})
     params["blocks"] = blocks
     if cfg.block_type == "pre_norm":
         params["ln_final"] = norm()
@@ -147,11 +148,13 @@ def hook_names(cfg: TransformerConfig) -> list[str]:
         names += [b + "hook_resid_pre", b + "attn.hook_q", b + "attn.hook_k", b + "attn.hook_v"]
         if cfg.positional_embedding_type == "rotary":
             names += [b + "attn.hook_rot_q", b + "attn.hook_rot_k"]
-        names += [b + "attn.hook_attn_scores", b + "attn.hook_pattern", b + "attn.hook_z",
-                  b + "hook_attn_out", b + "hook_resid_mid", b + "mlp.hook_pre"]
-        if cfg.gated_mlp:
-            names.append(b + "mlp.hook_pre_linear")
-        names += [b + "mlp.hook_post", b + "hook_mlp_out", b + "hook_resid_post"]
+        names += [b + "attn.hook_attn_scores", b + "attn.hook_pattern", b + "attn.hook_z", b + "hook_attn_out"]
+        if not cfg.attn_only:  # an attention-only block adds attn_out straight to resid_post (as TransformerLens)
+            names += [b + "hook_resid_mid", b + "mlp.hook_pre"]
+            if cfg.gated_mlp:
+                names.append(b + "mlp.hook_pre_linear")
+            names += [b + "mlp.hook_post", b + "hook_mlp_out"]
+        names.append(b + "hook_resid_post")
     if cfg.block_type == "pre_norm":
         names.append("ln_final.hook_normalized")
     return names
@@ -372,6 +375,12 @@ def transformer_block(x, block: Mapping, cfg: TransformerConfig, hook, layer: in
     p = f"blocks.{layer}."
     hook(p + "hook_resid_pre", x)
     window = cfg.window(layer)
+    if cfg.attn_only:  # no MLP: the attention sub-layer is the whole block
+        pre = cfg.block_type == "pre_norm"
+        attn_out, kv = attention_block(norm(x, block["ln1"], cfg) if pre else x, block["attn"], cfg, hook, p, ablate,
+                                       past, window)
+        attn_out = hook(p + "hook_attn_out", attn_out)
+        return hook(p + "hook_resid_post", x + attn_out if pre else norm(x + attn_out, block["ln1"], cfg)), kv
     if cfg.block_type == "pre_norm":
         attn_out, kv = attention_block(norm(x, block["ln1"], cfg), block["attn"], cfg, hook, p, ablate, past, window)
         mlp_in = x  # parallel: the MLP reads the block's input too

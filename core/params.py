@@ -65,7 +65,8 @@ def param_entries(cfg: TransformerConfig) -> list[ParamEntry]:
         e.append(ParamEntry("token_type_embed.W_token_type", (cfg.n_token_types, d), False, True, "segment table"))
     if cfg.block_type == "post_norm":
         e += norm("ln_embed", False, "embedding ")
-    for sub, norm_prefix in (("attn", "blocks.{l}.ln1"), ("mlp", "blocks.{l}.ln2")):
+    sublayers = (("attn", "blocks.{l}.ln1"),) + (() if cfg.attn_only else (("mlp", "blocks.{l}.ln2"),))
+    for sub, norm_prefix in sublayers:
         e += norm(norm_prefix, True)
         if sub == "attn":
             if kv == h:

@@ -85,3 +85,22 @@ def rotary(x: np.ndarray, positions: np.ndarray, *, rotary_dim: int | None = Non
     np.multiply(a, sin, out=out[..., second])
     out[..., second] += b * cos
     return out
+
+
+def apply_rotary_backward(dy: np.ndarray, positions: np.ndarray | None = None, base: float = ROPE_BASE) -> np.ndarray:
+    """dL/dx from dL/dy, where y = apply_rotary(x): rotate each pair back by its angle.
+
+    A rotation R is orthogonal, so the gradient goes through its transpose, the rotation by −θ:
+    dx_even = dy_even cos θ + dy_odd sin θ, dx_odd = −dy_even sin θ + dy_odd cos θ.
+    (Sinusoidal and learned encodings are added to the embeddings, so the gradient of their sum
+    reaches the token embedding unchanged; only a learned table also receives it, see core/backprop.py.)
+    """
+    n_pos, d_head = dy.shape[-2], dy.shape[-1]
+    positions = np.arange(n_pos) if positions is None else positions
+    angles = rotary_angles(positions, d_head, base)  # [pos, d_head/2]
+    cos, sin = np.cos(angles).astype(dy.dtype), np.sin(angles).astype(dy.dtype)
+    even, odd = dy[..., 0::2], dy[..., 1::2]
+    dx = np.empty_like(dy)
+    dx[..., 0::2] = even * cos + odd * sin
+    dx[..., 1::2] = odd * cos - even * sin
+    return dx

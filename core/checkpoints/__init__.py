@@ -54,7 +54,7 @@ NOT_YET = {
 
 __all__ = ["CONFIG_FILE", "INDEX_FILE", "TOKENIZER_FILE", "WEIGHTS_FILE", "FAMILIES", "Checkpoint", "CheckpointError",
            "CheckpointSpec", "HFTokenizer", "SafetensorsFile", "Tensors", "checkpoint_problem", "load_checkpoint",
-           "is_mapped", "load_params", "mapped_nbytes", "params_nbytes", "read_spec"]
+           "is_mapped", "load_params", "mapped_nbytes", "params_nbytes", "read_spec", "TRAINED_DIR", "trained_models"]
 
 
 @dataclass(frozen=True)
@@ -187,6 +187,17 @@ def load_checkpoint(folder: str | Path, spec: CheckpointSpec | None = None) -> C
         raise CheckpointError(f"{TOKENIZER_FILE} has {tokenizer.vocab_size} tokens but the model's "
                               f"embedding has only {spec.cfg.d_vocab} rows: they do not belong together")
     return Checkpoint(spec, load_params(spec), tokenizer)
+
+
+# Models trained by core.train that ship with core (`make trained-models` writes them).
+TRAINED_DIR = Path(__file__).resolve().parent.parent / "trained"
+
+
+def trained_models() -> dict[str, Path]:
+    """The checkpoint folders in core/trained/ by name."""
+    if not TRAINED_DIR.is_dir():
+        return {}
+    return {p.name: p for p in sorted(TRAINED_DIR.iterdir()) if (p / CONFIG_FILE).is_file()}
 
 
 def checkpoint_problem(folder: str | Path) -> str | None:

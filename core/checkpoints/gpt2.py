@@ -6,6 +6,8 @@ fused [Q | K | V] as core's W_QKV: every array is the file's own bytes, memory-m
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..config import TransformerConfig
 from ..errors import InputError
 from ..model import Params
@@ -28,6 +30,8 @@ def config(c: dict) -> TransformerConfig:
         tied_embeddings=c.get("tie_word_embeddings", True),
         normalization_type="LN", positional_embedding_type="learned", attention_dir="causal",
         block_type="pre_norm", bias=True, unembed_bias=False,  # lm_head has no bias
+        # Not GPT-2's: core/export.py writes it for attention-only models, whose MLPs are exactly zero.
+        attn_only=c.get("attn_only", False) is True,
     )
 
 
@@ -45,16 +49,24 @@ def params(t: Tensors, cfg: TransformerConfig) -> Params:
         h = f"h.{layer}."
         # h.{l}.attn.bias / attn.masked_bias, in older checkpoints, are the causal mask as a
         # constant buffer; core builds the mask itself, so they are not read.
-        blocks.append({
+        block = {
             "ln1": ln(h + "ln_1"),
             "attn": {"W_QKV": t.get(h + "attn.c_attn.weight", (d, 3 * hd)),  # columns [Q | K | V]
                      "b_QKV": t.get(h + "attn.c_attn.bias", (3 * hd,)),
                      "W_O": t.get(h + "attn.c_proj.weight", (hd, d)),
                      "b_O": t.get(h + "attn.c_proj.bias", (d,))},
-            "ln2": ln(h + "ln_2"),
-            "mlp": {"W_in": t.get(h + "mlp.c_fc.weight", (d, dm)), "b_in": t.get(h + "mlp.c_fc.bias", (dm,)),
-                    "W_out": t.get(h + "mlp.c_proj.weight", (dm, d)), "b_out": t.get(h + "mlp.c_proj.bias", (d,))},
-        })
+        }
+        if cfg.attn_only:
+            # The stored MLP must add nothing, or transformers would compute another model than core.
+            if np.any(t.get(h + "mlp.c_proj.weight", (dm, d))) or np.any(t.get(h + "mlp.c_proj.bias", (d,))):
+                raise CheckpointError(f"config.json says attn_only, but layer {layer}'s MLP output weights are not "
+                                      f"all zero: remove attn_only or zero mlp.c_proj")
+        else:
+            block |= {"ln2": ln(h + "ln_2"),
+                      "mlp": {"W_in": t.get(h + "mlp.c_fc.weight", (d, dm)), "b_in": t.get(h + "mlp.c_fc.bias", (dm,)),
+                              "W_out": t.get(h + "mlp.c_proj.weight", (dm, d)),
+                              "b_out": t.get(h + "mlp.c_proj.bias", (d,))}}
+        blocks.append(block)
     params["blocks"] = blocks
     params["ln_final"] = ln("ln_f")
     if not cfg.tied_embeddings:

@@ -82,7 +82,12 @@ class HFTokenizer:
     def encode(self, text: str) -> Encoding:
         if not text:
             raise InputError("the text is empty: type at least one word")
-        enc = self._tok.encode(text)
+        try:
+            enc = self._tok.encode(text)
+        except Exception as e:  # a vocabulary with no [UNK] (a character model's) meets a character it lacks
+            unknown = sorted({c for c in text if self._tok.token_to_id(c) is None})
+            raise InputError(f"characters {''.join(unknown)!r} are not in this model's vocabulary"
+                             if unknown else f"the tokenizer cannot encode this text: {e}") from None
         if not enc.ids:
             raise InputError(f"the tokenizer found no tokens in {text!r}")
         return Encoding(list(enc.ids), [self._readable(t) for t in enc.tokens])

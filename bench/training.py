@@ -1,0 +1,146 @@
+"""Training: steps per second of core's NumPy trainer against PyTorch, and the wall-clock to an induction head.
+
+1. Steps per second, side by side: the same model (a recipe's default), the same initial weights, the
+   same batches and the same thread count. NumPy runs core.train.optimisation_step (forward, backward,
+   clipping, AdamW); PyTorch runs the same model written with its own layers and autograd
+   (bench/torch_model.py) with torch.optim.AdamW and clip_grad_norm_. The two sides alternate in blocks
+   of steps so that drifting load on this shared machine weighs on both alike; the first losses of the
+   two are compared to prove they train the same model.
+2. Wall-clock to induction: `core.train.Training` on the induction recipe's defaults, from the first
+   step until the best layer-1 induction score reaches 0.4, records (evaluations) included.
+
+    bench/.env/bin/python -m bench.training [--threads 1 2] [--rounds 7] [--block 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from bench.common import OUT, header, median, run_main, table, verdict, wall_and_cpu
+from core.optim import AdamW, ParamVector
+from core.recipes import make_recipe, settings
+from core.train import Training, optimisation_step, reuse_freed_memory
+
+RATIO_BUDGET = 1.0  # NumPy steps/s over PyTorch steps/s, at least
+INDUCTION_BUDGET_S = 30.0  # wall-clock seconds to a layer-1 induction score of 0.4, at most
+INDUCTION_SCORE = 0.4
+CASES = ("induction", "text")
+
+
+def _torch_side(recipe, params, threads: int):
+    import torch
+
+    from bench import torch_model as tm
+
+    torch.set_num_threads(threads)
+    s = recipe.settings
+    p = tm.to_torch(params)
+    opt = tm.make_optimizer(p, lr=s.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=s.weight_decay)
+
+    def step(batch: np.ndarray, lr: float) -> float:
+        tokens = torch.from_numpy(batch)
+        return tm.train_step(p, recipe.cfg, opt, tokens[:, :-1], tokens[:, 1:], lr, s.grad_clip)
+
+    return step
+
+
+def steps_per_second(case: str, threads: int, rounds: int, block: int) -> dict:
+    s = settings(case)
+    recipe = make_recipe(s)
+    params = recipe.init_params()
+    vector = ParamVector(params)
+    optimizer = AdamW(vector, weight_decay=s.weight_decay)
+    torch_step = _torch_side(recipe, params, threads)
+    rng = np.random.default_rng(0)
+    batches = [recipe.batch(rng) for _ in range(rounds * block + 3)]
+    lr = s.lr
+
+    def numpy_step(batch):
+        return optimisation_step(vector, optimizer, recipe.cfg, batch, lr, s.grad_clip)[0]
+
+    with threadpool_limits(threads, user_api="blas"):
+        # Same model, same numbers: the first three losses agree to float32 rounding.
+        first = [(numpy_step(b), torch_step(b, lr)) for b in batches[:3]]
+        gap = max(abs(a - b) for a, b in first)
+        numpy_t, torch_t = [], []
+        for r in range(rounds):
+            chunk = batches[3 + r * block: 3 + (r + 1) * block]
+            numpy_t.append(wall_and_cpu(lambda chunk=chunk: [numpy_step(b) for b in chunk]))
+            torch_t.append(wall_and_cpu(lambda chunk=chunk: [torch_step(b, lr) for b in chunk]))
+    n, t = median([w for w, _ in numpy_t]) / block, median([w for w, _ in torch_t]) / block
+    n_cpu, t_cpu = median([c for _, c in numpy_t]) / block, median([c for _, c in torch_t]) / block
+    return {"case": case, "threads": threads, "params": vector.size, "batch": s.batch_size, "seq_len": s.seq_len,
+            "numpy_steps_per_s": 1 / n, "torch_steps_per_s": 1 / t, "ratio": t / n, "cpu_ratio": t_cpu / n_cpu,
+            "first_loss_gap": gap}
+
+
+def time_to_induction(threads: int) -> dict:
+    run = Training(settings("induction"))
+    t0 = time.perf_counter()
+    reached = None
+    with threadpool_limits(threads, user_api="blas"):
+        for record in run.records():
+            if record.best_induction >= INDUCTION_SCORE:
+                reached = record
+                break
+    wall = time.perf_counter() - t0
+    return {"threads": threads, "seconds": wall if reached else None, "step": reached.step if reached else None,
+            "score": reached.best_induction if reached else None, "steps_run": run.step}
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--block", type=int, default=5, help="steps per timed block")
+    ap.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
+    ap.add_argument("--skip-induction", action="store_true")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    reuse_freed_memory()  # what Training does; importing torch happens to have the same effect
+    header("Training: NumPy (core.train) vs PyTorch, steps per second")
+    print(f"torch {torch.__version__}; median of {args.rounds} blocks of {args.block} steps per side, alternating\n")
+    rows, results = [], []
+    for case in args.cases:
+        for threads in args.threads:
+            r = steps_per_second(case, threads, args.rounds, args.block)
+            results.append(r)
+            rows.append([case, f"{r['params']:,}", f"{r['batch']} x {r['seq_len']}", threads,
+                         f"{r['numpy_steps_per_s']:.1f}", f"{r['torch_steps_per_s']:.1f}", f"{r['ratio']:.2f}",
+                         f"{r['cpu_ratio']:.2f}", f"{r['first_loss_gap']:.1e}"])
+            print(f"  {case}, {threads} thread(s): NumPy {r['numpy_steps_per_s']:.1f} steps/s, "
+                  f"PyTorch {r['torch_steps_per_s']:.1f} ({r['ratio']:.2f}x; CPU time {r['cpu_ratio']:.2f}x)", flush=True)
+    print()
+    print(table("Training steps per second (float32; forward, backward, clipping, AdamW)",
+                ["recipe model", "parameters", "batch x seq", "threads", "NumPy steps/s", "PyTorch steps/s",
+                 "NumPy / PyTorch", "(CPU time)", "first-loss gap"], rows))
+    worst = min(r["ratio"] for r in results if r["threads"] == 1) if results else float("nan")
+    print(f"budget NumPy/PyTorch >= {RATIO_BUDGET} at 1 thread: worst {worst:.2f} -> {verdict(worst >= RATIO_BUDGET)}\n")
+
+    induction = []
+    if not args.skip_induction:
+        rows = []
+        for threads in args.threads:
+            r = time_to_induction(threads)
+            induction.append(r)
+            rows.append([threads, "-" if r["seconds"] is None else f"{r['seconds']:.1f}", r["step"] or "not reached",
+                         "-" if r["score"] is None else f"{r['score']:.2f}"])
+        print(table(f"Wall-clock to a layer-1 induction score >= {INDUCTION_SCORE} (induction recipe defaults, "
+                    "evaluations included)", ["threads", "seconds", "step", "score"], rows))
+        ok = [r for r in induction if r["threads"] == 1 and r["seconds"] is not None]
+        print(f"budget <= {INDUCTION_BUDGET_S:.0f} s at 1 thread: "
+              f"{ok[0]['seconds'] if ok else 'not reached'} -> {verdict(bool(ok) and ok[0]['seconds'] <= INDUCTION_BUDGET_S)}\n")
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "training.json").write_text(json.dumps({"steps_per_s": results, "induction": induction}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,273 @@
+"""Training's forward and backward pass: a batch of token ids in, the loss and every gradient out.
+
+core/model.py runs one sequence and records activations by hook name for a reader; this module
+runs a batch ([batch, pos]) and keeps, layer by layer, exactly what the backward pass needs. Both
+are built from the same primitives (layer_norm, scaled_dot_product_attention, the activations,
+apply_rotary), and a test holds the logits here equal to run_with_cache's, sequence by sequence.
+
+The backward pass is the forward pass read from the bottom up: each step calls the *_backward
+function that sits beside its forward function (core/functional.py, core/attention.py,
+core/positions.py) and turns the gradient of the loss with respect to a step's output into the
+gradient with respect to its input and its parameters. Matrices meet the chain rule as
+y = x @ W  =>  dx = dy @ Wᵀ, dW = xᵀ @ dy (summed over batch and positions, which share W).
+
+    logits, saved = forward(params, cfg, tokens)               # tokens [batch, pos]
+    loss, grads = loss_and_grads(params, cfg, tokens, targets)  # grads: the shape of params
+
+Training supports the decoders of this explorer: pre-norm blocks (GPT-2's), with or without an
+MLP (cfg.attn_only), every position scheme, LN or LNPre, tied or untied unembedding, any mask,
+scale and temperature. Post-norm (BERT) and segment embeddings are refused with a ValueError.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .attention import (BATCH_BLOCK_SCORES, attention_scale, causal_mask, merge_heads,
+                        scaled_dot_product_attention_backward, split_heads)
+from .config import TransformerConfig
+from .functional import (ACTIVATION_BACKWARDS, ACTIVATIONS, cross_entropy, cross_entropy_backward, layer_norm,
+                         layer_norm_backward, softmax)
+from .model import Params, unembedding
+from .errors import InputError
+from .positions import apply_rotary, apply_rotary_backward, sinusoidal
+
+
+def check_trainable(cfg: TransformerConfig) -> None:
+    """Raise InputError, saying what to change, for a configuration training does not support: the
+    backward pass covers the GPT-2-style decoder (and its attention-only variant), not the switches
+    of the other families (core/config.py)."""
+    if cfg.block_type != "pre_norm":
+        raise InputError("training supports pre-norm decoders (GPT-2 style): set block_type='pre_norm'")
+    if cfg.n_token_types:
+        raise InputError("training supports decoders without segment embeddings: set n_token_types=0")
+    other = {"n_key_value_heads": cfg.n_key_value_heads != cfg.n_heads, "gated_mlp": cfg.gated_mlp,
+             "normalization_type": cfg.normalization_type not in ("LN", "LNPre"),
+             "rotary_dim": cfg.positional_embedding_type == "rotary" and cfg.rotary_dim != cfg.d_head,
+             "rotary_adjacent_pairs": not cfg.rotary_adjacent_pairs, "parallel_attn_mlp": cfg.parallel_attn_mlp,
+             "window_size": cfg.window_size is not None, "use_qk_norm": cfg.use_qk_norm}
+    if any(other.values()):
+        raise InputError(f"training supports GPT-2-style decoders; leave {', '.join(k for k, v in other.items() if v)} "
+                         "at the default")
+
+
+@dataclass
+class LayerSaved:
+    """What one block's backward pass needs from its forward pass."""
+
+    resid_pre: np.ndarray  # [batch, pos, d_model], the input of ln1
+    ln1_out: np.ndarray  # [batch, pos, d_model], the input of W_QKV
+    q: np.ndarray  # [batch, n_heads, pos, d_head] (rotated, with rotary positions)
+    k: np.ndarray  # [batch, n_heads, pos, d_head]
+    v: np.ndarray  # [batch, n_heads, pos, d_head]
+    pattern: np.ndarray  # [batch, n_heads, query_pos, key_pos], the attention weights
+    z: np.ndarray  # [batch, pos, n_heads * d_head], the heads' outputs side by side (the input of W_O)
+    resid_mid: np.ndarray | None = None  # [batch, pos, d_model], the input of ln2 (None when attn_only)
+    ln2_out: np.ndarray | None = None  # [batch, pos, d_model], the input of W_in
+    mlp_pre: np.ndarray | None = None  # [batch, pos, d_mlp], before the activation
+    mlp_post: np.ndarray | None = None  # [batch, pos, d_mlp], after it (the input of W_out)
+
+
+@dataclass
+class Saved:
+    tokens: np.ndarray  # [batch, pos]
+    layers: list[LayerSaved]
+    resid_final: np.ndarray  # [batch, pos, d_model], the input of ln_final
+    ln_final_out: np.ndarray  # [batch, pos, d_model], the input of the unembedding
+
+
+def _ln(x: np.ndarray, ln: dict, cfg: TransformerConfig) -> np.ndarray:
+    return layer_norm(x, ln.get("w"), ln.get("b"), cfg.eps)
+
+
+def _linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
+    """x @ w + b over [batch, pos, d_in] -> [batch, pos, d_out], as one [batch * pos, d_in] product
+    (NumPy would otherwise multiply sequence by sequence: one small BLAS call per batch row)."""
+    out = x.reshape(-1, x.shape[-1]) @ w
+    if b is not None:
+        out += b
+    return out.reshape(*x.shape[:-1], w.shape[-1])
+
+
+# ---------------------------------------------------------------------------- forward
+
+def forward(params: Params, cfg: TransformerConfig, tokens: np.ndarray) -> tuple[np.ndarray, Saved]:
+    """Logits [batch, pos, d_vocab] of token ids [batch, pos], and what backward needs."""
+    check_trainable(cfg)
+    tokens = np.asarray(tokens)
+    n_pos = tokens.shape[-1]
+    W_E = params["embed"]["W_E"]
+    x = W_E[tokens]  # [batch, pos, d_model]
+    if cfg.positional_embedding_type == "learned":
+        x += params["pos_embed"]["W_pos"][:n_pos]
+    elif cfg.positional_embedding_type == "sinusoidal":
+        x += sinusoidal(n_pos, cfg.d_model).astype(W_E.dtype)
+    layers = []
+    for block in params["blocks"]:
+        x, saved = _block_forward(x, block, cfg)
+        layers.append(saved)
+    resid_final = x
+    x = _ln(x, params["ln_final"], cfg)  # [batch, pos, d_model]
+    W_U, b_U = unembedding(params)
+    logits = _linear(x, W_U, b_U)  # [batch, pos, d_vocab]
+    return logits, Saved(tokens, layers, resid_final, x)
+
+
+def _block_forward(x: np.ndarray, block: dict, cfg: TransformerConfig) -> tuple[np.ndarray, LayerSaved]:
+    """x + attn(ln1(x)), then (unless attn_only) + mlp(ln2(x)).  # [batch, pos, d_model] -> same"""
+    attn = block["attn"]
+    h = _ln(x, block["ln1"], cfg)
+    qkv = _linear(h, attn["W_QKV"], attn.get("b_QKV"))  # [batch, pos, 3 * n_heads * d_head]
+    q, k, v = (split_heads(m, cfg.n_heads) for m in np.split(qkv, 3, axis=-1))  # each [batch, n_heads, pos, d_head]
+    if cfg.positional_embedding_type == "rotary":
+        q, k = apply_rotary(q), apply_rotary(k)
+    pattern, z = attention(q, k, v, cfg)
+    z = merge_heads(z)  # [batch, pos, n_heads * d_head]
+    saved = LayerSaved(x, h, q, k, v, pattern, z)
+    x = x + _linear(z, attn["W_O"], attn.get("b_O"))
+    if cfg.attn_only:
+        return x, saved
+    mlp = block["mlp"]
+    saved.resid_mid = x
+    saved.ln2_out = h = _ln(x, block["ln2"], cfg)
+    saved.mlp_pre = _linear(h, mlp["W_in"], mlp.get("b_in"))  # [batch, pos, d_mlp]
+    saved.mlp_post = ACTIVATIONS[cfg.act_fn](saved.mlp_pre)
+    return x + _linear(saved.mlp_post, mlp["W_out"], mlp.get("b_out")), saved
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, cfg: TransformerConfig) -> tuple[np.ndarray, np.ndarray]:
+    """softmax(Q Kᵀ / divisor + mask) V for a batch: the pattern [batch, n_heads, query_pos, key_pos] and
+    z [batch, n_heads, pos, d_head].
+
+    The steps of core.attention.scaled_dot_product_attention, in its order and with its functions (a
+    test holds the two equal), done for a few sequences at a time (BATCH_BLOCK_SCORES) so that one
+    block's scores stay in the CPU cache through scale, mask and softmax; the pattern is written in
+    place of the scores, which training does not keep.
+    """
+    n_batch, n_heads, n_pos, d_head = q.shape
+    divisor = attention_scale(d_head, cfg.use_attn_scale, cfg.attn_temperature)
+    mask = causal_mask(n_pos) if cfg.causal else None
+    pattern = np.empty((n_batch, n_heads, n_pos, n_pos), dtype=np.result_type(q, k))
+    z = np.empty((n_batch, n_heads, n_pos, v.shape[-1]), dtype=np.result_type(pattern, v))
+    block = max(1, BATCH_BLOCK_SCORES // (n_heads * n_pos * n_pos))  # sequences per block
+    for i in range(0, n_batch, block):
+        b = slice(i, i + block)
+        s = np.matmul(q[b], np.swapaxes(k[b], -1, -2), out=pattern[b])  # [block, n_heads, query_pos, key_pos]
+        s /= divisor
+        if mask is not None:
+            np.copyto(s, -np.inf, where=mask)
+        softmax(s, out=s)
+        np.matmul(s, v[b], out=z[b])
+    return pattern, z
+
+
+# ---------------------------------------------------------------------------- backward
+
+def _linear_backward(dy: np.ndarray, x: np.ndarray, w: np.ndarray, has_bias: bool) -> tuple[np.ndarray, dict]:
+    """For y = x @ w + b over [batch, pos, ...]: dx, and {"w": dw, "b": db} summed over batch and positions."""
+    dy2 = dy.reshape(-1, dy.shape[-1])  # [batch * pos, d_out]
+    grads = {"w": x.reshape(-1, x.shape[-1]).T @ dy2}  # [d_in, d_out]
+    if has_bias:
+        grads["b"] = dy2.sum(axis=0)
+    return (dy2 @ w.T).reshape(*dy.shape[:-1], w.shape[0]), grads
+
+
+def _ln_backward(dy: np.ndarray, x: np.ndarray, ln: dict, cfg: TransformerConfig) -> tuple[np.ndarray, dict]:
+    dx, dw, db = layer_norm_backward(dy, x, ln.get("w"), cfg.eps)
+    return dx, ({"w": dw, "b": db} if "w" in ln else {})
+
+
+def backward(params: Params, cfg: TransformerConfig, saved: Saved, dlogits: np.ndarray) -> Params:
+    """Every parameter's gradient, in a dict shaped like params, from dL/dlogits [batch, pos, d_vocab]."""
+    grads: Params = {}
+    W_U, b_U = unembedding(params)
+    # Unembedding: logits = ln_final_out @ W_U (+ b_U).
+    dx, g = _linear_backward(dlogits, saved.ln_final_out, W_U, b_U is not None)
+    if cfg.tied_embeddings:
+        dW_E = np.ascontiguousarray(g["w"].T)  # W_U is W_E transposed: its gradient lands in the token table
+    else:
+        dW_E = np.zeros_like(params["embed"]["W_E"])
+        grads["unembed"] = {"W_U": g["w"]} | ({"b_U": g["b"]} if "b" in g else {})
+    dx, grads["ln_final"] = _ln_backward(dx, saved.resid_final, params["ln_final"], cfg)  # [batch, pos, d_model]
+
+    block_grads = []
+    for block, s in zip(reversed(params["blocks"]), reversed(saved.layers)):
+        dx, bg = _block_backward(dx, block, s, cfg)
+        block_grads.append(bg)
+    grads["blocks"] = block_grads[::-1]
+
+    # Embeddings: x = W_E[tokens] + W_pos[:pos]. Every occurrence of a token adds its row's gradient.
+    dW_E += embedding_backward(dx, saved.tokens, dW_E.shape[0])
+    grads["embed"] = {"W_E": dW_E}
+    if cfg.positional_embedding_type == "learned":
+        dW_pos = np.zeros_like(params["pos_embed"]["W_pos"])
+        dW_pos[: dx.shape[-2]] = dx.sum(axis=0)  # position p's row is shared by every sequence of the batch
+        grads["pos_embed"] = {"W_pos": dW_pos}
+    return grads
+
+
+def _block_backward(dx: np.ndarray, block: dict, s: LayerSaved, cfg: TransformerConfig) -> tuple[np.ndarray, dict]:
+    """From dL/d(resid_post) to dL/d(resid_pre) and the block's parameter gradients."""
+    g: dict = {}
+    if not cfg.attn_only:
+        # resid_post = resid_mid + mlp(ln2(resid_mid)): the residual passes dx through unchanged.
+        mlp = block["mlp"]
+        dpost, w_out = _linear_backward(dx, s.mlp_post, mlp["W_out"], "b_out" in mlp)
+        dpre = ACTIVATION_BACKWARDS[cfg.act_fn](dpost, s.mlp_pre, s.mlp_post)  # [batch, pos, d_mlp]
+        dh, w_in = _linear_backward(dpre, s.ln2_out, mlp["W_in"], "b_in" in mlp)
+        dmid, g["ln2"] = _ln_backward(dh, s.resid_mid, block["ln2"], cfg)
+        dx = dx + dmid
+        g["mlp"] = {"W_in": w_in["w"], "W_out": w_out["w"]} | (
+            {"b_in": w_in["b"], "b_out": w_out["b"]} if "b_in" in mlp else {})
+
+    # resid_mid = resid_pre + W_O(attention(ln1(resid_pre))).
+    attn = block["attn"]
+    dz, o = _linear_backward(dx, s.z, attn["W_O"], "b_O" in attn)  # dz [batch, pos, n_heads * d_head]
+    dq, dk, dv = scaled_dot_product_attention_backward(
+        split_heads(dz, cfg.n_heads), s.q, s.k, s.v, s.pattern, scale=cfg.use_attn_scale,
+        temperature=cfg.attn_temperature)  # each [batch, n_heads, pos, d_head]
+    if cfg.positional_embedding_type == "rotary":
+        dq, dk = apply_rotary_backward(dq), apply_rotary_backward(dk)
+    n_batch, n_heads, n_pos, d_head = dq.shape
+    dqkv = np.empty((n_batch, n_pos, 3, n_heads, d_head), dtype=dq.dtype)  # W_QKV's column order: [Q | K | V] by head
+    for i, part in enumerate((dq, dk, dv)):
+        dqkv[:, :, i] = part.swapaxes(1, 2)  # [batch, pos, n_heads, d_head]
+    dqkv = dqkv.reshape(n_batch, n_pos, -1)  # [batch, pos, 3 * n_heads * d_head]
+    dh, qkv = _linear_backward(dqkv, s.ln1_out, attn["W_QKV"], "b_QKV" in attn)
+    dpre, g["ln1"] = _ln_backward(dh, s.resid_pre, block["ln1"], cfg)
+    g["attn"] = {"W_QKV": qkv["w"], "W_O": o["w"]} | ({"b_QKV": qkv["b"], "b_O": o["b"]} if "b_QKV" in attn else {})
+    return dx + dpre, g
+
+
+def embedding_backward(dx: np.ndarray, tokens: np.ndarray, d_vocab: int) -> np.ndarray:
+    """dL/dW_E for x = W_E[tokens]: each row sums the gradients at every position holding that token.
+
+    dx [..., d_model], tokens [...] -> [d_vocab, d_model]. Equivalent to np.add.at(dW_E, tokens, dx),
+    computed by sorting the positions by token and summing each run (np.add.reduceat), which is
+    several times faster and adds in a fixed order (so results are reproducible bit for bit).
+    """
+    tokens = tokens.reshape(-1)
+    dx = dx.reshape(tokens.size, -1)  # [batch * pos, d_model]
+    order = np.argsort(tokens, kind="stable")
+    ordered = tokens[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])  # where each token's run begins
+    dW_E = np.zeros((d_vocab, dx.shape[-1]), dtype=dx.dtype)
+    dW_E[ordered[starts]] = np.add.reduceat(dx[order], starts, axis=0)
+    return dW_E
+
+
+# ---------------------------------------------------------------------------- loss
+
+def loss_and_grads(params: Params, cfg: TransformerConfig, tokens: np.ndarray,
+                   targets: np.ndarray) -> tuple[float, Params]:
+    """Mean cross-entropy of predicting targets [batch, pos] from tokens [batch, pos], and its gradients."""
+    logits, saved = forward(params, cfg, tokens)
+    loss, probs = cross_entropy(logits, targets)
+    return loss, backward(params, cfg, saved, cross_entropy_backward(probs, targets))
+
+
+def loss(params: Params, cfg: TransformerConfig, tokens: np.ndarray, targets: np.ndarray) -> float:
+    """Mean cross-entropy of targets given tokens, both [batch, pos] (no gradients)."""
+    return cross_entropy(forward(params, cfg, tokens)[0], targets)[0]
