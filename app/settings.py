@@ -54,8 +54,8 @@ class Settings(BaseSettings):
     # A pretrained model's weights are loaded, not drawn, and a real one is large: the explorer's
     # 128-token view of SmolLM2-135M is 1.4 × 10¹⁰ multiply-adds, of Qwen2.5-0.5B 4.7 × 10¹⁰, and the
     # logit lens decodes every layer through the whole vocabulary (Qwen's default text: 1.4 × 10¹¹).
-    # One BLAS thread does about 3 × 10¹⁰ a second here (README "Work limits"): 2 × 10¹¹ is a few
-    # seconds at most, and every Inspect view of every named model's default text fits.
+    # One BLAS thread on this 2-core machine does 2.3-2.8 × 10¹⁰ a second (README "Work limits"), so a
+    # request at 2 × 10¹¹ takes about 8 s, and the logit lens of every named model's default text fits.
     max_pretrained_work: int = Field(200_000_000_000, ge=1,
                                      description="multiply-adds of one request on a pretrained (loaded) model")
     max_elements: int = Field(2**24, ge=1, description="elements of the largest array one request creates")
