@@ -262,7 +262,7 @@ COST = (f"The cost of a request is checked before anything is computed: at most 
 
 
 class ModelRequest(Request):
-    __doc__ = "A model, a text and the toggles: what every model endpoint (run and the analyses) reads. " + COST
+    """A model, a text and the toggles: what every model endpoint (run and the analyses) reads."""
 
     model: str = Field("toy", max_length=200, description="a name from GET /api/v1/models. " + COST)
     text: NonBlank = Text(..., S.max_text_chars,

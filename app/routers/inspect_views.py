@@ -167,7 +167,7 @@ def compare_view(svc: Service, parsed: web.Parsed, params: dict) -> dict:
         difference = figures.attention_heatmap(r.difference, r.a.tokens, kind="scores", value_name="B − A",
                                                export_name="compare-difference")
     return {"sides": sides, "difference": difference, "note": r.note, "layer": r.layer, "head": r.head,
-            "max_change": r.max_change}
+            "max_change": r.max_change, "n_layers": r.a.config.n_layers, "n_heads": r.a.config.n_heads}
 
 
 def _describe(side: ComparedSide) -> str:

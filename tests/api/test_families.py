@@ -279,3 +279,29 @@ def test_every_inspect_view_renders(client, fam, view, marker):
     r = client.get("/inspect", params={"view": view, "model": fam.name, "text": fam.text})
     assert r.status_code == 200 and marker in r.text, html.unescape(r.text)[-600:]
     assert fam.name in r.text and 'id="not-applicable"' not in r.text
+    if view == "compare":  # the layer and head inputs go as far as this model's (not the toys' limits)
+        assert f'id="cmp-layer" name="layer" value="0" min="0" max="{fam.n_layers - 1}"' in r.text
+        assert f'id="cmp-head" name="head" value="0" min="0" max="{fam.n_heads - 1}"' in r.text
+
+
+def test_padded_embedding_rows_are_named_not_refused(client):
+    """GPT-NeoX pads its embedding past the tokenizer (Pythia: 50,304 rows for 50,277 tokens); the
+    fixture has 384 rows for 330 tokens. A padding row can be a target or a prediction: it has a name."""
+    fam = Family("gpt-neox-parallel")
+    d_vocab = json.loads((FAMILIES / fam.name / "config.json").read_text())["vocab_size"]
+    tokens = json.loads((FAMILIES / fam.name / "tokenizer.json").read_text())["model"]["vocab"]
+    assert len(tokens) < d_vocab
+    d = post(client, fam, "analysis/decompose", target=d_vocab - 1)
+    assert d["target"] == {"token": f"<unused {d_vocab - 1}>", "id": d_vocab - 1}
+    assert d["logit"] == pytest.approx(fam.logits[-1, d_vocab - 1], abs=ATOL)
+    r = client.post("/api/v1/analysis/decompose", json={"model": fam.name, "text": fam.text, "target": d_vocab})
+    assert r.status_code == 422 and f"0 … {d_vocab - 1}" in r.text
+
+
+def test_the_schema_states_the_pretrained_work_limit(client):
+    s = Settings()
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    for name in ("RunRequest", "LogitLensRequest", "KVStepsRequest", "CompareRequest"):
+        described = schemas[name]["properties"]["model"]["description"]
+        assert f"{s.max_pretrained_work:,} on a pretrained model" in described
+        assert f"{s.max_work:,} multiply-adds" in described
