@@ -689,9 +689,17 @@ class Service:
         return lens_logits(p.params, cfg, cache[last][-1:]), cache
 
     @staticmethod
-    def _last_work(cfg: TransformerConfig, n: int) -> int:
-        """The work of `_run_last`: the blocks over n tokens, the unembedding for one."""
-        return forward_work(cfg, n, logits=False) + cfg.d_model * cfg.d_vocab
+    def _pass_work(cfg: TransformerConfig, n: int, decoder: bool) -> int:
+        """The work of `_run_predicting`: the blocks over n tokens, and a decoder's unembedding for one."""
+        return forward_work(cfg, n, logits=False) + (cfg.d_model * cfg.d_vocab if decoder else 0)
+
+    def _run_predicting(self, p: Prepared, names: list[str], top_k: int, decoder: bool
+                        ) -> tuple[ActivationCache, list[TopToken], AblationEffect | None]:
+        """One pass keeping `names`; a decoder's next-token top-k and, with ablations, their effect."""
+        if not decoder:
+            return run_with_cache(p.params, p.cfg, p.ids, names=names, ablate=p.ablate, logits=False)[1], [], None
+        logits, cache = self._run_last(p, names, p.ablate)
+        return cache, *self._prediction(p, logits, top_k)
 
     def _prediction(self, p: Prepared, logits: np.ndarray, top_k: int) -> tuple[list[TopToken], AblationEffect | None]:
         """The next-token top-k of a run and, with ablations, how it differs from the same run without them
@@ -720,14 +728,8 @@ class Service:
                                 "response: ask for fewer hooks or use a shorter text")
         decoder = not st.model.is_encoder
         baseline = bool(st.ablate) and decoder
-        p = self.load(st, (self._last_work(cfg, n) if decoder else forward_work(cfg, n, logits=False))
-                      * (2 if baseline else 1), cfg.d_vocab if decoder else 0)
-        if decoder:
-            logits, cache = self._run_last(p, hooks, p.ablate)
-            top, effect = self._prediction(p, logits, top_k)
-        else:
-            _, cache = run_with_cache(p.params, cfg, p.ids, names=hooks, ablate=p.ablate, logits=False)
-            top, effect = [], None
+        p = self.load(st, self._pass_work(cfg, n, decoder) * (2 if baseline else 1), cfg.d_vocab if decoder else 0)
+        cache, top, effect = self._run_predicting(p, hooks, top_k, decoder)
         return RunResult(p, {h: cache[h] for h in hooks}, top, effect)
 
     # ---------------------------------------------------------------- the explorer page
@@ -760,14 +762,8 @@ class Service:
         decoder = not st.model.is_encoder
         compare = compare and "causal" in st.model.toggles
         passes = 1 + (bool(st.ablate) and decoder) + compare
-        p = self.load(st, (self._last_work(cfg, n) if decoder else forward_work(cfg, n, logits=False)) * passes,
-                      cfg.d_vocab if decoder else 0)
-        if decoder:
-            logits, cache = self._run_last(p, hooks, p.ablate)
-            top, effect = self._prediction(p, logits, top_k)
-        else:
-            _, cache = run_with_cache(p.params, cfg, p.ids, names=hooks, ablate=p.ablate, logits=False)
-            top, effect = [], None
+        p = self.load(st, self._pass_work(cfg, n, decoder) * passes, cfg.d_vocab if decoder else 0)
+        cache, top, effect = self._run_predicting(p, hooks, top_k, decoder)
         other = None
         if compare:  # the same weights with the mask flipped: attention toggles never change them
             flipped = cfg.replace(attention_dir="bidirectional" if cfg.causal else "causal")
