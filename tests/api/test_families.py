@@ -22,8 +22,10 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from app import pretrained
 from app.main import create_app
 from app.settings import Settings
+from core.checkpoints import FAMILIES as FAMILY_MODULES
 
 FAMILIES = Path(__file__).resolve().parents[1] / "fixtures" / "families"
 FOLDERS = sorted(p.name for p in FAMILIES.iterdir() if p.is_dir())
@@ -105,6 +107,10 @@ def post(client, fam: Family, path: str, **body) -> dict:
 def softmax(z: np.ndarray) -> np.ndarray:
     e = np.exp(z - z.max(axis=-1, keepdims=True))
     return e / e.sum(axis=-1, keepdims=True)
+
+
+def test_every_supported_family_has_a_default_text():
+    assert set(FAMILY_MODULES) <= set(pretrained.DEFAULT_TEXT)
 
 
 def test_every_family_is_listed_runnable_with_its_own_default_text(client):
