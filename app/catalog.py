@@ -186,10 +186,19 @@ def _checkpoint_model(name: str, entry: pretrained.CheckpointLoader | pretrained
     return Model(
         name=name, kind="pretrained", description=f"{spec.description}; {entry.origin}", cfg=spec.cfg,
         tokenizer=pretrained.LazyTokenizer(entry), load_params=lambda cfg, seed, encoding: entry.params(),
-        toggles=ENCODER_TOGGLES if spec.is_encoder else DECODER_TOGGLES,
+        toggles=_checkpoint_toggles(spec.cfg, spec.is_encoder),
         default_text=pretrained.DEFAULT_TEXT[spec.family], is_encoder=spec.is_encoder, draws_weights=False,
         loader=entry,
     )
+
+
+def _checkpoint_toggles(cfg: TransformerConfig, is_encoder: bool) -> tuple[str, ...]:
+    """An encoder has no causal toggle (it was trained to see both ways), nor has a decoder with
+    local attention layers (Mistral's, Qwen2's sliding window, GPT-Neo's local layers): a window of
+    the last tokens is only defined under the causal mask."""
+    if is_encoder or "local" in (cfg.attn_types or ()):
+        return ENCODER_TOGGLES
+    return DECODER_TOGGLES
 
 
 class Catalog(Mapping[str, Model]):

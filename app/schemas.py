@@ -24,6 +24,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, 
 from pydantic_core import PydanticCustomError
 
 from core import DTYPE_BYTES, POSITION_SCHEMES, PRESETS, TransformerConfig, lessons
+from core.config import NORMALIZATION_TYPES
 
 from . import service
 
@@ -61,6 +62,7 @@ BoolMatrix = Annotated[Any, WithJsonSchema(TypeAdapter(list[list[bool]]).json_sc
 Vector = Annotated[Any, WithJsonSchema(TypeAdapter(list[float]).json_schema())]
 
 PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
+NormalizationType = Literal[NORMALIZATION_TYPES]  # type: ignore[valid-type]
 DType = Literal[tuple(DTYPE_BYTES)]  # type: ignore[valid-type]
 PositionScheme = Literal[POSITION_SCHEMES]  # type: ignore[valid-type]
 
@@ -161,8 +163,16 @@ class ForwardQuery(Request):
 
 # ------------------------------------------------------------------ calculator queries
 
-class ParamsQuery(Request):
-    preset: PresetName | None = Field(None, description="start from this configuration (default: toy)")
+PRESET_DESCRIPTION = ("start from this configuration (default: toy); a field given replaces the preset's. "
+                      "toy and gpt2-*: GPT-2's design; smollm2-135m, tinyllama-1.1b, qwen2.5-0.5b, qwen3-0.6b: "
+                      "Llama's (RMS norm, gated MLP, rotary, grouped-query attention); pythia-70m: GPT-NeoX; "
+                      "tinystories-33m: GPT-Neo")
+
+
+class SizesQuery(Request):
+    """The sizes the spec's closed formula takes, replacing a preset's. Fields left null keep the preset's."""
+
+    preset: PresetName | None = Field(None, description=PRESET_DESCRIPTION)
     d_vocab: int | None = Field(None, ge=1, le=S.calc_max_vocab)
     n_ctx: int | None = Field(None, ge=1, le=S.calc_max_ctx)
     d_model: int | None = Field(None, ge=1, le=S.calc_max_width)
@@ -170,15 +180,55 @@ class ParamsQuery(Request):
     d_mlp: int | None = Field(None, ge=1, le=S.calc_max_width, description="default 4 × d_model")
     tied_embeddings: bool | None = Field(None, description="the unembedding reuses the token table (GPT-2)")
 
+    def sizes(self) -> dict[str, object]:
+        """The shape fields of this query (None: the preset's)."""
+        return {k: getattr(self, k) for k in type(self).model_fields if k in SHAPE_FIELDS}
+
+
+class ParamsQuery(SizesQuery):
+    """The shape of a model: a preset, with any of these replacing its own. Fields left null keep the preset's."""
+
+    n_heads: int | None = Field(None, ge=1, le=S.calc_max_width,
+                                description="query heads; must divide d_model unless d_head is given")
+    n_key_value_heads: int | None = Field(
+        None, ge=1, le=S.calc_max_width,
+        description="key/value heads, each shared by n_heads / n_key_value_heads query heads (grouped-query "
+                    "attention; 1: multi-query); must divide n_heads. Default: one per query head, or the preset's")
+    d_head: int | None = Field(None, ge=1, le=S.calc_max_width,
+                               description="width of each head (default d_model / n_heads; Qwen3's is wider)")
+    gated_mlp: bool | None = Field(None, description="a gated (SwiGLU) MLP: a third matrix W_gate beside W_in, W_out")
+    normalization_type: NormalizationType | None = Field(
+        None, description="LN: layer norm, gain and bias; RMS: RMS norm, gain only (Llama); LNPre, RMSPre: no "
+                          "parameters")
+    positional_embedding_type: PositionScheme | None = Field(
+        None, description="learned positions add an n_ctx × d_model table; the others have no parameters")
+    bias: bool | None = Field(None, description="biases on every linear map (GPT-2: yes; Llama: no)")
+    qkv_bias: bool | None = Field(None, description="biases of Q, K and V only (Qwen2: yes); default as bias")
+    use_qk_norm: bool | None = Field(None, description="an RMS gain on every head's queries and keys (Qwen3)")
+
 
 class KVCacheQuery(Request):
-    preset: PresetName | None = Field(None, description="start from this configuration (default: toy)")
+    """A model's KV cache: the preset's shape, with these replacing its own, at a sequence length, batch and dtype."""
+
+    preset: PresetName | None = Field(None, description=PRESET_DESCRIPTION)
     n_layers: int | None = Field(None, ge=1, le=S.calc_max_layers)
     d_model: int | None = Field(None, ge=1, le=S.calc_max_width)
     n_heads: int | None = Field(None, ge=1, le=S.calc_max_width, description="must divide d_model")
+    n_key_value_heads: int | None = Field(
+        None, ge=1, le=S.calc_max_width,
+        description="heads whose keys and values are cached (grouped-query attention shares each among "
+                    "n_heads / n_key_value_heads query heads); must divide n_heads")
+    d_head: int | None = Field(None, ge=1, le=S.calc_max_width, description="default d_model / n_heads")
     seq_len: int | None = Field(None, ge=1, le=S.calc_max_ctx, description="cached tokens (default: n_ctx)")
     batch: int = Field(1, ge=1, le=S.calc_max_batch)
     dtype: DType = Field("float32", description="element type of the cache")
+
+    sizes = SizesQuery.sizes
+
+
+# The calculators' fields that are TransformerConfig fields: the model's shape (the rest say which
+# preset, and how much to cache in which dtype).
+SHAPE_FIELDS = frozenset(TransformerConfig.__dataclass_fields__)
 
 
 class HooksQuery(Request):
@@ -189,18 +239,32 @@ class HooksQuery(Request):
 
 # ------------------------------------------------------------------ run
 
+# A layer or head index must be below the model's own n_layers and n_heads (the service checks it
+# per model). A pretrained model's depth is its checkpoint's (Qwen3-0.6B: 28 layers; TinyLlama: 32
+# heads), beyond the toys' max_layers and max_heads, so the schema bounds them as the calculators do.
+LAYER_INDEX = {"ge": 0, "le": S.calc_max_layers - 1}
+HEAD_INDEX = {"ge": 0, "le": S.calc_max_width - 1}
+
+
 class HeadAblation(Request):
-    layer: int = Field(ge=0, le=S.max_layers - 1, description="the head's layer, counted from 0")
-    head: int = Field(ge=0, le=S.max_heads - 1, description="the head within its layer, counted from 0")
+    layer: int = Field(**LAYER_INDEX, description="the head's layer, counted from 0, below the model's n_layers")
+    head: int = Field(**HEAD_INDEX, description="the query head within its layer, counted from 0, below n_heads")
     method: Literal["zero", "mean"] = Field(
         "zero", description="zero: the head writes nothing; mean: it writes its mean output over the text's "
                             "positions (what it says whatever the token)")
 
 
+COST = (f"The cost of a request is checked before anything is computed: at most {S.max_work:,} multiply-adds "
+        f"(random draws included) on a toy, whose weights are drawn for the request; at most "
+        f"{S.max_pretrained_work:,} on a pretrained model, whose weights are loaded once (one 128-token pass of a "
+        f"0.5B-parameter model is about 6.4 × 10¹⁰); and no array of more than {S.max_elements:,} numbers (a toy's "
+        f"drawn weights included, a pretrained model's loaded ones not). Beyond a limit: 422 saying what to reduce.")
+
+
 class ModelRequest(Request):
     """A model, a text and the toggles: what every model endpoint (run and the analyses) reads."""
 
-    model: str = Field("toy", max_length=200, description="a name from GET /api/v1/models")
+    model: str = Field("toy", max_length=200, description="a name from GET /api/v1/models. " + COST)
     text: NonBlank = Text(..., S.max_text_chars,
                           f"the input; at most {S.max_text_chars:,} characters and {S.max_tokens:,} tokens")
     causal: bool | None = Field(None, description="null: the model's default")
@@ -318,8 +382,8 @@ class CompareRequest(AblatingRequest):
     ]})
 
     other: CompareSide = Field(description="the second side: the first side's settings with these changed")
-    layer: int = Field(0, ge=0, le=S.max_layers - 1)
-    head: int = Field(0, ge=0, le=S.max_heads - 1)
+    layer: int = Field(0, **LAYER_INDEX, description="counted from 0, below the model's n_layers")
+    head: int = Field(0, **HEAD_INDEX, description="the query head, counted from 0, below the model's n_heads")
 
 
 class RolloutRequest(AblatingRequest):
@@ -412,7 +476,8 @@ class KVCacheTerms(ResponseModel):
     n_layers: int
     batch: int
     seq_len: int
-    n_heads: int
+    n_heads: int = Field(description="query heads")
+    n_key_value_heads: int = Field(description="heads whose keys and values are cached (the formula's term)")
     d_head: int
     dtype_bytes: int
 
@@ -516,8 +581,9 @@ class KVStepModel(ResponseModel):
     token: str
     id: int
     generated: bool = Field(description="false while reading the text, true for tokens the model chose")
-    k_shape: list[int] = Field(description="each layer's K after this step: [n_heads, pos + 1, d_head]")
-    v_shape: list[int] = Field(description="each layer's V after this step: [n_heads, pos + 1, d_head]")
+    k_shape: list[int] = Field(description="each layer's K after this step: [n_key_value_heads, pos + 1, d_head] "
+                                           "(n_key_value_heads = n_heads unless grouped-query attention shares them)")
+    v_shape: list[int] = Field(description="each layer's V after this step: [n_key_value_heads, pos + 1, d_head]")
     cache_bytes: int = Field(description="bytes of every layer's K and V")
     max_abs_diff: float = Field(description="max |cached logits − full recomputation's logits| at this position")
     top: service.TokenRef = Field(description="the most likely next token after this step")
@@ -527,8 +593,9 @@ class KVStepsResponse(AnalysisResponse):
     steps: list[KVStepModel]
     generated_text: str = Field(description="the tokens generated after the text, joined")
     dtype: str
-    bytes_formula: str = Field(description="how cache_bytes grows: 2 (K and V) × n_layers × n_heads × "
-                                           "d_head × bytes per number, per token")
+    bytes_formula: str = Field(description="how cache_bytes grows: 2 (K and V) × n_layers × n_key_value_heads × "
+                                           "d_head × bytes per number, per token (only the key/value heads are "
+                                           "cached: under grouped-query attention fewer than the query heads)")
     max_abs_diff: float = Field(description="the largest difference over all steps")
 
 

@@ -21,14 +21,15 @@ from typing import Literal
 import numpy as np
 
 from core import PRESETS, InputError, TransformerConfig, hook_names, hook_shape, lessons, run_with_cache
-from core.analysis import HEAD_DETECTORS, LogitLens, ResidualDecomposition, lens_points, repeated_random_tokens
+from core.analysis import (HEAD_DETECTORS, LogitLens, ResidualDecomposition, lens_logits, lens_points,
+                           repeated_random_tokens)
 from core.attention import attention_scale, causal_mask
-from core.cache import (AttentionStages, ResidualNorms, decomposition_hooks, pattern_hooks,
+from core.cache import (ActivationCache, AttentionStages, ResidualNorms, decomposition_hooks, pattern_hooks,
                         residual_hooks, stage_hooks)
 from core.functional import softmax
 from core.model import KVRun, Params, hook_dims, next_token_probs, run_with_kv_cache
-from core.params import (DTYPE_BYTES, KVCacheSize, ParamCount, count_params, forward_work, kv_cache_bytes,
-                         largest_array)
+from core.params import (DTYPE_BYTES, KVCacheSize, ParamCount, count_params, forward_work, gpt_params,
+                         kv_cache_bytes, largest_array)
 from core.tokenizers import Encoding, word_tokens
 
 from .catalog import ATTENTION_TOGGLES, SIZE_TOGGLES, Catalog, Model
@@ -195,7 +196,7 @@ class RunResult(RunHead):
 
     @property
     def hook_shapes(self) -> dict[str, HookShape]:
-        return {name: HookShape(hook_shape(name), list(a.shape)) for name, a in self.hooks.items()}
+        return {name: HookShape(hook_shape(name, self.config), list(a.shape)) for name, a in self.hooks.items()}
 
 
 @dataclass(frozen=True)
@@ -220,6 +221,12 @@ class ExplorerView(RunHead):
     ablation_effect: AblationEffect | None
     rollout: np.ndarray | None  # [query_pos, key_pos] through the chosen layer
     shapes: list[ShapeRow]  # every activation of the run, then the logits
+
+    @property
+    def kv_heads(self) -> list[int]:
+        """The key/value head each query head reads: consecutive query heads share one under
+        grouped-query attention (cfg.kv_head); [0, 1, 2, ...] when every head has its own."""
+        return [self.config.kv_head(h) for h in range(self.config.n_heads)]
 
 
 @dataclass(frozen=True)
@@ -300,15 +307,16 @@ class KVSteps(RunHead):
     steps: list[KVStepRow]
     generated_text: str
     dtype: str
-    bytes_per_token: int  # 2 (K and V) × n_layers × n_heads × d_head × itemsize
+    bytes_per_token: int  # 2 (K and V) × n_layers × n_key_value_heads × d_head × itemsize
     itemsize: int
     max_abs_diff: float
 
     @property
     def bytes_formula(self) -> str:
         c = self.config
-        return (f"2 × n_layers {c.n_layers} × n_heads {c.n_heads} × d_head {c.d_head} × {self.itemsize} bytes = "
-                f"{self.bytes_per_token:,} bytes per token")
+        shared = (f" (shared by its {c.n_heads} query heads)" if c.n_key_value_heads != c.n_heads else "")
+        return (f"2 × n_layers {c.n_layers} × n_key_value_heads {c.n_key_value_heads}{shared} × d_head {c.d_head} × "
+                f"{self.itemsize} bytes = {self.bytes_per_token:,} bytes per token")
 
 
 @dataclass(frozen=True)
@@ -508,7 +516,8 @@ class KVCacheTerms:
     n_layers: int
     batch: int
     seq_len: int
-    n_heads: int  # the heads that keep keys and values
+    n_heads: int  # query heads
+    n_key_value_heads: int  # the heads that keep keys and values
     d_head: int
     dtype_bytes: int
 
@@ -530,7 +539,7 @@ class KVCacheResult:
     @property
     def terms(self) -> KVCacheTerms:
         k = self.size
-        return KVCacheTerms(k.n_layers, k.batch, k.seq_len, k.n_kv_heads, k.d_head, k.dtype_bytes)
+        return KVCacheTerms(k.n_layers, k.batch, k.seq_len, self.config.n_heads, k.n_kv_heads, k.d_head, k.dtype_bytes)
 
 
 @dataclass(frozen=True)
@@ -567,12 +576,16 @@ class Service:
 
     # ---------------------------------------------------------------- limits
 
-    def check_cost(self, work: int, largest: int, reduce: str) -> None:
-        """Refuse a request whose work or largest array exceeds the limits, naming what to reduce."""
+    def check_cost(self, work: int, largest: int, reduce: str, *, pretrained: bool = False) -> None:
+        """Refuse a request whose work or largest array exceeds the limits, naming what to reduce.
+
+        A pretrained model (weights loaded, not drawn) has its own work limit: a real model's one pass
+        is tens of billions of multiply-adds where a toy's is millions."""
         s = self.settings
-        if work > s.max_work:
+        limit = s.max_pretrained_work if pretrained else s.max_work
+        if work > limit:
             raise InputError(f"this request needs about {_fmt(work)} multiply-adds, more than this server's limit "
-                             f"of {_fmt(s.max_work)}: reduce {reduce}")
+                             f"of {_fmt(limit)}{' for a pretrained model' if pretrained else ''}: reduce {reduce}")
         if largest > s.max_elements:
             raise InputError(f"this request needs an array of {_fmt(largest)} numbers, more than this server's "
                              f"limit of {_fmt(s.max_elements)}: reduce {reduce}")
@@ -615,7 +628,7 @@ class Service:
             cfg = cfg.replace(n_layers=n_layers)
         if positional_embedding_type is not None:
             cfg = cfg.replace(positional_embedding_type=positional_embedding_type)
-        return HookList(model.name, cfg, [HookInfo(n, hook_shape(n)) for n in hook_names(cfg)])
+        return HookList(model.name, cfg, [HookInfo(n, hook_shape(n, cfg)) for n in hook_names(cfg)])
 
     def setup(self, spec: RunSpec, n_tokens_for: int | None = None) -> Setup:
         """Tokenise and configure a spec; refuse what this model cannot do, cheaply, before loading."""
@@ -628,13 +641,18 @@ class Service:
 
     def load(self, st: Setup, work: int, largest: int = 0,
              reduce: str = "the text's length, d_model, n_layers or n_heads") -> Prepared:
-        """Check the cost of `work` multiply-adds (plus drawing the weights), then load the weights."""
+        """Check the cost of `work` multiply-adds (plus drawing the weights), then load the weights.
+
+        Drawn weights count towards the work and the largest array; a checkpoint's are loaded once and
+        kept (app/pretrained.py's memory budget), so its requests are priced by their own arrays, against
+        the pretrained work limit."""
         s = self.settings
         drawn = count_params(st.cfg).total if st.model.draws_weights else 0
         if st.model.draws_weights and drawn > s.max_params:
             raise InputError(f"a model of this size has {drawn:,} parameters, more than the limit of "
                              f"{s.max_params:,}: reduce d_model or n_layers")
-        self.check_cost(drawn + work, max(largest, largest_array(st.cfg, st.n)), reduce)
+        self.check_cost(drawn + work, max(largest, largest_array(st.cfg, st.n, weights=st.model.draws_weights)),
+                        reduce, pretrained=not st.model.draws_weights)
         self.preparations += 1
         params = st.model.load_params(st.cfg, st.seed, st.encoding)
         return Prepared(st.model, st.cfg, st.encoding, st.ablate, st.seed, params)
@@ -654,6 +672,35 @@ class Service:
         best = np.argsort(-probs, kind="stable")[:min(k, probs.size)]
         return [TopToken(p.token_str(int(i)), int(i), float(probs[i])) for i in best]
 
+    @staticmethod
+    def _run_last(p: Prepared, names: list[str], ablate: Mapping | None) -> tuple[np.ndarray, ActivationCache]:
+        """One pass keeping `names`, with the logits of the last position only: [1, d_vocab].
+
+        Only the next-token prediction needs logits, and every position's would be the largest array
+        of a run on a real vocabulary (128 tokens × 151,936 for Qwen) and a fifth of its work. In a
+        pre-norm model the last position's logits are the final norm and unembedding of the last
+        residual stream: core's lens_logits at the last point, the same operations as the forward pass."""
+        cfg = p.cfg
+        if cfg.block_type != "pre_norm":
+            logits, cache = run_with_cache(p.params, cfg, p.ids, names=names, ablate=ablate)
+            return logits[-1:], cache
+        last = f"blocks.{cfg.n_layers - 1}.hook_resid_post"
+        _, cache = run_with_cache(p.params, cfg, p.ids, names=[*names, last], ablate=ablate, logits=False)
+        return lens_logits(p.params, cfg, cache[last][-1:]), cache
+
+    @staticmethod
+    def _pass_work(cfg: TransformerConfig, n: int, decoder: bool) -> int:
+        """The work of `_run_predicting`: the blocks over n tokens, and a decoder's unembedding for one."""
+        return forward_work(cfg, n, logits=False) + (cfg.d_model * cfg.d_vocab if decoder else 0)
+
+    def _run_predicting(self, p: Prepared, names: list[str], top_k: int, decoder: bool
+                        ) -> tuple[ActivationCache, list[TopToken], AblationEffect | None]:
+        """One pass keeping `names`; a decoder's next-token top-k and, with ablations, their effect."""
+        if not decoder:
+            return run_with_cache(p.params, p.cfg, p.ids, names=names, ablate=p.ablate, logits=False)[1], [], None
+        logits, cache = self._run_last(p, names, p.ablate)
+        return cache, *self._prediction(p, logits, top_k)
+
     def _prediction(self, p: Prepared, logits: np.ndarray, top_k: int) -> tuple[list[TopToken], AblationEffect | None]:
         """The next-token top-k of a run and, with ablations, how it differs from the same run without them
         (one more forward pass, priced by the caller)."""
@@ -661,8 +708,7 @@ class Service:
         top = self._top_tokens(p, probs, top_k) if top_k else []
         if not p.ablate:
             return top, None
-        baseline_logits, _ = run_with_cache(p.params, p.cfg, p.ids, names=())
-        baseline = next_token_probs(baseline_logits)  # [d_vocab]
+        baseline = next_token_probs(self._run_last(p, [], None)[0])  # [d_vocab]
         before = self._top_tokens(p, baseline, top_k) if top_k else []
         return top, AblationEffect(before, [ProbabilityChange(t.token, t.id, t.prob, float(probs[t.id]),
                                                               float(probs[t.id]) - t.prob) for t in before])
@@ -682,9 +728,8 @@ class Service:
                                 "response: ask for fewer hooks or use a shorter text")
         decoder = not st.model.is_encoder
         baseline = bool(st.ablate) and decoder
-        p = self.load(st, forward_work(cfg, n, logits=decoder) * (2 if baseline else 1))
-        logits, cache = run_with_cache(p.params, cfg, p.ids, names=hooks, ablate=p.ablate, logits=decoder)
-        top, effect = self._prediction(p, logits, top_k) if decoder else ([], None)
+        p = self.load(st, self._pass_work(cfg, n, decoder) * (2 if baseline else 1), cfg.d_vocab if decoder else 0)
+        cache, top, effect = self._run_predicting(p, hooks, top_k, decoder)
         return RunResult(p, {h: cache[h] for h in hooks}, top, effect)
 
     # ---------------------------------------------------------------- the explorer page
@@ -705,17 +750,20 @@ class Service:
         hooks = residual_hooks(cfg) + stage_hooks(cfg, layer)
         if rollout:
             hooks += [h for h in pattern_hooks(cfg) if h not in hooks]
-        values = sum(math.prod(hook_dims(h, cfg, n)) for h in hooks)
-        fewer = "fewer layers, a smaller d_model" + (", fewer heads or no attention rollout" if rollout else "")
-        self._check_hook_values(values, f"this view would draw {{values}} numbers ({n} tokens, {cfg.n_layers} "
-                                        f"layers), more than this server's limit of {{limit}}: use a shorter text, "
-                                        f"{fewer}")
+        if st.model.draws_weights:
+            # The activations the view keeps, bounded for the sizes a learner chooses. A pretrained model's
+            # sizes are the operator's choice: its activations are bounded by explorer_max_tokens and its
+            # width and depth (SmolLM2-135M at 128 tokens keeps 11.5 million numbers, 46 MB).
+            values = sum(math.prod(hook_dims(h, cfg, n)) for h in hooks)
+            fewer = "fewer layers, a smaller d_model" + (", fewer heads or no attention rollout" if rollout else "")
+            self._check_hook_values(values, f"this view would draw {{values}} numbers ({n} tokens, {cfg.n_layers} "
+                                            f"layers), more than this server's limit of {{limit}}: use a shorter "
+                                            f"text, {fewer}")
         decoder = not st.model.is_encoder
         compare = compare and "causal" in st.model.toggles
         passes = 1 + (bool(st.ablate) and decoder) + compare
-        p = self.load(st, forward_work(cfg, n, logits=decoder) * passes)
-        logits, cache = run_with_cache(p.params, cfg, p.ids, names=hooks, ablate=p.ablate, logits=decoder)
-        top, effect = self._prediction(p, logits, top_k) if decoder else ([], None)
+        p = self.load(st, self._pass_work(cfg, n, decoder) * passes, cfg.d_vocab if decoder else 0)
+        cache, top, effect = self._run_predicting(p, hooks, top_k, decoder)
         other = None
         if compare:  # the same weights with the mask flipped: attention toggles never change them
             flipped = cfg.replace(attention_dir="bidirectional" if cfg.causal else "causal")
@@ -731,7 +779,7 @@ class Service:
     def _shape_rows(cfg: TransformerConfig, n: int, decoder: bool) -> list[ShapeRow]:
         """Every activation of a run in forward order, with its axes and dims."""
         rows = [ShapeRow("tokens", "[pos]", [n], False)]
-        rows += [ShapeRow(name, hook_shape(name), hook_dims(name, cfg, n), name.endswith("hook_resid_pre"))
+        rows += [ShapeRow(name, hook_shape(name, cfg), hook_dims(name, cfg, n), name.endswith("hook_resid_pre"))
                  for name in hook_names(cfg)]
         if decoder:
             rows.append(ShapeRow("logits", "[pos, d_vocab]", [n, cfg.d_vocab], True))
@@ -791,7 +839,7 @@ class Service:
             raise InputError(f"target={target} is not a token id of {st.model.name!r}, whose vocabulary is "
                              f"0 … {st.cfg.d_vocab - 1}; leave it out to use the model's most likely next token")
         n_parts = 3 + st.cfg.n_layers * (st.cfg.n_heads + 3)  # embeddings, then per layer heads, biases, mlp
-        p = self.load(st, forward_work(st.cfg, st.n), n_parts * st.cfg.d_model)
+        p = self.load(st, forward_work(st.cfg, st.n), max(n_parts * st.cfg.d_model, st.n * st.cfg.d_vocab))
         logits, cache = run_with_cache(p.params, p.cfg, p.ids, names=decomposition_hooks(p.cfg), ablate=p.ablate)
         probs = softmax(logits[pos])  # [d_vocab], the prediction at pos (the default target)
         token = target if target is not None else int(np.argmax(probs))
@@ -834,7 +882,8 @@ class Service:
         random_tokens = [model.tokenizer.token_str(int(t)) for t in random_ids]
         longest = max(st.n, n_random)
         p = self.load(st, forward_work(cfg, st.n, logits=False) + forward_work(random_cfg, n_random, logits=False),
-                      max(largest_array(random_cfg, n_random), cfg.n_layers * cfg.n_heads * longest * longest))
+                      max(largest_array(random_cfg, n_random, weights=model.draws_weights),
+                          cfg.n_layers * cfg.n_heads * longest * longest))
         on_text = run_with_cache(p.params, cfg, p.ids, names=pattern_hooks(cfg), ablate=p.ablate,
                                  logits=False)[1].head_detector_scores()
         random_params = model.load_params(random_cfg, p.seed, Encoding(list(map(int, random_ids)), random_tokens))
@@ -875,7 +924,7 @@ class Service:
                                   list(step.v_shape), step.cache_bytes, float(d), TokenRef(p.token_str(top), top)))
         itemsize = kv.kv.keys[0].dtype.itemsize
         return KVSteps(p, rows, "".join(strs[n:]), str(kv.kv.keys[0].dtype),
-                       2 * cfg.n_layers * cfg.n_heads * cfg.d_head * itemsize, itemsize, float(diff.max()))
+                       2 * cfg.n_layers * cfg.n_key_value_heads * cfg.d_head * itemsize, itemsize, float(diff.max()))
 
     def _pattern(self, spec: RunSpec, layer: int, head: int) -> ComparedSide:
         st = self.setup(spec)
@@ -1000,10 +1049,10 @@ class Service:
                                   mine.embeddings / mine.total, param_groups(mine),
                                   {r.name: _spec_sizes(r.cfg) for r in rows})
 
-    def calculator(self, preset: str | None, sizes: dict[str, object], n_heads: int | None,
-                   seq_len: int | None, batch: int, dtype: str) -> CalculatorResult:
+    def calculator(self, preset: str | None, sizes: dict[str, object], seq_len: int | None, batch: int,
+                   dtype: str) -> CalculatorResult:
         """The parameter count of one configuration, and its KV cache at this length and at every power of two."""
-        cfg = calc_config(preset, **sizes, n_heads=n_heads)
+        cfg = calc_config(preset, **sizes)
         count = count_params(cfg)
         kv = kv_cache(cfg, seq_len, batch, dtype)
         top = max(cfg.n_ctx, kv.seq_len)
@@ -1019,6 +1068,10 @@ class Service:
 
 def _check_toggles(model: Model, given: dict[str, object]) -> None:
     refused = [k for k, v in given.items() if v is not None and k not in model.toggles]
+    if "causal" in refused and not model.is_encoder and "local" in (model.cfg.attn_types or ()):
+        raise InputError(f"model {model.name!r} does not accept causal: its local (sliding-window) attention layers "
+                         f"see only the last {model.cfg.window_size} tokens before each query, which is defined "
+                         f"under the causal mask only; it takes {', '.join(model.toggles)}")
     if refused:
         raise InputError(f"model {model.name!r} does not accept {', '.join(refused)}: it takes "
                          f"{', '.join(model.toggles) or 'no toggles'}"
@@ -1050,16 +1103,18 @@ def ablation_map(ablate: tuple[AblatedHead, ...], cfg: TransformerConfig) -> dic
     return out
 
 
-def calc_config(preset: str | None, **sizes: int | bool | None) -> TransformerConfig:
-    """A preset (default "toy") with any given sizes replacing its own.
+def calc_config(preset: str | None, **sizes: int | bool | str | None) -> TransformerConfig:
+    """A preset (default "toy") with any given sizes (and switches) replacing its own.
 
     Heads split d_model without changing any count; when a new d_model is not a multiple of
-    the preset's heads, one head is assumed.
+    the preset's heads (and no d_head is given), one head is assumed, with one key/value head.
     """
     base = PRESETS[preset or "toy"]
     changes = {k: v for k, v in sizes.items() if v is not None}
-    if "n_heads" not in changes and "d_model" in changes and changes["d_model"] % base.n_heads:
+    if ("n_heads" not in changes and "d_head" not in changes and "d_model" in changes
+            and changes["d_model"] % base.n_heads):
         changes["n_heads"] = 1
+        changes.setdefault("n_key_value_heads", 1)
     return base.replace(**changes) if changes else base
 
 
@@ -1071,6 +1126,12 @@ def _spec_sizes(cfg: TransformerConfig) -> tuple[int, ...]:
     """(vocab, n_ctx, d, n_layers[, d_ff]) as the spec's gpt_params takes them."""
     sizes = (cfg.d_vocab, cfg.n_ctx, cfg.d_model, cfg.n_layers)
     return sizes + ((cfg.d_mlp,) if cfg.d_mlp != 4 * cfg.d_model else ())
+
+
+# The presets the spec's closed formula counts exactly (GPT-2's design: learned positions, biases,
+# layer norms, an ungated MLP): the "Counting parameters" lesson offers these; the calculator, all.
+SPEC_FORMULA_PRESETS = tuple(name for name, cfg in PRESETS.items()
+                             if gpt_params(*_spec_sizes(cfg))[2] == count_params(cfg).total)
 
 
 def param_groups(count: ParamCount) -> list[ParamGroup]:

@@ -22,9 +22,12 @@ class Settings(BaseSettings):
     # p50 fell from 206 ms to 21 ms under 32 clients with 1 thread (bench/api_load.py).
     blas_threads: int = Field(1, ge=1, le=256, description="BLAS threads per worker process")
     models_dir: Path | None = Field(None, description="folder whose subfolders are Hugging Face checkpoints")
-    # Loaded pretrained weights kept per worker (app/pretrained.py); beyond it the least recently
-    # used model is dropped. float32: MiniLM ≈ 87 MB, GPT-2 small ≈ 500 MB, GPT-2 medium ≈ 1.4 GB.
-    pretrained_memory_mb: int = Field(2048, ge=1, le=1_048_576, description="MB of pretrained weights per worker")
+    # Loaded pretrained weights kept in a worker's own memory (app/pretrained.py); beyond it the least
+    # recently used model is dropped. Only float16/bfloat16 files count, upcast to float32 (4 bytes a
+    # parameter: SmolLM2-135M 513 MiB, Qwen2.5-0.5B 1,885 MiB, Qwen3-0.6B 2,274 MiB, TinyLlama-1.1B
+    # 4,196 MiB); float32 files are memory-mapped, shared by the workers, and not counted.
+    pretrained_memory_mb: int = Field(5120, ge=1, le=1_048_576,
+                                      description="MiB of upcast (float16/bfloat16) pretrained weights per worker")
     # Load shedding (app/security.py): beyond this many model/lesson computations in flight per
     # worker, answer 503 + Retry-After at once rather than queue; cheap routes are never limited.
     max_concurrent_compute: int = Field(8, ge=1, le=256, description="compute requests in flight per worker")
@@ -48,6 +51,13 @@ class Settings(BaseSettings):
     max_url_bytes: int = Field(65535, ge=1024, le=65535, description="bytes of a URL, path and query (414 beyond)")
     # The cost of one request, checked before computing (422 saying what to reduce):
     max_work: int = Field(1_000_000_000, ge=1, description="multiply-adds and random draws of one request")
+    # A pretrained model's weights are loaded, not drawn, and a real one is large: the explorer's
+    # 128-token view of SmolLM2-135M is 1.4 × 10¹⁰ multiply-adds, of Qwen2.5-0.5B 4.7 × 10¹⁰, and the
+    # logit lens decodes every layer through the whole vocabulary (Qwen's default text: 1.4 × 10¹¹).
+    # One BLAS thread on this 2-core machine does 2.3-2.8 × 10¹⁰ a second (README "Work limits"), so a
+    # request at 2 × 10¹¹ takes about 8 s, and the logit lens of every named model's default text fits.
+    max_pretrained_work: int = Field(200_000_000_000, ge=1,
+                                     description="multiply-adds of one request on a pretrained (loaded) model")
     max_elements: int = Field(2**24, ge=1, description="elements of the largest array one request creates")
     max_params: int = Field(8_000_000, ge=1, description="parameters of a toy model drawn for a run")
     max_hook_values: int = Field(2**21, ge=1, description="numbers returned in one run response's hooks")

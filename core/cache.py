@@ -227,7 +227,7 @@ class ActivationCache(Mapping):
         top_probs = np.empty((len(points), n, k))
         for i, point in enumerate(points):
             probs = softmax(analysis.lens_logits(self.params, cfg, self[point]))  # [pos, d_vocab]
-            top_ids[i] = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
+            top_ids[i] = top_k_ids(probs, k)
             top_probs[i] = np.take_along_axis(probs, top_ids[i], axis=-1)
         return analysis.LogitLens(points, top_ids, top_probs)
 
@@ -239,6 +239,20 @@ class ActivationCache(Mapping):
     def rollout(self) -> np.ndarray:
         """Attention rollout after every layer (needs `pattern_hooks`).  # -> [n_layers, query_pos, key_pos]"""
         return analysis.attention_rollout(self.stack_activation("attn.hook_pattern"))
+
+
+def top_k_ids(probs: np.ndarray, k: int) -> np.ndarray:
+    """The k largest entries of each row, largest first, ties to the lower id: a full stable argsort's
+    first k, without sorting the whole vocabulary (a 150,000-token row takes 30× longer to sort than
+    to partition).  # [pos, d_vocab] -> [pos, k]"""
+    if k >= probs.shape[-1]:
+        return np.argsort(-probs, axis=-1, kind="stable")[:, :k]
+    kth = -np.partition(-probs, k - 1, axis=-1)[:, k - 1]  # each row's k-th largest value
+    out = np.empty((probs.shape[0], k), dtype=np.int64)
+    for row, (p, cut) in enumerate(zip(probs, kth)):
+        candidates = np.flatnonzero(p >= cut)  # ascending ids: k of them, more if the k-th value is tied
+        out[row] = candidates[np.argsort(-p[candidates], kind="stable")[:k]]
+    return out
 
 
 # ------------------------------------------------------------------ checks

@@ -190,9 +190,15 @@ def forward_work(cfg: TransformerConfig, n_tokens: int, *, logits: bool = True, 
     return matmuls + attention + (n_tokens * cfg.d_model * cfg.d_vocab if logits else 0)
 
 
-def largest_array(cfg: TransformerConfig, n_tokens: int, n_past: int = 0) -> int:
-    """Elements of the biggest array a forward pass holds: one layer's scores, or a weight matrix."""
+def largest_array(cfg: TransformerConfig, n_tokens: int, n_past: int = 0, *, weights: bool = True) -> int:
+    """Elements of the biggest array a forward pass holds: one layer's scores, or a weight matrix.
+
+    weights=False leaves the weight matrices out, for weights that exist before the pass (a loaded
+    checkpoint's); then the biggest is a layer's scores or its MLP activations."""
+    activations = max(cfg.n_heads * n_tokens * (n_past + n_tokens), n_tokens * cfg.d_mlp)
+    if not weights:
+        return activations
     qkv_width = (cfg.n_heads + 2 * cfg.n_key_value_heads) * cfg.d_head
     tables = [cfg.d_vocab * cfg.d_model] + ([cfg.n_ctx * cfg.d_model] if cfg.positional_embedding_type == "learned"
                                             else [])
-    return max(cfg.n_heads * n_tokens * (n_past + n_tokens), cfg.d_model * qkv_width, cfg.d_model * cfg.d_mlp, *tables)
+    return max(activations, cfg.d_model * qkv_width, cfg.d_model * cfg.d_mlp, *tables)

@@ -82,9 +82,7 @@ def lesson_forward(q: Annotated[schemas.ForwardQuery, Query()], svc: ServiceDep)
 def params(q: Annotated[schemas.ParamsQuery, Query()], svc: ServiceDep) -> FastJSONResponse:
     """A preset, or explicit sizes (which replace the preset's; the default preset is `toy`).
     `breakdown` names every array, whether it is counted, and why."""
-    sizes = {"d_vocab": q.d_vocab, "n_ctx": q.n_ctx, "d_model": q.d_model, "n_layers": q.n_layers,
-             "d_mlp": q.d_mlp, "tied_embeddings": q.tied_embeddings}
-    return respond(schemas.ParamsResponse, svc.params(q.preset, sizes))
+    return respond(schemas.ParamsResponse, svc.params(q.preset, q.sizes()))
 
 
 @router.get("/kv-cache", response_model=schemas.KVCacheResponse, responses=_ERRORS,
@@ -92,8 +90,7 @@ def params(q: Annotated[schemas.ParamsQuery, Query()], svc: ServiceDep) -> FastJ
 def kv_cache(q: Annotated[schemas.KVCacheQuery, Query()], svc: ServiceDep) -> FastJSONResponse:
     """A preset or sizes, a sequence length (default: the model's context), a batch and an element type
     give the bytes, with the formula and each of its terms."""
-    sizes = {"n_layers": q.n_layers, "d_model": q.d_model, "n_heads": q.n_heads}
-    return respond(schemas.KVCacheResponse, svc.kv_cache(q.preset, sizes, q.seq_len, q.batch, q.dtype))
+    return respond(schemas.KVCacheResponse, svc.kv_cache(q.preset, q.sizes(), q.seq_len, q.batch, q.dtype))
 
 
 # ------------------------------------------------------------------ models

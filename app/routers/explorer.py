@@ -30,7 +30,10 @@ def _config_line(v: ExplorerView) -> str:
     cfg = v.config
     divisor = (f"√{cfg.d_head}" if cfg.use_attn_scale else "1") + (
         f" × {cfg.attn_temperature:g}" if cfg.attn_temperature != 1 else "")
-    return (f"{v.model}: {len(v.tokens)} tokens · d_model {cfg.d_model} · {cfg.n_heads} heads × d_head "
+    kv = cfg.n_key_value_heads
+    heads = (f"{cfg.n_heads} heads" if kv == cfg.n_heads else
+             f"{cfg.n_heads} query heads share {kv} K/V head{'s' if kv != 1 else ''}")
+    return (f"{v.model}: {len(v.tokens)} tokens · d_model {cfg.d_model} · {heads} × d_head "
             f"{cfg.d_head} · {cfg.n_layers} layer{'s' if cfg.n_layers != 1 else ''} · d_mlp {cfg.d_mlp} · "
             f"{cfg.positional_embedding_type} positions · {'causal' if cfg.causal else 'bidirectional'} · "
             f"scores ÷ {divisor} · seed {v.seed}")
@@ -111,6 +114,8 @@ def view_context(v: ExplorerView, ablated: set[tuple[int, int]]) -> dict:
         "model_name": v.model, "tokens": v.tokens, "token_labels": [figures.visible(t) for t in v.tokens],
         "config_line": _config_line(v), "layer": layer, "head": head, "n_layers": v.config.n_layers,
         "head_figures": head_figures, "stages": _stage_figures(v.stages, v, where),
+        # under grouped-query attention, the K/V head each query head reads (its card says so)
+        "kv_heads": v.kv_heads if v.config.n_key_value_heads != v.config.n_heads else None,
         "compare": _compare_figures(v, where) if v.other_stages is not None else None,
         "residual_figure": figures.stage_heatmap(norms.stream, v.tokens, [_short(n) for n in norms.stream_names],
                                                  value_name="‖x‖", export_name="residual-stream-norms"),

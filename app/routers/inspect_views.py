@@ -149,8 +149,12 @@ def compare_view(svc: Service, parsed: web.Parsed, params: dict) -> dict:
              "positional_embedding_type": params["b_positional_embedding_type"], "seed": params["b_seed"],
              "ablate": None if params["b_ablate"] is None else
              [{"layer": layer, "head": head, "method": c.ablate_method} for layer, head in params["b_ablate"]]}
-    if all(v is None for v in other.values()):
-        other["causal"] = not c.causal  # nothing chosen yet: compare the mask on and off
+    if all(v is None for v in other.values()):  # nothing chosen yet: compare the mask on and off, or for a
+        # model that has no mask toggle (an encoder; local attention layers) the scores scaled and not
+        if "causal" in svc.models()[c.model].toggles:
+            other["causal"] = not c.causal
+        else:
+            other["scale"] = not c.scale
     req = schemas.CompareRequest(**parsed.request(layer=c.layer, head=c.head,
                                                   other={k: v for k, v in other.items() if v is not None}))
     r = svc.compare(req.spec(), req.other.changes(), req.layer, req.head)
@@ -163,7 +167,7 @@ def compare_view(svc: Service, parsed: web.Parsed, params: dict) -> dict:
         difference = figures.attention_heatmap(r.difference, r.a.tokens, kind="scores", value_name="B − A",
                                                export_name="compare-difference")
     return {"sides": sides, "difference": difference, "note": r.note, "layer": r.layer, "head": r.head,
-            "max_change": r.max_change}
+            "max_change": r.max_change, "n_layers": r.a.config.n_layers, "n_heads": r.a.config.n_heads}
 
 
 def _describe(side: ComparedSide) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 from urllib.parse import urlencode
 
 import numpy as np
@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from .. import figures, schemas, snippets, web
 from ..deps import ServiceDep
-from ..service import Service
+from ..service import SPEC_FORMULA_PRESETS, Service
 
 router = APIRouter(tags=["pages"], include_in_schema=False)
 
@@ -40,11 +40,14 @@ class CausalQuery(schemas.AttentionQuery):
     causal: Literal[True] = Field(True, description="always on in this lesson")
 
 
-class ParamsLessonQuery(schemas.ParamsQuery):
-    """The spec's formula counts GPT-2-style models, so the lesson starts from GPT-2 small and the
-    unembedding is always tied (the calculator at /params counts untied models too)."""
+class ParamsLessonQuery(schemas.SizesQuery):
+    """The spec's formula counts GPT-2-style models, so the lesson starts from GPT-2 small, offers the
+    presets the formula counts exactly, and the unembedding is always tied (the calculator at /params
+    counts untied models and the other families too)."""
 
-    preset: schemas.PresetName = Field("gpt2-small", description="start from this configuration")
+    preset: Literal[SPEC_FORMULA_PRESETS] = Field(  # type: ignore[valid-type]
+        "gpt2-small", description="start from this configuration (the calculator at /params has the other "
+                                  "families' presets)")
 
     @field_validator("tied_embeddings")
     @classmethod
@@ -230,13 +233,8 @@ def _breakdown_figure(groups, export_name: str) -> dict:
                                   [g.note for g in groups], export_name=export_name)
 
 
-def _config_sizes(q) -> dict:
-    return {k: getattr(q, k) for k in ("d_vocab", "n_ctx", "d_model", "n_layers", "d_mlp", "tied_embeddings")
-            if hasattr(q, k)}
-
-
 def view_params_lesson(svc: Service, q: ParamsLessonQuery) -> dict:
-    r = svc.lesson_params(q.preset, _config_sizes(q))
+    r = svc.lesson_params(q.preset, q.sizes())
     rows = [{"name": row.name, "embeddings": f"{row.count.embeddings:,}", "per_block": f"{row.count.per_block:,}",
              "total": f"{row.count.total:,}", "count": row.count, "cfg": row.cfg} for row in r.rows]
     mine = r.rows[1].count
@@ -280,7 +278,7 @@ def view_forward(svc: Service, q: schemas.ForwardQuery) -> dict:
 # ------------------------------------------------------------------ the calculator
 
 def view_calculator(svc: Service, q: CalculatorQuery) -> dict:
-    r = svc.calculator(q.preset, _config_sizes(q), q.n_heads, q.seq_len, q.batch, q.dtype)
+    r = svc.calculator(q.preset, q.sizes(), q.seq_len, q.batch, q.dtype)
     cfg, count, kv = r.cfg, r.count, r.kv
     series = [(f"{dtype} ({size} byte{'s' if size > 1 else ''})", r.lengths, r.kv_by_dtype[dtype])
               for dtype, size in schemas.DTYPE_BYTES.items()]
@@ -393,6 +391,12 @@ API_QUERY = {"/api/v1/lessons/attention": schemas.AttentionQuery, "/api/v1/lesso
              "/api/v1/kv-cache": schemas.KVCacheQuery}
 
 
+def _presets(page: Page) -> list[str]:
+    """The presets a page's query accepts (its select's options), in the order of core's PRESETS."""
+    field = page.query.model_fields.get("preset")
+    return [] if field is None else [p for p in get_args(field.annotation) if isinstance(p, str)]
+
+
 def render(request: Request, svc: Service, page: Page, path: str, template: str) -> HTMLResponse:
     given = _given(request.query_params)
     classroom = web.is_on(request.query_params, "classroom")
@@ -414,8 +418,9 @@ def render(request: Request, svc: Service, page: Page, path: str, template: str)
     context = {
         "page": page, "lessons": LESSONS, "view": view, "error": error, "values": _field_values(page, given, q),
         "url": url, "path": path, "classroom": classroom, "form_id": "lesson",
-        "nav": "params" if page is CALCULATOR else "lessons", "presets": list(schemas.PRESETS),
+        "nav": "params" if page is CALCULATOR else "lessons", "presets": _presets(page),
         "dtypes": list(schemas.DTYPE_BYTES), "limits": svc.settings, "max_seed": schemas.MAX_SEED,
+        "norm_types": list(schemas.NORMALIZATION_TYPES), "position_schemes": list(schemas.POSITION_SCHEMES),
     }
     return web.render(request, template, context, url=url, error=error)
 

@@ -1,4 +1,9 @@
-"""/api/v1/params and /api/v1/kv-cache: the spec's counts, and sizes checked independently."""
+"""/api/v1/params and /api/v1/kv-cache: the spec's counts, and sizes checked independently; the other
+families' presets against transformers' own counts (tests/fixtures/families/presets.json)."""
+
+import html
+import json
+from pathlib import Path
 
 import pytest
 
@@ -36,10 +41,99 @@ def test_explicit_sizes_replace_the_preset(client):
 def test_kv_cache_bytes(client, dtype, size):
     k = client.get("/api/v1/kv-cache", params={"preset": "gpt2-small", "dtype": dtype, "batch": 2}).json()
     assert k["bytes"] == 2 * 12 * 2 * 1024 * 768 * size
-    assert k["terms"] == {"n_layers": 12, "batch": 2, "seq_len": 1024, "n_heads": 12, "d_head": 64, "dtype_bytes": size}
+    assert k["terms"] == {"n_layers": 12, "batch": 2, "seq_len": 1024, "n_heads": 12, "n_key_value_heads": 12,
+                          "d_head": 64, "dtype_bytes": size}
     assert "n_layers" in k["formula"]
 
 
 def test_kv_cache_sizes(client):
     k = client.get("/api/v1/kv-cache", params={"n_layers": 4, "d_model": 256, "n_heads": 8, "seq_len": 100}).json()
     assert k["bytes"] == 2 * 4 * 1 * 100 * 256 * 4
+
+
+# ------------------------------------------------------------------ other families' shapes
+
+PRESETS_JSON = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "families" / "presets.json").read_text())
+FAMILY_PRESETS = sorted(PRESETS_JSON["presets"])
+
+
+@pytest.mark.parametrize("preset", FAMILY_PRESETS)
+def test_family_presets_count_what_transformers_counts(client, preset):
+    recorded = PRESETS_JSON["presets"][preset]  # transformers' num_parameters() for the model's config.json
+    p = client.get("/api/v1/params", params={"preset": preset}).json()
+    assert p["total"] == recorded["num_parameters"]
+    c = recorded["config"]
+    heads = c.get("num_attention_heads") or c["num_heads"]
+    kv_heads = c.get("num_key_value_heads") or heads
+    d_head = c.get("head_dim") or c["hidden_size"] // heads
+    layers = c.get("num_hidden_layers") or c["num_layers"]
+    k = client.get("/api/v1/kv-cache", params={"preset": preset, "seq_len": 4096, "dtype": "bfloat16"}).json()
+    assert k["bytes"] == 2 * layers * 4096 * kv_heads * d_head * 2  # the key/value heads only
+    assert k["terms"]["n_heads"] == heads and k["terms"]["n_key_value_heads"] == kv_heads
+
+
+def test_grouped_query_attention_shrinks_the_keys_values_and_their_cache(client):
+    d, L, h = 768, 12, 12  # GPT-2 small, its 12 heads of 64 sharing 4 key/value heads
+    full = client.get("/api/v1/params", params={"preset": "gpt2-small"}).json()
+    gqa = client.get("/api/v1/params", params={"preset": "gpt2-small", "n_key_value_heads": 4}).json()
+    # W_K and W_V shrink from d × d to d × 4·64, their biases from d to 4·64
+    assert full["total"] - gqa["total"] == L * 2 * (d * d + d - (d * 4 * 64 + 4 * 64))
+    names = {e["name"]: e["shape"] for e in gqa["breakdown"]}
+    assert names["blocks.{l}.attn.W_K"] == [d, 4 * 64] and names["blocks.{l}.attn.W_Q"] == [d, d]
+    k = client.get("/api/v1/kv-cache", params={"preset": "gpt2-small", "n_key_value_heads": 4}).json()
+    assert k["bytes"] == 2 * L * 1024 * 4 * 64 * 4 and "n_key_value_heads" in k["formula"]
+    assert h % 4 == 0
+
+
+def test_gated_mlp_rms_norm_and_rotary_change_the_count_array_by_array(client):
+    d, L, m, V = 64, 2, 256, 65  # the toy
+    base = client.get("/api/v1/params").json()["total"]
+    gated = client.get("/api/v1/params", params={"gated_mlp": True}).json()["total"]
+    assert gated - base == L * (d * m + m)  # W_gate and its bias
+    rms = client.get("/api/v1/params", params={"normalization_type": "RMS"}).json()["total"]
+    assert base - rms == (2 * L + 1) * d  # every norm loses its bias
+    rotary = client.get("/api/v1/params", params={"positional_embedding_type": "rotary"}).json()["total"]
+    assert base - rotary == 64 * d  # the position table (n_ctx 64) is gone
+    llama_like = client.get("/api/v1/params", params={"gated_mlp": True, "normalization_type": "RMS", "bias": False,
+                                                     "positional_embedding_type": "rotary"}).json()
+    assert llama_like["total"] == V * d + L * (4 * d * d + 3 * d * m + 2 * d) + d
+    qk = client.get("/api/v1/params", params={"use_qk_norm": True}).json()["total"]
+    assert qk - base == L * 2 * (d // 4)  # a gain of d_head for queries and keys
+    qkv = client.get("/api/v1/params", params={"bias": False, "qkv_bias": True}).json()["total"]
+    nobias = client.get("/api/v1/params", params={"bias": False}).json()["total"]
+    assert qkv - nobias == L * 3 * d
+
+
+@pytest.mark.parametrize("query, says", [
+    ({"preset": "smollm2-135m", "n_key_value_heads": 2}, "n_heads=9 is not divisible by n_key_value_heads=2"),
+    ({"n_key_value_heads": 0}, "n_key_value_heads"),
+    ({"d_head": 10**6}, "d_head"),
+    ({"normalization_type": "batch"}, "normalization_type"),
+])
+def test_bad_shapes_are_422_saying_what_to_change(client, query, says):
+    for path in ("/api/v1/params", "/api/v1/kv-cache"):
+        if path.endswith("kv-cache") and ("normalization_type" in query):
+            continue
+        r = client.get(path, params=query)
+        assert r.status_code == 422 and says in r.text, (path, r.text)
+
+
+def test_the_calculator_page_offers_every_preset_and_says_which_heads_share(client):
+    r = client.get("/params", params={"preset": "smollm2-135m"})
+    assert r.status_code == 200
+    for preset in FAMILY_PRESETS:
+        assert f'<option value="{preset}"' in r.text
+    text = " ".join(html.unescape(r.text).split())
+    assert "9 query heads sharing 3 K/V heads × d_head 64" in text and "d_mlp 1536 gated" in text
+    assert f'<dd id="total">{PRESETS_JSON["presets"]["smollm2-135m"]["num_parameters"]:,}</dd>' in r.text
+    r = client.get("/params", params={"preset": "gpt2-small", "n_key_value_heads": 3, "gated_mlp": "true"})
+    text = " ".join(html.unescape(r.text).split())
+    assert r.status_code == 200 and "12 query heads sharing 3 K/V heads" in text
+    assert "/api/v1/kv-cache?preset=gpt2-small&amp;n_key_value_heads=3" in r.text  # the API link says the same
+
+
+def test_the_params_lesson_keeps_to_the_models_its_formula_counts(client):
+    r = client.get("/lessons/params")
+    assert '<option value="gpt2-xl"' in r.text and '<option value="smollm2-135m"' not in r.text
+    r = client.get("/lessons/params", params={"preset": "smollm2-135m"})
+    assert r.status_code == 422 and "gpt2-small" in html.unescape(r.text)

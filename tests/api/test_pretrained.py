@@ -15,7 +15,7 @@ from app import pretrained
 from core import count_params
 from core.checkpoints import read_spec
 
-from .conftest import messages
+from .conftest import half_precision_copy, messages
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 ATOL = 1e-4  # as in tests/core/test_parity.py: the API must not lose precision on the way
@@ -159,9 +159,34 @@ def test_concurrent_first_requests_load_once():
     assert loader.loads == 1 and len(got) == 4 and all(p is got[0] for p in got)
 
 
-def test_memory_budget_drops_the_least_recently_used():
+def test_memory_budget_charges_upcast_weights_and_not_mapped_ones(tmp_path):
+    """float32 files are memory-mapped (shared page cache): a worker's budget charges nothing for them.
+    float16 ones are upcast into the worker's own memory: 4 bytes a parameter, known from the file's
+    header before anything is read."""
+    half_precision_copy(FIXTURES / "gpt2-tiny", tmp_path / "gpt2-half")
+    shutil.copytree(FIXTURES / "gpt2-tiny", tmp_path / "gpt2-tiny")
+    n_params = count_params(read_spec(FIXTURES / "gpt2-tiny").cfg).total
+    half_spec = read_spec(tmp_path / "gpt2-half")
+    estimate = pretrained.upcast_nbytes(half_spec)
+    assert estimate >= 4 * n_params  # every stored tensor, GPT-2's attn.bias buffers included
+    catalog = pretrained.Checkpoints(tmp_path, estimate)  # room for the upcast copy
+    mapped, half = catalog.entries["gpt2-tiny"], catalog.entries["gpt2-half"]
+    assert pretrained.upcast_nbytes(mapped.spec) == 0
+    mapped.params()
+    assert mapped.private_bytes == 0 and catalog.budget.used == 0 and catalog.budget.loaded() == ["gpt2-tiny"]
+    half.params()
+    assert half.private_bytes == 4 * n_params and catalog.budget.used == 4 * n_params
+    assert catalog.budget.loaded() == ["gpt2-tiny", "gpt2-half"]  # the mapped one takes no room: both stay
+
+
+def test_memory_budget_drops_the_least_recently_used(tmp_path):
+    for name in ("gpt2-tiny", "bert-tiny"):
+        half_precision_copy(FIXTURES / name, tmp_path / name)
     sizes = {name: 4 * count_params(read_spec(FIXTURES / name).cfg).total for name in ("gpt2-tiny", "bert-tiny")}
-    catalog = pretrained.Checkpoints(FIXTURES, max(sizes.values()) + min(sizes.values()) // 2)  # room for one
+    # room for one: each estimate (every stored tensor) fits, both loaded do not
+    catalog = pretrained.Checkpoints(tmp_path, max(pretrained.upcast_nbytes(e.spec) for e in
+                                                   (pretrained.Checkpoints(tmp_path, 0).entries[n] for n in sizes)))
+    assert catalog.budget.max_bytes < sum(sizes.values())
     gpt2, bert = catalog.entries["gpt2-tiny"], catalog.entries["bert-tiny"]
     gpt2.params()
     assert catalog.budget.loaded() == ["gpt2-tiny"]
@@ -171,7 +196,12 @@ def test_memory_budget_drops_the_least_recently_used():
     assert gpt2.loads == 2 and bert.loads == 1
 
 
-def test_a_model_larger_than_the_budget_says_so():
-    catalog = pretrained.Checkpoints(None, 1 * 2**20)  # 1 MB: MiniLM needs about 87
+def test_a_model_larger_than_the_budget_says_so(tmp_path):
+    half_precision_copy(FIXTURES / "gpt2-tiny", tmp_path / "gpt2-half")
+    shutil.copytree(FIXTURES / "gpt2-tiny", tmp_path / "gpt2-tiny")
+    catalog = pretrained.Checkpoints(tmp_path, 1024)  # 1 KB: the upcast copy needs about 48
     with pytest.raises(ValueError, match="EXPLORER_PRETRAINED_MEMORY_MB"):
-        catalog.entries[pretrained.MINILM_NAME].params()
+        catalog.entries["gpt2-half"].params()
+    assert catalog.entries["gpt2-half"].loads == 0  # refused from the header, before reading the weights
+    catalog.entries["gpt2-tiny"].params()  # memory-mapped: within any budget
+    catalog.entries[pretrained.MINILM_NAME].params()  # 87 MB, mapped too

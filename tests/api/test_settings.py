@@ -23,18 +23,21 @@ from pathlib import Path
 import httpx
 import pytest
 
+from app.pretrained import minilm_folder
 from app.settings import Settings
 
-from .conftest import messages
+from .conftest import half_precision_copy, messages
 
 REPO = Path(__file__).resolve().parents[2]
+FAMILIES = REPO / "tests" / "fixtures" / "families"
 TOY = {"model": "toy", "text": "Ali makan"}
 
 
 def test_every_setting_is_covered_here_or_named():
     """A new setting needs a test: this file's cases (or the file named in its docstring) cover each."""
     covered = {"max_tokens", "max_work", "max_elements", "max_params", "max_hook_values", "explorer_max_tokens",
-               "max_body_bytes", "pretrained_memory_mb", "models_dir", "host", "port", "workers", "log_level"}
+               "max_body_bytes", "pretrained_memory_mb", "models_dir", "host", "port", "workers", "log_level",
+               "max_pretrained_work"}
     covered |= set(SCHEMA_LIMITS)
     elsewhere = {"blas_threads", "max_concurrent_compute", "retry_after_s", "access_log", "max_url_bytes"}
     assert set(Settings.model_fields) == covered | elsewhere
@@ -72,9 +75,34 @@ def test_max_body_bytes_sets_the_413(client_with):
     assert r.status_code == 413 and "2,048 bytes" in messages(r)
 
 
-def test_pretrained_memory_budget(client_with):
-    r = client_with(pretrained_memory_mb=1).post("/api/v1/run", json={"model": "all-MiniLM-L6-v2", "text": "hi"})
-    assert r.status_code == 422 and "EXPLORER_PRETRAINED_MEMORY_MB" in messages(r)
+@pytest.fixture(scope="module")
+def half_minilm(tmp_path_factory) -> Path:
+    """An EXPLORER_MODELS_DIR holding MiniLM stored as float16: 87 MB once upcast, in the worker's own memory."""
+    models = tmp_path_factory.mktemp("models")
+    half_precision_copy(minilm_folder(), models / "minilm-half")
+    return models
+
+
+def test_pretrained_memory_budget(client_with, half_minilm):
+    body = {"model": "minilm-half", "text": "hi"}
+    assert client_with(models_dir=half_minilm).post("/api/v1/run", json=body).status_code == 200
+    small = client_with(models_dir=half_minilm, pretrained_memory_mb=80)
+    r = small.post("/api/v1/run", json=body)
+    assert r.status_code == 422 and "EXPLORER_PRETRAINED_MEMORY_MB" in messages(r) and "80.0 MB" in messages(r)
+    # the float32 original is memory-mapped, shared rather than this worker's own: the budget does not charge it
+    assert small.post("/api/v1/run", json={"model": "all-MiniLM-L6-v2", "text": "hi"}).status_code == 200
+
+
+def test_max_pretrained_work_prices_loaded_models_apart_from_toys(client_with):
+    models = FAMILIES  # tests/fixtures/families: its subfolders are checkpoints
+    llama = {"model": "llama-gqa", "text": "The cat sat on the mat"}
+    tight = client_with(models_dir=models, max_pretrained_work=10_000)
+    r = tight.post("/api/v1/run", json=llama)
+    assert r.status_code == 422 and "limit of 10,000 for a pretrained model" in messages(r)
+    assert tight.post("/api/v1/run", json=TOY).status_code == 200  # a toy's limit is max_work
+    toys_tight = client_with(models_dir=models, max_work=10_000)
+    assert toys_tight.post("/api/v1/run", json=llama).status_code == 200
+    assert toys_tight.post("/api/v1/run", json=TOY).status_code == 422
 
 
 # ------------------------------------------------------------------ limits the request models state

@@ -344,3 +344,16 @@ def test_rollout_rows_sum_to_1(attention_dir):
 def test_rollout_rejects_a_pattern_of_the_wrong_shape():
     with pytest.raises(ValueError, match="n_layers"):
         attention_rollout(np.ones((2, 3, 3)))
+
+
+def test_top_k_ids_are_a_full_stable_sorts_first_k_ties_included():
+    """The logit lens's top k without sorting the vocabulary: the same ids, in the same order, as a full
+    stable argsort (the lower id first among equal probabilities), including ties at the k-th place."""
+    from core.cache import top_k_ids
+
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        V = int(rng.integers(1, 40))
+        k, n = int(rng.integers(1, V + 1)), int(rng.integers(1, 5))
+        probs = rng.integers(0, 4, size=(n, V)).astype(float)  # few values: many ties
+        np.testing.assert_array_equal(top_k_ids(probs, k), np.argsort(-probs, axis=-1, kind="stable")[:, :k])

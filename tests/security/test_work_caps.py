@@ -36,10 +36,11 @@ def toy_cost(d: int, layers: int, n: int, vocab: int, n_ctx: int) -> tuple[int, 
     A GPT-2 block with biases: W_QKV d×3d + 3d, W_O d×d + d, W_in d×4d + 4d, W_out 4d×d + d, two layer
     norms 2d each; the model adds token and position tables and a final norm, and ties W_U to W_E.
     A forward pass does one multiply-add per block weight per token, QKᵀ and pattern·V (n² d each,
-    per layer) and the unembedding (n d vocab). Drawing the weights costs one draw per parameter."""
+    per layer) and the unembedding of the last position (d vocab: the next-token prediction needs no
+    other position's logits). Drawing the weights costs one draw per parameter."""
     per_block = 12 * d * d + 13 * d
     params = vocab * d + n_ctx * d + layers * per_block + 2 * d
-    forward = n * layers * per_block + layers * 2 * n * n * d + n * d * vocab
+    forward = n * layers * per_block + layers * 2 * n * n * d + d * vocab
     largest = max(N_HEADS * n * n, vocab * d, n_ctx * d, 3 * d * d, 4 * d * d)
     return params, params + 2 * forward, largest
 
