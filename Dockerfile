@@ -42,13 +42,18 @@ ENV PATH=/opt/venv/bin:$PATH \
     HF_HUB_OFFLINE=1 \
     EXPLORER_HOST=0.0.0.0 \
     EXPLORER_PORT=8000 \
-    EXPLORER_WORKERS=1
+    EXPLORER_WORKERS=1 \
+    EXPLORER_RUNS_DIR=/data/runs
 # One user and its own group, both 10001 and both named explorer, so files the app creates belong
 # to a named group. Not --system: system ids stop at 999 (useradd warns, and --user-group then
 # picks a gid below 1000). --no-log-init: no sparse lastlog/faillog entry for a high uid.
 RUN groupadd --gid 10001 explorer \
  && useradd --uid 10001 --gid explorer --no-create-home --no-log-init --home-dir /nonexistent \
-        --shell /usr/sbin/nologin explorer
+        --shell /usr/sbin/nologin explorer \
+ && mkdir -p /data/runs && chown 10001:10001 /data/runs
+# Training runs (app/runs.py) outlive the container here: a named volume in docker-compose.yml, an
+# anonymous one with a plain `docker run`; a new volume takes this folder's owner, the app's user.
+VOLUME ["/data/runs"]
 COPY --from=build /opt/venv /opt/venv
 WORKDIR /srv
 USER 10001:10001

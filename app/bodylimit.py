@@ -62,12 +62,18 @@ async def _drain(receive: Receive) -> None:
 
 
 class BodySizeLimitMiddleware:
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    """`larger`: paths that take bigger bodies than max_bytes (a text to train on), with their limits."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, larger: dict[str, int] | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.larger = larger or {}
+
+    def limit(self, scope: Scope) -> int:
+        return self.larger.get(scope["path"], self.max_bytes)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, body_done: bool = False) -> None:
-        msg = (f"the request body is larger than this server's limit of {self.max_bytes:,} bytes: "
+        msg = (f"the request body is larger than this server's limit of {self.limit(scope):,} bytes: "
                f"send a shorter text or fewer hook names")
         body = _error(msg, "body", "body_too_large")
         await send({"type": "http.response.start", "status": 413, "headers": [
@@ -85,7 +91,7 @@ class BodySizeLimitMiddleware:
             return await self.app(scope, receive, send)
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None:
-            if declared.isdigit() and int(declared) > self.max_bytes:
+            if declared.isdigit() and int(declared) > self.limit(scope):
                 return await self._refuse(scope, receive, send)
             return await self.app(scope, receive, send)
         if scope["method"] in ("GET", "HEAD", "OPTIONS"):
@@ -98,7 +104,7 @@ class BodySizeLimitMiddleware:
                 return  # the client went away
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
-            if size > self.max_bytes:
+            if size > self.limit(scope):
                 return await self._refuse(scope, receive, send, body_done=not message.get("more_body", False))
             if not message.get("more_body", False):
                 break

@@ -19,11 +19,13 @@ import numpy as np
 
 from core import PRESETS, InputError, TransformerConfig, init_params, lessons, run_with_cache
 from core.cache import pattern_hooks
+from core.checkpoints import CheckpointError, read_spec
 from core.model import Params
 from core.tokenizers import AsciiTokenizer, CharTokenizer, Encoding, Tokenizer
 
 from . import pretrained
-from .settings import Settings
+from .runs import RunStore
+from .settings import Settings, runs_folder
 
 # The run request's toggles, by kind: attention toggles change how a model computes, size
 # toggles (and seed) change which weights it has.
@@ -229,31 +231,62 @@ def _checkpoint_toggles(cfg: TransformerConfig, is_encoder: bool) -> tuple[str, 
 
 
 class Catalog(Mapping[str, Model]):
-    """Every model this server knows, runnable or not, by name: the built-ins, then the pretrained
-    ones (the bundled MiniLM and EXPLORER_MODELS_DIR's folders)."""
+    """Every model this server knows, runnable or not, by name: the built-ins, the pretrained ones
+    (the bundled MiniLM and EXPLORER_MODELS_DIR's folders), then the runs trained here that have
+    weights (app/runs.py), which appear as they finish without a restart."""
 
     def __init__(self, models: dict[str, Model], checkpoints: pretrained.Checkpoints | None = None,
-                 toy_cache: ParamsCache | None = None):
+                 toy_cache: ParamsCache | None = None, runs: RunStore | None = None):
         self._models = models
         self.checkpoints = checkpoints  # the pretrained loaders and their memory budget
         self.toy_cache = toy_cache  # the toys' drawn weights
+        self.runs = runs  # training runs; a finished one is a model named by its id
+        self._trained: dict[tuple[str, str], Model] = {}  # (run id, its model folder) -> the model
+        self._trained_lock = threading.Lock()
+
+    def _run_model(self, id: str) -> Model | None:
+        """A run's latest weights as a model (the same Model while its folder stays the same)."""
+        folder = self.runs.model_folder(id) if self.runs is not None and self.runs.exists(id) else None
+        if folder is None:
+            return None
+        key = (id, folder.name)
+        with self._trained_lock:
+            if key not in self._trained:
+                budget = self.checkpoints.budget if self.checkpoints else pretrained.MemoryBudget(2**31)
+                try:
+                    entry = pretrained.CheckpointLoader(id, read_spec(folder), budget,
+                                                        f"trained here: run {id} (/train?run={id})")
+                except CheckpointError as e:
+                    entry = pretrained.Broken(id, str(e))
+                self._trained = {k: v for k, v in self._trained.items() if k[0] != id}  # an older export
+                self._trained[key] = _checkpoint_model(id, entry)
+            return self._trained[key]
 
     def __getitem__(self, name: str) -> Model:
-        return self._models[name]
+        if name in self._models:
+            return self._models[name]
+        model = self._run_model(name) if self.runs is not None else None
+        if model is None:
+            raise KeyError(name)
+        return model
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._models)
+        yield from self._models
+        if self.runs is not None:
+            yield from (id for id in self.runs.ids() if self.runs.model_folder(id) is not None)
 
     def __len__(self) -> int:
-        return len(self._models)
+        return sum(1 for _ in self)
 
     def get_model(self, name: str) -> Model:
         """The model called `name`, or an InputError that lists the names there are."""
         try:
-            return self._models[name]
+            return self[name]
         except KeyError:
-            raise InputError(f"unknown model {name!r}: choose one of {', '.join(self._models)} "
-                             f"(GET /api/v1/models lists them)") from None
+            hint = (" (that run has no weights yet: its model appears once it has trained)"
+                    if self.runs is not None and self.runs.exists(name) else "")
+            raise InputError(f"unknown model {name!r}{hint}: choose one of {', '.join(self._models)} or a "
+                             f"trained run (GET /api/v1/models lists them)") from None
 
 
 def build_catalog(settings: Settings) -> Catalog:
@@ -263,4 +296,5 @@ def build_catalog(settings: Settings) -> Catalog:
     checkpoints = pretrained.Checkpoints(settings.models_dir, settings.pretrained_memory_mb * 2**20,
                                         taken=frozenset(models))
     models |= {name: _checkpoint_model(name, entry) for name, entry in checkpoints.entries.items()}
-    return Catalog(models, checkpoints, toy_cache)
+    runs = RunStore(runs_folder(settings), settings.runs_max_mb * 2**20) if settings.train_workers else None
+    return Catalog(models, checkpoints, toy_cache, runs)

@@ -3,6 +3,8 @@
 - request validation (pydantic): 422, each message prefixed by the field it is about;
 - InputError, raised by core/ and the service for input the user can fix: 422 with its message
   (any other exception, a ValueError from a bug included, is a 500);
+- Unavailable (training off, or full: 503; one client's share used: 429), with Retry-After when waiting
+  helps; NotFound (no such run): 404;
 - HTTP errors under /api/ (404, 405): the same shape, saying where the API is documented;
 - anything else is a bug: logged with its traceback, answered with a generic 500 (`unexpected`,
   which app/main.py installs as a middleware inside the security headers, not here: Starlette calls
@@ -23,6 +25,20 @@ from core import InputError
 from .jsonio import FastJSONResponse
 
 log = logging.getLogger("app.errors")
+
+
+class Unavailable(Exception):
+    """The server cannot take this now (busy, or a feature that is off): 503, or 429 for one client's
+    share; with Retry-After when trying again later will help."""
+
+    def __init__(self, message: str, retry_after_s: int | None, status_code: int = 503):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+        self.status_code = status_code
+
+
+class NotFound(Exception):
+    """No such thing (a run id): 404."""
 
 
 def error_body(msg: str, loc: list | tuple = (), type_: str = "value_error") -> dict:
@@ -63,6 +79,16 @@ async def bad_input(request: Request, exc: Exception) -> FastJSONResponse:
     return FastJSONResponse(error_body(str(exc)), status_code=422)
 
 
+async def unavailable(request: Request, exc: Unavailable) -> FastJSONResponse:
+    headers = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s else None
+    return FastJSONResponse(error_body(str(exc), type_="unavailable" if exc.status_code == 503 else "too_many"),
+                            status_code=exc.status_code, headers=headers)
+
+
+async def not_found(request: Request, exc: NotFound) -> FastJSONResponse:
+    return FastJSONResponse(error_body(str(exc), type_="not_found"), status_code=404)
+
+
 async def http_error(request: Request, exc: StarletteHTTPException):
     if not request.url.path.startswith("/api/"):
         return await http_exception_handler(request, exc)  # pages keep FastAPI's default
@@ -82,4 +108,6 @@ async def unexpected(request: Request, exc: Exception) -> FastJSONResponse:
 def install(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(InputError, bad_input)
+    app.add_exception_handler(Unavailable, unavailable)
+    app.add_exception_handler(NotFound, not_found)
     app.add_exception_handler(StarletteHTTPException, http_error)

@@ -460,6 +460,34 @@ def head_heatmap(scores: np.ndarray, *, value_name: str, export_name: str) -> di
                        "x_title": "head", "y_title": "layer", "value": value_name}}
 
 
+def head_step_heatmap(scores: Sequence, steps: Sequence[int], *, value_name: str, export_name: str) -> dict:
+    """Every head's score over training: rows are heads (L{layer}H{head}), columns the record steps, 0 … 1
+    on the sequential scale. A head that becomes an induction head shows as a row turning dark.
+    scores: [step][layer][head]."""
+    s = np.asarray(scores, dtype=float)  # [n_steps, n_layers, n_heads]
+    if s.ndim != 3:
+        raise ValueError(f"expected scores [step][layer][head], got shape {s.shape}")
+    n_steps, n_layers, n_heads = s.shape
+    rows = [f"L{layer}H{head}" for layer in range(n_layers) for head in range(n_heads)]
+    z = s.reshape(n_steps, n_layers * n_heads).T  # [head, step]
+    trace = {
+        "type": "heatmap", "z": _finite_or_none(z), "x": [int(x) for x in steps], "y": list(range(len(rows))),
+        "colorscale": WEIGHTS_COLORSCALE, "zmin": 0.0, "zmax": 1.0, "hoverongaps": False, "ygap": 1,
+        "customdata": [[r] * n_steps for r in rows],
+        "hovertemplate": f"%{{customdata}} at step %{{x}}<br>{escape(value_name)} = %{{z:.3f}}<extra></extra>",
+        "colorbar": {"title": {"text": escape(value_name), "side": "right"}, "thickness": 14},
+    }
+    layout = _base_layout(
+        xaxis={"title": {"text": "step"}, "showgrid": False, "zeroline": False},
+        yaxis={"title": {"text": "head"}, "tickmode": "array", "tickvals": list(range(len(rows))), "ticktext": rows,
+               "range": [len(rows) - 0.5, -0.5], "showgrid": False},
+    )
+    layout["margin"] = {"l": 80, "r": 20, "t": 10, "b": 50}
+    return {"data": [trace], "layout": layout,
+            "export": {"name": export_name, "kind": "matrix", "x": [int(x) for x in steps], "y": rows,
+                       "x_title": "step", "y_title": "head", "value": value_name}}
+
+
 def cache_growth(positions: Sequence[int], cache_bytes: Sequence[int], generated: Sequence[bool],
                  *, export_name: str = "kv-cache-bytes") -> dict:
     """The KV cache's bytes after each step: a straight line, one row of K and V per layer per token.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -15,8 +16,9 @@ from .catalog import build_catalog
 from .compression import CachedStaticFiles, GZipMiddleware
 from .observability import AccessLogMiddleware, configure_access_log
 from .paths import STATIC_DIR
-from .routers import api, docs, explorer, health, inspect_views, lessons
+from .routers import api, docs, explorer, health, inspect_views, lessons, train
 from .security import ComputeLimitMiddleware, SecurityHeadersMiddleware
+from .training import TrainingManager
 from .settings import Settings, get_settings
 
 
@@ -30,8 +32,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # Found once per process: the built-in models and the checkpoint folders' config.json files
         # (weights load on first use). Routes get it through app/deps.py.
-        app.state.catalog = build_catalog(s)
+        app.state.catalog = catalog = build_catalog(s)
+        # Training runs queued in the runs folder start in worker processes (app/training.py).
+        manager = None
+        if catalog.runs is not None and catalog.runs.error is None:
+            manager = TrainingManager(catalog.runs, s.train_workers)
+            scheduler = asyncio.create_task(manager.run_forever())
         yield
+        if manager is not None:
+            scheduler.cancel()
+            await asyncio.to_thread(manager.shutdown)
 
     app = FastAPI(
         title="Transformer Explorer",
@@ -52,6 +62,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(explorer.router)
     app.include_router(inspect_views.router)
     app.include_router(lessons.router)
+    app.include_router(train.router)
     errors.install(app)
     # Middleware, outermost first (each add_middleware wraps what was added before it):
     #   AccessLog > SecurityHeaders > ServerError > UrlLengthLimit > BodySizeLimit > ComputeLimit > GZip
@@ -63,7 +74,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # - gzip is innermost: it compresses what the routes answer (refusals are too small to matter).
     app.add_middleware(GZipMiddleware)  # off the event loop for big bodies; static files compressed once
     app.add_middleware(ComputeLimitMiddleware, limit=s.max_concurrent_compute, retry_after_s=s.retry_after_s)
-    app.add_middleware(BodySizeLimitMiddleware, max_bytes=s.max_body_bytes)
+    # A text to train on may be larger than any other body: up to 4 bytes a character, and the form around it.
+    train_body = 4 * s.train_max_text_chars + 8192
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=s.max_body_bytes,
+                       larger={"/api/v1/train": train_body, "/train": train_body})
     app.add_middleware(UrlLengthLimitMiddleware, max_bytes=s.max_url_bytes)
     app.add_middleware(ServerErrorMiddleware, handler=errors.unexpected)
     app.add_middleware(SecurityHeadersMiddleware)

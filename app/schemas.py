@@ -23,11 +23,11 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, WithJsonSchema, field_validator
 from pydantic_core import PydanticCustomError
 
-from core import DTYPE_BYTES, POSITION_SCHEMES, PRESETS, TransformerConfig, lessons
+from core import DTYPE_BYTES, POSITION_SCHEMES, PRESETS, TransformerConfig, lessons, recipes
 from core.config import NORMALIZATION_TYPES
 
 from . import service
-
+from .runs import STATUSES
 from .settings import get_settings
 
 S = get_settings()
@@ -622,3 +622,121 @@ class CompareResponse(ResponseModel):
 class RolloutResponse(AnalysisResponse):
     rollout: Matrices = Field(description="[n_layers, query_pos, key_pos]: how much each input token "
                                           "flows into each position after each layer; rows sum to 1")
+
+
+# ------------------------------------------------------------------ training (v1 additions)
+
+MAX_TRAIN_STEPS = recipes.MAX_STEPS
+TRAIN_FIELDS = ("seed", "steps", "n_layers", "n_heads", "d_model", "d_mlp", "attn_only", "lr", "batch_size", "seq_len",
+                "warmup", "weight_decay", "grad_clip", "eval_interval", "text")
+
+
+class TrainRequest(Request):
+    """A training run: a recipe and any settings that differ from its working defaults (null keeps the
+    recipe's). The same request names the same run (its id is a hash of the settings)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"recipe": "nasi-lemak", "steps": 40},
+        {"recipe": "induction"},
+        {"recipe": "induction", "n_layers": 1},
+        {"recipe": "text", "text": "to be or not to be, that is the question. " * 20, "steps": 200},
+    ]})
+
+    recipe: Literal["induction", "nasi-lemak", "text"] = Field(
+        description="induction: random characters with a repeated segment (a 2-layer attention-only model grows "
+                    "an induction head); nasi-lemak: the spec's one-block model on its Malay phrases; text: a "
+                    "character-level GPT on Python's documentation or your own text")
+    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="weights, data order and probe derive from it")
+    steps: int | None = Field(None, ge=1, le=recipes.MAX_STEPS, description="optimiser steps")
+    n_layers: int | None = Field(None, ge=1, le=recipes.MAX_LAYERS)
+    n_heads: int | None = Field(None, ge=1, le=recipes.MAX_HEADS, description="must divide d_model")
+    d_model: int | None = Field(None, ge=1, le=recipes.MAX_D_MODEL)
+    d_mlp: int | None = Field(None, ge=1, le=4 * recipes.MAX_D_MODEL, description="default 4 × d_model")
+    attn_only: bool | None = Field(None, description="blocks without an MLP (the induction recipe's default)")
+    lr: float | None = Field(None, gt=0, le=1, allow_inf_nan=False, description="peak learning rate (AdamW)")
+    batch_size: int | None = Field(None, ge=1, le=recipes.MAX_BATCH, description="sequences per step")
+    seq_len: int | None = Field(None, ge=2, le=recipes.MAX_SEQ_LEN, description="tokens per sequence (the context)")
+    warmup: int | None = Field(None, ge=0, le=recipes.MAX_STEPS, description="steps of linear warm-up")
+    weight_decay: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
+    grad_clip: float | None = Field(None, ge=0, le=1000, allow_inf_nan=False, description="0: no clipping")
+    eval_interval: int | None = Field(None, ge=1, le=recipes.MAX_STEPS, description="steps between records")
+    text: NonBlank | None = Field(None, min_length=1, max_length=S.train_max_text_chars,
+                                  description=f"the text recipe's corpus, at most {S.train_max_text_chars:,} "
+                                              "characters; null: Python's documentation")
+
+    def changes(self) -> dict[str, object]:
+        """The settings this request sets (the rest are the recipe's defaults)."""
+        return {k: getattr(self, k) for k in TRAIN_FIELDS if getattr(self, k) is not None}
+
+
+class RunLinks(ResponseModel):
+    self: str
+    events: str = Field(description="Server-Sent Events of the run's progress")
+    checkpoint: str = Field(description="a zip of its Hugging Face GPT-2 folder, once it has weights")
+    page: str = Field(description="the run's page")
+
+
+class TrainAccepted(ResponseModel):
+    id: str
+    status: Literal[STATUSES]  # type: ignore[valid-type]
+    queued: bool = Field(description="true if this request queued it; false if the run existed already")
+    queue_position: int | None = Field(description="1 = next to start; null unless queued")
+    links: RunLinks
+
+
+class RunMetrics(ResponseModel):
+    step: list[int]
+    loss: list[float | None] = Field(description="mean training loss since the previous record")
+    val_loss: list[float] = Field(description="loss on the recipe's fixed held-out sequences")
+    lr: list[float]
+    icl_score: list[float] = Field(description="held-out loss late in the context minus early (negative: "
+                                               "the context helps)")
+    target: list[float | None] = Field(description="the recipe's target probability: nasi-lemak's P('l' | "
+                                                   "'nasi '), induction's on a repeated segment")
+    grad_norm: list[float | None]
+    elapsed_s: list[float]
+
+
+class RunHeads(ResponseModel):
+    step: list[int]
+    previous_token: list[Matrix] = Field(description="[step][layer][head]: attention to the previous token on "
+                                                     "the probe")
+    induction: list[Matrix] = Field(description="[step][layer][head]: attention to what followed the current "
+                                                "token last time")
+
+
+class Sample(ResponseModel):
+    step: int
+    text: str
+
+
+class TrainingRun(ResponseModel):
+    id: str
+    recipe: str
+    config: dict[str, Any] = Field(description="the run's settings")
+    status: Literal[STATUSES]  # type: ignore[valid-type]
+    step: int
+    steps: int
+    loss: float | None = Field(description="the latest training loss")
+    metrics: RunMetrics
+    heads: RunHeads
+    samples: list[Sample]
+    snapshots: list[int] = Field(description="steps whose attention patterns GET .../patterns/{step} returns")
+    model: str | None = Field(description="the model name /api/v1/run, /api/v1/analysis/* and the pages accept, "
+                                          "once the run has weights")
+    error: str | None
+    queue_position: int | None
+    resumable: bool = Field(description="a snapshot exists: POST the same request again to continue")
+    created_at: float
+    updated_at: float
+
+
+class RunsList(ResponseModel):
+    runs: list[TrainingRun]
+
+
+class RunPatterns(ResponseModel):
+    id: str
+    step: int
+    tokens: list[str] = Field(description="the probe's tokens (both axes)")
+    patterns: Matrices = Field(description="[layer][head][query_pos][key_pos]")

@@ -48,11 +48,14 @@ SECURITY_HEADERS: dict[str, str] = {
 # The routes that compute (run a model, a lesson or an analysis): the explorer page "/" itself, and these
 # prefixes (the JSON routes and the pages that show them). Everything else -- health, static files, docs,
 # the model list, the parameter and KV-cache arithmetic -- is cheap and never limited.
-COMPUTE_PREFIXES = ("/api/v1/run", "/api/v1/lessons/", "/api/v1/analysis/", "/lessons/", "/inspect")
+COMPUTE_PATHS = ("/", "/api/v1/run")
+COMPUTE_PREFIXES = ("/api/v1/lessons/", "/api/v1/analysis/", "/lessons/", "/inspect")
 
 
 def is_compute(path: str) -> bool:
-    return path == "/" or path.startswith(COMPUTE_PREFIXES)
+    """(Training is not limited here: it runs in its own processes, app/training.py, and a request only
+    queues it; /api/v1/runs... reads files.)"""
+    return path in COMPUTE_PATHS or path.startswith(COMPUTE_PREFIXES)
 
 
 class SecurityHeadersMiddleware:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -28,6 +29,16 @@ class Settings(BaseSettings):
     # 4,196 MiB); float32 files are memory-mapped, shared by the workers, and not counted.
     pretrained_memory_mb: int = Field(5120, ge=1, le=1_048_576,
                                       description="MiB of upcast (float16/bfloat16) pretrained weights per worker")
+    # Training (app/runs.py, app/training.py). Runs live in runs_dir (None: a per-user folder, see
+    # runs_folder()); each trains in its own process, at most train_workers at once per runs folder.
+    runs_dir: Path | None = Field(None, description="folder of training runs (default: per-user data folder)")
+    runs_max_mb: int = Field(2048, ge=1, le=1_048_576, description="MB the runs folder may hold; oldest finished "
+                                                                     "runs are deleted beyond it")
+    train_workers: int = Field(1, ge=0, le=64, description="training processes at once (0: training off)")
+    train_max_per_client: int = Field(2, ge=1, le=1000, description="runs one client may have queued or running")
+    train_max_runs: int = Field(16, ge=1, le=10_000, description="runs queued or running in all")
+    train_max_text_chars: int = Field(200_000, ge=1, le=1_000_000, description="characters of a text of your own "
+                                                                                 "(the text recipe)")
     # Load shedding (app/security.py): beyond this many model/lesson computations in flight per
     # worker, answer 503 + Retry-After at once rather than queue; cheap routes are never limited.
     max_concurrent_compute: int = Field(8, ge=1, le=256, description="compute requests in flight per worker")
@@ -72,6 +83,15 @@ class Settings(BaseSettings):
     calc_max_ctx: int = Field(1_048_576, ge=1, description="n_ctx and seq_len in the calculators")
     calc_max_layers: int = Field(1024, ge=1, description="n_layers in the calculators")
     calc_max_batch: int = Field(4096, ge=1, description="batch in the KV-cache calculator")
+
+
+def runs_folder(settings: Settings) -> Path:
+    """Where training runs live: EXPLORER_RUNS_DIR, else the user's data folder (XDG_DATA_HOME, by
+    default ~/.local/share) /transformer-explorer/runs, so `make serve` keeps runs across restarts."""
+    if settings.runs_dir is not None:
+        return settings.runs_dir
+    data = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(data) / "transformer-explorer" / "runs"
 
 
 @lru_cache

@@ -31,7 +31,7 @@ from pydantic import ValidationError
 from core import InputError
 
 from . import schemas
-from .errors import readable
+from .errors import NotFound, Unavailable, readable
 from .paths import TEMPLATES_DIR
 from .settings import Settings
 
@@ -61,10 +61,10 @@ def is_fragment(request: Request) -> bool:
 
 
 def render(request: Request, template: str, context: dict[str, Any], *, block: str = "results",
-           url: str | None = None, error: str | None = None) -> HTMLResponse:
-    """The page, or for htmx its `block` with `url` pushed to the address bar; 422 when `error`."""
+           url: str | None = None, error: str | None = None, status: int = 422) -> HTMLResponse:
+    """The page, or for htmx its `block` with `url` pushed to the address bar; `status` (422) when `error`."""
     history_restore = request.headers.get("hx-history-restore-request") == "true"
-    status = 422 if error and not history_restore else 200
+    status = status if error and not history_restore else 200
     headers = {"Vary": "HX-Request"}
     if is_fragment(request):
         if url is not None:
@@ -74,9 +74,16 @@ def render(request: Request, template: str, context: dict[str, Any], *, block: s
     return templates.TemplateResponse(request, template, context, status_code=status, headers=headers)
 
 
-# What a page shows in place of its figures, with status 422: its settings fail the request model's
-# limits, or the service refuses them. Anything else is a bug (500).
-PAGE_ERRORS = (ValidationError, InputError)
+# What a page shows in place of its figures: its settings fail the request model's limits or the service
+# refuses them (422), a run that does not exist (404), training that is off or full (503, 429).
+# Anything else is a bug (500).
+PAGE_ERRORS = (ValidationError, InputError, NotFound, Unavailable)
+
+
+def error_status(exc: Exception) -> int:
+    if isinstance(exc, NotFound):
+        return 404
+    return exc.status_code if isinstance(exc, Unavailable) else 422
 
 
 def error_message(exc: Exception) -> str:
@@ -84,6 +91,11 @@ def error_message(exc: Exception) -> str:
     if isinstance(exc, ValidationError):
         return "; ".join(readable(e)["msg"] for e in exc.errors())
     return str(exc)
+
+
+def client_address(request: Request) -> str:
+    """Who asked, by address (behind a proxy, the forwarded one: uvicorn's proxy headers)."""
+    return request.client.host if request.client else "unknown"
 
 
 # ------------------------------------------------------------------ reading a query string

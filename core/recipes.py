@@ -454,6 +454,12 @@ class Text(Recipe):
 RECIPES: dict[str, type[Recipe]] = {"induction": Induction, "nasi-lemak": NasiLemak, "text": Text}
 
 
+def probe_tokens(s: TrainSettings) -> list[str]:
+    """The first probe sequence's tokens (the one whose attention patterns a run records), as characters."""
+    recipe = make_recipe(s)
+    return [recipe.vocab[int(i)] for i in recipe.probe[0]]
+
+
 def make_recipe(s: TrainSettings) -> Recipe:
     if s.recipe not in RECIPES:
         raise InputError(f"recipe {s.recipe!r} is not one of {', '.join(RECIPES)}")

@@ -205,10 +205,12 @@ class Training:
         self._pending.append(loss)
         return loss
 
-    def records(self, stop: Callable[[], bool] | None = None) -> Iterator[Record]:
+    def records(self, stop: Callable[[], bool] | None = None,
+                progress: Callable[[int, float], None] | None = None) -> Iterator[Record]:
         """Train to settings.steps, yielding a Record at step 0 (fresh runs), every eval_interval steps
         and at the last step. `stop()` is asked before every step; when it says True the run stops
-        there (take a snapshot to continue it later)."""
+        there (take a snapshot to continue it later). `progress(step, loss)` is told after every step
+        (a live page shows it between records)."""
         s = self.settings
         if self.step == 0:
             yield self.evaluate()
@@ -216,8 +218,10 @@ class Training:
             if stop is not None and stop():
                 return
             t0 = time.perf_counter()
-            self.train_step()
+            loss = self.train_step()
             self._elapsed += time.perf_counter() - t0
+            if progress is not None:
+                progress(self.step, loss)
             if self.step % s.eval_interval == 0 or self.step == s.steps:
                 yield self.evaluate()
 

@@ -104,7 +104,19 @@ def fuzz(base_url: str, examples_per_operation: int, *, seed: int = 0, tally: Ta
                 one()
             except hypothesis.errors.Unsatisfiable:
                 pass  # nothing to break: e.g. no negative cases for an operation without inputs
+    stop_training(base_url, session)
     return tally
+
+
+def stop_training(base_url: str, session) -> None:
+    """Cancel the training runs the fuzzing queued: valid POST /api/v1/train bodies are real runs, which
+    would otherwise go on training (some of them for hours) after the fuzzing is over."""
+    runs = session.get(base_url + "/api/v1/runs", timeout=60)
+    if runs.status_code != 200:
+        return  # training is off on that server
+    for run in runs.json()["runs"]:
+        if run["status"] in ("queued", "running"):
+            session.delete(f"{base_url}/api/v1/runs/{run['id']}", timeout=60)
 
 
 def main() -> int:

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Callable, Iterator
+
+# Training runs the tests start go to a folder of their own, never the user's (every server the tests
+# start, in-process or live, inherits it).
+os.environ.setdefault("EXPLORER_RUNS_DIR", tempfile.mkdtemp(prefix="explorer-test-runs-"))
 
 import pytest
 from fastapi.testclient import TestClient

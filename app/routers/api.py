@@ -7,14 +7,17 @@ sends it with orjson (app/jsonio.py), arrays straight from NumPy, -inf and NaN a
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Header, Path, Query, Request
+from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 
-from .. import schemas
+from .. import schemas, web
 from ..deps import ServiceDep
-from ..jsonio import FastJSONResponse
+from ..jsonio import FastJSONResponse, dumps
 from ..settings import get_settings
 
 router = APIRouter(prefix="/api/v1", tags=["api v1"], default_response_class=FastJSONResponse)
@@ -23,6 +26,13 @@ _ERRORS = {422: {"description": "Invalid input, or a request beyond the limits: 
                                 "change"}}
 _ENCODERS = ("Encoders (all-MiniLM-L6-v2) and post-norm models answer 422 saying why: they predict no next "
              "token and have no final layer norm to read the residual stream through.")
+
+
+# A run's id as the path takes it: a recipe and 12 hex digits (app/runs.py run_id).
+RunId = Annotated[str, Path(min_length=14, max_length=64, pattern=r"^[a-z-]+-[0-9a-f]{12}$",
+                            description="a run's id, e.g. induction-3f2a9c1b7d0e (GET /api/v1/runs)")]
+EVENTS_POLL_S = 0.1  # how often a run's event stream looks for news (a trainer writes progress every 0.1 s)
+KEEPALIVE_S = 15.0
 
 
 def respond(model: type[BaseModel], result: object) -> FastJSONResponse:
@@ -177,3 +187,113 @@ def rollout(req: schemas.RolloutRequest, svc: ServiceDep) -> FastJSONResponse:
     """Abnar & Zuidema (2020): per layer, the heads' mean pattern plus the identity (the residual
     connection), rows renormalised, multiplied through the layers. Works on every model."""
     return respond(schemas.RolloutResponse, svc.rollout(req.spec()))
+
+
+# ------------------------------------------------------------------ training (v1 additions)
+
+_TRAIN_ERRORS = _ERRORS | {
+    404: {"description": "No run with this id"},
+    429: {"description": "This client already has its share of runs queued or training (Retry-After)"},
+    503: {"description": "Training is off, or the server has its limit of runs queued or training (Retry-After)"},
+}
+
+
+def run_links(id: str) -> dict[str, str]:
+    base = f"/api/v1/runs/{id}"
+    return {"self": base, "events": f"{base}/events", "checkpoint": f"{base}/checkpoint", "page": f"/train?run={id}"}
+
+
+@router.post("/train", status_code=202, response_model=schemas.TrainAccepted, responses=_TRAIN_ERRORS,
+             summary="Train a model: queue a run of a recipe (the same request names the same run)")
+def train(req: schemas.TrainRequest, request: Request, svc: ServiceDep) -> FastJSONResponse:
+    """Queues a run in a worker process and answers at once with its id and where to follow it. A run is a
+    pure function of its request (recipe, settings, seed, steps): the id is derived from them, so the same
+    request returns the same run, and a class pressing Start together trains once. A run that was cut short,
+    cancelled or failed is resumed from its last snapshot. Settings left null are the recipe's defaults."""
+    info, queued = svc.train(req.recipe, req.changes(), web.client_address(request))
+    body = {"id": info.id, "status": info.status, "queued": queued, "queue_position": info.queue_position,
+            "links": run_links(info.id)}
+    return FastJSONResponse(schemas.TrainAccepted.model_validate(body).model_dump(), status_code=202,
+                            headers={"Location": run_links(info.id)["self"]})
+
+
+@router.get("/runs", response_model=schemas.RunsList, responses=_TRAIN_ERRORS,
+            summary="The training runs this server knows, newest first")
+def runs(svc: ServiceDep) -> FastJSONResponse:
+    """Every run in the runs folder (EXPLORER_RUNS_DIR): queued, training, done, failed, cancelled or
+    interrupted (its process died; POST the same request to resume it)."""
+    return respond(schemas.RunsList, {"runs": svc.runs()})
+
+
+@router.get("/runs/{id}", response_model=schemas.TrainingRun, responses=_TRAIN_ERRORS,
+            summary="One training run: status, metrics, head scores, samples, its model")
+def run_detail(id: RunId, svc: ServiceDep) -> FastJSONResponse:
+    """`metrics` and `heads` hold one entry per record (every `eval_interval` steps); `model` is the name
+    `/api/v1/run`, `/api/v1/analysis/*` and the pages accept once the run has weights."""
+    return respond(schemas.TrainingRun, svc.run_info(id))
+
+
+EventId = Annotated[str | None, Query(max_length=64, description="an event id: start after it (what "
+                                                                  "Last-Event-ID does, for a new connection)")]
+LastEventId = Annotated[str | None, Header(max_length=64, description="what EventSource sends when it reconnects: "
+                                                                      "the last event id it saw")]
+
+
+@router.get("/runs/{id}/events", responses=_TRAIN_ERRORS | {200: {
+    "content": {"text/event-stream": {}},
+    "description": "`run` (the whole run, first and whenever its status changes), `record` (each new record), "
+                   "`progress` (step and loss, several times a second) and `end` (the run has finished)"}},
+            summary="Server-Sent Events: a run's progress as it happens")
+async def run_events(id: RunId, request: Request, svc: ServiceDep, last_event_id: LastEventId = None,
+                     since: EventId = None) -> StreamingResponse:
+    """Each event's id says where the stream stands; a client that reconnects with `Last-Event-ID` (as
+    EventSource does), or opens a new stream with `since`, gets only what it missed. The stream ends
+    after the `end` event."""
+    await asyncio.to_thread(svc.run_info, id)  # 404 before the stream starts
+
+    async def stream() -> AsyncIterator[bytes]:
+        cursor, quiet = last_event_id or since, 0.0
+        yield b"retry: 1000\n\n"
+        while not await request.is_disconnected():
+            events, cursor, finished = await asyncio.to_thread(svc.run_changes, id, cursor)
+            for name, data in events:
+                payload = schemas.TrainingRun.model_validate(data).model_dump() if name == "run" else data
+                yield b"id: %s\nevent: %s\ndata: %s\n\n" % (cursor.encode(), name.encode(), dumps(payload))
+            if finished:
+                yield b"id: %s\nevent: end\ndata: {}\n\n" % cursor.encode()
+                return
+            quiet = 0.0 if events else quiet + EVENTS_POLL_S
+            if quiet >= KEEPALIVE_S:  # a comment keeps proxies from closing a quiet stream
+                yield b": keep-alive\n\n"
+                quiet = 0.0
+            await asyncio.sleep(EVENTS_POLL_S)
+
+    return StreamingResponse(stream(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+@router.delete("/runs/{id}", response_model=schemas.TrainingRun, responses=_TRAIN_ERRORS,
+               summary="Stop a queued or training run")
+def cancel_run(id: RunId, svc: ServiceDep) -> FastJSONResponse:
+    """The run stops before its next step and is marked `cancelled`, keeping a snapshot and its weights so
+    far (a model you can explore). POST the same request to continue it."""
+    return respond(schemas.TrainingRun, svc.cancel(id))
+
+
+@router.get("/runs/{id}/checkpoint", responses=_TRAIN_ERRORS | {200: {"content": {"application/zip": {}}}},
+            summary="Download a run's weights: a zip of its Hugging Face GPT-2 folder")
+def checkpoint(id: RunId, svc: ServiceDep) -> Response:
+    """config.json, model.safetensors and tokenizer.json (with tokenizer_config.json): `transformers`
+    opens the folder as it is (GPT2LMHeadModel.from_pretrained)."""
+    name, data = svc.checkpoint(id)
+    return Response(data, media_type="application/zip",
+                    headers={"Content-Disposition": f'attachment; filename="{name}"'})
+
+
+@router.get("/runs/{id}/patterns/{step}", response_model=schemas.RunPatterns, responses=_TRAIN_ERRORS,
+            summary="A run's attention patterns on its probe at one snapshot step")
+def run_patterns(id: RunId, step: Annotated[int, Path(ge=0, le=schemas.MAX_TRAIN_STEPS, description="a snapshot step")],
+                 svc: ServiceDep) -> FastJSONResponse:
+    """Every head of every layer on the recipe's fixed probe sequence, at a step listed in the run's
+    `snapshots`: how attention formed as it trained."""
+    return respond(schemas.RunPatterns, svc.run_patterns(id, step))

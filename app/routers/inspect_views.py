@@ -114,7 +114,11 @@ DETECTOR_CAPTIONS = {
 
 
 def detectors_view(svc: Service, parsed: web.Parsed, params: dict) -> dict:
-    req = schemas.DetectorsRequest(**parsed.request(random_length=params["random_length"],
+    random_length = params["random_length"]
+    cfg = svc.models()[parsed.controls.model].cfg
+    if random_length == VIEW_DEFAULTS["random_length"] and cfg.positional_embedding_type == "learned":
+        random_length = max(2, min(random_length, cfg.n_ctx // 2))  # the default, fitted to a short context
+    req = schemas.DetectorsRequest(**parsed.request(random_length=random_length,
                                                     threshold=params["threshold"]))
     r = svc.detectors(req.spec(), req.random_length, req.random_seed, req.threshold)
     grids = []

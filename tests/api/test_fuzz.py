@@ -15,6 +15,18 @@ from app.main import app
 EXAMPLES = 7  # 10 operations × 2 modes × 7 = at most 140 requests
 
 schema = schemathesis.openapi.from_asgi("/openapi.json", app)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def stop_training():
+    """Valid POST /api/v1/train bodies queue real runs: cancel them when the fuzzing is over."""
+    yield
+    from fastapi.testclient import TestClient
+
+    with TestClient(app) as client:
+        for run in client.get("/api/v1/runs").json()["runs"]:
+            if run["status"] in ("queued", "running"):
+                client.delete(f"/api/v1/runs/{run['id']}")
 OPERATIONS = [r.ok() for r in schema.get_all_operations() if r.ok().path.startswith("/api/v1/")]
 
 

@@ -7,7 +7,8 @@ fresh interpreter with the environment set, as a deployment sets them. Process s
 workers, log level) are checked on `python -m app` itself. (EXPLORER_BLAS_THREADS:
 tests/security/test_http_edge.py;
 EXPLORER_MAX_CONCURRENT_COMPUTE and EXPLORER_RETRY_AFTER_S: tests/security/test_compute_limit.py;
-EXPLORER_ACCESS_LOG: tests/deploy/test_access_log.py; EXPLORER_MAX_URL_BYTES: tests/security/test_http_edge.py.)
+EXPLORER_ACCESS_LOG: tests/deploy/test_access_log.py; EXPLORER_MAX_URL_BYTES: tests/security/test_http_edge.py;
+EXPLORER_RUNS_DIR, _TRAIN_WORKERS, _TRAIN_MAX_PER_CLIENT, _TRAIN_MAX_RUNS, _RUNS_MAX_MB: tests/api/test_training.py.)
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ def test_every_setting_is_covered_here_or_named():
                "max_body_bytes", "pretrained_memory_mb", "models_dir", "host", "port", "workers", "log_level",
                "max_pretrained_work"}
     covered |= set(SCHEMA_LIMITS)
-    elsewhere = {"blas_threads", "max_concurrent_compute", "retry_after_s", "access_log", "max_url_bytes"}
+    elsewhere = {"blas_threads", "max_concurrent_compute", "retry_after_s", "access_log", "max_url_bytes",
+                 "runs_dir", "train_workers", "train_max_per_client", "train_max_runs", "runs_max_mb"}
     assert set(Settings.model_fields) == covered | elsewhere
 
 
@@ -126,6 +128,7 @@ SCHEMA_LIMITS = {
     "calc_max_ctx": (100, ("GET", "/api/v1/params", {"n_ctx": 101}), "n_ctx"),
     "calc_max_layers": (3, ("GET", "/api/v1/params", {"n_layers": 4}), "n_layers"),
     "calc_max_batch": (2, ("GET", "/api/v1/kv-cache", {"batch": 3}), "batch"),
+    "train_max_text_chars": (50, ("POST", "/api/v1/train", {"recipe": "text", "text": "a" * 51}), "text"),
 }
 
 PROBE = """
@@ -137,7 +140,7 @@ out = {}
 with TestClient(app) as c:
     for name, (method, path, fields) in cases.items():
         if method == "POST":
-            r = c.post(path, json={"model": "toy", **fields})
+            r = c.post(path, json=fields if path.endswith("/train") else {"model": "toy", **fields})
         else:
             r = c.get(path, params=fields)
         out[name] = [r.status_code, [d["msg"] for d in r.json().get("detail", [])] if r.status_code == 422 else []]

@@ -31,8 +31,10 @@ SERVER_START_TIMEOUT_S = 30
 @pytest.fixture(scope="session")
 def live_server() -> Iterator[str]:
     """Base URL of a real uvicorn server running the app in its own process."""
-    with liveserver.live_server(env={"EXPLORER_ACCESS_LOG": "false"},
-                                startup_timeout_s=SERVER_START_TIMEOUT_S) as server:
+    # Its own runs folder: the runs other tests queue cannot keep its training waiting.
+    with tempfile.TemporaryDirectory(prefix="explorer-browser-runs-") as runs, liveserver.live_server(
+            env={"EXPLORER_ACCESS_LOG": "false", "EXPLORER_RUNS_DIR": runs},
+            startup_timeout_s=SERVER_START_TIMEOUT_S) as server:
         yield server.url
 
 

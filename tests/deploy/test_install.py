@@ -43,7 +43,7 @@ pytestmark = pytest.mark.slow
 # GET routes the OpenAPI schema does not list (pages and docs); the others come from /openapi.json.
 # Lessons and Inspect views are found from the pages' own links. test_every_route_is_requested
 # checks that together they reach every route of the app.
-PAGES = ["/", "/docs", "/params", "/lessons"]
+PAGES = ["/", "/docs", "/params", "/lessons", "/train"]
 
 
 def _route_templates(routes, prefix: str = "") -> list[tuple[str, str]]:
@@ -68,29 +68,41 @@ def _links(html_text: str, prefix: str) -> list[str]:
     return sorted({html.unescape(u) for u in re.findall(rf'href="({re.escape(prefix)}[^"#]*)"', html_text)})
 
 
-def _every_request(client: httpx.Client) -> list[tuple[str, str, dict | None]]:
-    """(method, path, JSON body) for every route: the schema's GET and POST operations (POSTs with
-    their first documented example), the pages, each lesson page and its snippet, each Inspect view."""
+def _every_request(client: httpx.Client) -> list[tuple[str, str, dict]]:
+    """(method, path, httpx keywords) for every route: the schema's operations (POSTs with their first
+    documented example; a training run's routes on the run that POST /api/v1/train makes, DELETE
+    last), the pages, the training form, each lesson page and its snippet, each Inspect view."""
     schema = client.get("/openapi.json").json()
-    requests: list[tuple[str, str, dict | None]] = [("GET", "/openapi.json", None)]
+    train = schema["components"]["schemas"]["TrainRequest"]["examples"][0]
+    run_id = client.post("/api/v1/train", json=train).json()["id"]
+    deadline = time.monotonic() + 120  # the example trains in seconds: its weights, patterns and events exist then
+    while client.get(f"/api/v1/runs/{run_id}").json()["status"] != "done":
+        assert time.monotonic() < deadline, "the example's training run did not finish"
+        time.sleep(0.5)
+    requests: list[tuple[str, str, dict]] = [("GET", "/openapi.json", {})]
+    deletes = []
     for path, ops in schema["paths"].items():
+        concrete = path.replace("{id}", run_id).replace("{step}", "0")
         for method, op in ops.items():
-            body = None
+            kwargs = {}
             if "requestBody" in op:
                 ref = op["requestBody"]["content"]["application/json"]["schema"]["$ref"].split("/")[-1]
                 examples = schema["components"]["schemas"][ref].get("examples")
                 assert examples, f"{method.upper()} {path}: its request schema {ref} documents no example"
-                body = examples[0]
-            requests.append((method.upper(), path, body))
-    requests += [("GET", page, None) for page in PAGES]
+                kwargs = {"json": examples[0]}
+            (deletes if method == "delete" else requests).append((method.upper(), concrete, kwargs))
+    requests += [("GET", page, {}) for page in PAGES]
+    requests += [("POST", "/train", {"data": {k: str(v) for k, v in train.items()}, "follow_redirects": True}),
+                 ("POST", "/train/stop", {"data": {"run": run_id}, "follow_redirects": True}),
+                 ("GET", f"/train?run={run_id}", {})]
     lessons = [u for u in _links(client.get("/lessons").text, "/lessons/") if "?" not in u]
     assert len(lessons) >= 7, lessons
-    requests += [("GET", u, None) for u in lessons]
-    requests += [("GET", u + "/snippet.py", None) for u in lessons if u != "/lessons/calculator"]
+    requests += [("GET", u, {}) for u in lessons]
+    requests += [("GET", u + "/snippet.py", {}) for u in lessons if u != "/lessons/calculator"]
     views = _links(client.get("/").text, "/inspect?")
     assert len(views) == 5, views  # decompose, lens, detectors, kvcache, compare
-    requests += [("GET", u, None) for u in views]
-    return requests
+    requests += [("GET", u, {}) for u in views]
+    return requests + deletes
 
 
 def test_every_route_is_requested_with_the_repository_app():
@@ -222,6 +234,7 @@ def _image_env(installed: Path, tmp_path: Path) -> dict[str, str]:
     env["EXPLORER_PORT"] = str(_free_port())
     env["EXPLORER_WORKERS"] = "2"  # as docker-compose.yml runs it
     (tmp_path / "models").mkdir()
+    env["EXPLORER_RUNS_DIR"] = str(tmp_path / "runs")  # the compose file's runs volume
     env["EXPLORER_MODELS_DIR"] = str(tmp_path / "models")  # the compose file's (empty) volume
     return env
 
@@ -254,12 +267,12 @@ def test_installed_server_serves_every_route_and_static_file(installed, tmp_path
         assert any(p.endswith(".css") for p in static)
         statuses = {}
         with httpx.Client(base_url=url, timeout=120, trust_env=False) as client:
-            requests = _every_request(client) + [("GET", path, None) for path in static]
-            for method, path, body in requests:
-                r = client.request(method, path, json=body)
+            requests = _every_request(client) + [("GET", path, {}) for path in static]
+            for method, path, kwargs in requests:
+                r = client.request(method, path, **kwargs)
                 statuses[(method, path)] = (r.status_code, r.text[:200] if r.status_code != 200 else "")
             ready = client.get("/readyz").json()
-            assert {k: v for k, v in statuses.items() if v[0] != 200} == {}, f"readyz: {ready}"
+            assert {k: v for k, v in statuses.items() if not 200 <= v[0] < 300} == {}, f"readyz: {ready}"
             assert len(statuses) > 30 + len(static), len(statuses)
             # Every model loads from the installed packages (MiniLM's weights were installed --no-deps).
             models = client.get("/api/v1/models").json()["models"]

@@ -1,0 +1,225 @@
+"""The training page, /train: choose a recipe, press Start, watch attention form.
+
+GET /train shows the form (a recipe's working defaults) and the recent runs; POST /train queues the
+run (and, if asked, its 1-layer control beside it) through the service, exactly as POST /api/v1/train
+does, and redirects to /train?run=<id>, the run's page: a link a teacher can share, which restores
+the view (the run, its control, the head and the step shown). The page follows the run live: it
+listens to /api/v1/runs/<id>/events (the htmx SSE extension) and redraws its figures from the server
+on every new record, while static/js/train.js moves the progress bar and scrubs the step slider.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, RedirectResponse
+
+from .. import figures, schemas, web
+from ..deps import ServiceDep
+from ..service import FINISHED, RunInfo, Service
+
+router = APIRouter(tags=["pages"], include_in_schema=False)
+
+RECIPES = {"induction": "Induction heads: random characters with a repeated segment",
+           "nasi-lemak": "Nasi lemak: the spec's one-block model on its Malay phrases",
+           "text": "Text: a character-level GPT on Python's documentation, or your own text"}
+DEFAULT_RECIPE = "induction"
+FORM_FIELDS = ("steps", "seed", "n_layers", "n_heads", "d_model", "attn_only", "lr", "batch_size", "seq_len")
+TARGETS = {"nasi-lemak": "P('l' | \"nasi \")", "induction": "P(the repeated token)", "text": None}
+
+
+def _form_values(query) -> tuple[str, dict[str, str]]:
+    recipe = web.last(query, "recipe") or DEFAULT_RECIPE
+    given = {k: v for k in (*FORM_FIELDS, "text") if (v := web.last(query, k)) is not None}
+    return recipe, given
+
+
+def _request_fields(recipe: str, given: dict[str, str]) -> schemas.TrainRequest:
+    """The form's fields as the API's request (same names and limits; "1"/"0" are booleans)."""
+    return schemas.TrainRequest.model_validate({"recipe": recipe, **given})
+
+
+# ------------------------------------------------------------------ figures of a run
+
+def _series(runs: list[tuple[str, RunInfo]], key: str) -> list[tuple[str, list, list]]:
+    out = []
+    for label, info in runs:
+        m = info.metrics
+        points = [(s, v) for s, v in zip(m["step"], m[key]) if v is not None]
+        if points:
+            out.append((label, [s for s, _ in points], [v for _, v in points]))
+    return out
+
+
+def run_figures(runs: list[tuple[str, RunInfo]], recipe: str) -> list[dict]:
+    """Loss curves (the control overlaid), every head's scores over the steps, the target's probability."""
+    loss = _series(runs, "loss")
+    loss = [(f"{label}: training", x, y) for label, x, y in loss] + \
+        [(f"{label}: held-out", x, y) for label, x, y in _series(runs, "val_loss")]
+    out = [{"id": "loss", "title": "Loss",
+            "caption": "Cross-entropy of the next token, nats: training (the mean since the previous record) and "
+                       "on fixed held-out sequences. The induction model sits on a plateau, then falls off a cliff "
+                       "as its induction head forms.",
+            "figure": figures.line_chart(loss or [("no records yet", [0], [0])], x_title="step", y_title="loss",
+                                         export_name="loss")}]
+    info = runs[0][1]
+    if info.records:
+        for key, title, caption in (
+                ("induction", "Induction score of every head",
+                 "Attention on the token that followed an earlier copy of the current one, on the probe. "
+                 "An induction head is a row that turns dark."),
+                ("previous_token", "Previous-token score of every head",
+                 "Attention on the token just before: the head an induction head reads from.")):
+            out.append({"id": f"heads-{key}", "title": title, "caption": caption,
+                        "figure": figures.head_step_heatmap(info.heads[key], info.heads["step"], value_name="score",
+                                                            export_name=f"{key}-scores-by-step")})
+    target = TARGETS.get(recipe)
+    series = _series(runs, "target")
+    if target and series:
+        out.append({"id": "target", "title": target, "caption": "The recipe's target probability as it trains.",
+                    "figure": figures.line_chart(series, x_title="step", y_title="probability", y_range=[0, 1.02],
+                                                 export_name="target-probability")})
+    return out
+
+
+def pattern_figure(svc: Service, info: RunInfo, layer: int, head: int, step: int | None) -> dict | None:
+    """The chosen head's pattern at the chosen snapshot step, and every snapshot's for the slider."""
+    if not info.snapshots:
+        return None
+    history = svc.head_history(info.id, layer, head)
+    shown = step if step in history.steps else history.steps[-1]
+    index = history.steps.index(shown)
+    n = len(history.tokens)
+    mask = [[j > i for j in range(n)] for i in range(n)]
+    fig = figures.attention_heatmap(history.patterns[index], history.tokens, kind="weights", mask=mask,
+                                    export_name=f"L{layer}H{head}-step{shown}")
+    return {"figure": fig, "steps": history.steps, "step": shown, "patterns": history.patterns}
+
+
+# ------------------------------------------------------------------ the routes
+
+def _links(info: RunInfo, text: str, best_head: int | None) -> dict[str, str]:
+    """Where to take the run's model: the explorer on its last layer's best induction head and a text that
+    repeats (where an induction head shows), its heads on /inspect, its weights, its JSON."""
+    model = info.model or info.id
+    head = {"layer": info.config["n_layers"] - 1, "head": best_head} if best_head is not None else {}
+    return {"explorer": "/?" + urlencode({"model": model, "text": text} | head),
+            "inspect": "/inspect?" + urlencode({"view": "detectors", "model": model, "text": text}),
+            "checkpoint": f"/api/v1/runs/{info.id}/checkpoint", "api": f"/api/v1/runs/{info.id}",
+            "events": f"/api/v1/runs/{info.id}/events"}
+
+
+EXPLORE_TEXT = {"nasi-lemak": "nasi ", "text": "The for statement is used to iterate"}
+REPEATABLE = ("ali makan nasi lemak.", "nasi lemak.", "lemak.")  # longest first
+
+
+def explore_text(recipe: str, seq_len: int) -> str:
+    """A text to open the run's model on: for induction a phrase said twice, as long as its context holds."""
+    if recipe != "induction":
+        return EXPLORE_TEXT[recipe][:seq_len]
+    phrase = next((p for p in REPEATABLE if 2 * len(p) + 1 <= seq_len), REPEATABLE[-1][: max(1, seq_len // 2)])
+    return f"{phrase} {phrase}"[:seq_len]
+
+
+def run_view(svc: Service, query, errors: list[str]) -> dict | None:
+    """The page of one run (and its control), from the URL: run, control, layer, head, step."""
+    info = svc.run_info(web.last(query, "run") or "")
+    control_id = web.last(query, "control")
+    runs = [("model", info)]
+    control = svc.run_info(control_id) if control_id else None
+    if control is not None:
+        runs.append(("1-layer control", control))
+    best = None  # the last layer's head that scores highest on induction now: the page opens on it
+    if info.records:
+        induction = info.records[-1]["induction"][-1]
+        best = max(range(len(induction)), key=lambda h: induction[h] if induction[h] is not None else -1)
+    picks = {}
+    for key, default in (("layer", info.config["n_layers"] - 1), ("head", best or 0), ("step", None)):
+        raw = web.last(query, key)
+        picks[key] = web.parse_number(key, raw, int, errors) if raw is not None else default
+    if errors:
+        return None
+    layer = min(max(picks["layer"] or 0, 0), info.config["n_layers"] - 1)
+    head = min(max(picks["head"] or 0, 0), info.config["n_heads"] - 1)
+    pattern = pattern_figure(svc, info, layer, head, picks["step"])
+    running = [r for _, r in runs if r.status not in FINISHED]
+    follow = (f"/api/v1/runs/{running[0].id}/events?" + urlencode({"since": running[0].event_id})
+              if running else None)
+    return {"run": info, "control": control, "runs": runs, "layer": layer, "head": head, "pattern": pattern,
+            "figures": run_figures(runs, info.recipe), "samples": info.samples[-5:][::-1],
+            "links": _links(info, explore_text(info.recipe, info.config["seq_len"]), best), "best_head": best,
+            "follow": follow, "finished": not running, "url": _canonical(query)}
+
+
+def _canonical(query) -> str:
+    keep = [(k, web.last(query, k)) for k in ("run", "control", "layer", "head", "step", "classroom")]
+    return "/train?" + urlencode([(k, v) for k, v in keep if v is not None])
+
+
+@router.get("/train", response_class=HTMLResponse, summary="Train a model and watch it learn")
+def train_page(request: Request, svc: ServiceDep) -> HTMLResponse:
+    query = request.query_params
+    recipe, given = _form_values(query)
+    errors: list[str] = []
+    view, status = None, 422
+    if recipe not in RECIPES:
+        errors.append(f"recipe={recipe!r} is not one of {', '.join(RECIPES)}")
+        recipe = DEFAULT_RECIPE
+    if web.last(query, "run") and not errors:
+        try:
+            view = run_view(svc, query, errors)
+        except web.PAGE_ERRORS as exc:
+            errors.append(web.error_message(exc))
+            status = web.error_status(exc)
+    return _render(request, svc, recipe, given, view, "; ".join(errors) or None, status)
+
+
+@router.post("/train", response_class=HTMLResponse, summary="Start a training run from the form")
+async def start(request: Request, svc: ServiceDep):
+    form = await request.form()
+    recipe, given = _form_values(form)
+    try:
+        req = _request_fields(recipe, given)
+        client = web.client_address(request)
+        # Building a recipe reads its corpus: off the event loop.
+        info, _ = await asyncio.to_thread(svc.train, req.recipe, req.changes(), client)
+        target = {"run": info.id}
+        if web.is_on(form, "control") and req.recipe == "induction":
+            control, _ = await asyncio.to_thread(svc.train, req.recipe, req.changes() | {"n_layers": 1}, client)
+            target["control"] = control.id
+        if web.is_on(form, "classroom"):
+            target["classroom"] = "1"
+        return RedirectResponse("/train?" + urlencode(target), status_code=303)
+    except web.PAGE_ERRORS as exc:
+        return _render(request, svc, recipe, given, None, web.error_message(exc), web.error_status(exc))
+
+
+@router.post("/train/stop", response_class=HTMLResponse, summary="Stop a run from its page")
+async def stop(request: Request, svc: ServiceDep):
+    """The page's Stop button (a form, so it works without JavaScript): cancels the run and its control."""
+    form = await request.form()
+    target = {k: v for k in ("run", "control") if (v := web.last(form, k))}
+    try:
+        for id in target.values():
+            await asyncio.to_thread(svc.cancel, id)
+    except web.PAGE_ERRORS as exc:
+        return _render(request, svc, DEFAULT_RECIPE, {}, None, web.error_message(exc), web.error_status(exc))
+    return RedirectResponse("/train?" + urlencode(target), status_code=303)
+
+
+def _render(request: Request, svc: Service, recipe: str, given: dict[str, str], view: dict | None,
+            error: str | None, status: int = 422) -> HTMLResponse:
+    defaults = svc.recipe_defaults(recipe if recipe in RECIPES else DEFAULT_RECIPE)
+    values = {k: given.get(k, defaults.get(k)) for k in FORM_FIELDS} | {"text": given.get("text", "")}
+    try:
+        recent = svc.runs()[:10]
+    except web.PAGE_ERRORS:  # training is off here: the form says why when used
+        recent = []
+    context = {"recipes": RECIPES, "recipe": recipe, "values": values, "view": view, "error": error,
+               "recent": recent, "classroom": web.is_on(request.query_params, "classroom"), "nav": "train",
+               "form_id": "train", "limits": schemas.TrainRequest.model_json_schema()["properties"],
+               "all_defaults": {r: svc.recipe_defaults(r) for r in RECIPES}}
+    return web.render(request, "train.html", context, url=_canonical(request.query_params) if view else None,
+                      error=error, status=status)
