@@ -4,12 +4,13 @@ numbers, links carry the explorer's state, and what does not apply says why."""
 from __future__ import annotations
 
 import html
-import json
 import re
 from urllib.parse import parse_qs, urlparse
 
 import numpy as np
 import pytest
+
+from tests.pages.figure_data import load_figure
 
 
 HX = {"HX-Request": "true"}
@@ -17,7 +18,7 @@ MINILM = "all-MiniLM-L6-v2"
 
 
 def cards(page: str) -> dict[str, dict]:
-    return {card_id: json.loads(html.unescape(attr)) for card_id, attr in
+    return {card_id: load_figure(html.unescape(attr)) for card_id, attr in
             re.findall(r'<figure class="figure[^"]*" id="([^"]+)">.*?data-figure="([^"]*)"', page, re.S)}
 
 
