@@ -302,6 +302,17 @@
     });
   }
 
+  // `to` takes `from`'s attributes, and only those (tabindex and the like, added here, stay).
+  const OWN_ATTRIBUTES = ["tabindex", "aria-roledescription"];
+  function copyAttributes(from, to) {
+    for (const attr of Array.from(to.attributes)) {
+      if (!from.hasAttribute(attr.name) && OWN_ATTRIBUTES.indexOf(attr.name) < 0) to.removeAttribute(attr.name);
+    }
+    for (const attr of Array.from(from.attributes)) {
+      if (to.getAttribute(attr.name) !== attr.value) to.setAttribute(attr.name, attr.value);
+    }
+  }
+
   // The new content's figure elements take the kept plot of the same key: its attributes move
   // onto the drawn plot, which replaces the new (empty) element.
   function reusePlot(el) {
@@ -309,12 +320,7 @@
     const old = key && kept.get(key);
     if (!old) return el;
     kept.delete(key);
-    for (const attr of Array.from(old.attributes)) {
-      if (!el.hasAttribute(attr.name)) old.removeAttribute(attr.name);
-    }
-    for (const attr of Array.from(el.attributes)) {
-      if (old.getAttribute(attr.name) !== attr.value) old.setAttribute(attr.name, attr.value);
-    }
+    copyAttributes(el, old);
     old._explorerFigure = null;
     el.replaceWith(old);
     return old;
@@ -394,12 +400,12 @@
 
   function liveRegion(el) {
     const card = el.closest(".figure") || el.parentElement;
-    let region = card.querySelector(":scope > .cell-readout");
+    let region = card.querySelector(":scope > .cell-readout");  // templates/partials/figure.html
     if (!region) {
       region = document.createElement("p");
       region.className = "cell-readout";
       region.setAttribute("aria-live", "polite");
-      card.appendChild(region);
+      el.after(region);
     }
     return region;
   }
@@ -592,8 +598,24 @@
     if (xhr && xhr._explorerSeq !== undefined && xhr._explorerSeq < triggered && !evt.detail.isError) {
       evt.detail.shouldSwap = false;
     }
-    if (evt.detail.shouldSwap && evt.detail.target) keepPlots(evt.detail.target);
+    const source = evt.detail.requestConfig && evt.detail.requestConfig.elt;
+    const swap = source && source.closest && source.closest("[hx-swap]");
+    const morph = swap && swap.getAttribute("hx-swap").startsWith("morph");
+    if (evt.detail.shouldSwap && evt.detail.target && !morph) keepPlots(evt.detail.target);
   });
+
+  // A morphing swap (idiomorph, hx-swap="morph") keeps every element that is still there: a drawn
+  // plot takes its successor's attributes (its new figure data) and keeps its drawing, which
+  // drawAll then updates; its own children (Plotly's SVG, the labels) are not touched.
+  if (window.Idiomorph) {
+    Idiomorph.defaults.callbacks.beforeNodeMorphed = function (old, next) {
+      if (old.nodeType !== 1 || !old.hasAttribute("data-figure") || !old._fullLayout) return true;
+      if (next.nodeType !== 1 || !next.hasAttribute("data-figure")) return true;
+      copyAttributes(next, old);
+      old._explorerFigure = null;
+      return false;
+    };
+  }
 
   // Text and number boxes send their own request on input; the "change" they fire on blur would
   // send the same values again through the form, so it stops here.
