@@ -40,8 +40,8 @@ LETTERS = "abcdefghijklmnopqrstuvwxyz"
 WATCH = """() => {
 window.__explorerWatch = async function (act, first, settle) {
   const weights = () => document.querySelector('#stage-weights [data-figure]');
-  const allDrawn = () => [...document.querySelectorAll('[data-figure]')].every(el => el._fullLayout && !el._explorerPending)
-    && !document.querySelector('.htmx-request');
+  const allDrawn = () => [...document.querySelectorAll('[data-figure]')]
+    .every(el => el._fullLayout && !el._explorerPending) && !document.querySelector('.htmx-request');
   const frame = () => new Promise(r => requestAnimationFrame(() => r(performance.now())));
   let firstAt = null, sent = null;
   const onSend = () => { if (sent === null) sent = performance.now(); };
@@ -166,7 +166,7 @@ def summary(results: dict[int, dict[str, list[float]]]) -> list[list[str]]:
     rows = []
     for key, label in ROWS:
         cells = [label]
-        for n, r in results.items():
+        for r in results.values():
             xs = [x for x in r[key] if x is not None]
             cells.append(f"{statistics.median(xs):.0f} ({min(xs):.0f}-{max(xs):.0f})" if xs else "-")
         rows.append(cells)
