@@ -1,7 +1,7 @@
 """`make bench`: every benchmark in turn, each printing its tables; the whole output is also
 written to bench/out/latest.md, from which BENCHMARKS.md's tables are copied.
 
-    bench/.env/bin/python -m bench.run [core_vs_torch api_load browser long_inputs memory]
+    bench/.env/bin/python -m bench.run [core_vs_torch api_load browser long_inputs memory classroom]
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import io
 import sys
 import time
 
-from bench import api_load, browser, core_vs_torch, long_inputs, memory
+from bench import api_load, browser, classroom, core_vs_torch, long_inputs, memory
 from bench.common import OUT
 
 BENCHMARKS = {"core_vs_torch": core_vs_torch, "api_load": api_load, "browser": browser,
-              "long_inputs": long_inputs, "memory": memory}
+              "long_inputs": long_inputs, "memory": memory, "classroom": classroom}
 
 
 class _Tee(io.TextIOBase):

@@ -149,8 +149,11 @@ def compare_view(svc: Service, parsed: web.Parsed, params: dict) -> dict:
              "positional_embedding_type": params["b_positional_embedding_type"], "seed": params["b_seed"],
              "ablate": None if params["b_ablate"] is None else
              [{"layer": layer, "head": head, "method": c.ablate_method} for layer, head in params["b_ablate"]]}
-    if all(v is None for v in other.values()):
-        other["causal"] = not c.causal  # nothing chosen yet: compare the mask on and off
+    if all(v is None for v in other.values()):  # nothing chosen yet: compare the mask on and off,
+        if "causal" in svc.models()[c.model].toggles:
+            other["causal"] = not c.causal
+        else:  # or, for an encoder (no mask to toggle), the scaling
+            other["scale"] = not c.scale
     req = schemas.CompareRequest(**parsed.request(layer=c.layer, head=c.head,
                                                   other={k: v for k, v in other.items() if v is not None}))
     r = svc.compare(req.spec(), req.other.changes(), req.layer, req.head)

@@ -125,3 +125,15 @@ def test_bad_inspect_input_is_a_422_in_place(client):
     assert r.status_code == 422 and "outside the text" in r.text
     r = client.get("/inspect", params={"view": "nope"}, headers=HX)
     assert r.status_code == 422 and "is not one of" in r.text and "<html" not in r.text
+
+
+def test_the_compare_view_of_an_encoder_compares_the_scaling(client):
+    """MiniLM has no causal toggle: with nothing chosen, side B is the same run without the 1/√d_head scale
+    (flipping the mask, the decoders' default, would be refused)."""
+    page = client.get("/inspect", params={"view": "compare", "model": "all-MiniLM-L6-v2", "text": "the cat sat"})
+    assert page.status_code == 200, page.text[:300]
+    figs = cards(page.text)
+    r = client.post("/api/v1/analysis/compare", json={"model": "all-MiniLM-L6-v2", "text": "the cat sat",
+                                                      "other": {"scale": False}})
+    assert r.status_code == 200, r.text[:300]
+    assert figs["compare-b"]["data"][0]["z"] == r.json()["b"]["pattern"]
