@@ -56,9 +56,12 @@ def run_class(workers: int, students: int, seconds: int) -> dict:
             raise RuntimeError(f"locust failed ({done.returncode}): {done.stderr[-2000:]}")
         with open(f"{tmp}/class_stats.csv", newline="") as f:
             rows = list(csv.DictReader(f))
+        with open(f"{tmp}/class_failures.csv", newline="") as f:
+            failures = list(csv.DictReader(f))
         log = server.log()
     served = server_durations(log)
     return {"workers": workers, "students": students, "seconds": seconds, "locust": rows, "server": served,
+            "failures": [[f["Name"], f["Error"][:90], f["Occurrences"]] for f in failures],
             "load": os.getloadavg()[0]}
 
 
@@ -102,6 +105,8 @@ def main(argv: list[str]) -> int:
                     ["request", "count", "failures", "median", "p95", "p99", "max"],
                     [[row["Name"], row["Request Count"], row["Failure Count"], row["50%"], row["95%"], row["99%"],
                       f"{float(row['Max Response Time']):.0f}"] for row in r["locust"]]))
+        if r["failures"]:
+            print(table(f"Failures, {r['workers']} worker(s)", ["request", "error", "count"], r["failures"]))
     out = ROOT / "bench" / "out"
     out.mkdir(parents=True, exist_ok=True)
     (out / "classroom.json").write_text(json.dumps([{k: v for k, v in r.items() if k != "server"} for r in results],
