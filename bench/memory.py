@@ -87,12 +87,15 @@ def workers_memory(n_workers: int) -> dict:
     env = {"HF_HUB_OFFLINE": "1", "EXPLORER_WORKERS": str(n_workers), "EXPLORER_ACCESS_LOG": "false"}
     with liveserver.live_server(env=env, entry_point=True, startup_timeout_s=60, python=APP_PYTHON) as server:
         procs = server_processes(server.pid)
-        workers = [p for p in procs if p.pid != server.pid] or procs
+        # uvicorn's workers, not multiprocessing's resource tracker (also a child of the supervisor)
+        workers = [p for p in procs if p.pid != server.pid and "resource_tracker" not in " ".join(p.cmdline())] or procs
         idle = {p.pid: p.memory_info().rss / 2**20 for p in workers}
         body = {"model": MINILM, "text": "the cat sat on the mat"}
 
         async def load_everywhere() -> None:
-            async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+            # a new connection per request: the kernel hands each to whichever worker accepts first
+            no_reuse = httpx.Limits(max_keepalive_connections=0)
+            async with httpx.AsyncClient(base_url=server.url, timeout=120, limits=no_reuse) as client:
                 for _ in range(50):  # the kernel picks the worker that accepts: ask until each has loaded it
                     await asyncio.gather(*(client.post("/api/v1/run", json=body) for _ in range(4 * n_workers)))
                     if all(p.memory_info().rss / 2**20 - idle[p.pid] > MINILM_MB for p in workers):
