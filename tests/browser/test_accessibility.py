@@ -82,8 +82,13 @@ def test_no_wcag_a_or_aa_violation(tab, live_server, path):
     assert violations == [], "\n".join(f"{v['id']} ({v['impact']}): {v['help']} at {v['nodes']}" for v in violations)
 
 
-@pytest.mark.parametrize("path", PAGES)
-@pytest.mark.parametrize("width", [360, 390, 430])
+# Every page at a current phone's width; the narrowest and widest phones on the widest pages.
+PHONE_CASES = [(path, PHONE["width"]) for path in PAGES] + [
+    (path, width) for path in ("/?view=compare&rollout=1", "/lessons/positions", "/inspect?view=kvcache")
+    for width in (360, 430)]
+
+
+@pytest.mark.parametrize(("path", "width"), PHONE_CASES)
 def test_no_sideways_scrolling_on_a_phone(tab, live_server, path, width):
     tab.set_viewport_size({"width": width, "height": PHONE["height"]})
     open_settled(tab, live_server + path)
