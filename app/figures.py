@@ -16,7 +16,9 @@ Conventions every figure follows:
 A figure dict may carry an "export" entry (not a Plotly key; explorer.js strips it before drawing):
 the raw, unescaped labels of the data behind the figure, for its JSON/CSV download, and for a
 heatmap a "cell_text" pattern ("query {i} {y} → key {j} {x}", filled from the escaped tick labels)
-from which explorer.js builds each cell's hover text, so the server does not send n² strings.
+from which explorer.js builds each cell's hover text, so the server does not send n² strings, and
+"label_px" {axis: pixels}: the band the margins keep for that axis' token labels, which explorer.js
+then writes itself (Plotly would measure each of them, most of a heatmap's drawing time).
 """
 
 from __future__ import annotations
@@ -75,36 +77,32 @@ def _base_layout(**extra) -> dict:
     return layout
 
 
-def _finite_or_none(matrix: np.ndarray) -> list:
-    """Nested lists with -inf/NaN as None (JSON null): a masked score is "no value", not a colour."""
-    m = np.asarray(matrix, dtype=float)
-    out = m.astype(object)
-    out[~np.isfinite(m)] = None
-    return out.tolist()
+def _finite_or_none(matrix: np.ndarray) -> np.ndarray:
+    """A float64 copy with -inf/NaN as NaN: a masked score is "no value", not a colour. It stays an
+    array: app/web.py `figure_json` sends it packed (base64 float64, every bit kept), and NaN is
+    what JSON writes as null and Plotly draws as a gap."""
+    m = np.array(matrix, dtype=np.float64)
+    m[~np.isfinite(m)] = np.nan
+    return m
 
 
 def _mask_overlay(mask: np.ndarray) -> dict | None:
     """One scatter trace whose filled rectangles cover the masked cells, hatched grey.
 
     Cells are merged into one rectangle per run of masked cells in a row, so a causal mask
-    over T tokens is T - 1 rectangles, not T²/2.
+    over T tokens is T - 1 rectangles, not T²/2. Each rectangle is 5 corners and a NaN break
+    (null in JSON).
     """
-    xs: list[float | None] = []
-    ys: list[float | None] = []
-    for row, cells in enumerate(np.asarray(mask, dtype=bool)):
-        col = 0
-        while col < cells.size:
-            if not cells[col]:
-                col += 1
-                continue
-            start = col
-            while col < cells.size and cells[col]:
-                col += 1
-            x0, x1, y0, y1 = start - 0.5, col - 0.5, row - 0.5, row + 0.5
-            xs += [x0, x1, x1, x0, x0, None]
-            ys += [y0, y0, y1, y1, y0, None]
-    if not xs:
+    m = np.asarray(mask, dtype=bool)
+    if not m.any():
         return None
+    edges = np.diff(np.pad(m, ((0, 0), (1, 1))).astype(np.int8), axis=1)  # +1 where a run starts, -1 after it ends
+    rows, starts = np.nonzero(edges == 1)
+    _, stops = np.nonzero(edges == -1)  # row-major order, so the k-th stop closes the k-th start
+    x0, x1, y0, y1 = starts - 0.5, stops - 0.5, rows - 0.5, rows + 0.5
+    nan = np.full_like(x0, np.nan)
+    xs = np.stack([x0, x1, x1, x0, x0, nan], axis=1).ravel()
+    ys = np.stack([y0, y0, y1, y1, y0, nan], axis=1).ravel()
     return {
         "type": "scatter", "mode": "lines", "x": xs, "y": ys, "fill": "toself",
         "fillcolor": MASK_FILL["bgcolor"], "fillpattern": MASK_FILL, "line": {"width": 0.5, "color": "#737373"},
@@ -189,16 +187,17 @@ def attention_heatmap(
         legend={"orientation": "h", "x": 1, "y": 1.0, "yanchor": "bottom", "xanchor": "right",
                 "font": {"size": 12}},
     )
+    export = {"name": export_name, "kind": "matrix", "x": list(tokens), "y": list(tokens),
+              "x_title": KEY_AXIS, "y_title": QUERY_AXIS, "value": value_name,
+              "cell_text": "query {i} {y} → key {j} {x}"}
     if small:
         layout["margin"] = {"l": 2, "r": 2, "t": 2, "b": 2}
     else:
         layout["margin"], layout["xaxis"]["tickangle"] = _token_margins(tokens)
+        export["label_px"] = {"x": layout["margin"]["b"] - AXIS_TITLE_PX, "y": layout["margin"]["l"] - AXIS_TITLE_PX}
         if overlay is not None:
             layout["margin"]["t"] = 34  # room for the "masked" legend above the plot
-    return {"data": data, "layout": layout,
-            "export": {"name": export_name, "kind": "matrix", "x": list(tokens), "y": list(tokens),
-                       "x_title": KEY_AXIS, "y_title": QUERY_AXIS, "value": value_name,
-                       "cell_text": "query {i} {y} → key {j} {x}"}}
+    return {"data": data, "layout": layout, "export": export}
 
 
 def score_range(*matrices: np.ndarray) -> float:
@@ -236,7 +235,7 @@ def stage_heatmap(
     return {"data": [trace], "layout": layout,
             "export": {"name": export_name, "kind": "matrix", "x": list(stages), "y": list(tokens),
                        "x_title": "stage", "y_title": "token", "value": value_name,
-                       "cell_text": "token {i} {y} at {x}"}}
+                       "cell_text": "token {i} {y} at {x}", "label_px": {"y": _label_px(tokens)}}}
 
 
 def probability_bars(tokens: Sequence[str], probs: Sequence[float], *, export_name: str = "next-token") -> dict:

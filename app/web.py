@@ -16,12 +16,14 @@ Routers use these; they never import each other (ARCHITECTURE.md).
 
 from __future__ import annotations
 
+import base64
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode
 
+import numpy as np
 import orjson
 from fastapi import Request
 from fastapi.responses import HTMLResponse
@@ -41,11 +43,28 @@ if TYPE_CHECKING:
 
 # ------------------------------------------------------------------ the Jinja environment
 
+def _packed(value):
+    """orjson's fallback for what figure dicts hold besides JSON types: a 2-D array (a heatmap's z)
+    as Plotly's typed-array spec, base64 of its float64 bytes (every bit of every number, a third
+    of the characters of JSON, and decoded by the browser without parsing numbers); any other
+    array as a list (NaN as null); NumPy scalars as numbers. static/js/explorer.js `decode` reads it."""
+    if isinstance(value, np.ndarray):
+        if value.ndim == 2 and value.dtype.kind == "f":
+            rows, cols = value.shape
+            return {"dtype": "f8", "bdata": base64.b64encode(np.ascontiguousarray(value, "<f8").tobytes()).decode(),
+                    "shape": f"{rows},{cols}"}
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
 def figure_json(fig: dict) -> str:
     """A figure dict as JSON for a data- attribute (autoescape then escapes the quotes).
 
-    orjson writes NaN and ±inf as null, which is what a masked cell must be in JSON."""
-    return orjson.dumps(fig, option=orjson.OPT_SERIALIZE_NUMPY).decode()
+    Heatmap matrices are packed (`_packed`); orjson writes NaN and ±inf as null, which is what a
+    masked cell must be in JSON."""
+    return orjson.dumps(fig, default=_packed).decode()
 
 
 templates = Jinja2Blocks(directory=str(TEMPLATES_DIR))
@@ -61,11 +80,13 @@ def is_fragment(request: Request) -> bool:
 
 
 def render(request: Request, template: str, context: dict[str, Any], *, block: str = "results",
-           url: str | None = None, error: str | None = None, status: int = 422) -> HTMLResponse:
-    """The page, or for htmx its `block` with `url` pushed to the address bar; `status` (422) when `error`."""
+           url: str | None = None, error: str | None = None, status: int = 422,
+           compress: bool = True) -> HTMLResponse:
+    """The page, or for htmx its `block` with `url` pushed to the address bar; `status` (422) when `error`.
+    compress=False asks the gzip middleware to leave the body as it is (Cache-Control: no-transform)."""
     history_restore = request.headers.get("hx-history-restore-request") == "true"
     status = status if error and not history_restore else 200
-    headers = {"Vary": "HX-Request"}
+    headers = {"Vary": "HX-Request"} | ({} if compress else {"Cache-Control": "no-transform"})
     if is_fragment(request):
         if url is not None:
             headers["HX-Push-Url"] = url

@@ -1,7 +1,7 @@
 """`make bench`: every benchmark in turn, each printing its tables; the whole output is also
 written to bench/out/latest.md, from which BENCHMARKS.md's tables are copied.
 
-    bench/.env/bin/python -m bench.run [core_vs_torch training training_live api_load browser long_inputs memory families]
+    bench/.env/bin/python -m bench.run [core_vs_torch training training_live api_load browser long_inputs memory families classroom]
 """
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ import io
 import sys
 import time
 
-from bench import api_load, browser, core_vs_torch, families, long_inputs, memory, training, training_live
+from bench import (api_load, browser, classroom, core_vs_torch, families, long_inputs, memory, training,
+                   training_live)
 from bench.common import OUT
 
 BENCHMARKS = {"core_vs_torch": core_vs_torch, "training": training, "training_live": training_live,
               "api_load": api_load, "browser": browser, "long_inputs": long_inputs, "memory": memory,
-              "families": families}
+              "families": families, "classroom": classroom}
 
 
 class _Tee(io.TextIOBase):

@@ -81,6 +81,7 @@ def scaled_dot_product_attention(
     temperature: float = 1.0,
     keep: bool = True,
     window: int | None = None,
+    out: np.ndarray | None = None,  # [..., query_pos, d_v], where to write the output
 ) -> AttentionResult:
     """softmax(Q Kᵀ / √d_k + mask) V, returning scores, weights and output.
 
@@ -103,7 +104,7 @@ def scaled_dot_product_attention(
     divisor = attention_scale(q.shape[-1], scale, temperature)
     lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])  # e.g. (n_heads,)
     k_t = np.swapaxes(k, -1, -2)  # [..., d_head, key_pos], a view: BLAS reads it transposed
-    output = np.empty((*lead, n_query, v.shape[-1]), dtype=np.result_type(q, k, v))
+    output = np.empty((*lead, n_query, v.shape[-1]), dtype=np.result_type(q, k, v)) if out is None else out
     scores = weights = None
     if keep:
         scores = np.empty((*lead, n_query, n_key), dtype=np.result_type(q, k))

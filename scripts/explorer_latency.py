@@ -1,90 +1,191 @@
-"""Time from a text edit to the redrawn heatmap in the explorer, in headless Chromium.
+"""How fast the explorer answers a learner, in headless Chromium against a real server.
 
-    .venv/bin/python scripts/explorer_latency.py [--edits 20] [--text "The cat sat on the mat"]
+    .venv/bin/python scripts/explorer_latency.py [--edits 20] [--tokens 20 128] [--switches 10]
 
-Each edit appends one character in the page (as a keystroke would: value changed, "input"
-fired) and the clock stops when the main heatmap (stage 4, the selected head's softmax weights)
-has been redrawn with the new text's data: static/js/explorer.js fires "explorer:drawn" on a plot
-once Plotly has drawn it, and the plot's data then has one row per character. The time includes
-htmx's typing debounce (reported apart), the request, the server's run and figures, the swap and
-Plotly's drawing of that heatmap; the other figures follow it. Measured, not asserted.
+For each text length (the toy model reads one character per token, so N tokens is a text of N
+characters) it measures, as a learner meets them:
+
+- edit -> first heatmap: one character is appended in the page as a keystroke would (value
+  changed, "input" fired) and the clock stops at the first animation frame after the selected
+  head's weights heatmap (stage 4) has been drawn with the new text's N rows. It includes the text
+  box's typing debounce as the page applies it (`data-debounce-ms`: a key after a pause is sent at
+  once, keys in quick succession wait for a pause), the request, the server's run and figures, the
+  swap and Plotly's drawing;
+- edit -> every figure: the same edit until every figure of the page has been redrawn;
+- a burst: five keys 40 ms apart, timed from the last key (the debounce's wait is then included);
+- switching head (a click on a head's thumbnail) and layer (a click on a layer chip) -> the weights
+  heatmap redrawn with the new head's or layer's pattern.
+
+Each figure is a median over repetitions separated by a pause (so the page is idle again). Measured,
+not asserted: `make bench BENCH=browser` prints the same table beside its budgets.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import re
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from playwright.sync_api import sync_playwright  # noqa: E402
-
 from scripts.liveserver import live_server  # noqa: E402
 from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 
-TEMPLATE = Path(__file__).resolve().parent.parent / "templates" / "explorer.html"
-SETTLE_MS = 1500  # after each edit, let the other figures finish drawing before the next one
+SETTLE_MS = 600  # after each action, the page finishes drawing and idles before the next one
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+# Shared by every measurement: resolves when `done()` holds at an animation frame after `act()`.
+WATCH = """() => {
+window.__explorerWatch = async function (act, first, settle) {
+  const weights = () => document.querySelector('#stage-weights [data-figure]');
+  const allDrawn = () => [...document.querySelectorAll('[data-figure]')]
+    .every(el => el._fullLayout && !el._explorerPending) && !document.querySelector('.htmx-request');
+  const frame = () => new Promise(r => requestAnimationFrame(() => r(performance.now())));
+  let firstAt = null, sent = null;
+  const onSend = () => { if (sent === null) sent = performance.now(); };
+  const onDrawn = (evt) => { if (firstAt === null && evt.target === weights() && first(evt.target)) firstAt = -1; };
+  document.addEventListener('htmx:beforeRequest', onSend);
+  document.addEventListener('explorer:drawn', onDrawn);
+  const t0 = performance.now();
+  await act();
+  let t1 = null, tAll = null;
+  for (let i = 0; i < 3000; i++) {
+    const now = await frame();
+    if (firstAt === -1) { firstAt = now; t1 = now; }
+    if (t1 !== null && allDrawn()) { tAll = now; break; }
+  }
+  document.removeEventListener('htmx:beforeRequest', onSend);
+  document.removeEventListener('explorer:drawn', onDrawn);
+  await new Promise(r => setTimeout(r, settle));
+  return {first: t1 - t0, all: tAll === null ? null : tAll - t0, sent: sent === null ? null : sent - t0};
+};
+}"""
+
+EDIT = """async ([text, settle]) => {
+  const box = document.getElementById('text');
+  const rows = text.length;
+  return await window.__explorerWatch(async () => {
+    box.value = text;
+    box.dispatchEvent(new Event('input', {bubbles: true}));
+  }, el => el.data && el.data[0].z.length === rows, settle);
+}"""
+
+BURST = """async ([text, keys, gap, settle]) => {
+  const box = document.getElementById('text');
+  const rows = text.length + keys.length;
+  const pause = ms => new Promise(r => setTimeout(r, ms));
+  box.value = text;
+  for (const k of keys.slice(0, -1)) {
+    box.value += k;
+    box.dispatchEvent(new Event('input', {bubbles: true}));
+    await pause(gap);
+  }
+  return await window.__explorerWatch(async () => {
+    box.value += keys[keys.length - 1];
+    box.dispatchEvent(new Event('input', {bubbles: true}));
+  }, el => el.data && el.data[0].z.length === rows, settle);
+}"""
+
+# A click on a head thumbnail or a layer chip; done when the weights heatmap shows that head's
+# pattern (its first row differs from the one drawn before) and, for a layer, the title says so.
+SWITCH = """async ([forId, settle]) => {
+  const el = () => document.querySelector('#stage-weights [data-figure]');
+  const before = JSON.stringify(Array.from(el().data[0].z[el().data[0].z.length - 1]));
+  const layer = forId.startsWith('layer-') ? forId.slice(6) : null;
+  return await window.__explorerWatch(async () => {
+    document.querySelector('label[for=' + forId + ']').click();
+  }, p => JSON.stringify(Array.from(p.data[0].z[p.data[0].z.length - 1])) !== before
+       && (layer === null || document.querySelector('#attn-title').textContent.includes('layer ' + layer)), settle);
+}"""
 
 
 def debounce_ms() -> float:
-    """The text box's htmx delay, read from the template so the two cannot disagree."""
-    m = re.search(r'id="text".*?hx-trigger="[^"]*delay:(\d+)ms', TEMPLATE.read_text(encoding="utf-8"), re.S)
+    """The text box's typing debounce, read from the template so the two cannot disagree."""
+    import re
+
+    template = (Path(__file__).resolve().parent.parent / "templates" / "explorer.html").read_text(encoding="utf-8")
+    m = re.search(r'id="text".*?data-debounce-ms="(\d+)"', template, re.S)
     return float(m.group(1)) if m else 0.0
 
 
-# Resolves with {total, after_send} in ms once the stage-4 heatmap shows the new text's data.
-EDIT_AND_WAIT = """async ([text, settle]) => {
-  const box = document.getElementById('text');
-  let sent = null;
-  const onSend = () => { if (sent === null) sent = performance.now(); };
-  document.addEventListener('htmx:beforeRequest', onSend);
-  const t0 = performance.now();
-  box.value = text;
-  box.dispatchEvent(new Event('input', {bubbles: true}));
-  const t1 = await new Promise(resolve => {
-    document.addEventListener('explorer:drawn', function onDrawn(evt) {
-      const el = document.querySelector('#stage-weights .plot');
-      if (evt.target === el && el.data && el.data[0].z.length === text.length) {
-        document.removeEventListener('explorer:drawn', onDrawn);
-        resolve(performance.now());
-      }
-    });
-  });
-  document.removeEventListener('htmx:beforeRequest', onSend);
-  await new Promise(resolve => setTimeout(resolve, settle));
-  return {total: t1 - t0, after_send: sent === null ? null : t1 - sent};
-}"""
+def text_of(n: int) -> str:
+    """A text the toy model reads as n tokens (one per character)."""
+    base = "The cat sat on the mat. " * (n // 24 + 1)
+    return base[:n]
+
+
+def measure(page, url: str, tokens: int, edits: int, switches: int) -> dict[str, list[float]]:
+    """Every measurement at one text length; each list holds ms per repetition."""
+    page.goto(f"{url}/?text={text_of(tokens - 1).replace(' ', '+')}")
+    page.wait_for_function("() => document.querySelector('#stage-weights [data-figure]')?._fullLayout")
+    page.evaluate(WATCH)
+    page.evaluate(EDIT, [text_of(tokens), SETTLE_MS])  # warm-up
+    page.evaluate(EDIT, [text_of(tokens - 1), SETTLE_MS])
+    out: dict[str, list[float]] = {"edit_first": [], "edit_all": [], "burst_first": [], "head": [], "layer": []}
+    for i in range(edits):
+        # alternate n and n - 1 characters, a different last letter each time
+        text = text_of(tokens - 1) + LETTERS[i % 26]
+        r = page.evaluate(EDIT, [text, SETTLE_MS])
+        out["edit_first"].append(r["first"])
+        out["edit_all"].append(r["all"])
+        page.evaluate(EDIT, [text_of(tokens - 1), SETTLE_MS])
+    for i in range(max(1, edits // 4)):
+        r = page.evaluate(BURST, [text_of(tokens - 5), list(LETTERS[i % 20: i % 20 + 5]), 40, SETTLE_MS])
+        out["burst_first"].append(r["first"])
+        page.evaluate(EDIT, [text_of(tokens - 1), SETTLE_MS])
+    n_heads = page.locator(".head-grid .head").count()
+    n_layers = page.locator(".layers input").count()
+    for i in range(switches):
+        out["head"].append(page.evaluate(SWITCH, [f"head-{(i + 1) % n_heads}", SETTLE_MS])["first"])
+    for i in range(switches):
+        out["layer"].append(page.evaluate(SWITCH, [f"layer-{(i + 1) % n_layers}", SETTLE_MS])["first"])
+    return out
+
+
+def run(tokens: list[int], edits: int, switches: int) -> dict[int, dict[str, list[float]]]:
+    from playwright.sync_api import sync_playwright
+
+    results = {}
+    with live_server(env={"EXPLORER_ACCESS_LOG": "false"}) as server, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1440, "height": 1000})
+        for n in tokens:
+            results[n] = measure(page, server.url, n, edits, switches)
+        browser.close()
+    return results
+
+
+ROWS = [("edit_first", "edit -> first heatmap redrawn"), ("edit_all", "edit -> every figure redrawn"),
+        ("burst_first", "last key of a burst (5 keys, 40 ms apart) -> first heatmap"),
+        ("head", "switch head -> its heatmap redrawn"), ("layer", "switch layer -> its heatmap redrawn")]
+
+
+def summary(results: dict[int, dict[str, list[float]]]) -> list[list[str]]:
+    rows = []
+    for key, label in ROWS:
+        cells = [label]
+        for r in results.values():
+            xs = [x for x in r[key] if x is not None]
+            cells.append(f"{statistics.median(xs):.0f} ({min(xs):.0f}-{max(xs):.0f})" if xs else "-")
+        rows.append(cells)
+    return rows
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--edits", type=int, default=20)
-    ap.add_argument("--text", default="The cat sat on the mat")
-    ap.add_argument("--query", default="", help="extra query string for the page, e.g. 'n_layers=4'")
+    ap.add_argument("--tokens", type=int, nargs="+", default=[20, 128])
+    ap.add_argument("--switches", type=int, default=10)
     args = ap.parse_args()
-
-    with live_server(env={"EXPLORER_ACCESS_LOG": "false"}) as server, sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1440, "height": 1000})
-        page.goto(f"{server.url}/?{args.query}")
-        page.wait_for_function("() => document.querySelector('#stage-weights .plot')?._fullLayout")
-        page.evaluate(EDIT_AND_WAIT, [args.text, SETTLE_MS])  # warm-up: the first run draws the weights
-        times = [page.evaluate(EDIT_AND_WAIT, [args.text + "abcdefghijklmnopqrstuvwxyz"[: i + 1], SETTLE_MS])
-                 for i in range(args.edits)]
-        browser.close()
-
-    total = [t["total"] for t in times]
-    after = [t["after_send"] for t in times if t["after_send"] is not None]
-    print(f"edit -> redrawn main heatmap over {args.edits} edits ({len(args.text) + 1}..{len(args.text) + args.edits} "
-          f"tokens, {args.query or 'toy defaults'}), load average {os.getloadavg()[0]:.1f}:")
-    print(f"  edit -> redrawn:         median {statistics.median(total):.0f} ms (of which {debounce_ms():.0f} ms "
-          f"debounce), min {min(total):.0f} ms, max {max(total):.0f} ms")
-    print(f"  request sent -> redrawn: median {statistics.median(after):.0f} ms, "
-          f"min {min(after):.0f} ms, max {max(after):.0f} ms")
+    results = run(args.tokens, args.edits, args.switches)
+    print(f"toy model, median (min-max) ms, debounce {debounce_ms():.0f} ms (first key after a pause sent at once), "
+          f"load average {os.getloadavg()[0]:.1f}")
+    print("| measure | " + " | ".join(f"{n} tokens" for n in results) + " |")
+    print("|---|" + "---|" * len(results))
+    for row in summary(results):
+        print("| " + " | ".join(row) + " |")
 
 
 if __name__ == "__main__":

@@ -162,4 +162,5 @@ def explorer(request: Request, svc: ServiceDep) -> HTMLResponse:
         "nav": "explorer", "form_id": "explorer", "inspect_links": web.inspect_links(parsed),
     }
     return web.render(request, "explorer.html", context, block="explorer" if model_changed else "results",
-                      url=web.explorer_query(parsed), error=error)
+                      url=web.explorer_query(parsed), error=error,
+                      compress=False)  # packed figure data: gzip would cost more time than it saves

@@ -8,7 +8,9 @@
     url: root.dataset.openapiUrl,
     domNode: root,
     validatorUrl: null,
-    deepLinking: true,
+    // deepLinking puts a link inside each operation's summary button: nested controls that a screen
+    // reader cannot operate (axe: nested-interactive)
+    deepLinking: false,
     tryItOutEnabled: true,
     defaultModelsExpandDepth: 0,
   });

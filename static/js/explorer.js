@@ -1,11 +1,19 @@
 // Transformer Explorer's one script: draws the server's figures and wires their downloads.
 //
-// - Every element with a `data-figure` attribute (Plotly figure JSON built by app/figures.py) is
-//   drawn with Plotly.react whenever htmx loads content (first page load, swaps, history restores),
-//   and purged when htmx removes it, so swapped-out plots leak nothing. (Reusing the old plots
-//   with Plotly.react was measured: no faster than a new plot, since every label changes.)
+// - Every element with a `data-figure` attribute (a figure dict of app/figures.py as JSON, its
+//   matrices packed as base64 float64 by app/web.py) is drawn with Plotly.react. `figureTraces`
+//   is the one place that turns figure data into Plotly traces (unpacking, hover text).
+// - Plots persist across htmx swaps: a drawn plot is taken out of the old content before the swap
+//   and put back in place of its successor (same `data-plot-key`), then updated with Plotly.react,
+//   which only redraws what changed. A figure whose JSON did not change is not redrawn at all.
 // - The figure marked `data-draw-first` (the selected head's softmax weights) is drawn as soon as
-//   the swap lands; the others follow one per task as they come near the viewport.
+//   the swap lands; the others follow one per task once it has been painted.
+// - Picking another head redraws that heatmap at once from the head's thumbnail (the same pattern,
+//   already in the page); the server's answer then brings the other stages, the URL and the rest.
+// - The text box asks as soon as a key is pressed after a pause, and at most every DEBOUNCE ms
+//   while typing goes on (the last keystroke always sends): `data-debounce-ms` on the text box.
+// - A heatmap with hover text is a keyboard widget too: focus it, move the selected cell with the
+//   arrow keys (or click a cell), and a live region says "query i a → key j b: weight 0.42".
 // - Buttons with `data-download="json"|"csv"` inside a `.figure` card download the data behind
 //   that card's figure; PNG export is Plotly's own modebar button.
 // - Failed requests that the server could not answer in place (busy, network down, 5xx) show a
@@ -22,11 +30,83 @@
     return document.body.classList.contains("classroom");
   }
 
-  function readFigure(el) {
-    if (!el._explorerFigure) {
-      el._explorerFigure = JSON.parse(el.getAttribute("data-figure"));
+  // ------------------------------------------------------------------ figure data -> Plotly
+
+  const ARRAY_TYPES = {f8: Float64Array, f4: Float32Array, i4: Int32Array, u1: Uint8Array};
+
+  // Plotly's typed-array spec {dtype, bdata (base64), shape "rows,cols"} as an array of typed rows
+  // (views on one buffer, no copy); anything else as it is, with its parts unpacked.
+  function unpack(value) {
+    if (Array.isArray(value)) return value.map(unpack);
+    if (!value || typeof value !== "object") return value;
+    if (typeof value.bdata === "string" && value.dtype in ARRAY_TYPES) {
+      const bytes = atob(value.bdata);
+      const buffer = new Uint8Array(bytes.length);
+      for (let i = 0; i < bytes.length; i++) buffer[i] = bytes.charCodeAt(i);
+      const Type = ARRAY_TYPES[value.dtype];
+      const flat = new Type(buffer.buffer);
+      const shape = String(value.shape || flat.length).split(",").map(Number);
+      if (shape.length === 1) return flat;
+      const rows = [];
+      for (let r = 0; r < shape[0]; r++) rows.push(flat.subarray(r * shape[1], (r + 1) * shape[1]));
+      return rows;
     }
+    const out = {};
+    for (const key in value) out[key] = unpack(value[key]);
+    return out;
+  }
+
+  function readFigure(el) {
+    if (!el._explorerFigure) el._explorerFigure = unpack(JSON.parse(el.getAttribute("data-figure")));
     return el._explorerFigure;
+  }
+
+  // A heatmap's rows as plain arrays, NaN (no value: masked) as null: what downloads hold.
+  function plainRows(z) {
+    return Array.from(z || [], function (row) {
+      return Array.from(row, function (v) { return Number.isNaN(v) ? null : v; });
+    });
+  }
+
+  // Each heatmap cell's hover text, from the figure's "cell_text" pattern and its (already
+  // escaped) tick labels: "query {i} {y} → key {j} {x}". Built here so the server sends n labels,
+  // not n² strings; kept per pattern and labels, so a new head or layer reuses them.
+  const cellTextCache = new Map();
+  function cellText(pattern, xt, yt) {
+    const key = pattern + "\u0000" + xt.join("\u0001") + "\u0000" + yt.join("\u0001");
+    let text = cellTextCache.get(key);
+    if (text) return text;
+    // replacement by position, never String.replace: a label such as "$&" is only text
+    const parts = pattern.split(/(\{[ijxy]\})/);
+    text = yt.map(function (y, i) {
+      return xt.map(function (x, j) {
+        const values = {"{i}": i, "{y}": y, "{j}": j, "{x}": x};
+        let s = "";
+        for (const part of parts) s += part in values ? values[part] : part;
+        return s;
+      });
+    });
+    if (cellTextCache.size > 16) cellTextCache.clear();
+    cellTextCache.set(key, text);
+    return text;
+  }
+
+  function axisLabels(figure, axis) {
+    return ((figure.layout || {})[axis] || {}).ticktext;
+  }
+
+  // THE place where a figure becomes Plotly traces. (Long inputs can grow here: an image trace
+  // instead of a heatmap, thinned labels.)
+  function figureTraces(el, figure) {
+    const data = figure.data || [];
+    const pattern = figure.export && figure.export.cell_text;
+    const xt = axisLabels(figure, "xaxis");
+    const yt = axisLabels(figure, "yaxis");
+    if (el.hasAttribute("data-static") || !pattern || !xt || !yt) return data;
+    return data.map(function (trace) {
+      if (trace.type !== "heatmap" || trace.text || !trace.z) return trace;
+      return Object.assign({}, trace, {text: cellText(pattern, xt, yt)});
+    });
   }
 
   function scaledFont(font, factor) {
@@ -35,8 +115,8 @@
     return out;
   }
 
-  // The figure's own layout, with fonts enlarged in classroom mode and the element's height.
-  function layoutFor(el, figure) {
+  // The figure's own layout, with fonts enlarged in classroom mode.
+  function figureLayout(el, figure) {
     const layout = Object.assign({}, figure.layout || {});
     const factor = isClassroom() ? CLASSROOM_FONT_SCALE : 1;
     if (factor !== 1) {
@@ -49,15 +129,84 @@
         }));
       }
     }
+    const bands = (figure.export && figure.export.label_px) || {};
+    for (const letter in bands) {
+      const name = letter + "axis";
+      const axis = layout[name] || {};
+      layout[name] = Object.assign({}, axis, {
+        showticklabels: false,
+        title: Object.assign({}, axis.title, {standoff: Math.round(bands[letter] * factor)}),
+      });
+    }
     layout.autosize = true;
     return layout;
   }
 
-  function configFor(el, figure) {
-    const name = (figure.export && figure.export.name) || "figure";
-    if (el.hasAttribute("data-static")) {
-      return {staticPlot: true, responsive: true, displayModeBar: false};
+  // ------------------------------------------------------------------ token labels, written here
+
+  // Axes named in a figure's export.label_px show their tick labels (the tokens) written by this
+  // script into the band the server's margins keep for them: Plotly would measure each label's box
+  // (a forced layout per label, most of a heatmap's time at 128 tokens). When cells are narrower
+  // than a line of text, every k-th label is shown, so labels never overlap.
+  function labelHtml(labels, cls, place) {
+    let html = "";
+    for (let k = 0; k < labels.length; k++) {
+      const at = place(k);
+      if (at !== null) html += '<span class="' + cls + '" data-index="' + k + '" style="' + at + '">' + labels[k] + "</span>";
     }
+    return html;  // labels are escaped by the server (app/figures.py token_label): text only
+  }
+
+  function drawLabels(el, figure) {
+    const bands = figure.export && figure.export.label_px;
+    const full = el._fullLayout;
+    let layer = el.querySelector(":scope > .axis-labels");
+    if (!bands || !full) {
+      if (layer) layer.remove();
+      return;
+    }
+    if (!layer) {
+      layer = document.createElement("div");
+      layer.className = "axis-labels";
+      layer.setAttribute("aria-hidden", "true");  // the figure's label and cell readout say it in words
+      el.appendChild(layer);
+    }
+    const font = full.font || {};
+    layer.style.fontFamily = font.family;
+    layer.style.fontSize = font.size + "px";
+    layer.style.color = font.color;
+    const line = (font.size || 13) * 1.25;
+    const xa = full.xaxis, ya = full.yaxis;
+    let html = "";
+    if (bands.y) {
+      const labels = (figure.layout.yaxis || {}).ticktext || [];
+      const cell = Math.abs(ya.l2p(1) - ya.l2p(0)) || line;
+      const step = Math.max(1, Math.ceil(line / cell));
+      const right = el.clientWidth - xa._offset + 4;
+      html += labelHtml(labels, "y-label", function (k) {
+        return k % step ? null : "right:" + right + "px;top:" + (ya._offset + ya.l2p(k)) + "px";
+      });
+    }
+    if (bands.x) {
+      const labels = (figure.layout.xaxis || {}).ticktext || [];
+      const cell = Math.abs(xa.l2p(1) - xa.l2p(0)) || line;
+      const upright = !(figure.layout.xaxis || {}).tickangle;
+      // upright labels (the server turns them when any is longer than 2 characters) need their width
+      const chars = upright ? Math.max(1, ...labels.map(function (t) { return t.replace(/&[a-z]+;/g, "_").length; })) : 0;
+      const step = Math.max(1, Math.ceil((upright ? chars * 0.62 * (font.size || 13) + 4 : line) / cell));
+      const top = ya._offset + ya._length + 4;
+      html += labelHtml(labels, upright ? "x-label" : "x-label x-label-turned", function (k) {
+        return k % step ? null : "left:" + (xa._offset + xa.l2p(k)) + "px;top:" + top + "px";
+      });
+    }
+    layer.innerHTML = html;
+  }
+
+  const STATIC_CONFIG = {staticPlot: true, responsive: true, displayModeBar: false};
+
+  function figureConfig(el, figure) {
+    const name = (figure.export && figure.export.name) || "figure";
+    if (el.hasAttribute("data-static")) return STATIC_CONFIG;
     return {
       responsive: true,
       displaylogo: false,
@@ -72,96 +221,41 @@
     };
   }
 
-  // Each heatmap cell's hover text, from the figure's "cell_text" pattern and its (already
-  // escaped) tick labels: "query {i} {y} → key {j} {x}". Built here so the server sends n labels,
-  // not n² strings.
-  function withCellText(figure) {
-    const pattern = figure.export && figure.export.cell_text;
-    const layout = figure.layout || {};
-    const xt = (layout.xaxis || {}).ticktext;
-    const yt = (layout.yaxis || {}).ticktext;
-    if (!pattern || !xt || !yt) return figure.data || [];
-    return (figure.data || []).map(function (trace) {
-      if (trace.type !== "heatmap" || trace.text || !trace.z) return trace;
-      const text = yt.map(function (y, i) {
-        return xt.map(function (x, j) {
-          // replacement functions: a label such as "$&" must not be read as a replacement pattern
-          return pattern.replace("{i}", function () { return i; }).replace("{y}", function () { return y; })
-            .replace("{j}", function () { return j; }).replace("{x}", function () { return x; });
-        });
-      });
-      return Object.assign({}, trace, {text: text});
-    });
-  }
+  // ------------------------------------------------------------------ drawing
 
-  function draw(el) {
-    let figure;
-    try {
-      figure = readFigure(el);
-    } catch (err) {
-      showFigureError(el, "This figure's data could not be read.");
-      return;
-    }
-    const data = el.hasAttribute("data-static") ? (figure.data || []) : withCellText(figure);
-    el._explorerPending = false;
-    Promise.resolve(Plotly.react(el, data, layoutFor(el, figure), configFor(el, figure))).then(function () {
-      // for scripts/explorer_latency.py and anyone waiting on a figure: its data is now on screen
-      el.dispatchEvent(new CustomEvent("explorer:drawn", {bubbles: true}));
-    });
-  }
-
-  // Figures are drawn when they come near the viewport (one screen ahead), not all at once: a
-  // swap then costs only the figures a reader can see, and the rest draw as the page scrolls.
-  // One figure per task, full-size figures first and thumbnails (data-static) last, so the
-  // browser paints each heatmap as soon as it is drawn instead of after the whole batch.
-  let queue = [];
-  let pumping = false;
-  function pump() {
-    const el = queue.shift();
-    if (el && el.isConnected && el._explorerPending) draw(el);
-    if (queue.length) setTimeout(pump, 0);
-    else pumping = false;
-  }
-  function enqueue(el) {
-    if (el.hasAttribute("data-static")) queue.push(el);
-    else {
-      const firstThumb = queue.findIndex(function (q) { return q.hasAttribute("data-static"); });
-      if (firstThumb < 0) queue.push(el);
-      else queue.splice(firstThumb, 0, el);
-    }
-    if (!pumping) {
-      pumping = true;
-      setTimeout(pump, 0);
-    }
-  }
-
-  const nearViewport = "IntersectionObserver" in window ? new IntersectionObserver(function (entries) {
-    entries.forEach(function (entry) {
-      if (!entry.isIntersecting) return;
-      nearViewport.unobserve(entry.target);
-      if (entry.target.isConnected) enqueue(entry.target);
-    });
-  }, {rootMargin: "100% 0px"}) : null;
-
-  // Printing (or saving as PDF) shows the whole page at once: draw whatever is still waiting.
-  window.addEventListener("beforeprint", function () {
-    document.querySelectorAll("[data-figure]").forEach(function (el) {
-      if (el._explorerPending) {
-        if (nearViewport) nearViewport.unobserve(el);
-        draw(el);
+  // Draw `figure` (default: the element's own) into el; "explorer:drawn" fires once it is drawn.
+  function draw(el, figure) {
+    const json = figure ? null : el.getAttribute("data-figure");
+    if (!figure) {
+      el._explorerPending = false;
+      if (el._fullLayout && json === el._explorerDrawn) return Promise.resolve();  // nothing changed
+      try {
+        figure = readFigure(el);
+      } catch (err) {
+        showFigureError(el, "This figure's data could not be read.");
+        return Promise.resolve();
       }
-    });
-  });
+    }
+    el._explorerDrawn = json;
+    el._explorerShown = figure;
+    return Promise.resolve(Plotly.react(el, figureTraces(el, figure), figureLayout(el, figure), figureConfig(el, figure)))
+      .then(function () {
+        if (!el._explorerAfterPlot) {
+          el._explorerAfterPlot = true;
+          el.on("plotly_afterplot", function () { decorate(el); });  // also after a resize
+        }
+        decorate(el);
+        // for scripts/explorer_latency.py and anyone waiting on a figure: its data is now on screen
+        el.dispatchEvent(new CustomEvent("explorer:drawn", {bubbles: true}));
+      });
+  }
 
-  function drawAll(root) {
-    const els = [];
-    if (root.matches && root.matches("[data-figure]")) els.push(root);
-    if (root.querySelectorAll) els.push(...root.querySelectorAll("[data-figure]"));
-    els.forEach(function (el) {
-      el._explorerPending = true;
-      if (el.hasAttribute("data-draw-first") || !nearViewport) draw(el);
-      else nearViewport.observe(el);
-    });
+  // What this script adds to a drawn plot: its token labels, and the selected cell.
+  function decorate(el) {
+    const figure = el._explorerShown;
+    if (!figure || !el._fullLayout) return;
+    drawLabels(el, figure);
+    if (!el.hasAttribute("data-static")) setupCells(el, figure);
   }
 
   function showFigureError(el, message) {
@@ -170,6 +264,193 @@
     p.textContent = message;
     el.replaceChildren(p);
   }
+
+  // The figures after the first, one per task in page order, starting after the first figure has
+  // been painted (a frame, then a task): the heatmap a reader looks at comes first.
+  let queue = [];
+  let pumping = false;
+  function pump() {
+    const el = queue.shift();
+    if (el && el.isConnected && el._explorerPending) draw(el);
+    if (queue.length) setTimeout(pump, 0);
+    else pumping = false;
+  }
+  function drawLater(els) {
+    queue = queue.filter(function (q) { return els.indexOf(q) < 0; }).concat(els);
+    if (!pumping && queue.length) {
+      pumping = true;
+      requestAnimationFrame(function () { setTimeout(pump, 0); });
+    }
+  }
+
+  // Plots drawn before the latest swap, by key, waiting to be reused by the new content.
+  const kept = new Map();
+
+  function plotKey(el) {
+    return el.getAttribute("data-plot-key");
+  }
+
+  // Before htmx swaps content out, its drawn plots leave it (htmx would otherwise walk their
+  // thousands of SVG nodes while cleaning up, ~70 ms) and wait in `kept`.
+  function keepPlots(target) {
+    target.querySelectorAll("[data-figure]").forEach(function (el) {
+      if (!el._fullLayout) return;
+      const key = plotKey(el);
+      el.replaceWith(document.createElement(el.tagName));
+      if (key && !kept.has(key)) kept.set(key, el);
+      else setTimeout(function () { Plotly.purge(el); }, 0);
+    });
+  }
+
+  // `to` takes `from`'s attributes, and only those (tabindex and the like, added here, stay).
+  const OWN_ATTRIBUTES = ["tabindex", "aria-roledescription"];
+  function copyAttributes(from, to) {
+    for (const attr of Array.from(to.attributes)) {
+      if (!from.hasAttribute(attr.name) && OWN_ATTRIBUTES.indexOf(attr.name) < 0) to.removeAttribute(attr.name);
+    }
+    for (const attr of Array.from(from.attributes)) {
+      if (to.getAttribute(attr.name) !== attr.value) to.setAttribute(attr.name, attr.value);
+    }
+  }
+
+  // The new content's figure elements take the kept plot of the same key: its attributes move
+  // onto the drawn plot, which replaces the new (empty) element.
+  function reusePlot(el) {
+    const key = plotKey(el);
+    const old = key && kept.get(key);
+    if (!old) return el;
+    kept.delete(key);
+    copyAttributes(el, old);
+    old._explorerFigure = null;
+    el.replaceWith(old);
+    return old;
+  }
+
+  function drawAll(root) {
+    const found = [];
+    if (root.matches && root.matches("[data-figure]")) found.push(root);
+    if (root.querySelectorAll) found.push(...root.querySelectorAll("[data-figure]"));
+    const later = [];
+    found.map(reusePlot).forEach(function (el) {
+      el._explorerPending = true;
+      if (el.hasAttribute("data-draw-first")) draw(el);
+      else later.push(el);
+    });
+    // plots with no successor in the new content are released once it is drawn
+    if (kept.size) {
+      const gone = Array.from(kept.values());
+      kept.clear();
+      setTimeout(function () { gone.forEach(function (el) { Plotly.purge(el); }); }, 0);
+    }
+    drawLater(later);
+  }
+
+  // ------------------------------------------------------------------ a head picked: its pattern at once
+
+  // The selected head's weights heatmap shows a newly picked head's pattern from the head's
+  // thumbnail (the same numbers, app/routers/explorer.py) while the server prepares the rest.
+  document.addEventListener("change", function (evt) {
+    const input = evt.target;
+    if (!input.matches || !input.matches("input[type=radio][name=head]")) return;
+    const thumb = document.querySelector("[data-plot-key='thumb-" + input.value + "']");
+    const weights = document.querySelector("#stage-weights [data-figure]");
+    if (!thumb || !weights || !weights._fullLayout) return;
+    const figure = Object.assign({}, readFigure(weights));
+    const z = readFigure(thumb).data[0].z;
+    figure.data = figure.data.map(function (trace, i) { return i === 0 ? Object.assign({}, trace, {z: z}) : trace; });
+    draw(weights, figure);
+  });
+
+  // ------------------------------------------------------------------ the selected cell, in words
+
+  // A heatmap with hover text can be focused; arrow keys (Home/End, PageUp/PageDown for the first
+  // and last row) move its selected cell, a click selects the cell under the pointer, and the
+  // figure's live region says which cell it is and its value.
+  function cellWords(el, figure, i, j) {
+    const trace = figure.data[0];
+    const layout = figure.layout || {};
+    const pattern = figure.export.cell_text;
+    const text = cellText(pattern, layout.xaxis.ticktext, layout.yaxis.ticktext)[i][j];
+    const value = trace.z[i][j];
+    const name = figure.export.value || "value";
+    const label = document.createElement("span");
+    label.innerHTML = text;  // the labels are escaped by the server (app/figures.py): decode entities only
+    return label.textContent + ": " + name + " " + (Number.isNaN(value) ? "masked (no value)" : value.toFixed(2));
+  }
+
+  function setupCells(el, figure) {
+    const pattern = figure.export && figure.export.cell_text;
+    const trace = (figure.data || [])[0];
+    if (!pattern || !trace || trace.type !== "heatmap" || !trace.z || !trace.z.length) return;
+    el._cells = {rows: trace.z.length, cols: trace.z[0].length};
+    if (!el.hasAttribute("tabindex")) el.setAttribute("tabindex", "0");
+    el.setAttribute("aria-roledescription", "heatmap");
+    const sel = el._selected;
+    if (sel && (sel.i >= el._cells.rows || sel.j >= el._cells.cols)) el._selected = null;
+    if (el._selected) showSelected(el);
+    if (!el._cellHandlers) {
+      el._cellHandlers = true;
+      el.on("plotly_click", function (ev) {
+        const p = ev.points && ev.points[0];
+        if (!p || p.data.type !== "heatmap") return;
+        selectCell(el, p.pointIndex[0], p.pointIndex[1]);
+      });
+    }
+  }
+
+  function liveRegion(el) {
+    const card = el.closest(".figure") || el.parentElement;
+    let region = card.querySelector(":scope > .cell-readout");  // templates/partials/figure.html
+    if (!region) {
+      region = document.createElement("p");
+      region.className = "cell-readout";
+      region.setAttribute("aria-live", "polite");
+      el.after(region);
+    }
+    return region;
+  }
+
+  function showSelected(el) {
+    const sel = el._selected;
+    const layout = el._fullLayout;
+    if (!sel || !layout) return;
+    const xa = layout.xaxis, ya = layout.yaxis;
+    let box = el.querySelector(":scope > .cell-marker");
+    if (!box) {
+      box = document.createElement("div");
+      box.className = "cell-marker";
+      box.setAttribute("aria-hidden", "true");
+      el.appendChild(box);
+    }
+    const x0 = xa._offset + xa.l2p(sel.j - 0.5), x1 = xa._offset + xa.l2p(sel.j + 0.5);
+    const y0 = ya._offset + ya.l2p(sel.i - 0.5), y1 = ya._offset + ya.l2p(sel.i + 0.5);
+    box.style.left = Math.min(x0, x1) + "px";
+    box.style.top = Math.min(y0, y1) + "px";
+    box.style.width = Math.abs(x1 - x0) + "px";
+    box.style.height = Math.abs(y1 - y0) + "px";
+    liveRegion(el).textContent = cellWords(el, el._explorerShown, sel.i, sel.j);
+  }
+
+  function selectCell(el, i, j) {
+    if (!el._cells) return;
+    el._selected = {i: Math.max(0, Math.min(el._cells.rows - 1, i)), j: Math.max(0, Math.min(el._cells.cols - 1, j))};
+    showSelected(el);
+  }
+
+  document.addEventListener("keydown", function (evt) {
+    const el = evt.target;
+    if (!el || !el._cells || !el.matches("[data-figure]")) return;
+    const sel = el._selected;
+    const last = {i: el._cells.rows - 1, j: el._cells.cols - 1};
+    const to = !sel ? {i: 0, j: 0} : {
+      ArrowUp: {i: sel.i - 1, j: sel.j}, ArrowDown: {i: sel.i + 1, j: sel.j},
+      ArrowLeft: {i: sel.i, j: sel.j - 1}, ArrowRight: {i: sel.i, j: sel.j + 1},
+      Home: {i: sel.i, j: 0}, End: {i: sel.i, j: last.j}, PageUp: {i: 0, j: sel.j}, PageDown: {i: last.i, j: sel.j},
+    }[evt.key];
+    if (!to || !["ArrowUp", "ArrowDown", "ArrowLeft", "ArrowRight", "Home", "End", "PageUp", "PageDown"].includes(evt.key)) return;
+    evt.preventDefault();
+    selectCell(el, to.i, to.j);
+  });
 
   // ------------------------------------------------------------------ downloads
 
@@ -186,7 +467,7 @@
     if (ex.kind === "matrix") {
       return {
         name: ex.name, x_title: ex.x_title, y_title: ex.y_title, value: ex.value,
-        x: ex.x, y: ex.y, values: trace.z,
+        x: ex.x, y: ex.y, values: plainRows(trace.z),
       };
     }
     if (ex.kind === "bars") {
@@ -251,7 +532,10 @@
     if (!box) return;
     if (box.checked !== isClassroom()) {
       document.body.classList.toggle("classroom", box.checked);
-      document.querySelectorAll("[data-figure]").forEach(draw);
+      document.querySelectorAll("[data-figure]").forEach(function (el) {
+        el._explorerDrawn = null;  // the same data at another size
+        draw(el);
+      });
     }
   }
 
@@ -301,7 +585,8 @@
   // for it, then is sent with the values the controls have *then*. Swapping the in-flight
   // (already stale) answer first would reset the radios inside the results (layer, head) and so
   // lose a click made meanwhile; so an answer is swapped only if no request was triggered after
-  // it. (hx-sync "replace" would abort instead, which htmx logs as a console error.)
+  // it. (hx-sync "replace" would abort instead, which htmx logs as a console error; the server
+  // would finish the aborted computation all the same.)
 
   let triggered = 0;
   document.addEventListener("htmx:confirm", function () { triggered += 1; });
@@ -313,29 +598,58 @@
     if (xhr && xhr._explorerSeq !== undefined && xhr._explorerSeq < triggered && !evt.detail.isError) {
       evt.detail.shouldSwap = false;
     }
-    // Drawn plots leave the old content before htmx cleans it up (htmx walks every element it
-    // removes, and a plot is thousands of SVG nodes: ~70 ms a swap) and are purged after the new
-    // content's first figure is drawn.
-    if (evt.detail.shouldSwap && evt.detail.target) {
-      evt.detail.target.querySelectorAll("[data-figure]").forEach(function (el) {
-        if (!el._fullLayout) return;
-        if (nearViewport) nearViewport.unobserve(el);
-        el.replaceWith(document.createElement(el.tagName));
-        setTimeout(function () { Plotly.purge(el); }, 0);
-      });
-    }
+    const source = evt.detail.requestConfig && evt.detail.requestConfig.elt;
+    const swap = source && source.closest && source.closest("[hx-swap]");
+    const morph = swap && swap.getAttribute("hx-swap").startsWith("morph");
+    if (evt.detail.shouldSwap && evt.detail.target && !morph) keepPlots(evt.detail.target);
   });
 
-  // Text and number boxes send their own debounced request on input; the "change" they fire on
-  // blur would send the same values again through the form, so it stops here.
+  // A morphing swap (idiomorph, hx-swap="morph") keeps every element that is still there: a drawn
+  // plot takes its successor's attributes (its new figure data) and keeps its drawing, which
+  // drawAll then updates; its own children (Plotly's SVG, the labels) are not touched.
+  if (window.Idiomorph) {
+    Idiomorph.defaults.callbacks.beforeNodeMorphed = function (old, next) {
+      if (old.nodeType !== 1 || !old.hasAttribute("data-figure") || !old._fullLayout) return true;
+      if (next.nodeType !== 1 || !next.hasAttribute("data-figure")) return true;
+      copyAttributes(next, old);
+      old._explorerFigure = null;
+      return false;
+    };
+  }
+
+  // Text and number boxes send their own request on input; the "change" they fire on blur would
+  // send the same values again through the form, so it stops here.
   document.addEventListener("change", function (evt) {
     const t = evt.target;
     if (t.matches && t.matches("textarea[hx-trigger], input[type=number][hx-trigger]")) evt.stopPropagation();
   }, true);
 
+  // ------------------------------------------------------------------ typing: first key at once, then paced
+
+  // A text box with `data-debounce-ms` is sent (its "explorer:edit" event, which its hx-trigger
+  // names) at once when a key follows a pause of that long, and otherwise that long after the
+  // last key: one request per pause in typing, and no wait for the first key after reading.
+  document.addEventListener("input", function (evt) {
+    const box = evt.target;
+    if (!box.hasAttribute || !box.hasAttribute("data-debounce-ms")) return;
+    const wait = Number(box.getAttribute("data-debounce-ms")) || 0;
+    const now = performance.now();
+    clearTimeout(box._explorerTimer);
+    const send = function () {
+      box._explorerTimer = null;
+      box._explorerLastSend = performance.now();
+      if (box.value === box._explorerSent) return;  // e.g. a letter typed and deleted
+      box._explorerSent = box.value;
+      htmx.trigger(box, "explorer:edit");
+    };
+    if (!box._explorerTimer && now - (box._explorerLastSend || -Infinity) >= wait) send();
+    else box._explorerTimer = setTimeout(send, wait);
+  });
+
   // ------------------------------------------------------------------ htmx lifecycle
 
   function start() {
+    document.querySelectorAll("[data-debounce-ms]").forEach(function (box) { box._explorerSent = box.value; });
     htmx.onLoad(function (root) {
       syncClassroom();
       drawAll(root);
@@ -343,8 +657,11 @@
     document.addEventListener("htmx:beforeCleanupElement", function (evt) {
       const el = evt.target;
       if (!el.hasAttribute || !el.hasAttribute("data-figure")) return;
-      if (nearViewport) nearViewport.unobserve(el);
       if (el._fullLayout) Plotly.purge(el);
+    });
+    // printing (or saving as PDF) shows the whole page at once: draw whatever is still waiting
+    window.addEventListener("beforeprint", function () {
+      document.querySelectorAll("[data-figure]").forEach(function (el) { if (el._explorerPending) draw(el); });
     });
   }
 

@@ -26,6 +26,7 @@ from app import pretrained
 from app.main import create_app
 from app.settings import Settings
 from core.checkpoints import FAMILIES as FAMILY_MODULES
+from tests.pages.figure_data import load_figure
 
 FAMILIES = Path(__file__).resolve().parents[1] / "fixtures" / "families"
 FOLDERS = sorted(p.name for p in FAMILIES.iterdir() if p.is_dir())
@@ -252,7 +253,7 @@ def test_rollout_is_the_product_of_the_averaged_transformers_patterns(client, fa
 # ------------------------------------------------------------------ the pages
 
 def cards(page: str) -> dict[str, dict]:
-    return {card_id: json.loads(html.unescape(attr)) for card_id, attr in
+    return {card_id: load_figure(html.unescape(attr)) for card_id, attr in
             re.findall(r'<figure class="figure[^"]*" id="([^"]+)">.*?data-figure="([^"]*)"', page, re.S)}
 
 

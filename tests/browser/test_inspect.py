@@ -17,7 +17,8 @@ pytestmark = pytest.mark.browser
 DRAWN = """(id) => {
   const el = document.querySelector('#' + id + ' .plot');
   if (!el || !el._fullLayout || !el.data) return null;
-  return el.data.map(t => ({name: t.name || null, x: t.x || null, z: t.z || null}));
+  const plain = rows => Array.from(rows, row => Array.from(row, v => Number.isNaN(v) ? null : v));
+  return el.data.map(t => ({name: t.name || null, x: t.x ? Array.from(t.x) : null, z: t.z ? plain(t.z) : null}));
 }"""
 
 API = """async ([path, body]) => {

@@ -4,13 +4,14 @@ and figures that hold exactly the numbers the JSON API returns."""
 from __future__ import annotations
 
 import html
-import json
 import re
 from urllib.parse import parse_qs, urlparse
 
 import numpy as np
 
 from app.settings import get_settings
+
+from tests.pages.figure_data import load_figure
 
 HX = {"HX-Request": "true"}
 
@@ -19,7 +20,7 @@ def figures_by_card(page: str) -> dict[str, dict]:
     """{card id: figure dict} for every figure card of a rendered page."""
     out = {}
     for card_id, attr in re.findall(r'<figure class="figure[^"]*" id="([^"]+)">.*?data-figure="([^"]*)"', page, re.S):
-        out[card_id] = json.loads(html.unescape(attr))
+        out[card_id] = load_figure(html.unescape(attr))
     return out
 
 

@@ -11,7 +11,6 @@ card the page has, so a figure added later without a value check fails here.
 from __future__ import annotations
 
 import html
-import json
 import math
 import re
 from html.parser import HTMLParser
@@ -21,13 +20,15 @@ import pytest
 
 from core import lessons
 
+from tests.pages.figure_data import load_figure
+
 TEXT = "the cat sat"
 LAYER, HEAD = 1, 2
 
 
 def cards(page: str) -> dict[str, dict]:
     """{figure card id: figure dict} for every figure card of a page."""
-    return {card_id: json.loads(html.unescape(attr)) for card_id, attr in
+    return {card_id: load_figure(html.unescape(attr)) for card_id, attr in
             re.findall(r'<figure class="figure[^"]*" id="([^"]+)">.*?data-figure="([^"]*)"', page, re.S)}
 
 
@@ -82,7 +83,7 @@ class _Thumbs(HTMLParser):
         if tag == "label" and (a.get("for") or "").startswith("head-"):
             self._head = int(a["for"].removeprefix("head-"))
         elif self._head is not None and "data-figure" in a:
-            self.figures[self._head] = json.loads(a["data-figure"])
+            self.figures[self._head] = load_figure(a["data-figure"])
             self._head = None
 
 

@@ -4,12 +4,13 @@ numbers, links carry the explorer's state, and what does not apply says why."""
 from __future__ import annotations
 
 import html
-import json
 import re
 from urllib.parse import parse_qs, urlparse
 
 import numpy as np
 import pytest
+
+from tests.pages.figure_data import load_figure
 
 
 HX = {"HX-Request": "true"}
@@ -17,7 +18,7 @@ MINILM = "all-MiniLM-L6-v2"
 
 
 def cards(page: str) -> dict[str, dict]:
-    return {card_id: json.loads(html.unescape(attr)) for card_id, attr in
+    return {card_id: load_figure(html.unescape(attr)) for card_id, attr in
             re.findall(r'<figure class="figure[^"]*" id="([^"]+)">.*?data-figure="([^"]*)"', page, re.S)}
 
 
@@ -124,3 +125,17 @@ def test_bad_inspect_input_is_a_422_in_place(client):
     assert r.status_code == 422 and "outside the text" in r.text
     r = client.get("/inspect", params={"view": "nope"}, headers=HX)
     assert r.status_code == 422 and "is not one of" in r.text and "<html" not in r.text
+
+
+def test_the_compare_view_of_an_encoder_compares_the_scaling(client):
+    """MiniLM has no causal toggle: with nothing chosen, side B is the same run without the 1/√d_head scale
+    (flipping the mask, the decoders' default, would be refused)."""
+    page = client.get("/inspect", params={"view": "compare", "model": "all-MiniLM-L6-v2", "text": "the cat sat"})
+    assert page.status_code == 200, page.text[:300]
+    figs = cards(page.text)
+    r = client.post("/api/v1/analysis/compare", json={"model": "all-MiniLM-L6-v2", "text": "the cat sat",
+                                                      "other": {"scale": False}})
+    assert r.status_code == 200, r.text[:300]
+    # MiniLM runs in float32: the same float32 numbers (JSON writes them short, the figure as float64)
+    np.testing.assert_array_equal(np.array(figs["compare-b"]["data"][0]["z"], dtype=np.float32),
+                                  np.array(r.json()["b"]["pattern"], dtype=np.float32))

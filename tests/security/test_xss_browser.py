@@ -137,11 +137,13 @@ def test_payloads_in_urls(tab, live_server, payload):  # noqa: F811
     assert_harmless(tab, f"/?text={payload!r}")
     assert squash("".join(tab.locator(".tokens .tok").all_text_contents())) == squash(payload)
 
-    # A lesson whose tokens are the payload's words, drawn as Plotly axis labels: Plotly would
-    # turn <b>, <a href> and <br> into markup if the labels were not escaped.
+    # A lesson whose tokens are the payload's words, drawn as axis labels (written by explorer.js
+    # from the figure's escaped tick labels): <b>, <a href> and <br> would become markup if the
+    # labels were not escaped.
     tab.goto(f"{live_server}/lessons/attention?text={q}")
     assert_harmless(tab, f"/lessons/attention?text={payload!r}")
-    ticks = tab.locator(".plot .xtick text").all_text_contents()
+    tab.wait_for_function("() => document.querySelector('.plot .axis-labels .x-label')")
+    ticks = tab.locator(".plot .axis-labels .x-label").all_text_contents()
     words = payload.split()
     assert ticks[: len(words)] == words, (payload, ticks)
 

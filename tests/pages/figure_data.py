@@ -1,0 +1,29 @@
+"""Reading a page's figures as the browser does: the JSON in a `data-figure` attribute, with every
+packed array (Plotly's typed-array spec that app/web.py writes for heatmap matrices: base64 of
+float64 bytes) turned back into nested lists, NaN as None, as JSON would have carried them."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import numpy as np
+
+
+def unpack(value):
+    """A figure (or any part of one) with packed arrays decoded; everything else as it is."""
+    if isinstance(value, dict):
+        if set(value) == {"dtype", "bdata", "shape"}:
+            assert value["dtype"] == "f8", value["dtype"]  # full precision, never float32
+            shape = tuple(int(n) for n in value["shape"].split(","))
+            array = np.frombuffer(base64.b64decode(value["bdata"]), dtype="<f8").reshape(shape)
+            return np.where(np.isnan(array), None, array.astype(object)).tolist()
+        return {k: unpack(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [unpack(v) for v in value]
+    return value
+
+
+def load_figure(attribute: str) -> dict:
+    """A `data-figure` attribute's value (already HTML-unescaped) as a figure dict."""
+    return unpack(json.loads(attribute))
