@@ -206,17 +206,23 @@ def _checkpoint_model(name: str, entry: pretrained.CheckpointLoader | pretrained
     )
 
 
+# The detector whose best head a trained model opens on: what its recipe was made to teach.
+OPENING_DETECTOR = {"induction": "induction"}  # any other recipe: "previous_token"
+
+
 def _clearest_head(entry: pretrained.CheckpointLoader, recipe: str) -> tuple[int, int]:
-    """The head the explorer opens a trained model on: its clearest previous-token head on its default
-    text, so a newcomer's first view shows a head that means something (these models are tiny: one
-    forward pass of a few dozen tokens at start-up)."""
+    """The head the explorer opens a trained model on: on its default text, the head that scores
+    highest on what the recipe teaches (the induction model's induction head; elsewhere the clearest
+    previous-token head), so a newcomer's first view shows a head that means something (these models
+    are tiny: one forward pass of a few dozen tokens at start-up)."""
     try:
         ids = entry.tokenizer().encode(pretrained.TRAINED_DEFAULT_TEXT.get(recipe, "the ")).ids
         _, cache = run_with_cache(entry.params(), entry.spec.cfg, ids, names=pattern_hooks(entry.spec.cfg),
                                   logits=False)
     except InputError:  # it cannot run: the listing says why when it is asked for
         return (0, 0)
-    scores = np.nan_to_num(cache.head_detector_scores()["previous_token"], nan=-1.0)  # [n_layers, n_heads]
+    detector = OPENING_DETECTOR.get(recipe, "previous_token")
+    scores = np.nan_to_num(cache.head_detector_scores()[detector], nan=-1.0)  # [n_layers, n_heads]
     layer, head = np.unravel_index(int(np.argmax(scores)), scores.shape)
     return int(layer), int(head)
 

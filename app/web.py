@@ -181,12 +181,14 @@ def page_limits(settings: Settings) -> dict[str, object]:
 
 # ------------------------------------------------------------------ the explorer's state
 
-# The model the explorer opens on: the first of these this server can run.
-DEFAULT_MODELS = ("toy",)
+# The model the explorer opens on when the server's choice (settings.default_model: by default the
+# trained induction model, whose default head shows what training made of random weights) cannot run.
+FALLBACK_MODEL = "toy"
 
 
-def default_model(models: Mapping[str, Model]) -> str:
-    return next((name for name in DEFAULT_MODELS if name in models and not models[name].error), "toy")
+def default_model(models: Mapping[str, Model], preferred: str) -> str:
+    return preferred if preferred in models and not models[preferred].error else FALLBACK_MODEL
+
 SIZE_FIELDS = ("n_heads", "d_model", "n_layers", "seed")
 TOGGLE_FIELDS = ("causal", "scale", "temperature", "positional_embedding_type") + SIZE_FIELDS
 
@@ -228,7 +230,7 @@ class Parsed:
     defaults: dict[str, object]  # the model's own values of the toggles
     errors: list[str] = field(default_factory=list)
     default_text: str = ""
-    default_model: str = DEFAULT_MODELS[-1]
+    default_model: str = FALLBACK_MODEL
     default_head: tuple[int, int] = (0, 0)  # the model's own (layer, head) to open on
 
     def request(self, **fields) -> dict[str, object]:
@@ -244,11 +246,13 @@ def model_defaults(model: Model) -> dict[str, object]:
             "d_model": cfg.d_model, "n_layers": cfg.n_layers, "seed": model.default_seed}
 
 
-def parse_explorer(query: Mapping, models: Mapping[str, Model], *, model_changed: bool = False) -> Parsed:
-    """The explorer's state from its query string. With model_changed, the new model's defaults
-    replace the toggles (they belong to the previous model)."""
+def parse_explorer(query: Mapping, models: Mapping[str, Model], *, preferred: str,
+                   model_changed: bool = False) -> Parsed:
+    """The explorer's state from its query string; `preferred` is the model it opens on (when this
+    server runs it). With model_changed, the new model's defaults replace the toggles (they belong
+    to the previous model)."""
     errors: list[str] = []
-    default = default_model(models)
+    default = default_model(models, preferred)
     name = last(query, "model") or default
     if name not in models:
         errors.append(f"unknown model {name!r}: choose one of {', '.join(models)}")

@@ -9,6 +9,10 @@ from collections.abc import Callable, Iterator
 # Training runs the tests start go to a folder of their own, never the user's (every server the tests
 # start, in-process or live, inherits it).
 os.environ.setdefault("EXPLORER_RUNS_DIR", tempfile.mkdtemp(prefix="explorer-test-runs-"))
+# The explorer and Inspect open on the toy in the tests (the product opens on the trained induction
+# model: tests/pages/test_default_model.py checks that choice): most page tests type their own text,
+# which the toy tokenises word by word, where the induction model knows only its training characters.
+os.environ.setdefault("EXPLORER_DEFAULT_MODEL", "toy")
 
 import pytest
 from fastapi.testclient import TestClient

@@ -131,7 +131,8 @@ def view_context(v: ExplorerView, ablated: set[tuple[int, int]]) -> dict:
 def explorer(request: Request, svc: ServiceDep) -> HTMLResponse:
     model_changed = web.is_fragment(request) and request.headers.get("hx-trigger-name") == "model"
     models = svc.models()
-    parsed = web.parse_explorer(request.query_params, models, model_changed=model_changed)
+    parsed = web.parse_explorer(request.query_params, models, preferred=svc.settings.default_model,
+                               model_changed=model_changed)
     c = parsed.controls
     model = models[c.model]
     error = "; ".join(parsed.errors) or None

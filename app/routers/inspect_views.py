@@ -207,7 +207,7 @@ def inspect(request: Request, svc: ServiceDep) -> HTMLResponse:
         errors.append(f"view={view!r} is not one of {', '.join(VIEWS)}")
         view = DEFAULT_VIEW
     models = svc.models()
-    parsed = web.parse_explorer(query, models)
+    parsed = web.parse_explorer(query, models, preferred=svc.settings.default_model)
     c = parsed.controls
     params = view_params(query, errors)
     error = "; ".join(parsed.errors + errors) or None

@@ -41,7 +41,8 @@ def test_every_setting_is_covered_here_or_named():
                "max_pretrained_work"}
     covered |= set(SCHEMA_LIMITS)
     elsewhere = {"blas_threads", "max_concurrent_compute", "retry_after_s", "access_log", "max_url_bytes",
-                 "runs_dir", "train_workers", "train_max_per_client", "train_max_runs", "runs_max_mb"}
+                 "runs_dir", "train_workers", "train_max_per_client", "train_max_runs", "runs_max_mb",
+                 "default_model"}  # tests/pages/test_default_model.py
     assert set(Settings.model_fields) == covered | elsewhere
 
 

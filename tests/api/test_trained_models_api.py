@@ -4,7 +4,10 @@ something."""
 
 from __future__ import annotations
 
+import html
 import re
+
+import pytest
 
 REPEATED = "Ali makan nasi lemak. Ali makan nasi lemak."
 
@@ -26,15 +29,20 @@ def test_the_detectors_find_the_induction_models_heads_on_a_learners_text(client
     assert page.status_code == 200 and "Induction heads" in page.text and "L1H" in page.text
 
 
-def test_the_explorer_opens_a_trained_model_on_its_clearest_previous_token_head(client):
-    page = client.get("/", params={"model": "induction"})
+@pytest.mark.parametrize(("model", "detector"), [("induction", "induction"), ("python-docs", "previous_token")])
+def test_the_explorer_opens_a_trained_model_on_the_head_its_recipe_teaches(client, model, detector):
+    """The induction model on its best induction head, the text model on its clearest previous-token
+    head: the head whose detector score on the model's default text is highest."""
+    page = client.get("/", params={"model": model})
     assert page.status_code == 200
     m = re.search(r'<h2 id="attn-title">Attention, layer (\d+) head (\d+)</h2>', page.text)
-    detectors = client.post("/api/v1/analysis/detectors", json={"model": "induction", "text": REPEATED}).json()
-    prev = detectors["detectors"]["previous_token"]["text"]
-    best = max(((layer, head) for layer in range(len(prev)) for head in range(len(prev[0]))),
-               key=lambda lh: prev[lh[0]][lh[1]] or -1)
+    text = html.unescape(re.search(r'<textarea[^>]*name="text"[^>]*>([^<]*)</textarea>', page.text).group(1))
+    detectors = client.post("/api/v1/analysis/detectors", json={"model": model, "text": text}).json()
+    scores = detectors["detectors"][detector]["text"]  # [n_layers][n_heads]
+    best = max(((layer, head) for layer in range(len(scores)) for head in range(len(scores[0]))),
+               key=lambda lh: scores[lh[0]][lh[1]] or -1)
     assert (int(m.group(1)), int(m.group(2))) == best
+    assert scores[best[0]][best[1]] > 0.5  # a head that means something, not the best of noise
 
 
 def test_the_nasi_lemak_model_makes_l_likely_after_nasi(client):
