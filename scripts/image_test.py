@@ -236,7 +236,9 @@ class Smoke:
             code, raw = http(self.url + path)
             assert code == 200, f"GET {path}: {code}"
             assert mark in raw.lower(), f"GET {path}: no {mark!r} in the page"
-        return "/healthz /readyz / /docs /openapi.json"
+        _, page = http(self.url + "/")  # the trained induction model ships in the image and opens the explorer
+        assert b'<option value="induction" selected' in page, "the explorer does not open on the induction model"
+        return "/healthz /readyz / (on the induction model) /docs /openapi.json"
 
     def models(self) -> str:
         models = get_json(self.url, "/api/v1/models")["models"]
