@@ -13,6 +13,7 @@ FLOPs counted analytically (forward_flops).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 
@@ -23,7 +24,9 @@ from threadpoolctl import threadpool_limits
 from bench.common import OUT, blas_info, header, median, run_main, table, timed, verdict, wall_and_cpu
 from core import PRESETS, TransformerConfig, run_with_cache
 
-CFG = PRESETS["gpt2-small"]  # 12 layers, 12 heads, d_model 768, d_vocab 50257, n_ctx 1024
+# 12 layers, 12 heads, d_model 768, d_vocab 50257, n_ctx 1024; GPT-2's lm_head has no bias, as the
+# checkpoint reader says (core/checkpoints/gpt2.py)
+CFG = dataclasses.replace(PRESETS["gpt2-small"], unembed_bias=False)
 CHECKPOINT = OUT / "gpt2-small-random"
 RATIO_BUDGET = 1.0  # core time / torch time
 GEMM_FRACTION_BUDGET = 0.70  # of the measured float32 GEMM rate, at 1024 tokens
