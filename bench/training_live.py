@@ -19,7 +19,7 @@ import httpx
 
 from bench.common import header, live_server, median, percentile, run_main, table
 
-EXPLORER = ("/", {"text": "Ali makan nasi lemak. Ali makan nasi lemak."}, {"HX-Request": "true"})
+EXPLORER = ("/", {"model": "induction", "text": "Ali makan nasi lemak. Ali makan nasi lemak."}, {"HX-Request": "true"})
 LONG = {"recipe": "induction", "steps": 20_000}  # trains for minutes: longer than the measurement
 
 
