@@ -49,7 +49,7 @@ def main(argv: list[str]) -> int:
         (f"run, {n + 1} tokens", "POST", run, {"model": "toy", "text": text(n + 1)}, {}),
         (f"run, body over {lim['max_body_bytes']:,} bytes", "POST", run,
          {"model": "toy", "text": text(lim["max_body_bytes"])}, {}),
-        (f"explorer page update (htmx), {n} tokens", "GET", "/", {"text": text(n)}, {"HX-Request": "true"}),
+        (f"explorer page update (htmx), {n} tokens", "GET", "/", {"model": "toy", "text": text(n)}, {"HX-Request": "true"}),
         (f"explorer page update (htmx), {lim['explorer_max_tokens']} tokens", "GET", "/",
          {"text": text(lim["explorer_max_tokens"])}, {"HX-Request": "true"}),
     ]

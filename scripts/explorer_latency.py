@@ -118,7 +118,7 @@ def text_of(n: int) -> str:
 
 def measure(page, url: str, tokens: int, edits: int, switches: int) -> dict[str, list[float]]:
     """Every measurement at one text length; each list holds ms per repetition."""
-    page.goto(f"{url}/?text={text_of(tokens - 1).replace(' ', '+')}")
+    page.goto(f"{url}/?model=toy&text={text_of(tokens - 1).replace(' ', '+')}")
     page.wait_for_function("() => document.querySelector('#stage-weights [data-figure]')?._fullLayout")
     page.evaluate(WATCH)
     page.evaluate(EDIT, [text_of(tokens), SETTLE_MS])  # warm-up
