@@ -156,6 +156,11 @@
       layout.hovermode = false;  // hover is this script's (cellHover), from the figure's data
       layout.dragmode = el.hasAttribute("data-static") ? false : "zoom";
     }
+    for (const name of ["xaxis", "yaxis"]) {
+      // Plotly writes a zoom into the range it was given: the figure's own stays the way back
+      const axis = layout[name];
+      if (axis && Array.isArray(axis.range)) layout[name] = Object.assign({}, axis, {range: axis.range.slice()});
+    }
     layout.autosize = true;
     return layout;
   }
