@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import html
 from collections.abc import Sequence
+from functools import lru_cache
 
 import numpy as np
 
@@ -73,6 +74,7 @@ def visible(token: str) -> str:
     return token.translate(_VISIBLE) or "∅"
 
 
+@lru_cache(maxsize=8192)  # a long text's labels are made for every figure of the page
 def token_label(token: str) -> str:
     """A token as a Plotly tick label: whitespace made visible, markup escaped."""
     return escape(visible(token))
@@ -105,11 +107,10 @@ def _max_pool(matrix: np.ndarray, mask: np.ndarray | None, size: int) -> tuple[n
     largest, not the mean: one strong key (a sink, a previous-token diagonal) stays as dark as it is."""
     f = -(-matrix.shape[0] // size)
     rows, cols = -(-matrix.shape[0] // f), -(-matrix.shape[1] // f)
-    padded = np.full((rows * f, cols * f), np.nan)
-    padded[:matrix.shape[0], :matrix.shape[1]] = matrix
-    blocks = padded.reshape(rows, f, cols, f)
-    with np.errstate(invalid="ignore"):  # an all-NaN block stays NaN
-        pooled = np.fmax.reduce(np.fmax.reduce(blocks, axis=3), axis=1)
+    padded = np.full((rows * f, cols * f), -np.inf)  # -inf: "no value", below every value
+    padded[:matrix.shape[0], :matrix.shape[1]] = np.where(np.isnan(matrix), -np.inf, matrix)
+    pooled = padded.reshape(rows, f, cols, f).max(axis=(1, 3))
+    pooled[pooled == -np.inf] = np.nan  # an all-NaN block stays NaN
     if mask is None:
         return pooled, None
     full = np.ones((rows * f, cols * f), dtype=bool)
