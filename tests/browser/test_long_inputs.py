@@ -11,6 +11,7 @@ the text box's limit still answers in place past 1,024 tokens.
 from __future__ import annotations
 
 import base64
+import math
 from urllib.parse import urlencode
 
 import numpy as np
@@ -91,7 +92,7 @@ def expected_colour(value: float | None, i: int, j: int) -> tuple[int, int, int]
     if value is None:
         hexa = MASK_FILL["fgcolor"] if (i + j) % 4 == 0 else MASK_FILL["bgcolor"]
         return tuple(int(hexa[k:k + 2], 16) for k in (1, 3, 5))
-    t = min(255, max(0, round(value * 255))) / 255
+    t = min(255, max(0, math.floor(value * 255 + 0.5))) / 255  # the nearest of 256 steps, half up
     for (t0, c0), (t1, c1) in zip(WEIGHTS_COLORSCALE, WEIGHTS_COLORSCALE[1:]):
         if t <= t1:
             f = (t - t0) / (t1 - t0)
@@ -199,10 +200,12 @@ def test_the_painted_weights_are_the_apis_pattern_and_zoom_goes_there_and_back(p
     hover.wait_for(state="visible")
     words = f"query {i} {token_label(text[i])} → key {j} {token_label(text[j])}: weight "
     value = f"{page_z[i, j]:.2f}"  # the weights stage: a masked cell weighs 0.00
-    assert hover.inner_text() == words + value
+    page.wait_for_function("(t) => document.querySelector('#stage-weights .cell-hover').textContent === t",
+                           arg=words + value, timeout=3000)
     # a click selects it: the readout below the figure says the same
     page.mouse.click(g["left"] + xa, g["top"] + ya)
-    assert page.locator("#stage-weights .cell-readout").inner_text() == words + value
+    page.wait_for_function("(t) => document.querySelector('#stage-weights .cell-readout').textContent === t",
+                           arg=words + value, timeout=3000)
 
     reset.click()
     page.wait_for_function("(n) => document.querySelector('#stage-weights .plot')._fullLayout.xaxis.range[1] === n - 0.5",
