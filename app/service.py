@@ -782,16 +782,15 @@ class Service:
         hooks = residual_hooks(cfg) + stage_hooks(cfg, layer)
         if rollout:
             hooks += [h for h in pattern_hooks(cfg) if h not in hooks]
-        if st.model.draws_weights:
-            # The activations the view keeps, bounded for the sizes a learner chooses. A pretrained model's
-            # sizes are the operator's choice: its activations are bounded by explorer_max_tokens and its
-            # width and depth (SmolLM2-135M at 128 tokens keeps 11.5 million numbers, 46 MB).
-            values = sum(math.prod(hook_dims(h, cfg, n)) for h in hooks)
-            if values > s.explorer_max_values:
-                fewer = "fewer layers, a smaller d_model, fewer heads" + (" or no attention rollout" if rollout else "")
-                raise InputError(f"this view would keep {values:,} numbers ({n:,} tokens, {cfg.n_layers} layers, "
-                                 f"{cfg.n_heads} heads), more than this server's limit of {s.explorer_max_values:,}: "
-                                 f"use a shorter text, {fewer}")
+        # The activations the view keeps, for every model: a learner's sizes, and a checkpoint's width and
+        # depth times the text (SmolLM2-135M keeps 11.5 million numbers at 128 tokens, 107 million at 1,024).
+        values = sum(math.prod(hook_dims(h, cfg, n)) for h in hooks)
+        if values > s.explorer_max_values:
+            fewer = ("fewer layers, a smaller d_model, fewer heads" if st.model.draws_weights else "") + \
+                (" or no attention rollout" if rollout else "")
+            raise InputError(f"this view would keep {values:,} numbers ({n:,} tokens, {cfg.n_layers} layers, "
+                             f"{cfg.n_heads} heads), more than this server's limit of {s.explorer_max_values:,}: "
+                             f"use a shorter text{', ' + fewer.lstrip(' ') if fewer else ''}")
         decoder = not st.model.is_encoder
         compare = compare and "causal" in st.model.toggles
         passes = 1 + (bool(st.ablate) and decoder) + compare

@@ -80,8 +80,10 @@ class Settings(BaseSettings):
     explorer_max_tokens: int = Field(1024, ge=1, description="tokens the explorer page draws")
     # What the explorer keeps for one view: every layer's stream, the chosen layer's scores and
     # patterns ([heads, T, T] twice), every layer's patterns with rollout. The toy at 1,024 tokens
-    # keeps 9.0 million numbers (13.2 million with rollout); 2^24 float64 numbers are 128 MiB.
-    explorer_max_values: int = Field(2**24, ge=1, description="numbers the explorer keeps for one view")
+    # keeps 9.2 million numbers, Qwen3-0.6B at 128 tokens 19.4 million; SmolLM2-135M's 1,024 tokens
+    # would be 109 million (435 MB), so it draws up to 356 (GPT-2 small 545, Qwen2.5-0.5B 285,
+    # TinyLlama 140). 2^25 numbers are 256 MiB in float64 (drawn toys), 128 MiB in float32.
+    explorer_max_values: int = Field(2**25, ge=1, description="numbers the explorer keeps for one view")
     # The lessons lay out T × T tables as HTML: beyond this many words they stop being legible.
     lesson_max_tokens: int = Field(128, ge=1, description="words (or characters) a lesson page draws")
     # The calculators only do arithmetic, so their sizes may be those of real large models:
