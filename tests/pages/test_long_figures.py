@@ -93,3 +93,14 @@ def test_a_matrix_travels_in_its_own_precision_and_the_attribute_is_escaped_as_a
     packed = json.loads(html.unescape(out))
     assert packed["z"]["dtype"] == "f8" and packed["z32"]["dtype"] == "f4"
     assert np.frombuffer(base64.b64decode(packed["z32"]["bdata"]), "<f4")[0] == np.float32(0.1)
+
+
+def test_the_page_draws_up_to_a_models_own_context_where_it_is_shorter(client):
+    # core/trained/induction: learned positions, n_positions 64 in its config.json
+    r = client.get("/", params={"model": "induction", "text": "ab" * 32})
+    assert r.status_code == 200 and "Up to 64 tokens." in r.text
+    r = client.get("/", params={"model": "induction", "text": "ab" * 32 + "a"}, headers=HX)
+    assert r.status_code == 422
+    assert "the explorer draws up to 64 (induction's context is 64 tokens)" in html.unescape(r.text)
+    # the toy's context is the API's limit: the page takes all of it
+    assert "Up to 1,024 tokens." in client.get("/", params={"model": "toy", "text": "ab"}).text
