@@ -701,7 +701,20 @@
     // outside a zoomed window the cell is not drawn: no marker (the readout still names it)
     box.hidden = Math.max(x0, x1) < xa._offset || Math.min(x0, x1) > xa._offset + xa._length ||
       Math.max(y0, y1) < ya._offset || Math.min(y0, y1) > ya._offset + ya._length;
-    liveRegion(el).textContent = cellWords(el, el._explorerShown, sel.i, sel.j);
+    liveRegion(el).textContent = cellWords(el, el._explorerShown, sel.i, sel.j) + rowPeak(el._explorerShown, sel.i);
+  }
+
+  // Where the selected query looks most: its row's largest value and key (in a long text, the
+  // cell a reader would otherwise hunt for).
+  function rowPeak(figure, i) {
+    const row = figure.data[0].z[i];
+    let best = -1;
+    for (let j = 0; j < row.length; j++) if (!Number.isNaN(row[j]) && (best < 0 || row[j] > row[best])) best = j;
+    if (best < 0) return "";
+    const label = document.createElement("span");
+    label.innerHTML = figure.layout.xaxis.ticktext[best];  // escaped by the server: entities only
+    return " · this row's largest " + (figure.export.value || "value") + ": key " + best + " " + label.textContent +
+      " (" + row[best].toFixed(2) + ")";
   }
 
   function selectCell(el, i, j) {

@@ -204,8 +204,11 @@ def test_the_painted_weights_are_the_apis_pattern_and_zoom_goes_there_and_back(p
                            arg=words + value, timeout=3000)
     # a click selects it: the readout below the figure says the same
     page.mouse.click(g["left"] + xa, g["top"] + ya)
+    # ... and where this query looks most: its row's largest weight (the first, on a tie)
+    peak = int(np.argmax(page_z[i]))
+    readout = words + value + f" · this row's largest weight: key {peak} {token_label(text[peak])} ({page_z[i, peak]:.2f})"
     page.wait_for_function("(t) => document.querySelector('#stage-weights .cell-readout').textContent === t",
-                           arg=words + value, timeout=3000)
+                           arg=readout, timeout=3000)
 
     reset.click()
     page.wait_for_function("(n) => document.querySelector('#stage-weights .plot')._fullLayout.xaxis.range[1] === n - 0.5",
