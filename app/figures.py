@@ -19,12 +19,20 @@ heatmap a "cell_text" pattern ("query {i} {y} → key {j} {x}", filled from the 
 from which explorer.js builds each cell's hover text, so the server does not send n² strings, and
 "label_px" {axis: pixels}: the band the margins keep for that axis' token labels, which explorer.js
 then writes itself (Plotly would measure each of them, most of a heatmap's drawing time).
+
+Long inputs (up to the API's 1,024 tokens): an attention matrix of IMAGE_MIN_TOKENS tokens or more
+carries export "draw": "image", and explorer.js paints it as an image (one pixel per cell) instead
+of Plotly's per-cell heatmap; from FLOAT32_MIN_TOKENS its values travel as float32 (half the bytes;
+7 significant digits, where hover shows 4 decimals); a thumbnail of more than THUMB_MAX_CELLS
+tokens is max-pooled to at most that many cells a side, so a sink or a diagonal of one token still
+shows at 120 pixels.
 """
 
 from __future__ import annotations
 
 import html
 from collections.abc import Sequence
+from functools import lru_cache
 
 import numpy as np
 
@@ -41,6 +49,12 @@ WEIGHTS_COLORSCALE = [
 ]
 MASK_FILL = {"shape": "/", "bgcolor": "#d9d9d9", "fgcolor": "#737373", "size": 8, "solidity": 0.25}
 MASKED_NAME = "masked (score −∞, weight 0)"
+
+# Long inputs (see the module's docstring). 64 tokens: cells narrower than ~8 px in a stage figure,
+# where a per-cell heatmap costs Plotly most and shows least.
+IMAGE_MIN_TOKENS = 64
+FLOAT32_MIN_TOKENS = 256  # 1,024² float64 values are 11 MB of base64; float32 5.6 MB
+THUMB_MAX_CELLS = 128  # a thumbnail is ~120 px wide: more cells than pixels only cost bytes
 
 KEY_AXIS = "key token (column)"
 QUERY_AXIS = "query token (row)"
@@ -60,6 +74,7 @@ def visible(token: str) -> str:
     return token.translate(_VISIBLE) or "∅"
 
 
+@lru_cache(maxsize=8192)  # a long text's labels are made for every figure of the page
 def token_label(token: str) -> str:
     """A token as a Plotly tick label: whitespace made visible, markup escaped."""
     return escape(visible(token))
@@ -84,6 +99,23 @@ def _finite_or_none(matrix: np.ndarray) -> np.ndarray:
     m = np.array(matrix, dtype=np.float64)
     m[~np.isfinite(m)] = np.nan
     return m
+
+
+def _max_pool(matrix: np.ndarray, mask: np.ndarray | None, size: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """[T, T] -> [ceil(T/f), ceil(T/f)] with f = ceil(T/size): each cell the largest value of its f × f
+    block (NaN only where the whole block is), each block masked only where all its cells are. The
+    largest, not the mean: one strong key (a sink, a previous-token diagonal) stays as dark as it is."""
+    f = -(-matrix.shape[0] // size)
+    rows, cols = -(-matrix.shape[0] // f), -(-matrix.shape[1] // f)
+    padded = np.full((rows * f, cols * f), -np.inf)  # -inf: "no value", below every value
+    padded[:matrix.shape[0], :matrix.shape[1]] = np.where(np.isnan(matrix), -np.inf, matrix)
+    pooled = padded.reshape(rows, f, cols, f).max(axis=(1, 3))
+    pooled[pooled == -np.inf] = np.nan  # an all-NaN block stays NaN
+    if mask is None:
+        return pooled, None
+    full = np.ones((rows * f, cols * f), dtype=bool)
+    full[:mask.shape[0], :mask.shape[1]] = mask
+    return pooled, full.reshape(rows, f, cols, f).all(axis=(1, 3))
 
 
 def _mask_overlay(mask: np.ndarray) -> dict | None:
@@ -158,8 +190,16 @@ def attention_heatmap(
         raise ValueError(f"expected a [{len(tokens)}, {len(tokens)}] matrix, got shape {m.shape}")
     labels = [token_label(t) for t in tokens]
     value_name = value_name or ("score" if kind == "scores" else "weight")
-    trace: dict = {"type": "heatmap", "z": _finite_or_none(m), "hoverongaps": False,
-                   "xgap": 1 if small else 0, "ygap": 1 if small else 0}
+    n = len(tokens)
+    image = n >= IMAGE_MIN_TOKENS
+    z = _finite_or_none(m)  # [query_pos, key_pos]
+    pooled = small and n > THUMB_MAX_CELLS
+    if pooled:
+        z, mask = _max_pool(z, None if mask is None else np.asarray(mask, dtype=bool), THUMB_MAX_CELLS)
+    if n >= FLOAT32_MIN_TOKENS:
+        z = z.astype(np.float32)  # app/web.py packs it as "f4"
+    gap = 1 if small and not image else 0  # gaps between a thumbnail's cells, while cells are pixels wide
+    trace: dict = {"type": "heatmap", "z": z, "hoverongaps": False, "xgap": gap, "ygap": gap}
     if kind == "scores":
         top = zmax if zmax is not None else score_range(m)
         trace.update(colorscale=SCORES_COLORSCALE, zmin=-top, zmax=top, zmid=0)
@@ -178,10 +218,11 @@ def attention_heatmap(
         if small:
             overlay.update(showlegend=False, hoverinfo="skip", hoveron="points")
         data.append(overlay)
+    cells = z.shape[0]  # n, or a pooled thumbnail's blocks
     layout = _base_layout(
-        xaxis=_token_axis(KEY_AXIS, labels, small=small),
+        xaxis={**_token_axis(KEY_AXIS, labels, small=small), "range": [-0.5, cells - 0.5]},
         yaxis={**_token_axis(QUERY_AXIS, labels, small=small), "autorange": None,
-               "range": [len(labels) - 0.5, -0.5], "scaleanchor": "x", "constrain": "domain"},
+               "range": [cells - 0.5, -0.5], "scaleanchor": "x", "constrain": "domain"},
         showlegend=overlay is not None and not small,
         # above the plot, right-aligned: below it would collide with the key axis' title
         legend={"orientation": "h", "x": 1, "y": 1.0, "yanchor": "bottom", "xanchor": "right",
@@ -190,6 +231,10 @@ def attention_heatmap(
     export = {"name": export_name, "kind": "matrix", "x": list(tokens), "y": list(tokens),
               "x_title": KEY_AXIS, "y_title": QUERY_AXIS, "value": value_name,
               "cell_text": "query {i} {y} → key {j} {x}"}
+    if image:
+        export["draw"] = "image"
+    if pooled:
+        export["pooled"] = -(-n // THUMB_MAX_CELLS)  # tokens a side of each cell
     if small:
         layout["margin"] = {"l": 2, "r": 2, "t": 2, "b": 2}
     else:

@@ -618,12 +618,18 @@ class Service:
             raise InputError(f"{what} has {n:,} tokens, more than the limit of {limit:,}: {hint}")
 
     def check_drawable(self, n: int, what: str = "words", of: str = "the text") -> None:
-        """A page draws T × T tables and heatmaps; beyond the explorer's limit they stop being legible
+        """A lesson page lays out T × T tables; beyond lesson_max_tokens they stop being legible
         (the JSON API still takes up to max_tokens)."""
         s = self.settings
-        if n > s.explorer_max_tokens:
-            raise InputError(f"{of} has {n} {what}; this page draws up to {s.explorer_max_tokens} "
+        if n > s.lesson_max_tokens:
+            raise InputError(f"{of} has {n} {what}; this page draws up to {s.lesson_max_tokens} "
                              f"(the API takes up to {s.max_tokens}): shorten it")
+
+    def explorer_token_limit(self, model: Model) -> int:
+        """Tokens the explorer draws for this model: explorer_max_tokens, or the model's context
+        (n_ctx) where that is shorter (a model configured per text, the spec's, has no such bound)."""
+        limit = self.settings.explorer_max_tokens
+        return min(limit, model.configure({}, limit).n_ctx)
 
     def _check_hook_values(self, values: int, advice: str) -> None:
         if values > self.settings.max_hook_values:
@@ -652,11 +658,18 @@ class Service:
             cfg = cfg.replace(positional_embedding_type=positional_embedding_type)
         return HookList(model.name, cfg, [HookInfo(n, hook_shape(n, cfg)) for n in hook_names(cfg)])
 
-    def setup(self, spec: RunSpec, n_tokens_for: int | None = None) -> Setup:
-        """Tokenise and configure a spec; refuse what this model cannot do, cheaply, before loading."""
+    def setup(self, spec: RunSpec, n_tokens_for: int | None = None, *, page: bool = False) -> Setup:
+        """Tokenise and configure a spec; refuse what this model cannot do, cheaply, before loading.
+        page=True: the explorer page's token limit (explorer_token_limit) and its message."""
         model = self.model(spec.model)
         encoding = model.tokenizer.encode(spec.text)
-        self.check_count("the text", len(encoding.ids), self.settings.max_tokens, "use a shorter text")
+        n = len(encoding.ids)
+        if page and n > (limit := self.explorer_token_limit(model)):
+            context = f"{model.name}'s context is {limit} tokens" if limit < self.settings.explorer_max_tokens \
+                else f"the API at /api/v1/run takes up to {self.settings.max_tokens}"
+            raise InputError(f"the text has {n:,} tokens; the explorer draws up to {limit:,} ({context}): "
+                             "shorten the text")
+        self.check_count("the text", n, self.settings.max_tokens, "use a shorter text")
         cfg = _configure(model, spec, len(encoding.ids) if n_tokens_for is None else n_tokens_for)
         seed = spec.seed if spec.seed is not None else model.default_seed
         return Setup(model, cfg, encoding, ablation_map(spec.ablate, cfg), seed)
@@ -761,26 +774,23 @@ class Service:
         """Every figure of the explorer from one preparation of the model: the chosen head's four stages,
         its layer's patterns, the mask flipped (compare), the residual stream, the prediction (and the
         ablation's effect on it), rollout, and every array's shape. Layer and head are clamped."""
-        st = self.setup(spec)
+        st = self.setup(spec, page=True)
         cfg, n = st.cfg, st.n
         s = self.settings
-        if n > s.explorer_max_tokens:
-            raise InputError(f"the text has {n} tokens; the explorer draws up to {s.explorer_max_tokens} "
-                             f"(the API at /api/v1/run takes up to {s.max_tokens}): shorten the text")
         layer = min(layer, cfg.n_layers - 1)
         head = min(head, cfg.n_heads - 1)
         hooks = residual_hooks(cfg) + stage_hooks(cfg, layer)
         if rollout:
             hooks += [h for h in pattern_hooks(cfg) if h not in hooks]
-        if st.model.draws_weights:
-            # The activations the view keeps, bounded for the sizes a learner chooses. A pretrained model's
-            # sizes are the operator's choice: its activations are bounded by explorer_max_tokens and its
-            # width and depth (SmolLM2-135M at 128 tokens keeps 11.5 million numbers, 46 MB).
-            values = sum(math.prod(hook_dims(h, cfg, n)) for h in hooks)
-            fewer = "fewer layers, a smaller d_model" + (", fewer heads or no attention rollout" if rollout else "")
-            self._check_hook_values(values, f"this view would draw {{values}} numbers ({n} tokens, {cfg.n_layers} "
-                                            f"layers), more than this server's limit of {{limit}}: use a shorter "
-                                            f"text, {fewer}")
+        # The activations the view keeps, for every model: a learner's sizes, and a checkpoint's width and
+        # depth times the text (SmolLM2-135M keeps 11.5 million numbers at 128 tokens, 107 million at 1,024).
+        values = sum(math.prod(hook_dims(h, cfg, n)) for h in hooks)
+        if values > s.explorer_max_values:
+            fewer = ("fewer layers, a smaller d_model, fewer heads" if st.model.draws_weights else "") + \
+                (" or no attention rollout" if rollout else "")
+            raise InputError(f"this view would keep {values:,} numbers ({n:,} tokens, {cfg.n_layers} layers, "
+                             f"{cfg.n_heads} heads), more than this server's limit of {s.explorer_max_values:,}: "
+                             f"use a shorter text{', ' + fewer.lstrip(' ') if fewer else ''}")
         decoder = not st.model.is_encoder
         compare = compare and "causal" in st.model.toggles
         passes = 1 + (bool(st.ablate) and decoder) + compare

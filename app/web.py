@@ -28,6 +28,7 @@ import orjson
 from fastapi import Request
 from fastapi.responses import HTMLResponse
 from jinja2_fragments.fastapi import Jinja2Blocks
+from markupsafe import Markup
 from pydantic import ValidationError
 
 from core import InputError
@@ -47,24 +48,35 @@ def _packed(value):
     """orjson's fallback for what figure dicts hold besides JSON types: a 2-D array (a heatmap's z)
     as Plotly's typed-array spec, base64 of its float64 bytes (every bit of every number, a third
     of the characters of JSON, and decoded by the browser without parsing numbers); any other
-    array as a list (NaN as null); NumPy scalars as numbers. static/js/explorer.js `decode` reads it."""
+    array as a list (NaN as null); NumPy scalars as numbers. A float32 matrix (app/figures.py, long
+    inputs) goes as "f4", its own bytes. static/js/explorer.js `unpack` reads both."""
     if isinstance(value, np.ndarray):
         if value.ndim == 2 and value.dtype.kind == "f":
             rows, cols = value.shape
-            return {"dtype": "f8", "bdata": base64.b64encode(np.ascontiguousarray(value, "<f8").tobytes()).decode(),
-                    "shape": f"{rows},{cols}"}
+            dtype = "f4" if value.dtype == np.float32 else "f8"  # float32: app/figures.py's long inputs
+            data = np.ascontiguousarray(value, "<" + dtype).tobytes()
+            return {"dtype": dtype, "bdata": base64.b64encode(data).decode(), "shape": f"{rows},{cols}"}
         return value.tolist()
     if isinstance(value, np.generic):
         return value.item()
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
-def figure_json(fig: dict) -> str:
-    """A figure dict as JSON for a data- attribute (autoescape then escapes the quotes).
+# What an attribute value must not hold raw, as markupsafe escapes it.
+_ATTRIBUTE_ESCAPES = (("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"), ('"', "&#34;"), ("'", "&#39;"))
+
+
+def figure_json(fig: dict) -> Markup:
+    """A figure dict as JSON for a data- attribute, escaped for it.
 
     Heatmap matrices are packed (`_packed`); orjson writes NaN and ±inf as null, which is what a
-    masked cell must be in JSON."""
-    return orjson.dumps(fig, default=_packed).decode()
+    masked cell must be in JSON. Escaped here with str.replace, not autoescape: at 1,024 tokens a
+    page holds ~20 MB of base64, which markupsafe's escape walks at a tenth of the speed."""
+    text = orjson.dumps(fig, default=_packed).decode()
+    for char, entity in _ATTRIBUTE_ESCAPES:
+        if char in text:
+            text = text.replace(char, entity)
+    return Markup(text)
 
 
 templates = Jinja2Blocks(directory=str(TEMPLATES_DIR))
@@ -214,6 +226,7 @@ class ExplorerState:
     ablate: tuple[tuple[int, int], ...] = ()  # (layer, head) of every ablated head, sorted
     ablate_method: str = "zero"  # "zero" | "mean", for every ablated head
     rollout: bool = False  # show attention rollout beside the pattern
+    all_stages: bool = False  # long texts: the scores stages too, not only the weights (app/routers/explorer.py)
 
     def ablate_request(self) -> list[dict]:
         """The ablated heads as a request's `ablate` list."""
@@ -291,7 +304,8 @@ def parse_explorer(query: Mapping, models: Mapping[str, Model], *, preferred: st
     defaults = model_defaults(model)
     controls = ExplorerState(model=name, text=text, **(defaults | given), layer=picks["layer"], head=picks["head"],
                              compare=last(query, "view") == "compare", classroom=is_on(query, "classroom"),
-                             ablate=ablate, ablate_method=method, rollout=is_on(query, "rollout"))
+                             ablate=ablate, ablate_method=method, rollout=is_on(query, "rollout"),
+                             all_stages=is_on(query, "stages"))
     return Parsed(controls, given, defaults, errors, model.default_text, default, model.default_head)
 
 
@@ -318,6 +332,8 @@ def explorer_query(parsed: Parsed) -> str:
             params["ablate_method"] = c.ablate_method
     if c.rollout:
         params["rollout"] = 1
+    if c.all_stages:
+        params["stages"] = 1
     return "/?" + urlencode(params, doseq=True) if params else "/"
 
 

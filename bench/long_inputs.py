@@ -9,6 +9,8 @@ Sizes are the body as sent (gzip when the server compresses: `wire`) and as deco
 from __future__ import annotations
 
 import argparse
+import html
+import re
 import time
 
 from bench.common import live_server, header, median, run_main, table
@@ -25,7 +27,8 @@ def limits() -> dict:
 
     s = get_settings()
     return {"max_tokens": s.max_tokens, "max_text_chars": s.max_text_chars, "max_body_bytes": s.max_body_bytes,
-            "max_hook_values": s.max_hook_values, "explorer_max_tokens": s.explorer_max_tokens}
+            "max_hook_values": s.max_hook_values, "explorer_max_tokens": s.explorer_max_tokens,
+            "explorer_max_values": s.explorer_max_values}
 
 
 def main(argv: list[str]) -> int:
@@ -49,9 +52,17 @@ def main(argv: list[str]) -> int:
         (f"run, {n + 1} tokens", "POST", run, {"model": "toy", "text": text(n + 1)}, {}),
         (f"run, body over {lim['max_body_bytes']:,} bytes", "POST", run,
          {"model": "toy", "text": text(lim["max_body_bytes"])}, {}),
-        (f"explorer page update (htmx), {n} tokens", "GET", "/", {"model": "toy", "text": text(n)}, {"HX-Request": "true"}),
+        # the explorer page (issue 18: up to explorer_max_tokens, 1,024): 128 tokens is the peer
+        ("explorer page update (htmx), 128 tokens", "GET", "/", {"model": "toy", "text": text(128)},
+         {"HX-Request": "true"}),
         (f"explorer page update (htmx), {lim['explorer_max_tokens']} tokens", "GET", "/",
-         {"text": text(lim["explorer_max_tokens"])}, {"HX-Request": "true"}),
+         {"model": "toy", "text": text(lim["explorer_max_tokens"])}, {"HX-Request": "true"}),
+        (f"explorer page update (htmx), {lim['explorer_max_tokens']} tokens, all four stages", "GET", "/",
+         {"model": "toy", "text": text(lim["explorer_max_tokens"]), "stages": "1"}, {"HX-Request": "true"}),
+        (f"explorer whole page, {lim['explorer_max_tokens']} tokens", "GET", "/",
+         {"model": "toy", "text": text(lim["explorer_max_tokens"])}, {}),
+        (f"explorer page update (htmx), {lim['explorer_max_tokens'] + 1} tokens", "GET", "/",
+         {"model": "toy", "text": text(lim["explorer_max_tokens"] + 1)}, {"HX-Request": "true"}),
     ]
     rows = []
     with live_server(env={"EXPLORER_ACCESS_LOG": "false"}) as server, httpx.Client(base_url=server.url, timeout=120) as c:
@@ -67,8 +78,9 @@ def main(argv: list[str]) -> int:
             if r.status_code != 200:
                 try:
                     detail = r.json()["detail"][0]["msg"][:90]
-                except Exception:
-                    detail = r.text[:90]
+                except Exception:  # a page: its message in place of the figures
+                    found = re.search(r'<p class="error">([^<]*)</p>', r.text)
+                    detail = html.unescape(found.group(1) if found else r.text)[:90]
             rows.append([what, r.status_code, f"{median(times) * 1e3:.0f}",
                          f"{r.num_bytes_downloaded / 1024:.1f}", f"{len(r.content) / 1024:.1f}", detail])
     print(table(f"Time per update and response size (median of {args.repeat}, after a warm-up)",

@@ -14,7 +14,14 @@ characters) it measures, as a learner meets them:
 - edit -> every figure: the same edit until every figure of the page has been redrawn;
 - a burst: five keys 40 ms apart, timed from the last key (the debounce's wait is then included);
 - switching head (a click on a head's thumbnail) and layer (a click on a layer chip) -> the weights
-  heatmap redrawn with the new head's or layer's pattern.
+  heatmap redrawn with the new head's or layer's pattern;
+- first load: a new visit to the explorer's URL with that text (navigation start, so the server's
+  run and the whole page's transfer and parsing count) -> the weights heatmap drawn, and -> every
+  figure drawn.
+
+A heatmap is "drawn with N rows" when the figure it shows holds N rows: from 64 tokens explorer.js
+paints the matrix itself (app/figures.py IMAGE_MIN_TOKENS), so the figure is read from the element's
+`_explorerShown`, not from Plotly's traces.
 
 Each figure is a median over repetitions separated by a pause (so the page is idle again). Measured,
 not asserted: `make bench BENCH=browser` prints the same table beside its budgets.
@@ -35,6 +42,22 @@ from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 
 SETTLE_MS = 600  # after each action, the page finishes drawing and idles before the next one
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+# The figure a heatmap element shows: its matrix, as drawn by Plotly or painted by explorer.js.
+SHOWN_Z = "(el => el._explorerShown && el._explorerShown.data[0].z)"
+
+# Installed before each page's scripts: when the weights heatmap and then every figure are first drawn.
+LOAD_WATCH = """
+window.__explorerLoad = {first: null, all: null};
+document.addEventListener('explorer:drawn', function (evt) {
+  const load = window.__explorerLoad;
+  if (load.first === null && evt.target === document.querySelector('#stage-weights [data-figure]')) {
+    load.first = performance.now();
+  }
+  const every = [...document.querySelectorAll('[data-figure]')].every(el => el._fullLayout && !el._explorerPending);
+  if (load.first !== null && load.all === null && every) load.all = performance.now();
+}, true);
+"""
 
 # Shared by every measurement: resolves when `done()` holds at an animation frame after `act()`.
 WATCH = """() => {
@@ -69,7 +92,7 @@ EDIT = """async ([text, settle]) => {
   return await window.__explorerWatch(async () => {
     box.value = text;
     box.dispatchEvent(new Event('input', {bubbles: true}));
-  }, el => el.data && el.data[0].z.length === rows, settle);
+  }, el => (""" + SHOWN_Z + """(el) || []).length === rows, settle);
 }"""
 
 BURST = """async ([text, keys, gap, settle]) => {
@@ -85,18 +108,19 @@ BURST = """async ([text, keys, gap, settle]) => {
   return await window.__explorerWatch(async () => {
     box.value += keys[keys.length - 1];
     box.dispatchEvent(new Event('input', {bubbles: true}));
-  }, el => el.data && el.data[0].z.length === rows, settle);
+  }, el => (""" + SHOWN_Z + """(el) || []).length === rows, settle);
 }"""
 
 # A click on a head thumbnail or a layer chip; done when the weights heatmap shows that head's
 # pattern (its first row differs from the one drawn before) and, for a layer, the title says so.
 SWITCH = """async ([forId, settle]) => {
-  const el = () => document.querySelector('#stage-weights [data-figure]');
-  const before = JSON.stringify(Array.from(el().data[0].z[el().data[0].z.length - 1]));
+  const shown = """ + SHOWN_Z + """;
+  const lastRow = el => { const z = shown(el); return JSON.stringify(Array.from(z[z.length - 1])); };
+  const before = lastRow(document.querySelector('#stage-weights [data-figure]'));
   const layer = forId.startsWith('layer-') ? forId.slice(6) : null;
   return await window.__explorerWatch(async () => {
     document.querySelector('label[for=' + forId + ']').click();
-  }, p => JSON.stringify(Array.from(p.data[0].z[p.data[0].z.length - 1])) !== before
+  }, p => lastRow(p) !== before
        && (layer === null || document.querySelector('#attn-title').textContent.includes('layer ' + layer)), settle);
 }"""
 
@@ -116,14 +140,31 @@ def text_of(n: int) -> str:
     return base[:n]
 
 
+def first_load(page, url: str, tokens: int, repeat: int) -> tuple[list[float], list[float]]:
+    """ms from navigation start to the weights heatmap drawn, and to every figure drawn, per visit."""
+    first, every = [], []
+    for _ in range(repeat):
+        page.goto(f"{url}/?model=toy&text={text_of(tokens).replace(' ', '+')}", wait_until="commit")
+        page.wait_for_function("() => window.__explorerLoad && window.__explorerLoad.all !== null", timeout=120_000)
+        load = page.evaluate("() => window.__explorerLoad")
+        first.append(load["first"])
+        every.append(load["all"])
+    return first, every
+
+
 def measure(page, url: str, tokens: int, edits: int, switches: int) -> dict[str, list[float]]:
     """Every measurement at one text length; each list holds ms per repetition."""
+    if not getattr(page, "_explorer_load_watch", False):  # once per page: it stays for every later visit
+        page.add_init_script(LOAD_WATCH)
+        page._explorer_load_watch = True
+    load_first, load_all = first_load(page, url, tokens, max(3, edits // 4))
     page.goto(f"{url}/?model=toy&text={text_of(tokens - 1).replace(' ', '+')}")
     page.wait_for_function("() => document.querySelector('#stage-weights [data-figure]')?._fullLayout")
     page.evaluate(WATCH)
     page.evaluate(EDIT, [text_of(tokens), SETTLE_MS])  # warm-up
     page.evaluate(EDIT, [text_of(tokens - 1), SETTLE_MS])
-    out: dict[str, list[float]] = {"edit_first": [], "edit_all": [], "burst_first": [], "head": [], "layer": []}
+    out: dict[str, list[float]] = {"edit_first": [], "edit_all": [], "burst_first": [], "head": [], "layer": [],
+                                   "load_first": load_first, "load_all": load_all}
     for i in range(edits):
         # alternate n and n - 1 characters, a different last letter each time
         text = text_of(tokens - 1) + LETTERS[i % 26]
@@ -159,7 +200,8 @@ def run(tokens: list[int], edits: int, switches: int) -> dict[int, dict[str, lis
 
 ROWS = [("edit_first", "edit -> first heatmap redrawn"), ("edit_all", "edit -> every figure redrawn"),
         ("burst_first", "last key of a burst (5 keys, 40 ms apart) -> first heatmap"),
-        ("head", "switch head -> its heatmap redrawn"), ("layer", "switch layer -> its heatmap redrawn")]
+        ("head", "switch head -> its heatmap redrawn"), ("layer", "switch layer -> its heatmap redrawn"),
+        ("load_first", "first load -> weights heatmap drawn"), ("load_all", "first load -> every figure drawn")]
 
 
 def summary(results: dict[int, dict[str, list[float]]]) -> list[list[str]]:

@@ -24,6 +24,10 @@ from ..service import AttentionStages, ExplorerView
 router = APIRouter(tags=["pages"], include_in_schema=False)
 
 TOP_K = 10  # next-token bars shown
+# From this many tokens the page sends the softmax weights and, only when asked (stages=1), the
+# three scores stages: each is a T × T matrix (1,024 tokens: 5.6 MB of base64 float32), and three
+# of them would be most of the page's bytes and of its first load.
+STAGES_ON_REQUEST_TOKENS = 256
 
 
 def _config_line(v: ExplorerView) -> str:
@@ -45,7 +49,7 @@ def _shape(dims) -> str:
     return "(" + ", ".join(map(str, dims)) + ("," if len(dims) == 1 else "") + ")"
 
 
-def _stage_figures(st: AttentionStages, v: ExplorerView, where: str) -> list[dict]:
+def _stage_figures(st: AttentionStages, v: ExplorerView, where: str, only_weights: bool = False) -> list[dict]:
     cfg = v.config
     top = figures.score_range(st.raw, st.scaled, st.masked)  # one colour range, so scaling shows
     divisor = ("√d_head = √" + f"{cfg.d_head} = {math.sqrt(cfg.d_head):.3g}") if cfg.use_attn_scale \
@@ -64,6 +68,8 @@ def _stage_figures(st: AttentionStages, v: ExplorerView, where: str) -> list[dic
         ("weights", "4 · Softmax weights", st.weights, "weights", st.mask,
          "Each row exponentiated and normalised: weights are ≥ 0 and each row sums to 1."),
     ]
+    if only_weights:
+        specs = specs[-1:]
     return [{"key": key, "title": title, "caption": caption,
              "figure": figures.attention_heatmap(matrix, v.tokens, kind=kind, mask=mask,
                                                  zmax=top if kind == "scores" else None,
@@ -90,8 +96,9 @@ def _short(stage: str) -> str:
     return stage.replace("resid_", "")
 
 
-def view_context(v: ExplorerView, ablated: set[tuple[int, int]]) -> dict:
-    """The explorer's figures and texts from the service's view."""
+def view_context(v: ExplorerView, ablated: set[tuple[int, int]], all_stages: bool = False) -> dict:
+    """The explorer's figures and texts from the service's view. A long text's scores stages only
+    with all_stages (STAGES_ON_REQUEST_TOKENS)."""
     layer, head = v.layer, v.head
     where = f"layer{layer}-head{head}"
     head_figures = [figures.attention_heatmap(v.patterns[h], v.tokens, kind="weights", mask=v.stages.mask,
@@ -109,11 +116,13 @@ def view_context(v: ExplorerView, ablated: set[tuple[int, int]]) -> dict:
         rollout = figures.attention_heatmap(v.rollout, v.tokens, kind="weights", value_name="rollout",
                                             export_name=f"rollout-through-layer{layer}")
     norms = v.residual
+    on_request = len(v.tokens) >= STAGES_ON_REQUEST_TOKENS
+    stages = _stage_figures(v.stages, v, where, only_weights=on_request and not all_stages)
     return {
         "ablated": ablated, "ablation": v.ablation_effect, "rollout_figure": rollout,
         "model_name": v.model, "tokens": v.tokens, "token_labels": [figures.visible(t) for t in v.tokens],
         "config_line": _config_line(v), "layer": layer, "head": head, "n_layers": v.config.n_layers,
-        "head_figures": head_figures, "stages": _stage_figures(v.stages, v, where),
+        "head_figures": head_figures, "stages": stages, "stages_on_request": on_request,
         # under grouped-query attention, the K/V head each query head reads (its card says so)
         "kv_heads": v.kv_heads if v.config.n_key_value_heads != v.config.n_heads else None,
         "compare": _compare_figures(v, where) if v.other_stages is not None else None,
@@ -147,7 +156,7 @@ def explorer(request: Request, svc: ServiceDep) -> HTMLResponse:
             v = svc.explorer(spec, c.layer, c.head, compare=c.compare, rollout=c.rollout,
                              top_k=0 if model.is_encoder else TOP_K)
             c.layer, c.head = v.layer, v.head  # what is shown is what the URL will say
-            view = view_context(v, set(c.ablate))
+            view = view_context(v, set(c.ablate), c.all_stages)
         except web.PAGE_ERRORS as exc:
             error = web.error_message(exc)
     limits = web.page_limits(svc.settings)
@@ -157,6 +166,7 @@ def explorer(request: Request, svc: ServiceDep) -> HTMLResponse:
         "text_hint": ("the model reads it one character at a time" if model.kind == "toy"
                       else "split into tokens by the model's own tokeniser"),
         "position_schemes": schemas.POSITION_SCHEMES, "limits": limits, "classroom": c.classroom,
+        "token_limit": svc.explorer_token_limit(model),
         "size_fields": [(name, label, limits[name]) for name, label in
                         (("n_heads", "Heads"), ("d_model", "Width d_model"), ("n_layers", "Layers"),
                          ("seed", "Seed"))],

@@ -14,6 +14,11 @@
 //   while typing goes on (the last keystroke always sends): `data-debounce-ms` on the text box.
 // - A heatmap with hover text is a keyboard widget too: focus it, move the selected cell with the
 //   arrow keys (or click a cell), and a live region says "query i a → key j b: weight 0.42".
+// - Long inputs: an attention matrix the server marks `export.draw = "image"` (64 tokens or more,
+//   app/figures.py) is painted by this script as an image, one pixel per cell, into a canvas under
+//   Plotly's axes; hover and the selected cell read the values from the figure's own data. Drag
+//   zooms into a window of queries × keys (labels follow, thinned to what fits); "Reset zoom" (or
+//   a double click) goes back to every token.
 // - Buttons with `data-download="json"|"csv"` inside a `.figure` card download the data behind
 //   that card's figure; PNG export is Plotly's own modebar button.
 // - Failed requests that the server could not answer in place (busy, network down, 5xx) show a
@@ -71,20 +76,25 @@
   // Each heatmap cell's hover text, from the figure's "cell_text" pattern and its (already
   // escaped) tick labels: "query {i} {y} → key {j} {x}". Built here so the server sends n labels,
   // not n² strings; kept per pattern and labels, so a new head or layer reuses them.
+  function fillCell(parts, i, y, j, x) {
+    // replacement by position, never String.replace: a label such as "$&" is only text
+    const values = {"{i}": i, "{y}": y, "{j}": j, "{x}": x};
+    let s = "";
+    for (const part of parts) s += part in values ? values[part] : part;
+    return s;
+  }
+  function cellParts(pattern) {
+    return pattern.split(/(\{[ijxy]\})/);
+  }
+
   const cellTextCache = new Map();
   function cellText(pattern, xt, yt) {
     const key = pattern + "\u0000" + xt.join("\u0001") + "\u0000" + yt.join("\u0001");
     let text = cellTextCache.get(key);
     if (text) return text;
-    // replacement by position, never String.replace: a label such as "$&" is only text
-    const parts = pattern.split(/(\{[ijxy]\})/);
+    const parts = cellParts(pattern);
     text = yt.map(function (y, i) {
-      return xt.map(function (x, j) {
-        const values = {"{i}": i, "{y}": y, "{j}": j, "{x}": x};
-        let s = "";
-        for (const part of parts) s += part in values ? values[part] : part;
-        return s;
-      });
+      return xt.map(function (x, j) { return fillCell(parts, i, y, j, x); });
     });
     if (cellTextCache.size > 16) cellTextCache.clear();
     cellTextCache.set(key, text);
@@ -95,10 +105,11 @@
     return ((figure.layout || {})[axis] || {}).ticktext;
   }
 
-  // THE place where a figure becomes Plotly traces. (Long inputs can grow here: an image trace
-  // instead of a heatmap, thinned labels.)
+  // THE place where a figure becomes Plotly traces. An image figure's cells are not a trace
+  // (paintImage draws them): Plotly gets its colour bar and the mask's legend entry only.
   function figureTraces(el, figure) {
     const data = figure.data || [];
+    if (isImage(figure)) return imageTraces(figure);
     const pattern = figure.export && figure.export.cell_text;
     const xt = axisLabels(figure, "xaxis");
     const yt = axisLabels(figure, "yaxis");
@@ -135,12 +146,258 @@
       const axis = layout[name] || {};
       layout[name] = Object.assign({}, axis, {
         showticklabels: false,
+        // no tick per token for Plotly to lay out (1,024 of them cost it ~100 ms): drawLabels
+        // writes the labels from the figure's own ticktext
+        tickmode: "auto", tickvals: undefined, ticktext: undefined, nticks: 1,
         title: Object.assign({}, axis.title, {standoff: Math.round(bands[letter] * factor)}),
       });
+    }
+    if (isImage(figure)) {
+      // the canvas lies under Plotly's SVG (so the zoom box shows above it): the SVG is see-through
+      layout.paper_bgcolor = "rgba(0,0,0,0)";
+      layout.plot_bgcolor = "rgba(0,0,0,0)";
+      layout.hovermode = false;  // hover is this script's (cellHover), from the figure's data
+      layout.dragmode = el.hasAttribute("data-static") ? false : "zoom";
+    }
+    for (const name of ["xaxis", "yaxis"]) {
+      // Plotly writes a zoom into the range it was given: the figure's own stays the way back
+      const axis = layout[name];
+      if (axis && Array.isArray(axis.range)) layout[name] = Object.assign({}, axis, {range: axis.range.slice()});
     }
     layout.autosize = true;
     return layout;
   }
+
+  // ------------------------------------------------------------------ dense matrices as images
+
+  function isImage(figure) {
+    return !!(figure && figure.export && figure.export.draw === "image");
+  }
+
+  function overlayTrace(figure) {
+    return (figure.data || []).find(function (t) { return t.type === "scatter" && t.fill === "toself"; });
+  }
+
+  function imageTraces(figure) {
+    const heat = figure.data[0];
+    const traces = [{
+      // no points: the colour bar only (its scale and range are the heatmap's)
+      type: "scatter", mode: "markers", x: [null], y: [null], hoverinfo: "skip", showlegend: false,
+      marker: {color: [heat.zmin], colorscale: heat.colorscale, cmin: heat.zmin, cmax: heat.zmax,
+        showscale: heat.showscale !== false, colorbar: heat.colorbar},
+    }];
+    const overlay = overlayTrace(figure);
+    if (overlay && overlay.showlegend) {  // the legend's "masked" swatch; the cells are in the image
+      traces.push(Object.assign({}, overlay, {x: [null], y: [null], hoverinfo: "skip"}));
+    }
+    return traces;
+  }
+
+  // 256 colours along a Plotly colorscale [[t, "#rrggbb"], ...], linear in RGB between stops as
+  // Plotly's heatmap interpolates: [r, g, b] at 3k.
+  const lutCache = new Map();
+  function colourTable(scale) {
+    const key = JSON.stringify(scale);
+    if (lutCache.has(key)) return lutCache.get(key);
+    const stops = scale.map(function (s) {
+      const v = parseInt(s[1].slice(1), 16);
+      return [s[0], (v >> 16) & 255, (v >> 8) & 255, v & 255];
+    });
+    const lut = new Uint8ClampedArray(256 * 3);
+    for (let k = 0, s = 0; k < 256; k++) {
+      const t = k / 255;
+      while (s < stops.length - 2 && t > stops[s + 1][0]) s++;
+      const a = stops[s], b = stops[s + 1];
+      const f = b[0] > a[0] ? Math.min(1, Math.max(0, (t - a[0]) / (b[0] - a[0]))) : 0;
+      for (let c = 1; c <= 3; c++) lut[3 * k + c - 1] = Math.round(a[c] + (b[c] - a[c]) * f);
+    }
+    lutCache.set(key, lut);
+    return lut;
+  }
+
+  // Masked cells, row-major, from the overlay's rectangles (x0, x1, x1, x0, x0, break per run of
+  // masked cells in a row, app/figures.py _mask_overlay).
+  function maskedCells(figure, rows, cols) {
+    const overlay = overlayTrace(figure);
+    if (!overlay) return null;
+    const out = new Uint8Array(rows * cols);
+    for (let r = 0; r + 4 < overlay.x.length; r += 6) {
+      const row = Math.round(overlay.y[r] + 0.5);
+      const to = Math.min(cols, Math.round(overlay.x[r + 1] + 0.5));
+      for (let j = Math.max(0, Math.round(overlay.x[r] + 0.5)); j < to; j++) out[row * cols + j] = 1;
+    }
+    return out;
+  }
+
+  const MASK_RGB = [[0xd9, 0xd9, 0xd9], [0x73, 0x73, 0x73]];  // app/figures.py MASK_FILL: paper, hatch
+  const THUMB_MASK_RGB = [[0xee, 0xee, 0xee], [0xee, 0xee, 0xee]];  // a thumbnail's: plain and light
+
+  // The figure's matrix as a bitmap, one pixel per cell; masked cells hatched grey (a darker cell
+  // every 4th diagonal; in a thumbnail plain light grey, so the pattern is what shows). Kept per
+  // matrix, so a redraw at another zoom only copies it.
+  const bitmaps = new WeakMap();
+  function matrixBitmap(figure, thumb) {
+    const heat = figure.data[0];
+    const z = heat.z;
+    if (bitmaps.has(z)) return bitmaps.get(z);
+    const rows = z.length, cols = z[0].length;
+    const canvas = document.createElement("canvas");
+    canvas.width = cols;
+    canvas.height = rows;
+    const ctx = canvas.getContext("2d");
+    const image = ctx.createImageData(cols, rows);
+    // one 32-bit word per pixel (RGBA bytes in memory order: little-endian ABGR), from a table
+    const px = new Uint32Array(image.data.buffer);
+    const rgba = function (r, g, b) { return ((255 << 24) | (b << 16) | (g << 8) | r) >>> 0; };
+    const rgb = colourTable(heat.colorscale);
+    const lut = new Uint32Array(256);
+    for (let k = 0; k < 256; k++) lut[k] = rgba(rgb[3 * k], rgb[3 * k + 1], rgb[3 * k + 2]);
+    const grey = (thumb ? THUMB_MASK_RGB : MASK_RGB).map(function (c) { return rgba(c[0], c[1], c[2]); });
+    const lo = heat.zmin, scale = 255 / ((heat.zmax - heat.zmin) || 1);
+    const masked = maskedCells(figure, rows, cols);
+    for (let i = 0, o = 0; i < rows; i++) {
+      const row = z[i];
+      for (let j = 0; j < cols; j++, o++) {
+        const v = row[j];
+        if (v !== v || (masked !== null && masked[o])) {  // NaN: no value
+          px[o] = grey[(i + j) % 4 === 0 ? 1 : 0];
+        } else {
+          const k = (v - lo) * scale;  // the nearest of 256 steps (round half up)
+          px[o] = lut[k <= 0 ? 0 : k >= 255 ? 255 : (k + 0.5) | 0];
+        }
+      }
+    }
+    ctx.putImageData(image, 0, 0);
+    bitmaps.set(z, canvas);
+    return canvas;
+  }
+
+  // The visible window of the axes (zoomed or not) copied from the bitmap into a canvas that
+  // lies exactly under Plotly's plot area: cells wider than a screen pixel as sharp blocks,
+  // narrower ones smoothed (nearest-neighbour would drop whole rows and columns).
+  function paintImage(el, figure) {
+    const full = el._fullLayout;
+    const xa = full.xaxis, ya = full.yaxis;
+    const holder = el.querySelector(".svg-container");
+    if (!holder) return;
+    let canvas = holder.querySelector(":scope > canvas.matrix-image");
+    if (!canvas) {
+      canvas = document.createElement("canvas");
+      canvas.className = "matrix-image";
+      canvas.setAttribute("aria-hidden", "true");
+      holder.prepend(canvas);  // under the SVG layers
+    }
+    const ratio = window.devicePixelRatio || 1;
+    const z = figure.data[0].z;
+    const key = [xa._offset, ya._offset, xa._length, ya._length, ratio, xa.range.join(), ya.range.join()].join();
+    if (canvas._painted === z && canvas._paintedAt === key) return;  // decorate runs after every plot event
+    canvas._painted = z;
+    canvas._paintedAt = key;
+    canvas.style.left = xa._offset + "px";
+    canvas.style.top = ya._offset + "px";
+    canvas.style.width = xa._length + "px";
+    canvas.style.height = ya._length + "px";
+    canvas.width = Math.max(1, Math.round(xa._length * ratio));
+    canvas.height = Math.max(1, Math.round(ya._length * ratio));
+    const bitmap = matrixBitmap(figure, el.hasAttribute("data-static"));
+    const x0 = Math.min(xa.range[0], xa.range[1]) + 0.5, x1 = Math.max(xa.range[0], xa.range[1]) + 0.5;
+    const y0 = Math.min(ya.range[0], ya.range[1]) + 0.5, y1 = Math.max(ya.range[0], ya.range[1]) + 0.5;
+    const ctx = canvas.getContext("2d");
+    ctx.imageSmoothingEnabled = canvas.width < (x1 - x0) || canvas.height < (y1 - y0);
+    ctx.imageSmoothingQuality = "high";
+    ctx.drawImage(bitmap, x0, y0, x1 - x0, y1 - y0, 0, 0, canvas.width, canvas.height);
+  }
+
+  // The cell under the pointer, from the axes' own pixel-to-data mapping; null outside the cells.
+  function cellAt(el, evt) {
+    const full = el._fullLayout;
+    const figure = el._explorerShown;
+    if (!full || !figure || !el._cells) return null;
+    const xa = full.xaxis, ya = full.yaxis;
+    const box = el.getBoundingClientRect();
+    const x = evt.clientX - box.left - xa._offset, y = evt.clientY - box.top - ya._offset;
+    if (x < 0 || y < 0 || x > xa._length || y > ya._length) return null;
+    const i = Math.round(ya.p2l(y)), j = Math.round(xa.p2l(x));
+    if (i < 0 || j < 0 || i >= el._cells.rows || j >= el._cells.cols) return null;
+    return {i: i, j: j};
+  }
+
+  function hoverBox(el) {
+    let box = el.querySelector(":scope > .cell-hover");
+    if (!box) {
+      box = document.createElement("div");
+      box.className = "cell-hover";
+      box.setAttribute("aria-hidden", "true");  // the readout below the figure says it for everyone
+      el.appendChild(box);
+    }
+    return box;
+  }
+
+  function cellHover(evt) {
+    const el = evt.currentTarget;
+    const cell = evt.buttons ? null : cellAt(el, evt);  // no hover while dragging a zoom box
+    const box = hoverBox(el);
+    if (!cell) {
+      box.hidden = true;
+      return;
+    }
+    box.textContent = cellWords(el, el._explorerShown, cell.i, cell.j);
+    const bounds = el.getBoundingClientRect();
+    const x = evt.clientX - bounds.left, y = evt.clientY - bounds.top;
+    box.hidden = false;
+    // beside the pointer, on the side with room
+    box.style.left = (x > bounds.width / 2 ? x - box.offsetWidth - 12 : x + 12) + "px";
+    box.style.top = Math.max(0, y - box.offsetHeight - 8) + "px";
+  }
+
+  function setupImage(el) {
+    if (el._imageHandlers) return;
+    el._imageHandlers = true;
+    el.addEventListener("mousemove", function (evt) { if (isImage(el._explorerShown)) cellHover(evt); });
+    el.addEventListener("mouseleave", function () { hoverBox(el).hidden = true; });
+    // a click (not the end of a zoom drag) selects the cell under the pointer
+    el.addEventListener("mousedown", function (evt) { el._downAt = [evt.clientX, evt.clientY]; });
+    el.addEventListener("click", function (evt) {
+      const down = el._downAt;
+      if (!isImage(el._explorerShown) || !down || Math.abs(evt.clientX - down[0]) + Math.abs(evt.clientY - down[1]) > 4) return;
+      const cell = cellAt(el, evt);
+      if (cell) selectCell(el, cell.i, cell.j);
+    });
+  }
+
+  // ------------------------------------------------------------------ zoom and its way back
+
+  // A heatmap's initial window is the figure's own axis ranges; drag zooms (Plotly), and the
+  // card's "Reset zoom" button shows while the window is smaller.
+  function zoomButton(el) {
+    const card = el.closest(".figure");
+    return card && card.querySelector("[data-zoom-reset]");
+  }
+
+  function isZoomed(el) {
+    const full = el._fullLayout, figure = el._explorerShown;
+    if (!full || !figure || !figure.layout || !figure.layout.xaxis || !figure.layout.xaxis.range) return false;
+    const same = function (a, b) { return Math.abs(a[0] - b[0]) < 1e-6 && Math.abs(a[1] - b[1]) < 1e-6; };
+    return !same(full.xaxis.range, figure.layout.xaxis.range) || !same(full.yaxis.range, figure.layout.yaxis.range);
+  }
+
+  function syncZoomButton(el) {
+    const button = zoomButton(el);
+    if (button) button.hidden = !isZoomed(el);
+  }
+
+  function resetZoom(el) {
+    const layout = el._explorerShown && el._explorerShown.layout;
+    if (!layout || !el._fullLayout) return Promise.resolve();
+    return Plotly.relayout(el, {"xaxis.range": layout.xaxis.range.slice(), "yaxis.range": layout.yaxis.range.slice()});
+  }
+
+  document.addEventListener("click", function (evt) {
+    const button = evt.target.closest && evt.target.closest("[data-zoom-reset]");
+    if (!button) return;
+    const el = button.closest(".figure").querySelector("[data-figure]");
+    if (el) resetZoom(el).then(function () { el.focus(); });
+  });
 
   // ------------------------------------------------------------------ token labels, written here
 
@@ -177,6 +434,10 @@
     layer.style.color = font.color;
     const line = (font.size || 13) * 1.25;
     const xa = full.xaxis, ya = full.yaxis;
+    // the cells in the window (all of them, or a zoomed part): a label names its cell's centre
+    const inside = function (axis, k) {
+      return k >= Math.min(axis.range[0], axis.range[1]) && k <= Math.max(axis.range[0], axis.range[1]);
+    };
     let html = "";
     if (bands.y) {
       const labels = (figure.layout.yaxis || {}).ticktext || [];
@@ -184,7 +445,7 @@
       const step = Math.max(1, Math.ceil(line / cell));
       const right = el.clientWidth - xa._offset + 4;
       html += labelHtml(labels, "y-label", function (k) {
-        return k % step ? null : "right:" + right + "px;top:" + (ya._offset + ya.l2p(k)) + "px";
+        return k % step || !inside(ya, k) ? null : "right:" + right + "px;top:" + (ya._offset + ya.l2p(k)) + "px";
       });
     }
     if (bands.x) {
@@ -196,7 +457,7 @@
       const step = Math.max(1, Math.ceil((upright ? chars * 0.62 * (font.size || 13) + 4 : line) / cell));
       const top = ya._offset + ya._length + 4;
       html += labelHtml(labels, upright ? "x-label" : "x-label x-label-turned", function (k) {
-        return k % step ? null : "left:" + (xa._offset + xa.l2p(k)) + "px;top:" + top + "px";
+        return k % step || !inside(xa, k) ? null : "left:" + (xa._offset + xa.l2p(k)) + "px;top:" + top + "px";
       });
     }
     layer.innerHTML = html;
@@ -242,7 +503,8 @@
       .then(function () {
         if (!el._explorerAfterPlot) {
           el._explorerAfterPlot = true;
-          el.on("plotly_afterplot", function () { decorate(el); });  // also after a resize
+          el.on("plotly_afterplot", function () { decorate(el); });  // also after a resize or a zoom
+          el.on("plotly_relayout", function () { decorate(el); });
         }
         decorate(el);
         // for scripts/explorer_latency.py and anyone waiting on a figure: its data is now on screen
@@ -254,8 +516,15 @@
   function decorate(el) {
     const figure = el._explorerShown;
     if (!figure || !el._fullLayout) return;
+    const canvas = el.querySelector("canvas.matrix-image");
+    if (isImage(figure)) paintImage(el, figure);
+    else if (canvas) canvas.remove();
     drawLabels(el, figure);
-    if (!el.hasAttribute("data-static")) setupCells(el, figure);
+    if (!el.hasAttribute("data-static")) {
+      setupCells(el, figure);
+      if (isImage(figure)) setupImage(el);
+      syncZoomButton(el);
+    }
   }
 
   function showFigureError(el, message) {
@@ -332,6 +601,7 @@
     if (root.querySelectorAll) found.push(...root.querySelectorAll("[data-figure]"));
     const later = [];
     found.map(reusePlot).forEach(function (el) {
+      if (el._fullLayout) syncZoomButton(el);  // a morph resets the button to the template's (hidden)
       el._explorerPending = true;
       if (el.hasAttribute("data-draw-first")) draw(el);
       else later.push(el);
@@ -357,6 +627,7 @@
     if (!thumb || !weights || !weights._fullLayout) return;
     const figure = Object.assign({}, readFigure(weights));
     const z = readFigure(thumb).data[0].z;
+    if (z.length !== figure.data[0].z.length) return;  // a pooled thumbnail (long inputs): wait for the server
     figure.data = figure.data.map(function (trace, i) { return i === 0 ? Object.assign({}, trace, {z: z}) : trace; });
     draw(weights, figure);
   });
@@ -369,8 +640,7 @@
   function cellWords(el, figure, i, j) {
     const trace = figure.data[0];
     const layout = figure.layout || {};
-    const pattern = figure.export.cell_text;
-    const text = cellText(pattern, layout.xaxis.ticktext, layout.yaxis.ticktext)[i][j];
+    const text = fillCell(cellParts(figure.export.cell_text), i, layout.yaxis.ticktext[i], j, layout.xaxis.ticktext[j]);
     const value = trace.z[i][j];
     const name = figure.export.value || "value";
     const label = document.createElement("span");
@@ -428,7 +698,23 @@
     box.style.top = Math.min(y0, y1) + "px";
     box.style.width = Math.abs(x1 - x0) + "px";
     box.style.height = Math.abs(y1 - y0) + "px";
-    liveRegion(el).textContent = cellWords(el, el._explorerShown, sel.i, sel.j);
+    // outside a zoomed window the cell is not drawn: no marker (the readout still names it)
+    box.hidden = Math.max(x0, x1) < xa._offset || Math.min(x0, x1) > xa._offset + xa._length ||
+      Math.max(y0, y1) < ya._offset || Math.min(y0, y1) > ya._offset + ya._length;
+    liveRegion(el).textContent = cellWords(el, el._explorerShown, sel.i, sel.j) + rowPeak(el._explorerShown, sel.i);
+  }
+
+  // Where the selected query looks most: its row's largest value and key (in a long text, the
+  // cell a reader would otherwise hunt for).
+  function rowPeak(figure, i) {
+    const row = figure.data[0].z[i];
+    let best = -1;
+    for (let j = 0; j < row.length; j++) if (!Number.isNaN(row[j]) && (best < 0 || row[j] > row[best])) best = j;
+    if (best < 0) return "";
+    const label = document.createElement("span");
+    label.innerHTML = figure.layout.xaxis.ticktext[best];  // escaped by the server: entities only
+    return " · this row's largest " + (figure.export.value || "value") + ": key " + best + " " + label.textContent +
+      " (" + row[best].toFixed(2) + ")";
   }
 
   function selectCell(el, i, j) {
@@ -609,6 +895,15 @@
   // drawAll then updates; its own children (Plotly's SVG, the labels) are not touched.
   if (window.Idiomorph) {
     Idiomorph.defaults.callbacks.beforeNodeMorphed = function (old, next) {
+      // A long list (a long text's token chips, data-morph-whole) is taken whole when it changed:
+      // idiomorph matching a thousand unlabelled siblings one by one takes ~0.5 s.
+      if (old.nodeType === 1 && next.nodeType === 1 && old.hasAttribute("data-morph-whole")) {
+        if (!old.isEqualNode(next)) {
+          copyAttributes(next, old);
+          old.replaceChildren(...next.childNodes);
+        }
+        return false;
+      }
       if (old.nodeType !== 1 || !old.hasAttribute("data-figure") || !old._fullLayout) return true;
       if (next.nodeType !== 1 || !next.hasAttribute("data-figure")) return true;
       copyAttributes(next, old);

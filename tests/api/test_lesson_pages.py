@@ -250,7 +250,7 @@ def test_the_controls_keep_the_bad_value_so_it_can_be_fixed(client):
 
 def test_a_page_refuses_more_words_than_it_can_draw(client):
     from app.settings import get_settings
-    n = get_settings().explorer_max_tokens + 1
+    n = get_settings().lesson_max_tokens + 1
     r = client.get("/lessons/attention?" + urlencode({"text": " ".join(["w"] * n)}))
     assert r.status_code == 422 and f"has {n} words" in error_text(r.text)
 

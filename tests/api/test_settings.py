@@ -13,6 +13,8 @@ EXPLORER_RUNS_DIR, _TRAIN_WORKERS, _TRAIN_MAX_PER_CLIENT, _TRAIN_MAX_RUNS, _RUNS
 
 from __future__ import annotations
 
+import html
+
 import json
 import os
 import socket
@@ -37,6 +39,7 @@ TOY = {"model": "toy", "text": "Ali makan"}
 def test_every_setting_is_covered_here_or_named():
     """A new setting needs a test: this file's cases (or the file named in its docstring) cover each."""
     covered = {"max_tokens", "max_work", "max_elements", "max_params", "max_hook_values", "explorer_max_tokens",
+               "explorer_max_values", "lesson_max_tokens",
                "max_body_bytes", "pretrained_memory_mb", "models_dir", "host", "port", "workers", "log_level",
                "max_pretrained_work"}
     covered |= set(SCHEMA_LIMITS)
@@ -66,9 +69,22 @@ def test_explorer_max_tokens_limits_the_pages(client, client_with):
     small = client_with(explorer_max_tokens=3)
     r = small.get("/", params={"text": "abcd"})
     assert r.status_code == 422 and "the explorer draws up to 3" in r.text
-    r = small.get("/lessons/attention", params={"text": "a b c d"})
+    assert "Up to 3 tokens." in small.get("/", params={"text": "abc"}).text  # the text box says so
+    assert small.get("/lessons/attention", params={"text": "a b c d"}).status_code == 200  # lessons: their own
+    r = client_with(lesson_max_tokens=3).get("/lessons/attention", params={"text": "a b c d"})
     assert r.status_code == 422 and "this page draws up to 3" in r.text
     assert small.post("/api/v1/run", json={**TOY, "text": "abcd"}).status_code == 200  # the API is not a page
+
+
+def test_explorer_max_values_bounds_what_one_view_keeps(client_with):
+    # the toy (2 layers, 4 heads of 16, d_model 64) at 40 tokens keeps layer 0's q and k (2 × 40 × 64),
+    # scores and pattern (2 × 4 × 40²) and 11 residual hooks (embeddings, 5 per layer) of 40 × 64
+    kept = 2 * 40 * 64 + 2 * 4 * 40**2 + 11 * 40 * 64
+    r = client_with(explorer_max_values=kept - 1).get("/", params={"text": "a" * 40, "model": "toy"})
+    assert r.status_code == 422
+    assert f"keep {kept:,} numbers (40 tokens, 2 layers, 4 heads), more than this server's limit of {kept - 1:,}" \
+        in html.unescape(r.text)
+    assert client_with(explorer_max_values=kept).get("/", params={"text": "a" * 40, "model": "toy"}).status_code == 200
 
 
 def test_max_body_bytes_sets_the_413(client_with):

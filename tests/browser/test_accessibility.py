@@ -145,8 +145,10 @@ def test_the_explorer_from_the_keyboard_alone(tab, live_server):
     assert readout.get_attribute("aria-live") == "polite"
     text = readout.text_content()
     weights = tab.evaluate("() => document.querySelector('#stage-weights [data-figure]').data[0].z[1][1]")
-    assert re.fullmatch(r"query 1 h → key 1 h: weight \d\.\d\d", text), text
-    assert text.endswith(f"{weights:.2f}")
+    # the cell, then where its query looks most (issue 18)
+    assert re.fullmatch(r"query 1 h → key 1 h: weight \d\.\d\d · this row's largest weight: key \d+ \S+ \(\d\.\d\d\)",
+                        text), text
+    assert text.split(" · ")[0].endswith(f"{weights:.2f}")
     tab.keyboard.press("End")
     assert tab.locator("#stage-weights .cell-readout").text_content().startswith("query 1 h → key 10 t:")
     assert tab.watch.page_errors == [] and tab.watch.console_errors == []

@@ -1,6 +1,6 @@
 """Reading a page's figures as the browser does: the JSON in a `data-figure` attribute, with every
 packed array (Plotly's typed-array spec that app/web.py writes for heatmap matrices: base64 of
-float64 bytes) turned back into nested lists, NaN as None, as JSON would have carried them."""
+float64 bytes, float32 for long inputs) turned back into nested lists, NaN as None, as JSON would have carried them."""
 
 from __future__ import annotations
 
@@ -14,9 +14,12 @@ def unpack(value):
     """A figure (or any part of one) with packed arrays decoded; everything else as it is."""
     if isinstance(value, dict):
         if set(value) == {"dtype", "bdata", "shape"}:
-            assert value["dtype"] == "f8", value["dtype"]  # full precision, never float32
             shape = tuple(int(n) for n in value["shape"].split(","))
-            array = np.frombuffer(base64.b64decode(value["bdata"]), dtype="<f8").reshape(shape)
+            # full precision; float32 only for long inputs' matrices (app/figures.py FLOAT32_MIN_TOKENS,
+            # their pooled thumbnails too)
+            assert value["dtype"] in ("f8", "f4"), value["dtype"]
+            array = np.frombuffer(base64.b64decode(value["bdata"]), dtype="<" + value["dtype"]).reshape(shape)
+            array = array.astype(np.float64)
             return np.where(np.isnan(array), None, array.astype(object)).tolist()
         return {k: unpack(v) for k, v in value.items()}
     if isinstance(value, list):

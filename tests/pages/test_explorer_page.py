@@ -106,7 +106,7 @@ def test_a_history_restore_of_a_bad_setting_is_a_full_page_htmx_will_swap(client
 def test_a_text_too_long_to_draw_is_refused_with_the_limit(client):
     n = get_settings().explorer_max_tokens + 1
     r = client.get("/", params={"text": "a" * n}, headers=HX)
-    assert r.status_code == 422 and f"the explorer draws up to {n - 1}" in r.text
+    assert r.status_code == 422 and f"the explorer draws up to {n - 1:,}" in r.text
 
 
 def test_a_view_too_big_to_draw_names_what_the_page_can_reduce(client):
@@ -116,7 +116,7 @@ def test_a_view_too_big_to_draw_names_what_the_page_can_reduce(client):
     r = client.get("/", params=params, headers=HX)
     assert r.status_code == 422
     message = html.unescape(r.text)
-    assert f"limit of {s.max_hook_values:,}" in message and "fewer layers" in message
+    assert f"limit of {s.explorer_max_values:,}" in message and "fewer layers" in message
     assert "hooks" not in message  # the page has no hooks to ask for fewer of
 
 
