@@ -588,6 +588,21 @@ def _dims(dims) -> str:
     return "(" + ", ".join(map(str, dims)) + ("," if len(dims) == 1 else "") + ")"
 
 
+
+def explorer_view_hooks(cfg: TransformerConfig, layer: int = 0, rollout: bool = False) -> list[str]:
+    """The activations one explorer view keeps: every layer's residual stream, the chosen layer's
+    stages (q, k, scores, pattern), and every layer's pattern with rollout."""
+    hooks = residual_hooks(cfg) + stage_hooks(cfg, layer)
+    if rollout:
+        hooks += [h for h in pattern_hooks(cfg) if h not in hooks]
+    return hooks
+
+
+def explorer_view_values(cfg: TransformerConfig, n: int, layer: int = 0, rollout: bool = False) -> int:
+    """How many numbers that view keeps for a text of n tokens (settings.explorer_max_values bounds it)."""
+    return sum(math.prod(hook_dims(h, cfg, n)) for h in explorer_view_hooks(cfg, layer, rollout))
+
+
 class Service:
     """The catalogue and the limits one request is served with."""
 
@@ -627,9 +642,20 @@ class Service:
 
     def explorer_token_limit(self, model: Model) -> int:
         """Tokens the explorer draws for this model: explorer_max_tokens, or the model's context
-        (n_ctx) where that is shorter (a model configured per text, the spec's, has no such bound)."""
-        limit = self.settings.explorer_max_tokens
-        return min(limit, model.configure({}, limit).n_ctx)
+        (n_ctx) where that is shorter (a model configured per text, the spec's, has no such bound),
+        or, for a model of fixed sizes (a checkpoint, a trained model), the longest text whose default
+        view keeps at most explorer_max_values numbers, so that the text box states the real limit. A
+        learner's sizes (a toy's) are checked per view instead: that message names what to reduce."""
+        s = self.settings
+        cfg = model.configure({}, s.explorer_max_tokens)
+        limit = min(s.explorer_max_tokens, cfg.n_ctx)
+        if model.draws_weights or explorer_view_values(cfg, limit) <= s.explorer_max_values:
+            return limit
+        fits, too_many = 0, limit  # a view keeps more numbers the longer the text: bisect the boundary
+        while too_many - fits > 1:
+            mid = (fits + too_many) // 2
+            fits, too_many = (mid, too_many) if explorer_view_values(cfg, mid) <= s.explorer_max_values else (fits, mid)
+        return max(fits, 1)
 
     def _check_hook_values(self, values: int, advice: str) -> None:
         if values > self.settings.max_hook_values:
@@ -665,8 +691,11 @@ class Service:
         encoding = model.tokenizer.encode(spec.text)
         n = len(encoding.ids)
         if page and n > (limit := self.explorer_token_limit(model)):
-            context = f"{model.name}'s context is {limit} tokens" if limit < self.settings.explorer_max_tokens \
-                else f"the API at /api/v1/run takes up to {self.settings.max_tokens}"
+            n_ctx = model.configure({}, limit).n_ctx
+            context = (f"{model.name}'s context is {limit} tokens" if limit == n_ctx else
+                       f"a longer text's view of {model.name} would keep more than this server's limit of "
+                       f"{self.settings.explorer_max_values:,} numbers" if limit < self.settings.explorer_max_tokens
+                       else f"the API at /api/v1/run takes up to {self.settings.max_tokens}")
             raise InputError(f"the text has {n:,} tokens; the explorer draws up to {limit:,} ({context}): "
                              "shorten the text")
         self.check_count("the text", n, self.settings.max_tokens, "use a shorter text")
@@ -779,12 +808,10 @@ class Service:
         s = self.settings
         layer = min(layer, cfg.n_layers - 1)
         head = min(head, cfg.n_heads - 1)
-        hooks = residual_hooks(cfg) + stage_hooks(cfg, layer)
-        if rollout:
-            hooks += [h for h in pattern_hooks(cfg) if h not in hooks]
+        hooks = explorer_view_hooks(cfg, layer, rollout)
         # The activations the view keeps, for every model: a learner's sizes, and a checkpoint's width and
         # depth times the text (SmolLM2-135M keeps 11.5 million numbers at 128 tokens, 107 million at 1,024).
-        values = sum(math.prod(hook_dims(h, cfg, n)) for h in hooks)
+        values = explorer_view_values(cfg, n, layer, rollout)
         if values > s.explorer_max_values:
             fewer = ("fewer layers, a smaller d_model, fewer heads" if st.model.draws_weights else "") + \
                 (" or no attention rollout" if rollout else "")

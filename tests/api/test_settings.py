@@ -87,6 +87,22 @@ def test_explorer_max_values_bounds_what_one_view_keeps(client_with):
     assert client_with(explorer_max_values=kept).get("/", params={"text": "a" * 40, "model": "toy"}).status_code == 200
 
 
+def test_explorer_max_values_sets_the_text_limit_a_checkpoint_states(client_with):
+    """A model of fixed sizes (here the trained python-docs: 2 layers, 4 heads, d_model 96, context 128)
+    gets the longest text whose view fits as its limit, stated by the text box before anyone types."""
+    def kept(n):  # as above: q and k, scores and pattern, 11 residual hooks
+        return 2 * n * 96 + 2 * 4 * n**2 + 11 * n * 96
+    client = client_with(explorer_max_values=kept(100))  # kept(101) is more
+    page = client.get("/", params={"model": "python-docs", "text": "e" * 100})
+    assert page.status_code == 200 and "Up to 100 tokens." in page.text
+    r = client.get("/", params={"model": "python-docs", "text": "e" * 101})
+    assert r.status_code == 422
+    assert (f"the text has 101 tokens; the explorer draws up to 100 (a longer text's view of python-docs would keep "
+            f"more than this server's limit of {kept(100):,} numbers)") in html.unescape(r.text)
+    # the default limit is the model's context
+    assert "Up to 128 tokens." in client_with().get("/", params={"model": "python-docs"}).text
+
+
 def test_max_body_bytes_sets_the_413(client_with):
     c = client_with(max_body_bytes=2048)
     assert c.post("/api/v1/run", json={**TOY, "text": "a" * 900}).status_code == 200
