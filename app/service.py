@@ -13,6 +13,7 @@ anything else that escapes is a bug (500). ARCHITECTURE.md follows one request t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import io
 import math
@@ -603,6 +604,19 @@ def explorer_view_values(cfg: TransformerConfig, n: int, layer: int = 0, rollout
     return sum(math.prod(hook_dims(h, cfg, n)) for h in explorer_view_hooks(cfg, layer, rollout))
 
 
+@functools.lru_cache(maxsize=256)
+def longest_fitting_text(cfg: TransformerConfig, limit: int, max_values: int) -> int:
+    """The longest text, up to `limit` tokens, whose default view keeps at most max_values numbers
+    (asked for twice per explorer page of a model: its text box and its check; sizes are fixed)."""
+    if explorer_view_values(cfg, limit) <= max_values:
+        return limit
+    fits, too_many = 0, limit  # a view keeps more numbers the longer the text: bisect the boundary
+    while too_many - fits > 1:
+        mid = (fits + too_many) // 2
+        fits, too_many = (mid, too_many) if explorer_view_values(cfg, mid) <= max_values else (fits, mid)
+    return max(fits, 1)
+
+
 class Service:
     """The catalogue and the limits one request is served with."""
 
@@ -649,13 +663,7 @@ class Service:
         s = self.settings
         cfg = model.configure({}, s.explorer_max_tokens)
         limit = min(s.explorer_max_tokens, cfg.n_ctx)
-        if model.draws_weights or explorer_view_values(cfg, limit) <= s.explorer_max_values:
-            return limit
-        fits, too_many = 0, limit  # a view keeps more numbers the longer the text: bisect the boundary
-        while too_many - fits > 1:
-            mid = (fits + too_many) // 2
-            fits, too_many = (mid, too_many) if explorer_view_values(cfg, mid) <= s.explorer_max_values else (fits, mid)
-        return max(fits, 1)
+        return limit if model.draws_weights else longest_fitting_text(cfg, limit, s.explorer_max_values)
 
     def _check_hook_values(self, values: int, advice: str) -> None:
         if values > self.settings.max_hook_values:

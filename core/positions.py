@@ -95,12 +95,5 @@ def apply_rotary_backward(dy: np.ndarray, positions: np.ndarray | None = None, b
     (Sinusoidal and learned encodings are added to the embeddings, so the gradient of their sum
     reaches the token embedding unchanged; only a learned table also receives it, see core/backprop.py.)
     """
-    n_pos, d_head = dy.shape[-2], dy.shape[-1]
-    positions = np.arange(n_pos) if positions is None else positions
-    angles = rotary_angles(positions, d_head, base)  # [pos, d_head/2]
-    cos, sin = np.cos(angles).astype(dy.dtype), np.sin(angles).astype(dy.dtype)
-    even, odd = dy[..., 0::2], dy[..., 1::2]
-    dx = np.empty_like(dy)
-    dx[..., 0::2] = even * cos + odd * sin
-    dx[..., 1::2] = odd * cos - even * sin
-    return dx
+    positions = np.arange(dy.shape[-2]) if positions is None else np.asarray(positions)
+    return apply_rotary(dy, -positions, base)  # θ is linear in the position: −p turns by −θ

@@ -26,7 +26,7 @@ from app import pretrained
 from app.main import create_app
 from app.settings import Settings
 from core.checkpoints import FAMILIES as FAMILY_MODULES
-from tests.pages.figure_data import load_figure
+from tests.pages.figure_data import cards
 
 FAMILIES = Path(__file__).resolve().parents[1] / "fixtures" / "families"
 FOLDERS = sorted(p.name for p in FAMILIES.iterdir() if p.is_dir())
@@ -251,11 +251,6 @@ def test_rollout_is_the_product_of_the_averaged_transformers_patterns(client, fa
 
 
 # ------------------------------------------------------------------ the pages
-
-def cards(page: str) -> dict[str, dict]:
-    return {card_id: load_figure(html.unescape(attr)) for card_id, attr in
-            re.findall(r'<figure class="figure[^"]*" id="([^"]+)">.*?data-figure="([^"]*)"', page, re.S)}
-
 
 def test_explorer_page_labels_the_kv_head_of_every_query_head(client, fam):
     r = client.get("/", params={"model": fam.name, "text": fam.text, "layer": 1, "head": fam.n_heads - 1})

@@ -5,7 +5,9 @@ float64 bytes, float32 for long inputs) turned back into nested lists, NaN as No
 from __future__ import annotations
 
 import base64
+import html
 import json
+import re
 
 import numpy as np
 
@@ -30,3 +32,9 @@ def unpack(value):
 def load_figure(attribute: str) -> dict:
     """A `data-figure` attribute's value (already HTML-unescaped) as a figure dict."""
     return unpack(json.loads(attribute))
+
+
+def cards(page: str) -> dict[str, dict]:
+    """{figure card id: figure dict} for every figure card of a rendered page."""
+    return {card_id: load_figure(html.unescape(attr)) for card_id, attr in
+            re.findall(r'<figure class="figure[^"]*" id="([^"]+)">.*?data-figure="([^"]*)"', page, re.S)}

@@ -11,7 +11,7 @@ import re
 import numpy as np
 
 from app.settings import Settings
-from tests.pages.figure_data import load_figure
+from tests.pages.figure_data import cards
 
 
 def selected_model(page: str) -> str:
@@ -33,8 +33,7 @@ def test_the_explorer_opens_on_the_induction_head_of_the_trained_model(client_wi
     assert (client.get("/", params={"layer": layer, "head": head}).text == page)  # the same view, spelled out
     # (that it is the model's best induction head: tests/api/test_trained_models_api.py)
     # and the heatmap drawn is that head's pattern
-    weights = load_figure(html.unescape(re.search(r'id="stage-weights">.*?data-figure="([^"]*)"', page, re.S)
-                                        .group(1)))["data"][0]["z"]
+    weights = cards(page)["stage-weights"]["data"][0]["z"]
     run = client.post("/api/v1/run", json={"model": "induction", "text": model.default_text,
                                            "hooks": [f"blocks.{layer}.attn.hook_pattern"]}).json()
     # (the model's weights are float32: the API writes each number's shortest float32 spelling)

@@ -11,17 +11,9 @@ import numpy as np
 
 from app.settings import get_settings
 
-from tests.pages.figure_data import load_figure
+from tests.pages.figure_data import cards as figures_by_card
 
 HX = {"HX-Request": "true"}
-
-
-def figures_by_card(page: str) -> dict[str, dict]:
-    """{card id: figure dict} for every figure card of a rendered page."""
-    out = {}
-    for card_id, attr in re.findall(r'<figure class="figure[^"]*" id="([^"]+)">.*?data-figure="([^"]*)"', page, re.S):
-        out[card_id] = load_figure(html.unescape(attr))
-    return out
 
 
 def test_plain_get_is_the_full_page_and_htmx_gets_only_the_results(client):

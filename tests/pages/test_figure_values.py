@@ -10,9 +10,7 @@ card the page has, so a figure added later without a value check fails here.
 
 from __future__ import annotations
 
-import html
 import math
-import re
 from html.parser import HTMLParser
 
 import numpy as np
@@ -20,16 +18,10 @@ import pytest
 
 from core import lessons
 
-from tests.pages.figure_data import load_figure
+from tests.pages.figure_data import cards, load_figure
 
 TEXT = "the cat sat"
 LAYER, HEAD = 1, 2
-
-
-def cards(page: str) -> dict[str, dict]:
-    """{figure card id: figure dict} for every figure card of a page."""
-    return {card_id: load_figure(html.unescape(attr)) for card_id, attr in
-            re.findall(r'<figure class="figure[^"]*" id="([^"]+)">.*?data-figure="([^"]*)"', page, re.S)}
 
 
 def every_figure(page: str) -> int:

@@ -10,16 +10,11 @@ from urllib.parse import parse_qs, urlparse
 import numpy as np
 import pytest
 
-from tests.pages.figure_data import load_figure
+from tests.pages.figure_data import cards
 
 
 HX = {"HX-Request": "true"}
 MINILM = "all-MiniLM-L6-v2"
-
-
-def cards(page: str) -> dict[str, dict]:
-    return {card_id: load_figure(html.unescape(attr)) for card_id, attr in
-            re.findall(r'<figure class="figure[^"]*" id="([^"]+)">.*?data-figure="([^"]*)"', page, re.S)}
 
 
 def api(client, path, **body):
