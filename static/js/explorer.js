@@ -392,6 +392,17 @@
     return Plotly.relayout(el, {"xaxis.range": layout.xaxis.range.slice(), "yaxis.range": layout.yaxis.range.slice()});
   }
 
+  // A zoom drag is not the first click of a double-click. Plotly counts a click train from the
+  // drag's mousedown (its doubleClickDelay, 500 ms), so a cell clicked soon after a drag ended was
+  // taken for a double-click and the zoom reset under it. When a drag ends (this capture listener
+  // runs before Plotly's own mouseup handler), the next mousedown starts a new train; two real
+  // clicks still make a double-click, which goes back as before.
+  window.addEventListener("mouseup", function () {
+    document.querySelectorAll("[data-figure]").forEach(function (el) {
+      if (el._dragging && el._dragged) el._mouseDownTime = 0;  // Plotly's click-train start (plotly.js 4.1.1, package.json)
+    });
+  }, true);
+
   document.addEventListener("click", function (evt) {
     const button = evt.target.closest && evt.target.closest("[data-zoom-reset]");
     if (!button) return;
@@ -475,6 +486,9 @@
       showSendToCloud: false,
       showEditInChartStudio: false,
       scrollZoom: false,
+      // Double-click goes back to the figure's own window, never to Plotly's autorange: a painted
+      // matrix's traces are placeholders, so an autorange fits a window of two rows.
+      doubleClick: "reset",
       // The PNG export stays (toImage); the rest of the bar is trimmed to what a learner needs.
       modeBarButtonsToRemove: ["sendChartToCloud", "select2d", "lasso2d", "autoScale2d", "toggleSpikelines",
         "hoverClosestCartesian", "hoverCompareCartesian"],

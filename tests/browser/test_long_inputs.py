@@ -216,6 +216,29 @@ def test_the_painted_weights_are_the_apis_pattern_and_zoom_goes_there_and_back(p
     back = page.evaluate(HELD)
     assert back["x"] == [-0.5, n - 0.5] and back["y"] == [n - 0.5, -0.5]
     reset.wait_for(state="hidden")
+
+    # A click at once after a drag selects a cell of the new window: Plotly, whose double-click
+    # (500 ms) goes back, must not count the drag's press as the first click of one.
+    g = page.evaluate(GEOMETRY)
+    side = max(12 * g["width"] / n, 30)
+    x0, y0 = g["left"] + g["width"] / 2 - side / 2, g["top"] + g["height"] / 2 - side / 2
+    drag(page, x0, y0, x0 + side, y0 + side)
+    page.mouse.click(x0 + side / 2, y0 + side / 2)
+    selected = page.evaluate("() => { const el = document.querySelector('#stage-weights .plot');"
+                             " return [el._selected, el._fullLayout.xaxis.range, el._fullLayout.yaxis.range]; }")
+    (sel, xr, yr) = selected
+    assert xr[1] - xr[0] < n - 1, selected  # still zoomed
+    assert sel and min(xr) < sel["j"] < max(xr) and min(yr) < sel["i"] < max(yr), selected
+    # ... while a real double-click still goes back to the figure's window, and stays there when
+    # repeated (Plotly's default would then autorange onto the painted matrix's placeholder traces)
+    for _ in range(2):
+        page.mouse.dblclick(x0 + side / 2, y0 + side / 2)
+        page.wait_for_function("(n) => document.querySelector('#stage-weights .plot')._fullLayout.xaxis.range[1] === n - 0.5",
+                               arg=n)
+        page.wait_for_timeout(100)  # a second relayout, if any, has come
+        back = page.evaluate(HELD)
+        assert back["x"] == [-0.5, n - 0.5] and back["y"] == [n - 0.5, -0.5], (back["x"], back["y"])
+        reset.wait_for(state="hidden")
     assert page.watch.page_errors == []
 
 
