@@ -40,9 +40,6 @@ def params(t: Tensors, cfg: TransformerConfig) -> Params:
     d, dm, V = cfg.d_model, cfg.d_mlp, cfg.d_vocab
     hd = cfg.n_heads * cfg.d_head
 
-    def ln(name: str) -> dict:
-        return {"w": t.get(f"{name}.weight", (d,)), "b": t.get(f"{name}.bias", (d,))}
-
     def bias(name: str, width: int):
         return t.get(f"{name}.bias", (width,))
 
@@ -51,7 +48,7 @@ def params(t: Tensors, cfg: TransformerConfig) -> Params:
                       "pos_embed": {"W_pos": t.get(e + "position_embeddings.weight", (cfg.n_ctx, d))},
                       "token_type_embed": {"W_token_type": t.get(e + "token_type_embeddings.weight",
                                                                  (cfg.n_token_types, d))},
-                      "ln_embed": ln(e + "LayerNorm")}
+                      "ln_embed": t.norm(e + "LayerNorm", d)}
     blocks = []
     for layer in range(cfg.n_layers):
         b = f"encoder.layer.{layer}."
@@ -64,7 +61,7 @@ def params(t: Tensors, cfg: TransformerConfig) -> Params:
                "W_out": t.linear(b + "output.dense.weight", dm, d), "b_out": bias(b + "output.dense", d)}
         # Post-norm: ln1 normalises x + attn(x) ("attention.output.LayerNorm"), ln2 normalises
         # x + mlp(x) ("output.LayerNorm"), matching core.model.transformer_block.
-        blocks.append({"ln1": ln(b + "attention.output.LayerNorm"), "attn": attn,
-                       "ln2": ln(b + "output.LayerNorm"), "mlp": mlp})
+        blocks.append({"ln1": t.norm(b + "attention.output.LayerNorm", d), "attn": attn,
+                       "ln2": t.norm(b + "output.LayerNorm", d), "mlp": mlp})
     params["blocks"] = blocks
     return params

@@ -39,9 +39,6 @@ def params(t: Tensors, cfg: TransformerConfig) -> Params:
     d, dm, V = cfg.d_model, cfg.d_mlp, cfg.d_vocab
     hd = cfg.n_heads * cfg.d_head
 
-    def ln(name: str) -> dict:
-        return {"w": t.get(f"{name}.weight", (d,)), "b": t.get(f"{name}.bias", (d,))}
-
     params: Params = {"embed": {"W_E": t.get("wte.weight", (V, d))},
                       "pos_embed": {"W_pos": t.get("wpe.weight", (cfg.n_ctx, d))}}
     blocks = []
@@ -50,7 +47,7 @@ def params(t: Tensors, cfg: TransformerConfig) -> Params:
         # h.{l}.attn.bias / attn.masked_bias, in older checkpoints, are the causal mask as a
         # constant buffer; core builds the mask itself, so they are not read.
         block = {
-            "ln1": ln(h + "ln_1"),
+            "ln1": t.norm(h + "ln_1", d),
             "attn": {"W_QKV": t.get(h + "attn.c_attn.weight", (d, 3 * hd)),  # columns [Q | K | V]
                      "b_QKV": t.get(h + "attn.c_attn.bias", (3 * hd,)),
                      "W_O": t.get(h + "attn.c_proj.weight", (hd, d)),
@@ -62,16 +59,13 @@ def params(t: Tensors, cfg: TransformerConfig) -> Params:
                 raise CheckpointError(f"config.json says attn_only, but layer {layer}'s MLP output weights are not "
                                       f"all zero: remove attn_only or zero mlp.c_proj")
         else:
-            block |= {"ln2": ln(h + "ln_2"),
+            block |= {"ln2": t.norm(h + "ln_2", d),
                       "mlp": {"W_in": t.get(h + "mlp.c_fc.weight", (d, dm)), "b_in": t.get(h + "mlp.c_fc.bias", (dm,)),
                               "W_out": t.get(h + "mlp.c_proj.weight", (dm, d)),
                               "b_out": t.get(h + "mlp.c_proj.bias", (d,))}}
         blocks.append(block)
     params["blocks"] = blocks
-    params["ln_final"] = ln("ln_f")
+    params["ln_final"] = t.norm("ln_f", d)
     if not cfg.tied_embeddings:
-        # (When tied, a stored lm_head.weight is just W_E again and is not read.)
-        if not t.has("lm_head.weight"):
-            raise CheckpointError("config.json says tie_word_embeddings is false but there is no lm_head.weight")
-        params["unembed"] = {"W_U": t.linear("lm_head.weight", d, V)}  # [d_model, d_vocab]
+        params["unembed"] = t.unembed("lm_head.weight", d, V)
     return params

@@ -12,7 +12,7 @@ from ..config import TransformerConfig
 from ..errors import InputError
 from ..model import Params
 from .fields import act_fn, need
-from .tensors import CheckpointError, Tensors
+from .tensors import Tensors
 
 MODEL_TYPES = ("gpt_neo",)
 LABEL = "GPT-Neo-family decoder"
@@ -49,9 +49,6 @@ def params(t: Tensors, cfg: TransformerConfig) -> Params:
     d, dm, V = cfg.d_model, cfg.d_mlp, cfg.d_vocab
     hd = cfg.n_heads * cfg.d_head
 
-    def ln(name: str) -> dict:
-        return {"w": t.get(f"{name}.weight", (d,)), "b": t.get(f"{name}.bias", (d,))}
-
     params: Params = {"embed": {"W_E": t.get("wte.weight", (V, d))},
                       "pos_embed": {"W_pos": t.get("wpe.weight", (cfg.n_ctx, d))}}
     blocks = []
@@ -63,11 +60,10 @@ def params(t: Tensors, cfg: TransformerConfig) -> Params:
                 "b_O": t.get(a + "out_proj.bias", (d,))}
         mlp = {"W_in": t.linear(m + "c_fc.weight", d, dm), "b_in": t.get(m + "c_fc.bias", (dm,)),
                "W_out": t.linear(m + "c_proj.weight", dm, d), "b_out": t.get(m + "c_proj.bias", (d,))}
-        blocks.append({"ln1": ln(f"h.{layer}.ln_1"), "attn": attn, "ln2": ln(f"h.{layer}.ln_2"), "mlp": mlp})
+        blocks.append({"ln1": t.norm(f"h.{layer}.ln_1", d), "attn": attn,
+                       "ln2": t.norm(f"h.{layer}.ln_2", d), "mlp": mlp})
     params["blocks"] = blocks
-    params["ln_final"] = ln("ln_f")
+    params["ln_final"] = t.norm("ln_f", d)
     if not cfg.tied_embeddings:
-        if not t.has("lm_head.weight"):
-            raise CheckpointError("config.json says tie_word_embeddings is false but there is no lm_head.weight")
-        params["unembed"] = {"W_U": t.linear("lm_head.weight", d, V)}
+        params["unembed"] = t.unembed("lm_head.weight", d, V)
     return params

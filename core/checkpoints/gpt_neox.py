@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..config import TransformerConfig
 from ..model import Params
 from .fields import act_fn, need, rope, rotary_dim
-from .tensors import CheckpointError, Tensors
+from .tensors import Tensors
 
 MODEL_TYPES = ("gpt_neox",)
 LABEL = "GPT-NeoX-family decoder"
@@ -38,9 +38,6 @@ def config(c: dict) -> TransformerConfig:
 def params(t: Tensors, cfg: TransformerConfig) -> Params:
     d, dm, V, h, dh = cfg.d_model, cfg.d_mlp, cfg.d_vocab, cfg.n_heads, cfg.d_head
 
-    def ln(name: str) -> dict:
-        return {"w": t.get(f"{name}.weight", (d,)), "b": t.get(f"{name}.bias", (d,))}
-
     params: Params = {"embed": {"W_E": t.get("embed_in.weight", (V, d))}}
     blocks = []
     for layer in range(cfg.n_layers):
@@ -54,12 +51,10 @@ def params(t: Tensors, cfg: TransformerConfig) -> Params:
             attn["b_O"] = t.get(a + "dense.bias", (d,))
         mlp = {"W_in": t.linear(m + "dense_h_to_4h.weight", d, dm), "b_in": t.get(m + "dense_h_to_4h.bias", (dm,)),
                "W_out": t.linear(m + "dense_4h_to_h.weight", dm, d), "b_out": t.get(m + "dense_4h_to_h.bias", (d,))}
-        blocks.append({"ln1": ln(f"layers.{layer}.input_layernorm"), "attn": attn,
-                       "ln2": ln(f"layers.{layer}.post_attention_layernorm"), "mlp": mlp})
+        blocks.append({"ln1": t.norm(f"layers.{layer}.input_layernorm", d), "attn": attn,
+                       "ln2": t.norm(f"layers.{layer}.post_attention_layernorm", d), "mlp": mlp})
     params["blocks"] = blocks
-    params["ln_final"] = ln("final_layer_norm")
+    params["ln_final"] = t.norm("final_layer_norm", d)
     if not cfg.tied_embeddings:
-        if not t.has("embed_out.weight"):
-            raise CheckpointError("config.json says tie_word_embeddings is false but there is no embed_out.weight")
-        params["unembed"] = {"W_U": t.linear("embed_out.weight", d, V)}  # [d_model, d_vocab]
+        params["unembed"] = t.unembed("embed_out.weight", d, V)
     return params

@@ -14,7 +14,7 @@ from ..config import TransformerConfig
 from ..errors import InputError
 from ..model import Params
 from .fields import act_fn, need, rope
-from .tensors import CheckpointError, Tensors
+from .tensors import Tensors
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 LABEL = "Llama-family decoder"
@@ -74,9 +74,6 @@ def params(t: Tensors, cfg: TransformerConfig) -> Params:
     d, dm, V, dh = cfg.d_model, cfg.d_mlp, cfg.d_vocab, cfg.d_head
     hq, hkv = cfg.n_heads * dh, cfg.n_key_value_heads * dh
 
-    def rms(name: str, width: int = d) -> dict:
-        return {"w": t.get(f"{name}.weight", (width,))}
-
     params: Params = {"embed": {"W_E": t.get("embed_tokens.weight", (V, d))}}
     blocks = []
     for layer in range(cfg.n_layers):
@@ -87,7 +84,7 @@ def params(t: Tensors, cfg: TransformerConfig) -> Params:
             attn |= {"b_Q": t.get(a + "q_proj.bias", (hq,)), "b_K": t.get(a + "k_proj.bias", (hkv,)),
                      "b_V": t.get(a + "v_proj.bias", (hkv,))}
         if cfg.use_qk_norm:
-            attn |= {"q_norm": rms(a + "q_norm", dh), "k_norm": rms(a + "k_norm", dh)}
+            attn |= {"q_norm": t.norm(a + "q_norm", dh, bias=False), "k_norm": t.norm(a + "k_norm", dh, bias=False)}
         attn["W_O"] = t.linear(a + "o_proj.weight", hq, d)
         if cfg.attn_out_bias:
             attn["b_O"] = t.get(a + "o_proj.bias", (d,))
@@ -96,12 +93,10 @@ def params(t: Tensors, cfg: TransformerConfig) -> Params:
         if cfg.mlp_bias:
             mlp |= {"b_gate": t.get(m + "gate_proj.bias", (dm,)), "b_in": t.get(m + "up_proj.bias", (dm,)),
                     "b_out": t.get(m + "down_proj.bias", (d,))}
-        blocks.append({"ln1": rms(f"layers.{layer}.input_layernorm"), "attn": attn,
-                       "ln2": rms(f"layers.{layer}.post_attention_layernorm"), "mlp": mlp})
+        blocks.append({"ln1": t.norm(f"layers.{layer}.input_layernorm", d, bias=False), "attn": attn,
+                       "ln2": t.norm(f"layers.{layer}.post_attention_layernorm", d, bias=False), "mlp": mlp})
     params["blocks"] = blocks
-    params["ln_final"] = rms("norm")
+    params["ln_final"] = t.norm("norm", d, bias=False)
     if not cfg.tied_embeddings:
-        if not t.has("lm_head.weight"):
-            raise CheckpointError("config.json says tie_word_embeddings is false but there is no lm_head.weight")
-        params["unembed"] = {"W_U": t.linear("lm_head.weight", d, V)}  # [d_model, d_vocab]
+        params["unembed"] = t.unembed("lm_head.weight", d, V)
     return params

@@ -162,3 +162,17 @@ class Tensors:
     def linear(self, name: str, d_in: int, d_out: int) -> np.ndarray:
         """An nn.Linear weight, stored [out, in], as core's [in, out]: its transpose, a view (no copy)."""
         return self.get(name, (d_out, d_in)).T
+
+    def norm(self, name: str, width: int, bias: bool = True) -> dict:
+        """A LayerNorm's {"w", "b"} (or an RMSNorm's {"w"}, bias=False): `name`.weight and `name`.bias."""
+        found = {"w": self.get(f"{name}.weight", (width,))}
+        if bias:
+            found["b"] = self.get(f"{name}.bias", (width,))
+        return found
+
+    def unembed(self, name: str, d_model: int, d_vocab: int) -> dict:
+        """An untied unembedding {"W_U": [d_model, d_vocab]} from its nn.Linear `name` (when the config
+        ties it, a stored copy is just W_E again and is not read)."""
+        if not self.has(name):
+            raise CheckpointError(f"config.json says tie_word_embeddings is false but there is no {name}")
+        return {"W_U": self.linear(name, d_model, d_vocab)}
