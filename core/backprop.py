@@ -2,55 +2,125 @@
 
 core/model.py runs one sequence and records activations by hook name for a reader; this module
 runs a batch ([batch, pos]) and keeps, layer by layer, exactly what the backward pass needs. Both
-are built from the same primitives (layer_norm, scaled_dot_product_attention, the activations,
-apply_rotary), and a test holds the logits here equal to run_with_cache's, sequence by sequence.
+are built from the same primitives (layer_norm, scaled_dot_product_attention's steps, the
+activations, rotary), and a test holds the logits here equal to run_with_cache's, sequence by sequence.
 
 The backward pass is the forward pass read from the bottom up: each step calls the *_backward
-function that sits beside its forward function (core/functional.py, core/attention.py,
-core/positions.py) and turns the gradient of the loss with respect to a step's output into the
-gradient with respect to its input and its parameters. Matrices meet the chain rule as
+function that sits beside its forward function (core/functional.py, core/attention.py) and turns
+the gradient of the loss with respect to a step's output into the gradient with respect to its
+input and its parameters. Matrices meet the chain rule as
 y = x @ W  =>  dx = dy @ Wᵀ, dW = xᵀ @ dy (summed over batch and positions, which share W).
 
     logits, saved = forward(params, cfg, tokens)               # tokens [batch, pos]
     loss, grads = loss_and_grads(params, cfg, tokens, targets)  # grads: the shape of params
 
-Training supports the decoders of this explorer: pre-norm blocks (GPT-2's), with or without an
-MLP (cfg.attn_only), every position scheme, LN or LNPre, tied or untied unembedding, any mask,
-scale and temperature. Post-norm (BERT) and segment embeddings are refused with a ValueError.
+What training supports is declared once, field by field of TransformerConfig, in TRAINABLE below:
+pre-norm blocks (GPT-2's, or GPT-NeoX's parallel ones), with or without an MLP, every position
+scheme (rotary with any base, part of the head or all of it, either pair layout), LN or LNPre,
+each bias switch on its own, tied or untied unembedding, global and local layers, any mask, scale
+and temperature. check_trainable is computed from that table and refuses every other configuration
+with an InputError that says what to change.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from .attention import (BATCH_BLOCK_SCORES, attention_scale, causal_mask, merge_heads,
+from .attention import (BATCH_BLOCK_SCORES, attention_scale, causal_mask, local_mask, merge_heads,
                         scaled_dot_product_attention_backward, split_heads)
 from .config import TransformerConfig
 from .functional import (ACTIVATION_BACKWARDS, ACTIVATIONS, cross_entropy, cross_entropy_backward, layer_norm,
                          layer_norm_backward, softmax)
 from .model import Params, unembedding
 from .errors import InputError
-from .positions import apply_rotary, apply_rotary_backward, sinusoidal
+from .positions import rotary, sinusoidal
+
+
+# ---------------------------------------------------------------------------- what training supports
+
+ANY = "any value"  # every value TransformerConfig itself accepts
+
+
+@dataclass(frozen=True)
+class Only:
+    """The values of one config field that the forward and backward pass below implement, and why no others.
+
+    values: a tuple, or a function of the config for a field whose one supported value depends on
+    another (one key/value head per query head: n_key_value_heads == n_heads)."""
+
+    values: tuple | Callable[[TransformerConfig], tuple]
+    why: str
+
+    def allowed(self, cfg: TransformerConfig) -> tuple:
+        return self.values(cfg) if callable(self.values) else self.values
+
+
+# Every field of TransformerConfig, classified: ANY, or Only(the values this module implements).
+# check_trainable is computed from this table alone, and tests/core/test_backprop.py fails when
+# TransformerConfig gains a field that is not classified here, so a new switch can never train
+# through a backward pass that ignores it: until it is classified it is accepted only at its default.
+TRAINABLE: dict[str, object] = {
+    # Sizes: every array's shape follows them.
+    "d_model": ANY, "n_layers": ANY, "n_heads": ANY, "d_vocab": ANY, "n_ctx": ANY, "d_head": ANY, "d_mlp": ANY,
+    "act_fn": Only(tuple(ACTIVATION_BACKWARDS), "core.functional has no backward pass for it"),
+    "normalization_type": Only(("LN", "LNPre"), "the backward pass has layer norm's gradient, not RMS norm's"),
+    "positional_embedding_type": ANY,
+    "attention_dir": ANY,
+    "use_attn_scale": ANY,
+    "attn_temperature": ANY,
+    "block_type": Only(("pre_norm",), "the backward pass follows a pre-norm block; post-norm (BERT) is not "
+                                      "implemented"),
+    "bias": ANY,  # resolved into the four switches below, each implemented on its own
+    "tied_embeddings": ANY,
+    "n_token_types": Only((0,), "segment embeddings (BERT) receive no gradient here"),
+    "eps": ANY,
+    "attn_only": ANY,
+    "n_key_value_heads": Only(lambda cfg: (cfg.n_heads,), "grouped-query attention's shared keys and values "
+                                                         "are not implemented in the backward pass"),
+    "gated_mlp": Only((False,), "the gated (SwiGLU) MLP has no backward pass here"),
+    "rotary_dim": ANY,
+    "rotary_base": ANY,
+    "rotary_adjacent_pairs": ANY,
+    "parallel_attn_mlp": ANY,
+    "window_size": ANY,
+    "attn_types": ANY,
+    "use_qk_norm": Only((False,), "the query and key norms are RMS norms, which have no backward pass here"),
+    "qkv_bias": ANY,
+    "attn_out_bias": ANY,
+    "mlp_bias": ANY,
+    "unembed_bias": ANY,
+}
+
+
+def _choices(values: tuple) -> str:
+    words = [str(v) if isinstance(v, str) else repr(v) for v in values]
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
 
 
 def check_trainable(cfg: TransformerConfig) -> None:
-    """Raise InputError, saying what to change, for a configuration training does not support: the
-    backward pass covers the GPT-2-style decoder (and its attention-only variant), not the switches
-    of the other families (core/config.py)."""
-    if cfg.block_type != "pre_norm":
-        raise InputError("training supports pre-norm decoders (GPT-2 style): set block_type='pre_norm'")
-    if cfg.n_token_types:
-        raise InputError("training supports decoders without segment embeddings: set n_token_types=0")
-    other = {"n_key_value_heads": cfg.n_key_value_heads != cfg.n_heads, "gated_mlp": cfg.gated_mlp,
-             "normalization_type": cfg.normalization_type not in ("LN", "LNPre"),
-             "rotary_dim": cfg.positional_embedding_type == "rotary" and cfg.rotary_dim != cfg.d_head,
-             "rotary_adjacent_pairs": not cfg.rotary_adjacent_pairs, "parallel_attn_mlp": cfg.parallel_attn_mlp,
-             "window_size": cfg.window_size is not None, "use_qk_norm": cfg.use_qk_norm}
-    if any(other.values()):
-        raise InputError(f"training supports GPT-2-style decoders; leave {', '.join(k for k, v in other.items() if v)} "
-                         "at the default")
+    """Raise InputError, saying what to change, for a configuration training does not support: one
+    that sets a field TRAINABLE limits to a value outside its Only, or a field TRAINABLE does not
+    classify away from its default."""
+    problems = []
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        support = TRAINABLE.get(f.name)
+        if support is ANY:
+            continue
+        if support is None:  # a field newer than this table: refused until the backward pass is checked
+            if value != f.default:
+                problems.append(f"{f.name}={value!r} (the backward pass does not implement it yet): leave it at "
+                                f"{f.default!r}")
+            continue
+        allowed = support.allowed(cfg)
+        if value not in allowed:
+            problems.append(f"{f.name}={value!r} ({support.why}): choose {_choices(allowed)}")
+    if problems:
+        raise InputError("training does not support " + "; nor ".join(problems))
 
 
 @dataclass
@@ -64,7 +134,8 @@ class LayerSaved:
     v: np.ndarray  # [batch, n_heads, pos, d_head]
     pattern: np.ndarray  # [batch, n_heads, query_pos, key_pos], the attention weights
     z: np.ndarray  # [batch, pos, n_heads * d_head], the heads' outputs side by side (the input of W_O)
-    resid_mid: np.ndarray | None = None  # [batch, pos, d_model], the input of ln2 (None when attn_only)
+    ln2_in: np.ndarray | None = None  # [batch, pos, d_model]: resid_mid, or resid_pre in a parallel block
+    # (None when attn_only)
     ln2_out: np.ndarray | None = None  # [batch, pos, d_model], the input of W_in
     mlp_pre: np.ndarray | None = None  # [batch, pos, d_mlp], before the activation
     mlp_post: np.ndarray | None = None  # [batch, pos, d_mlp], after it (the input of W_out)
@@ -91,6 +162,15 @@ def _linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
     return out.reshape(*x.shape[:-1], w.shape[-1])
 
 
+def _rotary(x: np.ndarray, cfg: TransformerConfig, sign: int = 1) -> np.ndarray:
+    """The model's rotation of queries or keys [batch, n_heads, pos, d_head] (its base, rotated
+    dimensions and pair layout); sign=-1 turns each pair back by the same angle, which is the
+    backward pass: a rotation's transpose is its inverse, and the angle is linear in the position."""
+    positions = np.arange(x.shape[-2])
+    return rotary(x, positions if sign > 0 else -positions, rotary_dim=cfg.rotary_dim, base=cfg.rotary_base,
+                  adjacent_pairs=cfg.rotary_adjacent_pairs)
+
+
 # ---------------------------------------------------------------------------- forward
 
 def forward(params: Params, cfg: TransformerConfig, tokens: np.ndarray) -> tuple[np.ndarray, Saved]:
@@ -105,8 +185,8 @@ def forward(params: Params, cfg: TransformerConfig, tokens: np.ndarray) -> tuple
     elif cfg.positional_embedding_type == "sinusoidal":
         x += sinusoidal(n_pos, cfg.d_model).astype(W_E.dtype)
     layers = []
-    for block in params["blocks"]:
-        x, saved = _block_forward(x, block, cfg)
+    for layer, block in enumerate(params["blocks"]):
+        x, saved = _block_forward(x, block, cfg, cfg.window(layer))
         layers.append(saved)
     resid_final = x
     x = _ln(x, params["ln_final"], cfg)  # [batch, pos, d_model]
@@ -115,31 +195,35 @@ def forward(params: Params, cfg: TransformerConfig, tokens: np.ndarray) -> tuple
     return logits, Saved(tokens, layers, resid_final, x)
 
 
-def _block_forward(x: np.ndarray, block: dict, cfg: TransformerConfig) -> tuple[np.ndarray, LayerSaved]:
-    """x + attn(ln1(x)), then (unless attn_only) + mlp(ln2(x)).  # [batch, pos, d_model] -> same"""
+def _block_forward(x: np.ndarray, block: dict, cfg: TransformerConfig,
+                   window: int | None = None) -> tuple[np.ndarray, LayerSaved]:
+    """x + attn(ln1(x)), then (unless attn_only) + mlp(ln2(·)) of that sum, or of x itself in a
+    parallel block (GPT-NeoX).  # [batch, pos, d_model] -> same"""
     attn = block["attn"]
     h = _ln(x, block["ln1"], cfg)
     qkv = _linear(h, attn["W_QKV"], attn.get("b_QKV"))  # [batch, pos, 3 * n_heads * d_head]
     q, k, v = (split_heads(m, cfg.n_heads) for m in np.split(qkv, 3, axis=-1))  # each [batch, n_heads, pos, d_head]
     if cfg.positional_embedding_type == "rotary":
-        q, k = apply_rotary(q), apply_rotary(k)
-    pattern, z = attention(q, k, v, cfg)
+        q, k = _rotary(q, cfg), _rotary(k, cfg)
+    pattern, z = attention(q, k, v, cfg, window)
     z = merge_heads(z)  # [batch, pos, n_heads * d_head]
     saved = LayerSaved(x, h, q, k, v, pattern, z)
+    resid_pre = x
     x = x + _linear(z, attn["W_O"], attn.get("b_O"))
     if cfg.attn_only:
         return x, saved
     mlp = block["mlp"]
-    saved.resid_mid = x
-    saved.ln2_out = h = _ln(x, block["ln2"], cfg)
+    saved.ln2_in = resid_pre if cfg.parallel_attn_mlp else x
+    saved.ln2_out = h = _ln(saved.ln2_in, block["ln2"], cfg)
     saved.mlp_pre = _linear(h, mlp["W_in"], mlp.get("b_in"))  # [batch, pos, d_mlp]
     saved.mlp_post = ACTIVATIONS[cfg.act_fn](saved.mlp_pre)
     return x + _linear(saved.mlp_post, mlp["W_out"], mlp.get("b_out")), saved
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, cfg: TransformerConfig) -> tuple[np.ndarray, np.ndarray]:
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, cfg: TransformerConfig,
+              window: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """softmax(Q Kᵀ / divisor + mask) V for a batch: the pattern [batch, n_heads, query_pos, key_pos] and
-    z [batch, n_heads, pos, d_head].
+    z [batch, n_heads, pos, d_head]. window: a local layer's span (cfg.window(layer); None: global).
 
     The steps of core.attention.scaled_dot_product_attention, in its order and with its functions (a
     test holds the two equal), done for a few sequences at a time (BATCH_BLOCK_SCORES) so that one
@@ -149,6 +233,8 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, cfg: TransformerConfi
     n_batch, n_heads, n_pos, d_head = q.shape
     divisor = attention_scale(d_head, cfg.use_attn_scale, cfg.attn_temperature)
     mask = causal_mask(n_pos) if cfg.causal else None
+    if window is not None:  # a local layer also hides the keys `window` or more positions back
+        mask = local_mask(n_pos, n_pos, window) if mask is None else mask | local_mask(n_pos, n_pos, window)
     pattern = np.empty((n_batch, n_heads, n_pos, n_pos), dtype=np.result_type(q, k))
     z = np.empty((n_batch, n_heads, n_pos, v.shape[-1]), dtype=np.result_type(pattern, v))
     block = max(1, BATCH_BLOCK_SCORES // (n_heads * n_pos * n_pos))  # sequences per block
@@ -177,6 +263,12 @@ def _linear_backward(dy: np.ndarray, x: np.ndarray, w: np.ndarray, has_bias: boo
 def _ln_backward(dy: np.ndarray, x: np.ndarray, ln: dict, cfg: TransformerConfig) -> tuple[np.ndarray, dict]:
     dx, dw, db = layer_norm_backward(dy, x, ln.get("w"), cfg.eps)
     return dx, ({"w": dw, "b": db} if "w" in ln else {})
+
+
+def _named(weights: dict[str, dict], biases: dict[str, dict]) -> dict:
+    """{"W_in": g["w"], ...} then {"b_in": g["b"], ...} for each bias the layer has: a layer's biases are
+    switched on and off one by one (qkv_bias without attn_out_bias, say), so each is looked up on its own."""
+    return {name: g["w"] for name, g in weights.items()} | {name: g["b"] for name, g in biases.items() if "b" in g}
 
 
 def backward(params: Params, cfg: TransformerConfig, saved: Saved, dlogits: np.ndarray) -> Params:
@@ -211,16 +303,19 @@ def backward(params: Params, cfg: TransformerConfig, saved: Saved, dlogits: np.n
 def _block_backward(dx: np.ndarray, block: dict, s: LayerSaved, cfg: TransformerConfig) -> tuple[np.ndarray, dict]:
     """From dL/d(resid_post) to dL/d(resid_pre) and the block's parameter gradients."""
     g: dict = {}
+    d_parallel = None  # a parallel block's MLP read resid_pre: its gradient joins at the end
     if not cfg.attn_only:
-        # resid_post = resid_mid + mlp(ln2(resid_mid)): the residual passes dx through unchanged.
+        # resid_post = resid_mid + mlp(ln2(ln2_in)): the residual passes dx through unchanged.
         mlp = block["mlp"]
         dpost, w_out = _linear_backward(dx, s.mlp_post, mlp["W_out"], "b_out" in mlp)
         dpre = ACTIVATION_BACKWARDS[cfg.act_fn](dpost, s.mlp_pre, s.mlp_post)  # [batch, pos, d_mlp]
         dh, w_in = _linear_backward(dpre, s.ln2_out, mlp["W_in"], "b_in" in mlp)
-        dmid, g["ln2"] = _ln_backward(dh, s.resid_mid, block["ln2"], cfg)
-        dx = dx + dmid
-        g["mlp"] = {"W_in": w_in["w"], "W_out": w_out["w"]} | (
-            {"b_in": w_in["b"], "b_out": w_out["b"]} if "b_in" in mlp else {})
+        dmid, g["ln2"] = _ln_backward(dh, s.ln2_in, block["ln2"], cfg)
+        if cfg.parallel_attn_mlp:
+            d_parallel = dmid
+        else:
+            dx = dx + dmid
+        g["mlp"] = _named({"W_in": w_in, "W_out": w_out}, {"b_in": w_in, "b_out": w_out})
 
     # resid_mid = resid_pre + W_O(attention(ln1(resid_pre))).
     attn = block["attn"]
@@ -229,7 +324,7 @@ def _block_backward(dx: np.ndarray, block: dict, s: LayerSaved, cfg: Transformer
         split_heads(dz, cfg.n_heads), s.q, s.k, s.v, s.pattern, scale=cfg.use_attn_scale,
         temperature=cfg.attn_temperature)  # each [batch, n_heads, pos, d_head]
     if cfg.positional_embedding_type == "rotary":
-        dq, dk = apply_rotary_backward(dq), apply_rotary_backward(dk)
+        dq, dk = _rotary(dq, cfg, sign=-1), _rotary(dk, cfg, sign=-1)
     n_batch, n_heads, n_pos, d_head = dq.shape
     dqkv = np.empty((n_batch, n_pos, 3, n_heads, d_head), dtype=dq.dtype)  # W_QKV's column order: [Q | K | V] by head
     for i, part in enumerate((dq, dk, dv)):
@@ -237,8 +332,9 @@ def _block_backward(dx: np.ndarray, block: dict, s: LayerSaved, cfg: Transformer
     dqkv = dqkv.reshape(n_batch, n_pos, -1)  # [batch, pos, 3 * n_heads * d_head]
     dh, qkv = _linear_backward(dqkv, s.ln1_out, attn["W_QKV"], "b_QKV" in attn)
     dpre, g["ln1"] = _ln_backward(dh, s.resid_pre, block["ln1"], cfg)
-    g["attn"] = {"W_QKV": qkv["w"], "W_O": o["w"]} | ({"b_QKV": qkv["b"], "b_O": o["b"]} if "b_QKV" in attn else {})
-    return dx + dpre, g
+    g["attn"] = _named({"W_QKV": qkv, "W_O": o}, {"b_QKV": qkv, "b_O": o})
+    dx = dx + dpre
+    return (dx if d_parallel is None else dx + d_parallel), g
 
 
 def embedding_backward(dx: np.ndarray, tokens: np.ndarray, d_vocab: int) -> np.ndarray:

@@ -1,20 +1,26 @@
 """The backward pass against central finite differences (float64), and the batched forward against core.model.
 
 Every parameter's gradient from core.backprop is compared with (L(θ + h) − L(θ − h)) / 2h, element by
-element, over random small decoders drawn by hypothesis: layers, heads, attention-only or not,
-LN/LNPre, the three activations, tied/untied, every position scheme, biases, temperature and scale,
-causal or bidirectional. The error is measured per parameter array as ‖analytic − numeric‖ / ‖numeric‖.
+element, over random small decoders drawn by hypothesis from every switch core.backprop.TRAINABLE says
+training supports: layers, heads, widths, attention-only or not, parallel blocks, the norms and
+activations it has backward passes for, tied/untied, every position scheme (rotary with any base,
+rotated width and pair layout), each bias switch on its own, temperature and scale, causal,
+bidirectional or local attention. The error is measured per parameter array as
+‖analytic − numeric‖ / ‖numeric‖. Configurations outside TRAINABLE are refused, saying what to change.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from core import TransformerConfig, init_params, run_with_cache
 from core import backprop
+from core.errors import InputError
 from core.functional import (cross_entropy, cross_entropy_backward, gelu, gelu_backward, gelu_new,
                              gelu_new_backward, layer_norm, layer_norm_backward, relu, relu_backward, softmax,
                              softmax_backward)
@@ -25,22 +31,54 @@ REL_TOL = 1e-6
 H = 1e-5  # central differences: truncation ~h², rounding ~1e-16/h, both far below REL_TOL here
 
 
+def _supported(field: str) -> list:
+    """The values training supports of a field it limits (so a newly supported value is drawn at once)."""
+    return list(backprop.TRAINABLE[field].values)
+
+
 @st.composite
-def small_decoders(draw):
+def decoder_fields(draw) -> dict:
+    """TransformerConfig keyword arguments of a small decoder: every field TRAINABLE calls ANY, drawn."""
     n_heads = draw(st.integers(1, 2))
     d_head = draw(st.sampled_from([2, 4]))
     if n_heads * d_head < 4:  # a layer norm over 2 numbers outputs ±1 whatever its input: no gradient to check
         d_head = 4
-    cfg = TransformerConfig(
-        d_model=n_heads * d_head, n_heads=n_heads, n_layers=draw(st.integers(1, 2)),
-        d_vocab=draw(st.integers(3, 6)), n_ctx=5, d_mlp=draw(st.integers(2, 6)),
-        attn_only=draw(st.booleans()), normalization_type=draw(st.sampled_from(["LN", "LNPre"])),
-        act_fn=draw(st.sampled_from(["gelu_new", "gelu", "relu"])), tied_embeddings=draw(st.booleans()),
+    n_layers = draw(st.integers(1, 2))
+    attention_dir = draw(st.sampled_from(["causal", "bidirectional"]))
+    local = attention_dir == "causal" and draw(st.booleans())  # local layers need causal attention
+    return dict(
+        d_model=n_heads * d_head + draw(st.sampled_from([0, 2])),  # W_O need not map back from d_model columns
+        n_heads=n_heads, d_head=d_head, n_layers=n_layers, d_vocab=draw(st.integers(3, 6)), n_ctx=5,
+        d_mlp=draw(st.integers(2, 6)), attn_only=draw(st.booleans()), parallel_attn_mlp=draw(st.booleans()),
+        normalization_type=draw(st.sampled_from(_supported("normalization_type"))),
+        act_fn=draw(st.sampled_from(_supported("act_fn"))), eps=draw(st.sampled_from([1e-5, 1e-3])),
+        tied_embeddings=draw(st.booleans()),
         positional_embedding_type=draw(st.sampled_from(["learned", "sinusoidal", "rotary", "none"])),
-        attention_dir=draw(st.sampled_from(["causal", "bidirectional"])), bias=draw(st.booleans()),
-        use_attn_scale=draw(st.booleans()), attn_temperature=draw(st.sampled_from([1.0, 0.7, 2.0])),
+        rotary_dim=draw(st.sampled_from([None, 2])), rotary_base=draw(st.sampled_from([10000.0, 500.0, 3.0])),
+        rotary_adjacent_pairs=draw(st.booleans()),
+        attention_dir=attention_dir, use_attn_scale=draw(st.booleans()),
+        attn_temperature=draw(st.sampled_from([1.0, 0.7, 2.0])),
+        window_size=draw(st.integers(1, 3)) if local else None,
+        attn_types=("local", "global")[:n_layers] if local else None,
+        bias=draw(st.booleans()),  # and each switch on its own: None follows `bias`
+        **{name: draw(st.sampled_from([None, True, False]))
+           for name in ("qkv_bias", "attn_out_bias", "mlp_bias", "unembed_bias")},
     )
+
+
+@st.composite
+def small_decoders(draw):
+    cfg = TransformerConfig(**draw(decoder_fields()))
     return cfg, draw(st.integers(0, 2**31)), draw(st.integers(1, 2)), draw(st.integers(2, 4))
+
+
+# The two configurations the hand-written guard let through wrong: rotary positions with a base of
+# 500 (the training forward rotated with 10,000), and Q, K, V biases without W_O's (the backward
+# looked for b_O's gradient whenever b_QKV existed).
+ROTARY_BASE_500 = TransformerConfig(d_model=8, n_heads=2, n_layers=2, d_vocab=5, n_ctx=5, d_mlp=4,
+                                    positional_embedding_type="rotary", rotary_base=500.0)
+QKV_BIAS_ONLY = TransformerConfig(d_model=8, n_heads=2, n_layers=1, d_vocab=5, n_ctx=5, d_mlp=4,
+                                  qkv_bias=True, attn_out_bias=False)
 
 
 def random_model(cfg: TransformerConfig, seed: int):
@@ -76,8 +114,13 @@ def relative_error(analytic: np.ndarray, numeric: np.ndarray) -> float:
     return float(np.linalg.norm(analytic - numeric) / scale) if scale > 0 else float(np.abs(analytic).max())
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(small_decoders())
+@example((ROTARY_BASE_500, 0, 2, 4))
+@example((QKV_BIAS_ONLY, 1, 2, 4))
+@example((QKV_BIAS_ONLY.replace(qkv_bias=False, attn_out_bias=True, mlp_bias=False, unembed_bias=True,
+                                tied_embeddings=False), 2, 2, 4))
+@example((ROTARY_BASE_500.replace(rotary_dim=2, rotary_adjacent_pairs=False, parallel_attn_mlp=True), 3, 2, 4))
 def test_every_parameter_gradient_matches_finite_differences(case):
     cfg, seed, batch, n_pos = case
     params, rng = random_model(cfg, seed)
@@ -92,8 +135,10 @@ def test_every_parameter_gradient_matches_finite_differences(case):
         assert relative_error(get(grads, name), numeric) <= REL_TOL, name
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(small_decoders())
+@example((ROTARY_BASE_500, 0, 2, 4))
+@example((QKV_BIAS_ONLY, 1, 2, 4))
 def test_batched_forward_gives_run_with_cache_logits_sequence_by_sequence(case):
     cfg, seed, batch, n_pos = case
     params, rng = random_model(cfg, seed)
@@ -157,6 +202,25 @@ def test_rotary_backward_is_the_inverse_rotation():
     _check_primitive(apply_rotary, lambda dy, x: apply_rotary_backward(dy), rng.standard_normal((2, 5, 6)), rng)
 
 
+@pytest.mark.parametrize("base", [10000.0, 500.0])
+@pytest.mark.parametrize("rotary_dim", [2, 6])
+@pytest.mark.parametrize("adjacent_pairs", [True, False])
+def test_training_rotary_backward_for_each_base_width_and_layout(base, rotary_dim, adjacent_pairs):
+    cfg = TransformerConfig(d_model=12, n_heads=2, positional_embedding_type="rotary", rotary_base=base,
+                            rotary_dim=rotary_dim, rotary_adjacent_pairs=adjacent_pairs)
+    rng = np.random.default_rng(6)
+    _check_primitive(lambda x: backprop._rotary(x, cfg), lambda dy, x: backprop._rotary(dy, cfg, sign=-1),
+                     rng.standard_normal((2, 2, 5, 6)), rng)
+
+
+def test_training_rotary_at_the_defaults_is_apply_rotary_bit_for_bit():
+    """Models trained with rotary positions before the switches were honoured retrain to the same bits."""
+    cfg = TransformerConfig(d_model=12, n_heads=2, positional_embedding_type="rotary")
+    x = np.random.default_rng(7).standard_normal((2, 2, 9, 6)).astype(np.float32)
+    assert backprop._rotary(x, cfg).tobytes() == apply_rotary(x).tobytes()
+    assert backprop._rotary(x, cfg, sign=-1).tobytes() == apply_rotary_backward(x).tobytes()
+
+
 def test_cross_entropy_value_and_gradient():
     rng = np.random.default_rng(4)
     logits, targets = rng.standard_normal((2, 3, 5)) * 3, rng.integers(0, 5, (2, 3))
@@ -167,10 +231,64 @@ def test_cross_entropy_value_and_gradient():
     assert relative_error(cross_entropy_backward(probs, targets), numeric) <= REL_TOL
 
 
-def test_training_refuses_post_norm_with_a_message():
-    cfg = TransformerConfig(d_model=8, n_layers=1, n_heads=2, d_vocab=5, n_ctx=4, block_type="post_norm")
-    with pytest.raises(ValueError, match="pre_norm"):
+# ------------------------------------------------------------------ what training supports
+
+def test_every_config_field_is_classified_for_training():
+    """A new TransformerConfig field fails here until TRAINABLE says whether the backward pass implements it."""
+    fields = {f.name for f in dataclasses.fields(TransformerConfig)}
+    assert set(backprop.TRAINABLE) == fields, (
+        f"unclassified: {sorted(fields - set(backprop.TRAINABLE))}, stale: {sorted(set(backprop.TRAINABLE) - fields)}")
+    assert all(s is backprop.ANY or isinstance(s, backprop.Only) for s in backprop.TRAINABLE.values())
+
+
+@settings(max_examples=1, deadline=None)
+@given(decoder_fields())
+def test_the_gradient_check_draws_every_field_training_supports(fields):
+    """Whatever TRAINABLE calls ANY is varied by small_decoders, so it is held to finite differences."""
+    assert {name for name, s in backprop.TRAINABLE.items() if s is backprop.ANY} <= set(fields)
+
+
+BASE = dict(d_model=8, n_layers=1, n_heads=2, d_vocab=5, n_ctx=4, d_mlp=4)
+# A value outside TRAINABLE for every field it limits.
+UNSUPPORTED = {
+    "act_fn": dict(act_fn="silu"),
+    "normalization_type": dict(normalization_type="RMS"),
+    "block_type": dict(block_type="post_norm"),
+    "n_token_types": dict(n_token_types=2),
+    "n_key_value_heads": dict(n_key_value_heads=1),
+    "gated_mlp": dict(gated_mlp=True),
+    "use_qk_norm": dict(use_qk_norm=True),
+}
+
+
+def test_every_limited_field_has_a_refusal_case():
+    assert set(UNSUPPORTED) == {name for name, s in backprop.TRAINABLE.items() if s is not backprop.ANY}
+
+
+@pytest.mark.parametrize("field", sorted(UNSUPPORTED))
+def test_training_refuses_an_unsupported_value_saying_what_to_choose(field):
+    cfg = TransformerConfig(**BASE | UNSUPPORTED[field])
+    allowed = backprop.TRAINABLE[field].allowed(cfg)
+    with pytest.raises(InputError, match=f"^training does not support {field}=.*: choose ") as info:
         backprop.forward(init_params(cfg), cfg, np.zeros((1, 3), dtype=np.int64))
+    assert all(str(v) in str(info.value) for v in allowed)
+    assert backprop.check_trainable(TransformerConfig(**BASE)) is None  # the base itself trains
+
+
+def test_every_problem_is_named_at_once():
+    cfg = TransformerConfig(**BASE, block_type="post_norm", normalization_type="RMS")
+    with pytest.raises(InputError) as info:
+        backprop.check_trainable(cfg)
+    assert "normalization_type='RMS'" in str(info.value) and "choose LN or LNPre" in str(info.value)
+    assert "block_type='post_norm'" in str(info.value) and "choose pre_norm" in str(info.value)
+
+
+def test_a_field_the_table_does_not_know_trains_only_at_its_default(monkeypatch):
+    monkeypatch.delitem(backprop.TRAINABLE, "rotary_base")
+    backprop.check_trainable(ROTARY_BASE_500.replace(rotary_base=10000.0))
+    with pytest.raises(InputError, match=r"rotary_base=500.0 \(the backward pass does not implement it yet\): "
+                                         r"leave it at 10000.0"):
+        backprop.check_trainable(ROTARY_BASE_500)
 
 
 @pytest.mark.parametrize("causal", [True, False])

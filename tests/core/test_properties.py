@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core import (apply_rotary, causal_mask, merge_heads, multi_head_attention, scaled_dot_product_attention,
+from core import (apply_rotary, causal_mask, merge_heads, multi_head_attention, rotary, scaled_dot_product_attention,
                   sinusoidal, split_heads)
 
 bounded = settings(max_examples=40, deadline=None)
@@ -188,3 +188,21 @@ def test_sinusoidal_dot_products_depend_only_on_the_gap(d, i, j, shift):
     pe = sinusoidal(130, d)
     np.testing.assert_allclose(pe[i] @ pe[j], pe[i + shift] @ pe[j + shift], rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(pe[i] @ pe[i], d / 2, rtol=1e-12)  # sin² + cos² = 1 for each of d/2 pairs
+
+
+@bounded
+@given(st.integers(1, 8).map(lambda k: 2 * k), st.data(), st.floats(1.5, 1e6), st.booleans(), st.integers(1, 12),
+       seeds)
+def test_rotary_at_minus_the_positions_undoes_rotary_for_every_base_width_and_layout(d_head, data, base,
+                                                                                     adjacent_pairs, n_pos, seed):
+    """Training's rotary backward is rotary at −p (core/backprop.py): the transpose of a rotation is its
+    inverse, and the angle p · base^(−2i/rotary_dim) is linear in p, whatever the base, the rotated width
+    and the pair layout."""
+    rotary_dim = 2 * data.draw(st.integers(1, d_head // 2))
+    x = gaussian(seed, 2, n_pos, d_head)
+    positions = np.arange(n_pos)
+    turn = dict(rotary_dim=rotary_dim, base=base, adjacent_pairs=adjacent_pairs)
+    rotated = rotary(x, positions, **turn)
+    np.testing.assert_allclose(np.linalg.norm(rotated, axis=-1), np.linalg.norm(x, axis=-1), rtol=1e-12)
+    np.testing.assert_array_equal(rotated[..., rotary_dim:], x[..., rotary_dim:])  # the rest passes unchanged
+    np.testing.assert_allclose(rotary(rotated, -positions, **turn), x, rtol=1e-12, atol=1e-12)
