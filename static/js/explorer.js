@@ -276,9 +276,7 @@
   // lies exactly under Plotly's plot area: cells wider than a screen pixel as sharp blocks,
   // narrower ones smoothed (nearest-neighbour would drop whole rows and columns).
   function paintImage(el, figure) {
-    const full = el._fullLayout;
-    const xa = full.xaxis, ya = full.yaxis;
-    const holder = el.querySelector(".svg-container");
+    const holder = PlotlyAdapter.plotContainer(el);
     if (!holder) return;
     let canvas = holder.querySelector(":scope > canvas.matrix-image");
     if (!canvas) {
@@ -289,19 +287,21 @@
     }
     const ratio = window.devicePixelRatio || 1;
     const z = figure.data[0].z;
-    const key = [xa._offset, ya._offset, xa._length, ya._length, ratio, xa.range.join(), ya.range.join()].join();
+    const area = PlotlyAdapter.plotArea(el);
+    const xr = PlotlyAdapter.axisRange(el, "x"), yr = PlotlyAdapter.axisRange(el, "y");
+    const key = [area.left, area.top, area.width, area.height, ratio, xr.join(), yr.join()].join();
     if (canvas._painted === z && canvas._paintedAt === key) return;  // decorate runs after every plot event
     canvas._painted = z;
     canvas._paintedAt = key;
-    canvas.style.left = xa._offset + "px";
-    canvas.style.top = ya._offset + "px";
-    canvas.style.width = xa._length + "px";
-    canvas.style.height = ya._length + "px";
-    canvas.width = Math.max(1, Math.round(xa._length * ratio));
-    canvas.height = Math.max(1, Math.round(ya._length * ratio));
+    canvas.style.left = area.left + "px";
+    canvas.style.top = area.top + "px";
+    canvas.style.width = area.width + "px";
+    canvas.style.height = area.height + "px";
+    canvas.width = Math.max(1, Math.round(area.width * ratio));
+    canvas.height = Math.max(1, Math.round(area.height * ratio));
     const bitmap = matrixBitmap(figure, el.hasAttribute("data-static"));
-    const x0 = Math.min(xa.range[0], xa.range[1]) + 0.5, x1 = Math.max(xa.range[0], xa.range[1]) + 0.5;
-    const y0 = Math.min(ya.range[0], ya.range[1]) + 0.5, y1 = Math.max(ya.range[0], ya.range[1]) + 0.5;
+    const x0 = Math.min(xr[0], xr[1]) + 0.5, x1 = Math.max(xr[0], xr[1]) + 0.5;
+    const y0 = Math.min(yr[0], yr[1]) + 0.5, y1 = Math.max(yr[0], yr[1]) + 0.5;
     const ctx = canvas.getContext("2d");
     ctx.imageSmoothingEnabled = canvas.width < (x1 - x0) || canvas.height < (y1 - y0);
     ctx.imageSmoothingQuality = "high";
@@ -310,14 +310,13 @@
 
   // The cell under the pointer, from the axes' own pixel-to-data mapping; null outside the cells.
   function cellAt(el, evt) {
-    const full = el._fullLayout;
     const figure = el._explorerShown;
-    if (!full || !figure || !el._cells) return null;
-    const xa = full.xaxis, ya = full.yaxis;
+    if (!PlotlyAdapter.isDrawn(el) || !figure || !el._cells) return null;
+    const area = PlotlyAdapter.plotArea(el);
     const box = el.getBoundingClientRect();
-    const x = evt.clientX - box.left - xa._offset, y = evt.clientY - box.top - ya._offset;
-    if (x < 0 || y < 0 || x > xa._length || y > ya._length) return null;
-    const i = Math.round(ya.p2l(y)), j = Math.round(xa.p2l(x));
+    const x = evt.clientX - box.left, y = evt.clientY - box.top;
+    if (x < area.left || y < area.top || x > area.left + area.width || y > area.top + area.height) return null;
+    const i = Math.round(PlotlyAdapter.pixelToData(el, "y", y)), j = Math.round(PlotlyAdapter.pixelToData(el, "x", x));
     if (i < 0 || j < 0 || i >= el._cells.rows || j >= el._cells.cols) return null;
     return {i: i, j: j};
   }
@@ -375,10 +374,11 @@
   }
 
   function isZoomed(el) {
-    const full = el._fullLayout, figure = el._explorerShown;
-    if (!full || !figure || !figure.layout || !figure.layout.xaxis || !figure.layout.xaxis.range) return false;
+    const figure = el._explorerShown;
+    if (!PlotlyAdapter.isDrawn(el) || !figure || !figure.layout || !figure.layout.xaxis || !figure.layout.xaxis.range) return false;
     const same = function (a, b) { return Math.abs(a[0] - b[0]) < 1e-6 && Math.abs(a[1] - b[1]) < 1e-6; };
-    return !same(full.xaxis.range, figure.layout.xaxis.range) || !same(full.yaxis.range, figure.layout.yaxis.range);
+    return !same(PlotlyAdapter.axisRange(el, "x"), figure.layout.xaxis.range) ||
+      !same(PlotlyAdapter.axisRange(el, "y"), figure.layout.yaxis.range);
   }
 
   function syncZoomButton(el) {
@@ -388,7 +388,7 @@
 
   function resetZoom(el) {
     const layout = el._explorerShown && el._explorerShown.layout;
-    if (!layout || !el._fullLayout) return Promise.resolve();
+    if (!layout || !PlotlyAdapter.isDrawn(el)) return Promise.resolve();
     return Plotly.relayout(el, {"xaxis.range": layout.xaxis.range.slice(), "yaxis.range": layout.yaxis.range.slice()});
   }
 
@@ -399,7 +399,7 @@
   // clicks still make a double-click, which goes back as before.
   window.addEventListener("mouseup", function () {
     document.querySelectorAll("[data-figure]").forEach(function (el) {
-      if (el._dragging && el._dragged) el._mouseDownTime = 0;  // Plotly's click-train start (plotly.js 4.1.1, package.json)
+      if (PlotlyAdapter.wasDragged(el)) PlotlyAdapter.startNewClickTrain(el);
     });
   }, true);
 
@@ -427,9 +427,8 @@
 
   function drawLabels(el, figure) {
     const bands = figure.export && figure.export.label_px;
-    const full = el._fullLayout;
     let layer = el.querySelector(":scope > .axis-labels");
-    if (!bands || !full) {
+    if (!bands || !PlotlyAdapter.isDrawn(el)) {
       if (layer) layer.remove();
       return;
     }
@@ -439,36 +438,38 @@
       layer.setAttribute("aria-hidden", "true");  // the figure's label and cell readout say it in words
       el.appendChild(layer);
     }
-    const font = full.font || {};
+    const font = PlotlyAdapter.font(el);
     layer.style.fontFamily = font.family;
     layer.style.fontSize = font.size + "px";
     layer.style.color = font.color;
     const line = (font.size || 13) * 1.25;
-    const xa = full.xaxis, ya = full.yaxis;
+    const area = PlotlyAdapter.plotArea(el);
+    const at = function (letter, k) { return PlotlyAdapter.dataToPixel(el, letter, k); };
     // the cells in the window (all of them, or a zoomed part): a label names its cell's centre
-    const inside = function (axis, k) {
-      return k >= Math.min(axis.range[0], axis.range[1]) && k <= Math.max(axis.range[0], axis.range[1]);
+    const inside = function (letter, k) {
+      const range = PlotlyAdapter.axisRange(el, letter);
+      return k >= Math.min(range[0], range[1]) && k <= Math.max(range[0], range[1]);
     };
     let html = "";
     if (bands.y) {
       const labels = (figure.layout.yaxis || {}).ticktext || [];
-      const cell = Math.abs(ya.l2p(1) - ya.l2p(0)) || line;
+      const cell = Math.abs(at("y", 1) - at("y", 0)) || line;
       const step = Math.max(1, Math.ceil(line / cell));
-      const right = el.clientWidth - xa._offset + 4;
+      const right = el.clientWidth - area.left + 4;
       html += labelHtml(labels, "y-label", function (k) {
-        return k % step || !inside(ya, k) ? null : "right:" + right + "px;top:" + (ya._offset + ya.l2p(k)) + "px";
+        return k % step || !inside("y", k) ? null : "right:" + right + "px;top:" + at("y", k) + "px";
       });
     }
     if (bands.x) {
       const labels = (figure.layout.xaxis || {}).ticktext || [];
-      const cell = Math.abs(xa.l2p(1) - xa.l2p(0)) || line;
+      const cell = Math.abs(at("x", 1) - at("x", 0)) || line;
       const upright = !(figure.layout.xaxis || {}).tickangle;
       // upright labels (the server turns them when any is longer than 2 characters) need their width
       const chars = upright ? Math.max(1, ...labels.map(function (t) { return t.replace(/&[a-z]+;/g, "_").length; })) : 0;
       const step = Math.max(1, Math.ceil((upright ? chars * 0.62 * (font.size || 13) + 4 : line) / cell));
-      const top = ya._offset + ya._length + 4;
+      const top = area.top + area.height + 4;
       html += labelHtml(labels, upright ? "x-label" : "x-label x-label-turned", function (k) {
-        return k % step || !inside(xa, k) ? null : "left:" + (xa._offset + xa.l2p(k)) + "px;top:" + top + "px";
+        return k % step || !inside("x", k) ? null : "left:" + at("x", k) + "px;top:" + top + "px";
       });
     }
     layer.innerHTML = html;
@@ -503,7 +504,7 @@
     const json = figure ? null : el.getAttribute("data-figure");
     if (!figure) {
       el._explorerPending = false;
-      if (el._fullLayout && json === el._explorerDrawn) return Promise.resolve();  // nothing changed
+      if (PlotlyAdapter.isDrawn(el) && json === el._explorerDrawn) return Promise.resolve();  // nothing changed
       try {
         figure = readFigure(el);
       } catch (err) {
@@ -529,7 +530,7 @@
   // What this script adds to a drawn plot: its token labels, and the selected cell.
   function decorate(el) {
     const figure = el._explorerShown;
-    if (!figure || !el._fullLayout) return;
+    if (!figure || !PlotlyAdapter.isDrawn(el)) return;
     const canvas = el.querySelector("canvas.matrix-image");
     if (isImage(figure)) paintImage(el, figure);
     else if (canvas) canvas.remove();
@@ -577,7 +578,7 @@
   // thousands of SVG nodes while cleaning up, ~70 ms) and wait in `kept`.
   function keepPlots(target) {
     target.querySelectorAll("[data-figure]").forEach(function (el) {
-      if (!el._fullLayout) return;
+      if (!PlotlyAdapter.isDrawn(el)) return;
       const key = plotKey(el);
       el.replaceWith(document.createElement(el.tagName));
       if (key && !kept.has(key)) kept.set(key, el);
@@ -615,7 +616,7 @@
     if (root.querySelectorAll) found.push(...root.querySelectorAll("[data-figure]"));
     const later = [];
     found.map(reusePlot).forEach(function (el) {
-      if (el._fullLayout) syncZoomButton(el);  // a morph resets the button to the template's (hidden)
+      if (PlotlyAdapter.isDrawn(el)) syncZoomButton(el);  // a morph resets the button to the template's (hidden)
       el._explorerPending = true;
       if (el.hasAttribute("data-draw-first")) draw(el);
       else later.push(el);
@@ -638,7 +639,7 @@
     if (!input.matches || !input.matches("input[type=radio][name=head]")) return;
     const thumb = document.querySelector("[data-plot-key='thumb-" + input.value + "']");
     const weights = document.querySelector("#stage-weights [data-figure]");
-    if (!thumb || !weights || !weights._fullLayout) return;
+    if (!thumb || !weights || !PlotlyAdapter.isDrawn(weights)) return;
     const figure = Object.assign({}, readFigure(weights));
     const z = readFigure(thumb).data[0].z;
     if (z.length !== figure.data[0].z.length) return;  // a pooled thumbnail (long inputs): wait for the server
@@ -696,9 +697,9 @@
 
   function showSelected(el) {
     const sel = el._selected;
-    const layout = el._fullLayout;
-    if (!sel || !layout) return;
-    const xa = layout.xaxis, ya = layout.yaxis;
+    if (!sel || !PlotlyAdapter.isDrawn(el)) return;
+    const area = PlotlyAdapter.plotArea(el);
+    const at = function (letter, k) { return PlotlyAdapter.dataToPixel(el, letter, k); };
     let box = el.querySelector(":scope > .cell-marker");
     if (!box) {
       box = document.createElement("div");
@@ -706,15 +707,15 @@
       box.setAttribute("aria-hidden", "true");
       el.appendChild(box);
     }
-    const x0 = xa._offset + xa.l2p(sel.j - 0.5), x1 = xa._offset + xa.l2p(sel.j + 0.5);
-    const y0 = ya._offset + ya.l2p(sel.i - 0.5), y1 = ya._offset + ya.l2p(sel.i + 0.5);
+    const x0 = at("x", sel.j - 0.5), x1 = at("x", sel.j + 0.5);
+    const y0 = at("y", sel.i - 0.5), y1 = at("y", sel.i + 0.5);
     box.style.left = Math.min(x0, x1) + "px";
     box.style.top = Math.min(y0, y1) + "px";
     box.style.width = Math.abs(x1 - x0) + "px";
     box.style.height = Math.abs(y1 - y0) + "px";
     // outside a zoomed window the cell is not drawn: no marker (the readout still names it)
-    box.hidden = Math.max(x0, x1) < xa._offset || Math.min(x0, x1) > xa._offset + xa._length ||
-      Math.max(y0, y1) < ya._offset || Math.min(y0, y1) > ya._offset + ya._length;
+    box.hidden = Math.max(x0, x1) < area.left || Math.min(x0, x1) > area.left + area.width ||
+      Math.max(y0, y1) < area.top || Math.min(y0, y1) > area.top + area.height;
     liveRegion(el).textContent = cellWords(el, el._explorerShown, sel.i, sel.j) + rowPeak(el._explorerShown, sel.i);
   }
 
@@ -918,7 +919,7 @@
         }
         return false;
       }
-      if (old.nodeType !== 1 || !old.hasAttribute("data-figure") || !old._fullLayout) return true;
+      if (old.nodeType !== 1 || !old.hasAttribute("data-figure") || !PlotlyAdapter.isDrawn(old)) return true;
       if (next.nodeType !== 1 || !next.hasAttribute("data-figure")) return true;
       copyAttributes(next, old);
       old._explorerFigure = null;
@@ -966,7 +967,7 @@
     document.addEventListener("htmx:beforeCleanupElement", function (evt) {
       const el = evt.target;
       if (!el.hasAttribute || !el.hasAttribute("data-figure")) return;
-      if (el._fullLayout) Plotly.purge(el);
+      if (PlotlyAdapter.isDrawn(el)) Plotly.purge(el);
     });
     // printing (or saving as PDF) shows the whole page at once: draw whatever is still waiting
     window.addEventListener("beforeprint", function () {
