@@ -11,13 +11,14 @@ The catalogue is built once, in the app's lifespan (app/main.py), and kept on `a
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Annotated
 
 from fastapi import Depends, Request
 
-from .catalog import Catalog
-from .service import Service
-from .settings import Settings, get_settings
+from app.models.catalog import Catalog, build_catalog
+from app.service import Service
+from app.settings import Settings, get_settings
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 
@@ -34,3 +35,14 @@ def get_service(catalog: CatalogDep, settings: SettingsDep) -> Service:
 
 
 ServiceDep = Annotated[Service, Depends(get_service)]
+
+
+@lru_cache(maxsize=1)
+def standalone_catalog() -> Catalog:
+    """The catalogue outside a server (a notebook): built once, with the environment's settings."""
+    return build_catalog(get_settings())
+
+
+def standalone_service() -> Service:
+    """A Service as a request gets it, for code that runs without the server (app/pages/notebook.py)."""
+    return Service(standalone_catalog(), get_settings())

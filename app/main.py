@@ -10,16 +10,18 @@ from fastapi import FastAPI
 from starlette.middleware.errors import ServerErrorMiddleware
 from threadpoolctl import threadpool_limits
 
-from . import __version__, errors
-from .bodylimit import BodySizeLimitMiddleware, UrlLengthLimitMiddleware
-from .catalog import build_catalog
-from .compression import CachedStaticFiles, GZipMiddleware
-from .observability import AccessLogMiddleware, configure_access_log
-from .paths import STATIC_DIR
-from .routers import api, docs, explorer, health, inspect_views, lessons, train
-from .security import ComputeLimitMiddleware, SecurityHeadersMiddleware
-from .training import TrainingManager
-from .settings import Settings, get_settings
+from app import __version__
+from app.http import errors
+from app.http.bodylimit import BodySizeLimitMiddleware, UrlLengthLimitMiddleware
+from app.models.catalog import build_catalog
+from app.http.compression import CachedStaticFiles, GZipMiddleware
+from app.http.observability import AccessLogMiddleware, configure_access_log
+from app.paths import STATIC_DIR
+from app.api import routes, docs, health
+from app.pages import explorer, inspect, lessons, train
+from app.http.security import ComputeLimitMiddleware, SecurityHeadersMiddleware
+from app.training.scheduler import TrainingManager
+from app.settings import Settings, get_settings
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -33,7 +35,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # Found once per process: the built-in models and the checkpoint folders' config.json files
         # (weights load on first use). Routes get it through app/deps.py.
         app.state.catalog = catalog = build_catalog(s)
-        # Training runs queued in the runs folder start in worker processes (app/training.py).
+        # Training runs queued in the runs folder start in worker processes (app/training/scheduler.py).
         manager = None
         if catalog.runs is not None and catalog.runs.error is None:
             manager = TrainingManager(catalog.runs, s.train_workers)
@@ -57,10 +59,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if settings is not None:
         app.dependency_overrides[get_settings] = lambda: settings
     app.include_router(health.router)
-    app.include_router(api.router)
+    app.include_router(routes.router)
     app.include_router(docs.router)
     app.include_router(explorer.router)
-    app.include_router(inspect_views.router)
+    app.include_router(inspect.router)
     app.include_router(lessons.router)
     app.include_router(train.router)
     errors.install(app)

@@ -32,7 +32,7 @@ LESSONS = {"attention": ("d_k", [2, 3, 4]), "scaling": ("n_keys", [8, 16, 32]), 
            "forward": ("d_mlp", [32, 64])}
 INSPECT = ["decompose", "lens", "detectors", "kvcache", "compare"]
 WORDS = "the cat sat on a mat and then it ran to see what the dog was doing in the warm sun".split()
-TOY_SHAPE = {"n_layers": 2, "n_heads": 4}  # the toy's (app/catalog.py); MiniLM: 6 layers of 12 heads
+TOY_SHAPE = {"n_layers": 2, "n_heads": 4}  # the toy's (app/models/catalog.py); MiniLM: 6 layers of 12 heads
 MINILM_SHAPE = {"n_layers": 6, "n_heads": 12}
 
 

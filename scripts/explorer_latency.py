@@ -20,7 +20,7 @@ characters) it measures, as a learner meets them:
   figure drawn.
 
 A heatmap is "drawn with N rows" when the figure it shows holds N rows: from 64 tokens explorer.js
-paints the matrix itself (app/figures.py IMAGE_MIN_TOKENS), so the figure is read from the element's
+paints the matrix itself (app/pages/figures.py IMAGE_MIN_TOKENS), so the figure is read from the element's
 `_explorerShown`, not from Plotly's traces.
 
 Each figure is a median over repetitions separated by a pause (so the page is idle again). Measured,

@@ -23,7 +23,7 @@ import httpx
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # scripts/ run as files: make the app importable for its constants
-from app.bodylimit import HTTP_PROTOCOL  # noqa: E402
+from app.http.bodylimit import HTTP_PROTOCOL  # noqa: E402
 
 # A folder holding only sitecustomize.py; on PYTHONPATH it makes the server refuse (and report)
 # every connection that does not go to a loopback address.

@@ -61,12 +61,25 @@ def _name(method: str, path: str, i: int = 0, fragment: bool = False) -> str:
 
 def responses() -> dict[str, tuple[int, str, str]]:
     """name -> (status, content type, body) for every request of the snapshot."""
+    import os
+    import tempfile
+
     from fastapi.testclient import TestClient
 
-    from app.main import app
+    # Hermetic: training runs go to an empty folder of their own and are queued, never trained (a run
+    # that finished during the snapshot would join the model menus), so two snapshots of the same code
+    # are equal whatever the machine's own runs folder holds and however fast a worker would be.
+    os.environ["EXPLORER_RUNS_DIR"] = tempfile.mkdtemp(prefix="snapshot-runs-")
+    from app.settings import get_settings
+    from app.training.scheduler import TrainingManager
+
+    get_settings.cache_clear()
+    TrainingManager.claim = lambda self: []  # queued runs stay queued
+
+    from app.main import create_app
 
     out = {}
-    with TestClient(app) as client:
+    with TestClient(create_app()) as client:
         for path in GETS:
             r = client.get(path)
             out[_name("GET", path)] = (r.status_code, r.headers["content-type"], r.text)

@@ -1,6 +1,7 @@
-"""The layers hold (ARCHITECTURE.md): core imports nothing from app; routers reach only the service and
-the web helpers, never core, the model catalogue or each other; one request prepares its model once;
-every API operation is documented."""
+"""The layers hold (ARCHITECTURE.md): core imports nothing from app; each package of app/ imports only
+what its docstring allows (the faces reach the service, never core, the catalogue or the training
+store); app/ stays small at the top and no module or class outgrows a reader; one request prepares its
+model once; every API operation is documented."""
 
 from __future__ import annotations
 
@@ -17,45 +18,97 @@ from app.service import Service
 from app.settings import get_settings
 
 ROOT = Path(__file__).resolve().parent.parent
-ROUTERS = sorted((ROOT / "app" / "routers").glob("*.py"))
-# What a router may import from the app: the service and the web helpers, and the app's plumbing
-# (request/response models, figure builders, snippets, JSON, dependencies).
-ROUTER_MAY_IMPORT = {"service", "web", "schemas", "figures", "snippets", "jsonio", "deps", "settings", "paths",
-                     "__version__"}
+APP = ROOT / "app"
+
+# What each package of app/ may import from the app (besides itself), and whether it may import core.
+# The faces (api, pages) format; the service prepares; core computes (ARCHITECTURE.md).
+FACES_MAY_IMPORT = {"app.service", "app.http.jsonio", "app.http.errors", "app.deps", "app.settings", "app.paths",
+                    "app.api.requests", "app.pages.web", "app"}
+MAY_IMPORT: dict[str, tuple[set[str], bool]] = {
+    "app.http": ({"app.settings", "app.service.errors"}, True),  # core: only InputError, to map it to 422
+    "app.training": ({"app.settings"}, True),
+    "app.models": ({"app.settings", "app.training.store"}, True),
+    "app.service": ({"app.settings", "app.models", "app.training"}, True),
+    "app.api": (FACES_MAY_IMPORT, False),
+    "app.pages": (FACES_MAY_IMPORT, False),
+}
+PACKAGES = sorted(MAY_IMPORT)
+# The request models state core's own defaults and constants (the spec's values, the presets, a recipe's
+# limits), so that each is written once, in core; they compute nothing with it.
+MAY_IMPORT_CORE = {"app.api.requests", "app.api.responses"}
 
 
-def imports(path: Path) -> list[tuple[str, int]]:
-    """(module, level) of every import in a file: `from ..service import X` -> ("service", 2)."""
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> list[str]:
+    """The absolute name of every module a file imports (relative imports resolved)."""
+    this = module_name(path)
+    package = this if path.name == "__init__.py" else this.rpartition(".")[0]
     out = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
-            out += [(alias.name, 0) for alias in node.names]
+            out += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level and node.module is None:  # from .. import web, figures
-                out += [(alias.name, node.level) for alias in node.names]
-            else:
-                out.append((node.module or "", node.level))
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            # `from app.pages import web` imports the module app.pages.web
+            out += [f"{base}.{a.name}" if (ROOT / (base + "." + a.name).replace(".", "/")).with_suffix(".py").exists()
+                    else base for a in node.names]
     return out
 
 
-@pytest.mark.parametrize("path", ROUTERS, ids=lambda p: p.name)
-def test_routers_reach_only_the_service_and_the_web_helpers(path):
+def allowed(name: str, rules: set[str]) -> bool:
+    return any(name == r or name.startswith(r + ".") for r in rules if r != "app") or name == "app"
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_each_package_imports_only_what_its_docstring_allows(package):
+    rules, may_import_core = MAY_IMPORT[package]
     bad = []
-    for module, level in imports(path):
-        top = module.split(".")[0]
-        if level == 0 and top in ("core", "app"):
-            bad.append(module)  # core, or the app by absolute name
-        elif level == 1 and module:  # a sibling router
-            bad.append("." + module)
-        elif level == 2 and top not in ROUTER_MAY_IMPORT:
-            bad.append(".." + module)  # the catalogue, pretrained checkpoints...
-    assert bad == [], f"{path.name} imports {bad}: routers format, the service prepares, core computes"
+    for path in sorted((ROOT / package.replace(".", "/")).glob("*.py")):
+        for name in imports(path):
+            top = name.split(".")[0]
+            if top == "core" and not (may_import_core or module_name(path) in MAY_IMPORT_CORE):
+                bad.append(f"{path.name}: {name}")
+            elif top == "app" and not (name.startswith(package + ".") or name == package or allowed(name, rules)):
+                bad.append(f"{path.name}: {name}")
+    assert bad == [], f"{package} imports {bad}: see its docstring and ARCHITECTURE.md"
+
+
+def test_every_package_of_the_app_has_rules_and_says_them():
+    found = {module_name(p.parent) for p in APP.glob("*/__init__.py")}
+    assert found == set(MAY_IMPORT), "a new package of app/ needs its import rules here and in its docstring"
+    for package in found:
+        doc = ast.get_docstring(ast.parse((ROOT / package.replace(".", "/") / "__init__.py").read_text()))
+        assert doc and "May import" in doc, f"{package}/__init__.py says what it may import"
+
+
+def test_the_top_of_the_app_stays_small():
+    """A newcomer finds a concern by its folder: the top level holds only the entry points and wiring."""
+    assert len(list(APP.glob("*.py"))) <= 8
+
+
+def test_no_module_or_class_grows_past_what_a_reader_can_hold():
+    too_long = []
+    for path in [*APP.rglob("*.py"), *(ROOT / "core").rglob("*.py")]:
+        text = path.read_text(encoding="utf-8")
+        if text.count("\n") > 700:
+            too_long.append(f"{path.relative_to(ROOT)}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 300:
+                too_long.append(f"{path.relative_to(ROOT)}:{node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert too_long == []
 
 
 def test_core_imports_nothing_from_the_app():
     for path in (ROOT / "core").rglob("*.py"):
-        for module, level in imports(path):
-            assert level or module.split(".")[0] not in ("app", "fastapi", "starlette", "pydantic"), \
+        for module in imports(path):
+            assert module.split(".")[0] not in ("app", "fastapi", "starlette", "pydantic"), \
                 f"{path.relative_to(ROOT)} imports {module}"
 
 
@@ -115,7 +168,7 @@ def test_only_input_errors_are_422_and_a_valueerror_from_a_bug_is_a_logged_500(c
     client = TestClient(app, raise_server_exceptions=False)
     r = client.get("/api/v1/test-user-error")
     assert r.status_code == 422 and r.json()["detail"][0]["msg"].startswith("d_model=10 is not divisible")
-    with caplog.at_level(logging.ERROR, logger="app.errors"):
+    with caplog.at_level(logging.ERROR, logger="app.http.errors"):
         r = client.get("/api/v1/test-bug")
     assert r.status_code == 500 and "reshape" not in r.text and r.json()["detail"][0]["type"] == "internal_error"
     assert any("reshape" in str(rec.exc_info[1]) for rec in caplog.records if rec.exc_info)

@@ -7,7 +7,7 @@ directly, so a wrong formula anywhere in the chain fails.
 import numpy as np
 import pytest
 
-from app.catalog import build_catalog
+from app.models.catalog import build_catalog
 from app.settings import get_settings
 from core import run_with_cache
 from core.params import forward_work
@@ -15,7 +15,7 @@ from core.params import forward_work
 from .conftest import messages
 
 TEXT = "the cat sat on the mat. the cat"
-MINILM_NAME = "all-MiniLM-L6-v2"  # bundled by app/pretrained.py when its package is installed
+MINILM_NAME = "all-MiniLM-L6-v2"  # bundled by app/models/pretrained.py when its package is installed
 
 
 def post(client, path, **body):

@@ -1,10 +1,10 @@
-"""Gzip off the event loop, static files compressed once, caching headers (app/compression.py)."""
+"""Gzip off the event loop, static files compressed once, caching headers (app/http/compression.py)."""
 
 import gzip
 
 import orjson
 
-from app import compression
+from app.http import compression
 
 
 def test_big_run_response_is_gzipped_and_decodes_to_the_same_json(client):

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from app import pretrained
+from app.models import pretrained
 from app.main import create_app
 from app.settings import Settings
 from core.checkpoints import FAMILIES as FAMILY_MODULES

@@ -12,7 +12,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from app import snippets
+from app.pages import snippets
 from core import lessons
 
 HX = {"HX-Request": "true"}

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app import pretrained
+from app.models import pretrained
 from core import count_params
 from core.checkpoints import read_spec
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from app.catalog import PARAMS_CACHE_SIZE
+from app.models.catalog import PARAMS_CACHE_SIZE
 from core import hook_names
 
 from .conftest import messages

@@ -1,4 +1,4 @@
-"""The runs folder (app/runs.py) on its own: names, whole-file writes, one creator among many, the lock
+"""The runs folder (app/training/store.py) on its own: names, whole-file writes, one creator among many, the lock
 that says a run is alive, and eviction oldest first."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from app.runs import FINISHED, RunStore, run_id, write_json
+from app.training.store import FINISHED, RunStore, run_id, write_json
 from core.recipes import settings as train_settings
 
 

@@ -2,7 +2,7 @@
 
 Request-time limits come from the settings dependency (app/deps.py): an app created with other
 settings (create_app(Settings(...)), which overrides the dependency) refuses past them. The limits a
-request model states in the OpenAPI are read when app.schemas is imported, so those are checked in a
+request model states in the OpenAPI are read when app.api.requests is imported, so those are checked in a
 fresh interpreter with the environment set, as a deployment sets them. Process settings (host, port,
 workers, log level) are checked on `python -m app` itself. (EXPLORER_BLAS_THREADS:
 tests/security/test_http_edge.py;
@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.pretrained import minilm_folder
+from app.models.pretrained import minilm_folder
 from app.settings import Settings
 
 from .conftest import half_precision_copy, messages

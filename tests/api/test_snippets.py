@@ -15,7 +15,8 @@ import sys
 import numpy as np
 import pytest
 
-from app import service, snippets
+from app.service import calculators
+from app.pages import snippets
 from core import count_params
 from core import lessons
 
@@ -119,7 +120,7 @@ def close(a, b) -> bool:
     ("solo", 3, 4, 2, True, True),
 ])
 def test_attention_snippet_matches_the_service(text, seed, d_model, d_k, causal, scale, svc):
-    r = svc.lesson_attention(text, seed, d_model, d_k, causal, scale)
+    r = svc.lessons.attention(text, seed, d_model, d_k, causal, scale)
     ns, printed = run(snippets.attention(text, seed, d_model, d_k, causal, scale))
     assert ns["tokens"] == r.lesson.tokens
     assert close(ns["Q"], r.lesson.Q) and close(ns["K"], r.lesson.K) and close(ns["V"], r.lesson.V)
@@ -133,7 +134,7 @@ def test_attention_snippet_matches_the_service(text, seed, d_model, d_k, causal,
 @pytest.mark.parametrize("text, seed, d_model, d_k, scale", [
     (TEXT, 0, 8, 4, True), ("a b c d e f", 9, 16, 8, True), ("x y", 2, 3, 5, False)])
 def test_causal_snippet_matches_the_service(text, seed, d_model, d_k, scale, svc):
-    r = svc.lesson_attention(text, seed, d_model, d_k, causal=True, scale=scale)
+    r = svc.lessons.attention(text, seed, d_model, d_k, causal=True, scale=scale)
     ns, _ = run(snippets.causal(text, seed, d_model, d_k, scale))
     assert (ns["mask"] == r.lesson.mask).all() and r.lesson.mask.any()
     assert close(ns["weights"], r.lesson.result.weights)
@@ -147,7 +148,7 @@ def test_causal_snippet_matches_the_service(text, seed, d_model, d_k, scale, svc
     ("a b c", 0, 6, 1, True, False),
 ])
 def test_multihead_snippet_matches_the_service(text, seed, d_model, n_heads, causal, scale, svc):
-    m = svc.lesson_multihead(text, seed, d_model, n_heads, causal, scale)
+    m = svc.lessons.multihead(text, seed, d_model, n_heads, causal, scale)
     ns, printed = run(snippets.multihead(text, seed, d_model, n_heads, causal, scale))
     assert close(ns["weights"], m.result.weights)
     assert close(ns["out"], m.output)
@@ -160,7 +161,7 @@ def test_multihead_snippet_matches_the_service(text, seed, d_model, n_heads, cau
     (100, 32, ((10, 20), (10, 40), (50, 60))),
 ])
 def test_positions_snippet_matches_the_service(n_pos, d, pairs, svc):
-    p = svc.lesson_positions(n_pos, d, pairs)
+    p = svc.lessons.positions(n_pos, d, pairs)
     ns, printed = run(snippets.positions(n_pos, d, pairs))
     assert close(ns["pe"], p.encoding)
     dot_lines = printed.strip().splitlines()[-len(pairs):]
@@ -170,7 +171,7 @@ def test_positions_snippet_matches_the_service(n_pos, d, pairs, svc):
 
 def test_scaling_snippet_matches_the_service(svc):
     dims, n_queries, n_keys, seed = (2, 32, 300), 200, 8, 5
-    rows = svc.lesson_scaling(dims, n_queries, n_keys, seed)
+    rows = svc.lessons.scaling(dims, n_queries, n_keys, seed)
     _, printed = run(snippets.scaling(dims, n_queries, n_keys, seed))
     expected = "".join(f"d={r.d:<4} std of q.k = {r.std:5.1f}   avg top weight: unscaled "
                        f"{r.top_weight_unscaled:.2f}, scaled {r.top_weight_scaled:.2f}\n" for r in rows)
@@ -183,7 +184,7 @@ def test_scaling_snippet_matches_the_service(svc):
     {"d_vocab": 50257, "n_ctx": 1024, "d_model": 1600, "n_layers": 48},
 ])
 def test_params_snippet_matches_the_service(sizes):
-    count = count_params(service.calc_config(None, **sizes))
+    count = count_params(calculators.calc_config(None, **sizes))
     cfg = (sizes["d_vocab"], sizes["n_ctx"], sizes["d_model"], sizes["n_layers"]) + (
         (sizes["d_mlp"],) if "d_mlp" in sizes else ())
     ns, printed = run(snippets.params({"mine": cfg}))
@@ -197,7 +198,7 @@ def test_params_snippet_matches_the_service(sizes):
     ("abc", "cab", 0, 6, 3, 10),
 ])
 def test_forward_snippet_matches_the_service(text, prompt, seed, d_model, n_heads, d_mlp, svc):
-    f = svc.lesson_forward(text, prompt, seed, d_model, n_heads, d_mlp)
+    f = svc.lessons.forward(text, prompt, seed, d_model, n_heads, d_mlp)
     ns, printed = run(snippets.forward(text, prompt, seed, d_model, n_heads, d_mlp))
     assert ns["vocab"] == f.vocab
     assert close(ns["logits"], f.logits)

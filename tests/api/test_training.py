@@ -1,7 +1,7 @@
 """Training through the API, on a real server with real worker processes (scripts/liveserver.py).
 
 A run is a pure function of its request (one id, one training however many ask); it trains in a worker
-process and reports through its files (app/runs.py); cancel, a killed server and a resume leave it
+process and reports through its files (app/training/store.py); cancel, a killed server and a resume leave it
 consistent; the event stream resumes where a client left it; bad settings are readable 422s; each
 client and the server have a stated number of runs.
 """

@@ -14,7 +14,7 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from app.web import INSPECT_VIEWS
+from app.pages.web import INSPECT_VIEWS
 
 from .conftest import CHROMIUM, CHROMIUM_ARGS, PageWatch
 

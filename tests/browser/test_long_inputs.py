@@ -17,7 +17,7 @@ from urllib.parse import urlencode
 import numpy as np
 import pytest
 
-from app.figures import IMAGE_MIN_TOKENS, MASK_FILL, WEIGHTS_COLORSCALE, token_label
+from app.pages.figures import IMAGE_MIN_TOKENS, MASK_FILL, WEIGHTS_COLORSCALE, token_label
 from app.settings import get_settings
 
 pytestmark = pytest.mark.browser
@@ -87,7 +87,7 @@ def held_matrix(held: dict) -> np.ndarray:
 
 
 def expected_colour(value: float | None, i: int, j: int) -> tuple[int, int, int]:
-    """The colour a weight is painted, computed here from app/figures.py's scale: 256 steps, linear in
+    """The colour a weight is painted, computed here from app/pages/figures.py's scale: 256 steps, linear in
     RGB between the scale's stops; a masked cell grey, its hatch a darker cell every 4th diagonal."""
     if value is None:
         hexa = MASK_FILL["fgcolor"] if (i + j) % 4 == 0 else MASK_FILL["bgcolor"]

@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.main import create_app
-from app.observability import ACCESS_LOGGER, JsonFormatter, configure_access_log
+from app.http.observability import ACCESS_LOGGER, JsonFormatter, configure_access_log
 from app.settings import get_settings
 
 

@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 
 from app.main import create_app
 from app.paths import STATIC_DIR
-from app.routers.health import VENDOR_LIST, models_dir_problems, vendor_asset_problems
+from app.api.health import VENDOR_LIST, models_dir_problems, vendor_asset_problems
 from app.settings import Settings, get_settings
 
 

@@ -1,5 +1,5 @@
 """Reading a page's figures as the browser does: the JSON in a `data-figure` attribute, with every
-packed array (Plotly's typed-array spec that app/web.py writes for heatmap matrices: base64 of
+packed array (Plotly's typed-array spec that app/pages/web.py writes for heatmap matrices: base64 of
 float64 bytes, float32 for long inputs) turned back into nested lists, NaN as None, as JSON would have carried them."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ def unpack(value):
     if isinstance(value, dict):
         if set(value) == {"dtype", "bdata", "shape"}:
             shape = tuple(int(n) for n in value["shape"].split(","))
-            # full precision; float32 only for long inputs' matrices (app/figures.py FLOAT32_MIN_TOKENS,
+            # full precision; float32 only for long inputs' matrices (app/pages/figures.py FLOAT32_MIN_TOKENS,
             # their pooled thumbnails too)
             assert value["dtype"] in ("f8", "f4"), value["dtype"]
             array = np.frombuffer(base64.b64decode(value["bdata"]), dtype="<" + value["dtype"]).reshape(shape)

@@ -1,11 +1,11 @@
-"""app/figures.py: figure dicts that Plotly draws as the conventions say (pure functions, no browser)."""
+"""app/pages/figures.py: figure dicts that Plotly draws as the conventions say (pure functions, no browser)."""
 
 import json
 
 import numpy as np
 import pytest
 
-from app import figures
+from app.pages import figures
 from core import causal_mask
 
 

@@ -13,9 +13,9 @@ import pytest
 
 from markupsafe import escape
 
-from app import figures
-from app.routers.explorer import STAGES_ON_REQUEST_TOKENS
-from app.web import figure_json
+from app.pages import figures
+from app.pages.explorer import STAGES_ON_REQUEST_TOKENS
+from app.pages.web import figure_json
 from core import causal_mask
 
 from .figure_data import load_figure

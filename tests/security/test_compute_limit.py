@@ -9,7 +9,7 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from app.security import ComputeLimitMiddleware, SecurityHeadersMiddleware, is_compute
+from app.http.security import ComputeLimitMiddleware, SecurityHeadersMiddleware, is_compute
 
 
 def _app(limit: int, release: asyncio.Event, started: list) -> ComputeLimitMiddleware:

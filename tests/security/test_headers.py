@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.security import SECURITY_HEADERS
+from app.http.security import SECURITY_HEADERS
 
 # A page, the offline API docs, a JSON route, static files (and, below, a 404 and a 422).
 PATHS = ["/", "/docs", "/api/v1/models", "/healthz", "/static/vendor/htmx.min.js", "/static/js/explorer.js"]

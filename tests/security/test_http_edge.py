@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 import liveserver
-from app.security import SECURITY_HEADERS
+from app.http.security import SECURITY_HEADERS
 from app.settings import get_settings
 
 S = get_settings()

@@ -19,7 +19,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.main import create_app
-from app.security import SECURITY_HEADERS
+from app.http.security import SECURITY_HEADERS
 from app.settings import get_settings
 
 HOLD = "/api/v1/analysis/test-hold"  # a compute path (the limiter counts /api/v1/analysis/...)
@@ -58,7 +58,7 @@ def stack(monkeypatch):
 @pytest.fixture
 def access_lines():
     """What the access logger writes (as the app's JSON lines)."""
-    from app.observability import JsonFormatter
+    from app.http.observability import JsonFormatter
 
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
@@ -129,10 +129,10 @@ def test_what_each_layer_adds(stack, access_lines):
 
 def test_a_bug_is_logged_with_its_traceback_and_still_fails_a_test_client(stack, caplog):
     app, _, _ = stack
-    with caplog.at_level(logging.ERROR, logger="app.errors"):
+    with caplog.at_level(logging.ERROR, logger="app.http.errors"):
         r = TestClient(app, raise_server_exceptions=False).get(BOOM)
     assert r.status_code == 500 and _has_security_headers(r)
-    (record,) = [rec for rec in caplog.records if rec.name == "app.errors"]  # logged once, with the cause
+    (record,) = [rec for rec in caplog.records if rec.name == "app.http.errors"]  # logged once, with the cause
     assert record.exc_info and SECRET in str(record.exc_info[1])
     with pytest.raises(RuntimeError, match=SECRET):  # tests still see the bug itself
         TestClient(app).get(BOOM)

@@ -1,12 +1,12 @@
 """Starting queued training runs in worker processes, never on the event loop.
 
 Every server process (each uvicorn worker, each replica sharing EXPLORER_RUNS_DIR) runs one
-`TrainingManager`. Twice a second it looks at the runs folder (app/runs.py) and, while fewer than
+`TrainingManager`. Twice a second it looks at the runs folder (app/training/store.py) and, while fewer than
 EXPLORER_TRAIN_WORKERS runs are being trained in all, starts the oldest queued one: it takes the
-run's lock, hands it to a new `python -m app.trainer` process and forgets it. The decision is made
+run's lock, hands it to a new `python -m app.training.worker` process and forgets it. The decision is made
 under a folder-wide lock, so two processes never start the same run or overshoot the bound.
 
-A trainer dies with the server process that started it (app/trainer.py), and on a graceful shutdown
+A trainer dies with the server process that started it (app/training/worker.py), and on a graceful shutdown
 the manager asks its trainers to stop (SIGTERM: they save a snapshot and end as interrupted).
 """
 
@@ -21,9 +21,9 @@ import subprocess
 import sys
 import threading
 
-from .runs import RunStore
+from app.training.store import RunStore
 
-log = logging.getLogger("app.training")
+log = logging.getLogger("app.training.scheduler")
 
 TICK_S = 0.5  # how often the queue is looked at
 SCHEDULER_LOCK = ".scheduler.lock"
@@ -79,12 +79,12 @@ class TrainingManager:
 
     def spawn(self, id: str, lock_fd: int) -> None:
         """Start the trainer of a claimed run. From a thread that lives as long as the server: the trainer
-        is killed when the thread that started it ends (app/trainer.py, PR_SET_PDEATHSIG)."""
+        is killed when the thread that started it ends (app/training/worker.py, PR_SET_PDEATHSIG)."""
         folder = self.store.folder(id)
         env = os.environ | {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         with open(folder / "trainer.log", "ab") as out:
             child = subprocess.Popen(
-                [self.python, "-m", "app.trainer", str(self.store.root), id, "--lock-fd", str(lock_fd)],
+                [self.python, "-m", "app.training.worker", str(self.store.root), id, "--lock-fd", str(lock_fd)],
                 pass_fds=(lock_fd,), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env)
         with self._lock:
             self.children[id] = child

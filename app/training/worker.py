@@ -1,11 +1,11 @@
-"""One training run in its own process: `python -m app.trainer RUNS_DIR RUN_ID --lock-fd N`.
+"""One training run in its own process: `python -m app.training.worker RUNS_DIR RUN_ID --lock-fd N`.
 
-Started by app/training.py, which took the run's lock (app/runs.py) and hands it over as an inherited
-file descriptor: the lock lives as long as this process, so when it dies however it dies, the run
-shows as interrupted. It trains with core.train.Training and writes, each as a whole file:
-progress.json several times a second, state.json with every record, the probe's attention patterns
-at snapshot steps, snapshot.npz to resume from, and the weights as a Hugging Face folder at the end
-(and when stopped early, so what was learned so far can be explored).
+Started by app/training/scheduler.py, which took the run's lock (app/training/store.py) and hands it
+over as an inherited file descriptor: the lock lives as long as this process, so when it dies however it
+dies, the run shows as interrupted. It trains with core.train.Training and writes, each as a whole file:
+progress.json several times a second, state.json with every record, the probe's attention patterns at
+snapshot steps, snapshot.npz to resume from, and the weights as a Hugging Face folder at the end (and
+when stopped early, so what was learned so far can be explored).
 
 It asks the kernel to kill it if the server that started it dies (no orphans training for nobody),
 runs with one BLAS thread and a lower priority, so the server's requests come first, and on SIGTERM
@@ -24,7 +24,7 @@ import time
 import traceback
 from pathlib import Path
 
-from .runs import CANCEL, MODEL_PREFIX, PATTERNS, PROGRESS, SNAPSHOT, RunStore, write_json
+from app.training.store import CANCEL, MODEL_PREFIX, PATTERNS, PROGRESS, SNAPSHOT, RunStore, write_json
 
 PROGRESS_EVERY_S = 0.1  # progress.json at most this often: a page sees ≥ 4 updates a second
 NICENESS = 10  # below the request workers'

@@ -1,5 +1,5 @@
 """Pretrained checkpoints: the bundled all-MiniLM-L6-v2 and every subfolder of EXPLORER_MODELS_DIR
-(a Hugging Face folder: config.json, model.safetensors, tokenizer.json). app/catalog.py lists them
+(a Hugging Face folder: config.json, model.safetensors, tokenizer.json). app/models/catalog.py lists them
 as runnable models beside the built-in toys.
 
 Listing a model reads its config.json only. Its tokenizer and weights load on first use, once:

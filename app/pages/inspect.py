@@ -1,10 +1,10 @@
 """The "Inspect" pages: /inspect?view=decompose|lens|detectors|kvcache|compare plus the explorer's own state.
 
 Each view is one /api/v1/analysis/* computation drawn as figures. The page reads the explorer's
-state from its query string (app/web.py, the explorer's own parser: same model, text, toggles and
+state from its query string (app/pages/web.py, the explorer's own parser: same model, text, toggles and
 ablated heads), adds the view's own parameters, validates them with the API's request model
-(app/schemas.py, same limits) and calls the service, exactly as the JSON API does. Errors and
-views that do not apply to this model are said in place of the figures (app/web.py `render`).
+(app/api/requests.py, same limits) and calls the service, exactly as the JSON API does. Errors and
+views that do not apply to this model are said in place of the figures (app/pages/web.py `render`).
 (Named inspect_views so as not to shadow the standard library's `inspect`.)
 """
 
@@ -16,9 +16,11 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
-from .. import figures, schemas, web
-from ..deps import ServiceDep
-from ..service import ComparedSide, RunSpec, Service
+from app.pages import figures, web
+from app.api import requests
+from app.deps import ServiceDep
+from app.service import RunSpec, Service
+from app.service.results import ComparedSide
 
 router = APIRouter(tags=["pages"], include_in_schema=False)
 
@@ -28,11 +30,11 @@ LENS_TOP_K = 5  # tokens listed in each logit-lens cell's hover
 TOP_TARGETS = 10  # target tokens offered by the decomposition view
 # Each view's own parameters and their defaults (the API's defaults, from its request models).
 VIEW_DEFAULTS = {
-    "pos": schemas.DecomposeRequest.model_fields["pos"].default,
+    "pos": requests.DecomposeRequest.model_fields["pos"].default,
     "target": None,
-    "random_length": schemas.DetectorsRequest.model_fields["random_length"].default,
-    "threshold": schemas.DetectorsRequest.model_fields["threshold"].default,
-    "n_new": schemas.KVStepsRequest.model_fields["n_new"].default,
+    "random_length": requests.DetectorsRequest.model_fields["random_length"].default,
+    "threshold": requests.DetectorsRequest.model_fields["threshold"].default,
+    "n_new": requests.KVStepsRequest.model_fields["n_new"].default,
 }
 
 
@@ -77,8 +79,8 @@ def _token_labels(tokens) -> list[str]:
 
 
 def decompose_view(svc: Service, parsed: web.Parsed, params: dict) -> dict:
-    req = schemas.DecomposeRequest(**parsed.request(pos=params["pos"], target=params["target"]))
-    r = svc.decompose(req.spec(), req.pos, req.target, TOP_TARGETS)
+    req = requests.DecomposeRequest(**parsed.request(pos=params["pos"], target=params["target"]))
+    r = svc.inspect.decompose(req.spec(), req.pos, req.target, TOP_TARGETS)
     d = r.d
     return {
         "tokens": _token_labels(r.tokens), "pos": d.pos, "target": figures.visible(r.target.token),
@@ -91,8 +93,8 @@ def decompose_view(svc: Service, parsed: web.Parsed, params: dict) -> dict:
 
 
 def lens_view(svc: Service, parsed: web.Parsed, params: dict) -> dict:
-    req = schemas.LogitLensRequest(**parsed.request(top_k=LENS_TOP_K))
-    r = svc.logit_lens(req.spec(), req.top_k)
+    req = requests.LogitLensRequest(**parsed.request(top_k=LENS_TOP_K))
+    r = svc.inspect.logit_lens(req.spec(), req.top_k)
     strs, lens = r.token_strs, r.lens
     cell_tokens = [[strs[int(t)] for t in row[:, 0]] for row in lens.top_tokens]  # the top token of each cell
     hover = [["<br>".join(f"{figures.token_label(strs[int(t)])} {p:.3f}" for t, p in zip(ids, probs))
@@ -115,12 +117,12 @@ DETECTOR_CAPTIONS = {
 
 def detectors_view(svc: Service, parsed: web.Parsed, params: dict) -> dict:
     random_length = params["random_length"]
-    cfg = svc.models()[parsed.controls.model].cfg
+    cfg = svc.views.models()[parsed.controls.model].cfg
     if random_length == VIEW_DEFAULTS["random_length"] and cfg.positional_embedding_type == "learned":
         random_length = max(2, min(random_length, cfg.n_ctx // 2))  # the default, fitted to a short context
-    req = schemas.DetectorsRequest(**parsed.request(random_length=random_length,
+    req = requests.DetectorsRequest(**parsed.request(random_length=random_length,
                                                     threshold=params["threshold"]))
-    r = svc.detectors(req.spec(), req.random_length, req.random_seed, req.threshold)
+    r = svc.inspect.detectors(req.spec(), req.random_length, req.random_seed, req.threshold)
     grids = []
     for name, by in r.detectors.items():
         for on, label in (("text", "your text"), ("random", "a repeated random sequence")):
@@ -135,8 +137,8 @@ def detectors_view(svc: Service, parsed: web.Parsed, params: dict) -> dict:
 def kvcache_view(svc: Service, parsed: web.Parsed, params: dict) -> dict:
     fields = parsed.request(n_new=params["n_new"])
     del fields["ablate"]  # stepping runs the model as it is
-    req = schemas.KVStepsRequest(**fields)
-    r = svc.kv_steps(req.spec(), req.n_new)
+    req = requests.KVStepsRequest(**fields)
+    r = svc.inspect.kv_steps(req.spec(), req.n_new)
     rows = [{"pos": st.pos, "token": figures.visible(st.token), "generated": st.generated,
              "shape": f"({', '.join(map(str, st.k_shape))})", "bytes": st.cache_bytes, "diff": st.max_abs_diff,
              "top": figures.visible(st.top.token)}
@@ -155,13 +157,13 @@ def compare_view(svc: Service, parsed: web.Parsed, params: dict) -> dict:
              [{"layer": layer, "head": head, "method": c.ablate_method} for layer, head in params["b_ablate"]]}
     if all(v is None for v in other.values()):  # nothing chosen yet: compare the mask on and off, or for a
         # model that has no mask toggle (an encoder; local attention layers) the scores scaled and not
-        if "causal" in svc.models()[c.model].toggles:
+        if "causal" in svc.views.models()[c.model].toggles:
             other["causal"] = not c.causal
         else:
             other["scale"] = not c.scale
-    req = schemas.CompareRequest(**parsed.request(layer=c.layer, head=c.head,
+    req = requests.CompareRequest(**parsed.request(layer=c.layer, head=c.head,
                                                   other={k: v for k, v in other.items() if v is not None}))
-    r = svc.compare(req.spec(), req.other.changes(), req.layer, req.head)
+    r = svc.inspect.compare(req.spec(), req.other.changes(), req.layer, req.head)
     sides = [{"key": key, "title": f"{key.upper()}: {_describe(side)}",
               "figure": figures.attention_heatmap(side.pattern, side.tokens, kind="weights", mask=side.mask,
                                                   export_name=f"compare-{key}")}
@@ -206,12 +208,12 @@ def inspect(request: Request, svc: ServiceDep) -> HTMLResponse:
     if view not in VIEWS:
         errors.append(f"view={view!r} is not one of {', '.join(VIEWS)}")
         view = DEFAULT_VIEW
-    models = svc.models()
+    models = svc.views.models()
     parsed = web.parse_explorer(query, models, preferred=svc.settings.default_model)
     c = parsed.controls
     params = view_params(query, errors)
     error = "; ".join(parsed.errors + errors) or None
-    reason = None if error else svc.inspect_reason(view, RunSpec(c.model, c.text, causal=c.causal))
+    reason = None if error else svc.inspect.reason(view, RunSpec(c.model, c.text, causal=c.causal))
     result = None
     if error is None and reason is None:
         try:
@@ -223,8 +225,8 @@ def inspect(request: Request, svc: ServiceDep) -> HTMLResponse:
         "params": params, "model": models[c.model], "classroom": c.classroom, "nav": "explorer",
         "form_id": "inspect", "state": web.explorer_state(parsed), "links": web.inspect_links(parsed),
         "limits": web.page_limits(svc.settings), "explorer_url": web.explorer_query(parsed),
-        "position_schemes": schemas.POSITION_SCHEMES,
-        "max_random_length": _upper(schemas.DetectorsRequest, "random_length"),
-        "max_new_tokens": _upper(schemas.KVStepsRequest, "n_new"),
+        "position_schemes": requests.POSITION_SCHEMES,
+        "max_random_length": _upper(requests.DetectorsRequest, "random_length"),
+        "max_new_tokens": _upper(requests.KVStepsRequest, "n_new"),
     }
     return web.render(request, "inspect.html", context, url=canonical(view, parsed, params), error=error)

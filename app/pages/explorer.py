@@ -1,9 +1,9 @@
 """The explorer page at `/`.
 
-The route reads the page's state from the URL (app/web.py), validates it with the API's own
-request model (app/schemas.py: same names and limits), asks the service for the explorer's view
-(one preparation of the model, app/service.py) and formats the result as Plotly figure dicts
-(app/figures.py) in templates/explorer.html.
+The route reads the page's state from the URL (app/pages/web.py), validates it with the API's own
+request model (app/api/requests.py: same names and limits), asks the service for the explorer's view
+(one preparation of the model, app/service/) and formats the result as Plotly figure dicts
+(app/pages/figures.py) in templates/explorer.html.
 
 A plain GET answers the full page; an htmx request only the block that changed: "results" on
 every change, "explorer" (controls too) when the model changes. Bad settings render their
@@ -17,9 +17,10 @@ import math
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
-from .. import figures, schemas, web
-from ..deps import ServiceDep
-from ..service import AttentionStages, ExplorerView
+from app.pages import figures, web
+from app.api import requests
+from app.deps import ServiceDep
+from app.service.results import AttentionStages, ExplorerView
 
 router = APIRouter(tags=["pages"], include_in_schema=False)
 
@@ -139,7 +140,7 @@ def view_context(v: ExplorerView, ablated: set[tuple[int, int]], all_stages: boo
 @router.get("/", response_class=HTMLResponse, summary="The explorer")
 def explorer(request: Request, svc: ServiceDep) -> HTMLResponse:
     model_changed = web.is_fragment(request) and request.headers.get("hx-trigger-name") == "model"
-    models = svc.models()
+    models = svc.views.models()
     parsed = web.parse_explorer(request.query_params, models, preferred=svc.settings.default_model,
                                model_changed=model_changed)
     c = parsed.controls
@@ -152,8 +153,8 @@ def explorer(request: Request, svc: ServiceDep) -> HTMLResponse:
         n_heads = parsed.given.get("n_heads", model.cfg.n_heads)
         c.ablate = tuple((layer, head) for layer, head in c.ablate if layer < n_layers and head < n_heads)
         try:
-            spec = schemas.AblatingRequest(**parsed.request()).spec()
-            v = svc.explorer(spec, c.layer, c.head, compare=c.compare, rollout=c.rollout,
+            spec = requests.AblatingRequest(**parsed.request()).spec()
+            v = svc.views.explorer(spec, c.layer, c.head, compare=c.compare, rollout=c.rollout,
                              top_k=0 if model.is_encoder else TOP_K)
             c.layer, c.head = v.layer, v.head  # what is shown is what the URL will say
             view = view_context(v, set(c.ablate), c.all_stages)
@@ -165,8 +166,8 @@ def explorer(request: Request, svc: ServiceDep) -> HTMLResponse:
         "model_description": model.description, "accepted": set(model.toggles),
         "text_hint": ("the model reads it one character at a time" if model.kind == "toy"
                       else "split into tokens by the model's own tokeniser"),
-        "position_schemes": schemas.POSITION_SCHEMES, "limits": limits, "classroom": c.classroom,
-        "token_limit": svc.explorer_token_limit(model),
+        "position_schemes": requests.POSITION_SCHEMES, "limits": limits, "classroom": c.classroom,
+        "token_limit": svc.limits.explorer_token_limit(model),
         "size_fields": [(name, label, limits[name]) for name, label in
                         (("n_heads", "Heads"), ("d_model", "Width d_model"), ("n_layers", "Layers"),
                          ("seed", "Seed"))],

@@ -9,9 +9,9 @@ from typing import Literal
 from fastapi import APIRouter, Response
 from pydantic import BaseModel
 
-from .. import __version__
-from ..paths import STATIC_DIR
-from ..deps import SettingsDep
+from app import __version__
+from app.paths import STATIC_DIR
+from app.deps import SettingsDep
 
 router = APIRouter(tags=["health"])
 

@@ -1,29 +1,26 @@
 """The explorer's figures in a notebook, as plotly Figures: the same numbers and the same drawing.
 
-    from app.notebook import explorer_figures
+    from app.pages.notebook import explorer_figures
     figs = explorer_figures("Ali makan nasi lemak", model="toy", layer=1, head=2, causal=False)
     figs["weights"]        # a plotly.graph_objects.Figure; Jupyter shows it
     list(figs)             # raw, scaled, masked, weights, head-0 ... head-3, residual, writes, next-token
 
-The figures are the explorer page's own (app/routers/explorer.py builds them from the service's
-view, app/figures.py draws them), turned into plotly Figures by `to_plotly`, which also fills in
+The figures are the explorer page's own (app/pages/explorer.py builds them from the service's
+view, app/pages/figures.py draws them), turned into plotly Figures by `to_plotly`, which also fills in
 each heatmap cell's hover text (the page's script does that in the browser).
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import plotly.graph_objects as go
 
-from .catalog import Catalog, build_catalog
-from .routers.explorer import TOP_K, view_context
-from .service import AblatedHead, RunSpec, Service
-from .settings import get_settings
+from app.deps import standalone_service
+from app.pages.explorer import TOP_K, view_context
+from app.service import AblatedHead, RunSpec
 
 
 def to_plotly(fig: dict) -> go.Figure:
-    """A figure dict of app/figures.py as a plotly Figure.
+    """A figure dict of app/pages/figures.py as a plotly Figure.
 
     Its "export" entry (labels for the page's downloads) is not Plotly's: it is dropped, and a
     heatmap's hover pattern ("query {i} {y} → key {j} {x}") is filled into the trace's text."""
@@ -38,20 +35,16 @@ def to_plotly(fig: dict) -> go.Figure:
     return go.Figure(data=data, layout=fig.get("layout", {}))
 
 
-@lru_cache(maxsize=1)
-def _catalog() -> Catalog:
-    return build_catalog(get_settings())
-
-
 def explorer_figures(text: str, model: str = "toy", layer: int = 0, head: int = 0, *, compare: bool = False,
                      rollout: bool = False, ablate: tuple[tuple[int, int], ...] = (), ablate_method: str = "zero",
                      **toggles) -> dict[str, go.Figure]:
     """Every figure the explorer draws for this state, by name. `toggles` are the explorer's (causal,
     scale, temperature, positional_embedding_type, n_heads, n_layers, d_model, seed)."""
-    svc = Service(_catalog(), get_settings())
+    svc = standalone_service()
     spec = RunSpec(model, text, ablate=tuple(AblatedHead(lay, h, ablate_method) for lay, h in ablate), **toggles)
-    top_k = 0 if svc.models()[model].is_encoder else TOP_K
-    view = view_context(svc.explorer(spec, layer, head, compare=compare, rollout=rollout, top_k=top_k), set(ablate))
+    top_k = 0 if svc.views.models()[model].is_encoder else TOP_K
+    result = svc.views.explorer(spec, layer, head, compare=compare, rollout=rollout, top_k=top_k)
+    view = view_context(result, set(ablate))
     figures = {stage["key"]: stage["figure"] for stage in view["stages"]}
     figures |= {f"head-{h}": fig for h, fig in enumerate(view["head_figures"])}
     figures |= {f"compare-{c['key']}": c["figure"] for c in view["compare"] or ()}

@@ -31,15 +31,14 @@ from jinja2_fragments.fastapi import Jinja2Blocks
 from markupsafe import Markup
 from pydantic import ValidationError
 
-from core import InputError
-
-from . import schemas
-from .errors import NotFound, Unavailable, readable
-from .paths import TEMPLATES_DIR
-from .settings import Settings
+from app.api import requests
+from app.http.errors import readable
+from app.paths import TEMPLATES_DIR
+from app.service import InputError, NotFound, Unavailable
+from app.settings import Settings
 
 if TYPE_CHECKING:
-    from .catalog import Model
+    from app.service import Model
 
 
 # ------------------------------------------------------------------ the Jinja environment
@@ -48,12 +47,12 @@ def _packed(value):
     """orjson's fallback for what figure dicts hold besides JSON types: a 2-D array (a heatmap's z)
     as Plotly's typed-array spec, base64 of its float64 bytes (every bit of every number, a third
     of the characters of JSON, and decoded by the browser without parsing numbers); any other
-    array as a list (NaN as null); NumPy scalars as numbers. A float32 matrix (app/figures.py, long
+    array as a list (NaN as null); NumPy scalars as numbers. A float32 matrix (app/pages/figures.py, long
     inputs) goes as "f4", its own bytes. static/js/explorer.js `unpack` reads both."""
     if isinstance(value, np.ndarray):
         if value.ndim == 2 and value.dtype.kind == "f":
             rows, cols = value.shape
-            dtype = "f4" if value.dtype == np.float32 else "f8"  # float32: app/figures.py's long inputs
+            dtype = "f4" if value.dtype == np.float32 else "f8"  # float32: app/pages/figures.py's long inputs
             data = np.ascontiguousarray(value, "<" + dtype).tobytes()
             return {"dtype": dtype, "bdata": base64.b64encode(data).decode(), "shape": f"{rows},{cols}"}
         return value.tolist()
@@ -183,12 +182,12 @@ def parse_ablate(values: list[str], errors: list[str]) -> tuple[tuple[int, int],
 
 def page_limits(settings: Settings) -> dict[str, object]:
     """The limits the explorer's and Inspect's controls show (max= attributes, help texts)."""
-    temperature = schemas.RunRequest.model_fields["temperature"].metadata
+    temperature = requests.RunRequest.model_fields["temperature"].metadata
     bounds = {type(m).__name__: getattr(m, type(m).__name__.lower(), None) for m in temperature}
     return {"explorer_max_tokens": settings.explorer_max_tokens, "explorer_max_chars": settings.max_text_chars,
             "min_temperature": bounds.get("Gt", 0), "max_temperature": bounds.get("Le"),
             "n_heads": settings.max_heads, "d_model": settings.max_d_model, "n_layers": settings.max_layers,
-            "seed": schemas.MAX_SEED}
+            "seed": requests.MAX_SEED}
 
 
 # ------------------------------------------------------------------ the explorer's state
@@ -226,7 +225,7 @@ class ExplorerState:
     ablate: tuple[tuple[int, int], ...] = ()  # (layer, head) of every ablated head, sorted
     ablate_method: str = "zero"  # "zero" | "mean", for every ablated head
     rollout: bool = False  # show attention rollout beside the pattern
-    all_stages: bool = False  # long texts: the scores stages too, not only the weights (app/routers/explorer.py)
+    all_stages: bool = False  # long texts: the scores stages too, not only the weights (app/pages/explorer.py)
 
     def ablate_request(self) -> list[dict]:
         """The ablated heads as a request's `ablate` list."""

@@ -1,7 +1,7 @@
 """The NumPy snippet behind each lesson page: the spec's own code, with the current view's values in it.
 
 Each function takes the same parameters as the service function that computes the page
-(app/service.py), and returns a self-contained script (NumPy only) that prints what the page
+(app/service/), and returns a self-contained script (NumPy only) that prints what the page
 shows. With the spec's defaults the script is the spec's snippet and prints the spec's output;
 tests/api/test_snippets.py runs the scripts and compares their arrays with the service's, so a
 snippet can never drift from the numbers on the page.

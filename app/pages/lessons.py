@@ -1,9 +1,9 @@
 """HTML pages: one live lesson per section of the spec (/lessons/...) and the calculator (/params).
 
 Like the explorer, a page computes nothing itself. Its query string is parsed by the API's own
-request models (app/schemas.py: same names, defaults and limits, so every page state is also an
-API call), the numbers come from the service layer (app/service.py), the figures from
-app/figures.py, and the NumPy snippet of the current view from app/snippets.py.
+request models (app/api/requests.py: same names, defaults and limits, so every page state is also an
+API call), the numbers come from the service layer (app/service/), the figures from
+app/pages/figures.py, and the NumPy snippet of the current view from app/pages/snippets.py.
 
 A plain GET answers the full page; an htmx request answers only the "results" block with the
 canonical URL in HX-Push-Url. Bad settings render the API's message in place of the figures,
@@ -23,9 +23,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, PlainTextResponse
 from pydantic import BaseModel, Field, field_validator
 
-from .. import figures, schemas, snippets, web
-from ..deps import ServiceDep
-from ..service import SPEC_FORMULA_PRESETS, Service
+from app.pages import figures, snippets, web
+from app.api import requests
+from app.deps import ServiceDep
+from app.service import Service, calculators
+from app.service.calculators import SPEC_FORMULA_PRESETS
 
 router = APIRouter(tags=["pages"], include_in_schema=False)
 
@@ -34,13 +36,13 @@ PAGE_ONLY = ("classroom",)  # in the URL, but not a field of the API request
 
 # ------------------------------------------------------------------ the pages' own request models
 
-class CausalQuery(schemas.AttentionQuery):
+class CausalQuery(requests.AttentionQuery):
     """The attention lesson with the mask always on: the page shows it beside the unmasked weights."""
 
     causal: Literal[True] = Field(True, description="always on in this lesson")
 
 
-class ParamsLessonQuery(schemas.SizesQuery):
+class ParamsLessonQuery(requests.SizesQuery):
     """The spec's formula counts GPT-2-style models, so the lesson starts from GPT-2 small, offers the
     presets the formula counts exactly, and the unembedding is always tied (the calculator at /params
     counts untied models and the other families too)."""
@@ -58,11 +60,11 @@ class ParamsLessonQuery(schemas.SizesQuery):
         return v
 
 
-class CalculatorQuery(schemas.ParamsQuery, schemas.KVCacheQuery):
+class CalculatorQuery(requests.ParamsQuery, requests.KVCacheQuery):
     """Both calculators' fields: the parameter count and the KV cache of one configuration. The page
     opens on GPT-2 small, the model the spec counts to the last digit."""
 
-    preset: schemas.PresetName = Field("gpt2-small", description="start from this configuration")
+    preset: requests.PresetName = Field("gpt2-small", description="start from this configuration")
 
 
 # ------------------------------------------------------------------ number formatting for tables
@@ -102,9 +104,9 @@ def human_bytes(n: int) -> str:
 
 # ------------------------------------------------------------------ the lessons, one view builder each
 
-def view_attention(svc: Service, q: schemas.AttentionQuery) -> dict:
-    svc.check_drawable(len(q.text.split()))
-    r = svc.lesson_attention(q.text, q.seed, q.d_model, q.d_k, q.causal, q.scale)
+def view_attention(svc: Service, q: requests.AttentionQuery) -> dict:
+    svc.limits.check_drawable(len(q.text.split()))
+    r = svc.lessons.attention(q.text, q.seed, q.d_model, q.d_k, q.causal, q.scale)
     a = r.lesson
     tokens = a.tokens
     scores = a.result.scores  # [query_pos, key_pos], scaled and masked
@@ -131,8 +133,8 @@ def view_attention(svc: Service, q: schemas.AttentionQuery) -> dict:
     }
 
 
-def view_scaling(svc: Service, q: schemas.ScalingQuery) -> dict:
-    rows = svc.lesson_scaling(q.dim_list, q.n_queries, q.n_keys, q.seed)
+def view_scaling(svc: Service, q: requests.ScalingQuery) -> dict:
+    rows = svc.lessons.scaling(q.dim_list, q.n_queries, q.n_keys, q.seed)
     dims = [r.d for r in rows]
     return {
         "rows": [{"d": r.d, "std": fixed(r.std, 1), "std_full": full(r.std), "sqrt_d": fixed(r.sqrt_d, 1),
@@ -162,8 +164,8 @@ def view_scaling(svc: Service, q: schemas.ScalingQuery) -> dict:
 
 
 def view_causal(svc: Service, q: CausalQuery) -> dict:
-    svc.check_drawable(len(q.text.split()))
-    r = svc.lesson_causal(q.text, q.seed, q.d_model, q.d_k, q.scale)
+    svc.limits.check_drawable(len(q.text.split()))
+    r = svc.lessons.causal(q.text, q.seed, q.d_model, q.d_k, q.scale)
     masked, free = r.masked, r.free
     tokens = masked.tokens
     return {
@@ -187,9 +189,9 @@ def view_causal(svc: Service, q: CausalQuery) -> dict:
     }
 
 
-def view_multihead(svc: Service, q: schemas.MultiheadQuery) -> dict:
-    svc.check_drawable(len(q.text.split()))
-    r = svc.lesson_multihead(q.text, q.seed, q.d_model, q.n_heads, q.causal, q.scale)
+def view_multihead(svc: Service, q: requests.MultiheadQuery) -> dict:
+    svc.limits.check_drawable(len(q.text.split()))
+    r = svc.lessons.multihead(q.text, q.seed, q.d_model, q.n_heads, q.causal, q.scale)
     m, mask = r.lesson, r.mask
     return {
         "tokens": m.tokens, "d_head": m.d_head, "n_heads": m.n_heads,
@@ -205,8 +207,8 @@ def view_multihead(svc: Service, q: schemas.MultiheadQuery) -> dict:
     }
 
 
-def view_positions(svc: Service, q: schemas.PositionsQuery) -> dict:
-    r = svc.lesson_positions(q.n_pos, q.d, q.pair_list, series=True)
+def view_positions(svc: Service, q: requests.PositionsQuery) -> dict:
+    r = svc.lessons.positions(q.n_pos, q.d, q.pair_list, series=True)
     p = r.lesson
     series = [(f"from position {s.start}", s.gaps, s.dots) for s in r.series]
     return {
@@ -234,7 +236,7 @@ def _breakdown_figure(groups, export_name: str) -> dict:
 
 
 def view_params_lesson(svc: Service, q: ParamsLessonQuery) -> dict:
-    r = svc.lesson_params(q.preset, q.sizes())
+    r = svc.lessons.params(q.preset, q.sizes())
     rows = [{"name": row.name, "embeddings": f"{row.count.embeddings:,}", "per_block": f"{row.count.per_block:,}",
              "total": f"{row.count.total:,}", "count": row.count, "cfg": row.cfg} for row in r.rows]
     mine = r.rows[1].count
@@ -249,9 +251,9 @@ def view_params_lesson(svc: Service, q: ParamsLessonQuery) -> dict:
     }
 
 
-def view_forward(svc: Service, q: schemas.ForwardQuery) -> dict:
-    svc.check_drawable(len(q.prompt), "characters", "the prompt")
-    r = svc.lesson_forward(q.text, q.prompt, q.seed, q.d_model, q.n_heads, q.d_mlp)
+def view_forward(svc: Service, q: requests.ForwardQuery) -> dict:
+    svc.limits.check_drawable(len(q.prompt), "characters", "the prompt")
+    r = svc.lessons.forward(q.text, q.prompt, q.seed, q.d_model, q.n_heads, q.d_mlp)
     f, tokens, pattern, mask = r.lesson, r.tokens, r.patterns, r.mask  # pattern [head_index, query_pos, key_pos]
     probs = f.next_token_probs
     return {
@@ -278,10 +280,10 @@ def view_forward(svc: Service, q: schemas.ForwardQuery) -> dict:
 # ------------------------------------------------------------------ the calculator
 
 def view_calculator(svc: Service, q: CalculatorQuery) -> dict:
-    r = svc.calculator(q.preset, q.sizes(), q.seq_len, q.batch, q.dtype)
+    r = calculators.calculator(q.preset, q.sizes(), q.seq_len, q.batch, q.dtype)
     cfg, count, kv = r.cfg, r.count, r.kv
     series = [(f"{dtype} ({size} byte{'s' if size > 1 else ''})", r.lengths, r.kv_by_dtype[dtype])
-              for dtype, size in schemas.DTYPE_BYTES.items()]
+              for dtype, size in requests.DTYPE_BYTES.items()]
     entries = [{"name": e.name, "shape": shape(e.shape), "copies": e.copies, "counted": e.counted,
                 "total": f"{e.elements:,}", "note": e.note} for e in count.entries]
     return {
@@ -318,22 +320,22 @@ class Page:
 LESSONS = [
     Page("attention", "Queries, keys and values",
          "Scaled dot-product attention on four words: scores, softmax weights, output.",
-         schemas.AttentionQuery, view_attention, ("/api/v1/lessons/attention",)),
+         requests.AttentionQuery, view_attention, ("/api/v1/lessons/attention",)),
     Page("scaling", "Why divide by √d_k",
          "Unscaled dot products grow with the width and the softmax collapses onto one key.",
-         schemas.ScalingQuery, view_scaling, ("/api/v1/lessons/scaling",)),
+         requests.ScalingQuery, view_scaling, ("/api/v1/lessons/scaling",)),
     Page("causal", "Causal masks", "Forbid every token to look ahead, and watch the rows renormalise.",
          CausalQuery, view_causal, ("/api/v1/lessons/attention",)),
     Page("multihead", "Multiple heads", "Several attentions side by side, heads as a batch axis.",
-         schemas.MultiheadQuery, view_multihead, ("/api/v1/lessons/multihead",)),
+         requests.MultiheadQuery, view_multihead, ("/api/v1/lessons/multihead",)),
     Page("positions", "Positional information",
          "Sinusoidal encodings, whose dot products depend only on the gap between positions.",
-         schemas.PositionsQuery, view_positions, ("/api/v1/lessons/positions",)),
+         requests.PositionsQuery, view_positions, ("/api/v1/lessons/positions",)),
     Page("params", "Counting parameters", "GPT-2 small to the last digit: 124,439,808.",
          ParamsLessonQuery, view_params_lesson, ("/api/v1/params",)),
     Page("forward", "A full forward pass",
          "One block, two heads, nine characters: every shape on the way to the next-character guess.",
-         schemas.ForwardQuery, view_forward, ("/api/v1/lessons/forward",)),
+         requests.ForwardQuery, view_forward, ("/api/v1/lessons/forward",)),
 ]
 BY_SLUG = {p.slug: p for p in LESSONS}
 CALCULATOR = Page("calculator", "Parameter and KV-cache calculator",
@@ -385,10 +387,10 @@ def _field_values(page: Page, given: Mapping[str, str], q: BaseModel | None) -> 
     return defaults | dict(given)
 
 
-API_QUERY = {"/api/v1/lessons/attention": schemas.AttentionQuery, "/api/v1/lessons/scaling": schemas.ScalingQuery,
-             "/api/v1/lessons/multihead": schemas.MultiheadQuery, "/api/v1/lessons/positions": schemas.PositionsQuery,
-             "/api/v1/lessons/forward": schemas.ForwardQuery, "/api/v1/params": schemas.ParamsQuery,
-             "/api/v1/kv-cache": schemas.KVCacheQuery}
+API_QUERY = {"/api/v1/lessons/attention": requests.AttentionQuery, "/api/v1/lessons/scaling": requests.ScalingQuery,
+             "/api/v1/lessons/multihead": requests.MultiheadQuery, "/api/v1/lessons/positions": requests.PositionsQuery,
+             "/api/v1/lessons/forward": requests.ForwardQuery, "/api/v1/params": requests.ParamsQuery,
+             "/api/v1/kv-cache": requests.KVCacheQuery}
 
 
 def _presets(page: Page) -> list[str]:
@@ -419,8 +421,8 @@ def render(request: Request, svc: Service, page: Page, path: str, template: str)
         "page": page, "lessons": LESSONS, "view": view, "error": error, "values": _field_values(page, given, q),
         "url": url, "path": path, "classroom": classroom, "form_id": "lesson",
         "nav": "params" if page is CALCULATOR else "lessons", "presets": _presets(page),
-        "dtypes": list(schemas.DTYPE_BYTES), "limits": svc.settings, "max_seed": schemas.MAX_SEED,
-        "norm_types": list(schemas.NORMALIZATION_TYPES), "position_schemes": list(schemas.POSITION_SCHEMES),
+        "dtypes": list(requests.DTYPE_BYTES), "limits": svc.settings, "max_seed": requests.MAX_SEED,
+        "norm_types": list(requests.NORMALIZATION_TYPES), "position_schemes": list(requests.POSITION_SCHEMES),
     }
     return web.render(request, template, context, url=url, error=error)
 

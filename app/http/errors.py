@@ -22,23 +22,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from core import InputError
 
-from .jsonio import FastJSONResponse
+from app.http.jsonio import FastJSONResponse
+from app.service.errors import NotFound, Unavailable
 
-log = logging.getLogger("app.errors")
-
-
-class Unavailable(Exception):
-    """The server cannot take this now (busy, or a feature that is off): 503, or 429 for one client's
-    share; with Retry-After when trying again later will help."""
-
-    def __init__(self, message: str, retry_after_s: int | None, status_code: int = 503):
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-        self.status_code = status_code
-
-
-class NotFound(Exception):
-    """No such thing (a run id): 404."""
+log = logging.getLogger("app.http.errors")
 
 
 def error_body(msg: str, loc: list | tuple = (), type_: str = "value_error") -> dict:

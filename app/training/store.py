@@ -2,8 +2,8 @@
 
 A run is a pure function of its settings (recipe, shape, optimiser, seed, steps): its id is a hash of
 them, so the same request finds the same run, a class of thirty pressing Start trains once, and
-replicas sharing the folder agree on names. Nothing here trains: app/training.py schedules runs and
-app/trainer.py trains one in its own process.
+replicas sharing the folder agree on names. Nothing here trains: app/training/scheduler.py schedules runs and
+app/training/worker.py trains one in its own process.
 
     <runs>/<id>/
       request.json        the settings (TrainSettings fields; a text of your own is text.txt beside it)

@@ -16,9 +16,10 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
-from .. import figures, schemas, web
-from ..deps import ServiceDep
-from ..service import FINISHED, RunInfo, Service
+from app.pages import figures, web
+from app.api import requests
+from app.deps import ServiceDep
+from app.service import FINISHED, RunInfo, Service
 
 router = APIRouter(tags=["pages"], include_in_schema=False)
 
@@ -36,9 +37,9 @@ def _form_values(query) -> tuple[str, dict[str, str]]:
     return recipe, given
 
 
-def _request_fields(recipe: str, given: dict[str, str]) -> schemas.TrainRequest:
+def _request_fields(recipe: str, given: dict[str, str]) -> requests.TrainRequest:
     """The form's fields as the API's request (same names and limits; "1"/"0" are booleans)."""
-    return schemas.TrainRequest.model_validate({"recipe": recipe, **given})
+    return requests.TrainRequest.model_validate({"recipe": recipe, **given})
 
 
 # ------------------------------------------------------------------ figures of a run
@@ -88,7 +89,7 @@ def pattern_figure(svc: Service, info: RunInfo, layer: int, head: int, step: int
     """The chosen head's pattern at the chosen snapshot step, and every snapshot's for the slider."""
     if not info.snapshots:
         return None
-    history = svc.head_history(info.id, layer, head)
+    history = svc.training.head_history(info.id, layer, head)
     shown = step if step in history.steps else history.steps[-1]
     index = history.steps.index(shown)
     n = len(history.tokens)
@@ -125,10 +126,10 @@ def explore_text(recipe: str, seq_len: int) -> str:
 
 def run_view(svc: Service, query, errors: list[str]) -> dict | None:
     """The page of one run (and its control), from the URL: run, control, layer, head, step."""
-    info = svc.run_info(web.last(query, "run") or "")
+    info = svc.training.get(web.last(query, "run") or "")
     control_id = web.last(query, "control")
     runs = [("model", info)]
-    control = svc.run_info(control_id) if control_id else None
+    control = svc.training.get(control_id) if control_id else None
     if control is not None:
         runs.append(("1-layer control", control))
     best = None  # the last layer's head that scores highest on induction now: the page opens on it
@@ -184,10 +185,11 @@ async def start(request: Request, svc: ServiceDep):
         req = _request_fields(recipe, given)
         client = web.client_address(request)
         # Building a recipe reads its corpus: off the event loop.
-        info, _ = await asyncio.to_thread(svc.train, req.recipe, req.changes(), client)
+        info, _ = await asyncio.to_thread(svc.training.start, req.recipe, req.changes(), client)
         target = {"run": info.id}
         if web.is_on(form, "control") and req.recipe == "induction":
-            control, _ = await asyncio.to_thread(svc.train, req.recipe, req.changes() | {"n_layers": 1}, client)
+            control, _ = await asyncio.to_thread(svc.training.start, req.recipe, req.changes() | {"n_layers": 1},
+                                                 client)
             target["control"] = control.id
         if web.is_on(form, "classroom"):
             target["classroom"] = "1"
@@ -203,7 +205,7 @@ async def stop(request: Request, svc: ServiceDep):
     target = {k: v for k in ("run", "control") if (v := web.last(form, k))}
     try:
         for id in target.values():
-            await asyncio.to_thread(svc.cancel, id)
+            await asyncio.to_thread(svc.training.cancel, id)
     except web.PAGE_ERRORS as exc:
         return _render(request, svc, DEFAULT_RECIPE, {}, None, web.error_message(exc), web.error_status(exc))
     return RedirectResponse("/train?" + urlencode(target), status_code=303)
@@ -211,15 +213,15 @@ async def stop(request: Request, svc: ServiceDep):
 
 def _render(request: Request, svc: Service, recipe: str, given: dict[str, str], view: dict | None,
             error: str | None, status: int = 422) -> HTMLResponse:
-    defaults = svc.recipe_defaults(recipe if recipe in RECIPES else DEFAULT_RECIPE)
+    defaults = svc.training.recipe_defaults(recipe if recipe in RECIPES else DEFAULT_RECIPE)
     values = {k: given.get(k, defaults.get(k)) for k in FORM_FIELDS} | {"text": given.get("text", "")}
     try:
-        recent = svc.runs()[:10]
+        recent = svc.training.all()[:10]
     except web.PAGE_ERRORS:  # training is off here: the form says why when used
         recent = []
     context = {"recipes": RECIPES, "recipe": recipe, "values": values, "view": view, "error": error,
                "recent": recent, "classroom": web.is_on(request.query_params, "classroom"), "nav": "train",
-               "form_id": "train", "limits": schemas.TrainRequest.model_json_schema()["properties"],
-               "all_defaults": {r: svc.recipe_defaults(r) for r in RECIPES}}
+               "form_id": "train", "limits": requests.TrainRequest.model_json_schema()["properties"],
+               "all_defaults": {r: svc.training.recipe_defaults(r) for r in RECIPES}}
     return web.render(request, "train.html", context, url=_canonical(request.query_params) if view else None,
                       error=error, status=status)

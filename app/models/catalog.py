@@ -23,9 +23,9 @@ from core.checkpoints import CheckpointError, read_spec
 from core.model import Params
 from core.tokenizers import AsciiTokenizer, CharTokenizer, Encoding, Tokenizer
 
-from . import pretrained
-from .runs import RunStore
-from .settings import Settings, runs_folder
+from app.models import pretrained
+from app.training.store import RunStore
+from app.settings import Settings, runs_folder
 
 # The run request's toggles, by kind: attention toggles change how a model computes, size
 # toggles (and seed) change which weights it has.
@@ -239,7 +239,7 @@ def _checkpoint_toggles(cfg: TransformerConfig, is_encoder: bool) -> tuple[str, 
 class Catalog(Mapping[str, Model]):
     """Every model this server knows, runnable or not, by name: the built-ins, the pretrained ones
     (the bundled MiniLM and EXPLORER_MODELS_DIR's folders), then the runs trained here that have
-    weights (app/runs.py), which appear as they finish without a restart."""
+    weights (app/training/store.py), which appear as they finish without a restart."""
 
     def __init__(self, models: dict[str, Model], checkpoints: pretrained.Checkpoints | None = None,
                  toy_cache: ParamsCache | None = None, runs: RunStore | None = None):

@@ -7,7 +7,7 @@ and starts it from static/js/docs.js, so it needs no CDN and no inline script.
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
-from .. import web
+from app.pages import web
 
 router = APIRouter(tags=["docs"])
 

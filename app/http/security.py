@@ -53,7 +53,7 @@ COMPUTE_PREFIXES = ("/api/v1/lessons/", "/api/v1/analysis/", "/lessons/", "/insp
 
 
 def is_compute(path: str) -> bool:
-    """(Training is not limited here: it runs in its own processes, app/training.py, and a request only
+    """(Training is not limited here: it runs in its own processes, app/training/scheduler.py, and a request only
     queues it; /api/v1/runs... reads files.)"""
     return path in COMPUTE_PATHS or path.startswith(COMPUTE_PREFIXES)
 

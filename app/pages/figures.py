@@ -94,7 +94,7 @@ def _base_layout(**extra) -> dict:
 
 def _finite_or_none(matrix: np.ndarray) -> np.ndarray:
     """A float64 copy with -inf/NaN as NaN: a masked score is "no value", not a colour. It stays an
-    array: app/web.py `figure_json` sends it packed (base64 float64, every bit kept), and NaN is
+    array: app/pages/web.py `figure_json` sends it packed (base64 float64, every bit kept), and NaN is
     what JSON writes as null and Plotly draws as a gap."""
     m = np.array(matrix, dtype=np.float64)
     m[~np.isfinite(m)] = np.nan
@@ -197,7 +197,7 @@ def attention_heatmap(
     if pooled:
         z, mask = _max_pool(z, None if mask is None else np.asarray(mask, dtype=bool), THUMB_MAX_CELLS)
     if n >= FLOAT32_MIN_TOKENS:
-        z = z.astype(np.float32)  # app/web.py packs it as "f4"
+        z = z.astype(np.float32)  # app/pages/web.py packs it as "f4"
     gap = 1 if small and not image else 0  # gaps between a thumbnail's cells, while cells are pixels wide
     trace: dict = {"type": "heatmap", "z": z, "hoverongaps": False, "xgap": gap, "ygap": gap}
     if kind == "scores":

@@ -24,14 +24,14 @@ import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _UvicornHttpToolsProtocol
 
-from .jsonio import dumps
-from .settings import get_settings
+from app.http.jsonio import dumps
+from app.settings import get_settings
 
 # The request-target length httptools can parse: its URL parser keeps offsets in 16 bits, and
 # uvicorn answers a longer URL with a plain-text 400. settings.max_url_bytes may not exceed it.
 HTTPTOOLS_MAX_URL_BYTES = 65535
 # The protocol class for uvicorn's `http` option (an import string, so worker processes load it too).
-HTTP_PROTOCOL = "app.bodylimit:HttpToolsProtocol"
+HTTP_PROTOCOL = "app.http.bodylimit:HttpToolsProtocol"
 # How much of a refused body is read and dropped so the client can read the 413 (see above); a
 # client sending more, or for longer, may see a reset.
 LINGER_BYTES = 64 * 2**20

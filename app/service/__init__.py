@@ -1,0 +1,52 @@
+"""The service layer: what the JSON API and the pages both show, prepared once per view.
+
+One `Service` per request (app/deps.py) holds the model catalogue and the settings and offers each
+domain's views: `views` (a run's activations, the explorer), `inspect` (looking inside a run),
+`lessons` (the spec's lessons), `training` (training runs); `calculators` needs neither catalogue nor
+settings and is a module of functions. Each view takes a typed `RunSpec` (what to run) and its own
+arguments, checks the cost against the limits *before* computing, prepares the model once (tokens,
+config, weights), asks core for the numbers and returns a plain dataclass with token strings
+resolved. No JSON, no HTML: the faces (app/api/, app/pages/) format.
+
+Bad input raises core's InputError with a message a learner can act on (app/http/errors.py: 422);
+anything else that escapes is a bug (500). ARCHITECTURE.md follows one request through here.
+
+May import: `core`, `app.models` (the catalogue), `app.training` (the training store) and
+`app.settings`. Never the faces or the HTTP plumbing.
+"""
+
+from __future__ import annotations
+
+from app.models.catalog import Catalog, Model
+from app.service import calculators
+from app.service.errors import NotFound, Unavailable
+from app.service.inspect import InspectViews
+from app.service.lessons import Lessons
+from app.service.limits import Limits
+from app.service.spec import AblatedHead, Method, RunSpec
+from app.service.training import TrainingService
+from app.service.views import ModelViews
+from app.settings import Settings
+from app.training.store import FINISHED, STATUSES, RunInfo
+from core import InputError
+
+__all__ = ["FINISHED", "STATUSES", "AblatedHead", "InputError", "Method", "Model", "NotFound", "RunInfo", "RunSpec",
+           "Service", "Unavailable", "calculators"]
+
+
+class Service:
+    """The catalogue and the limits one request is served with, and each domain's views on them."""
+
+    def __init__(self, catalog: Catalog, settings: Settings):
+        self.catalog = catalog
+        self.settings = settings
+        self.limits = Limits(settings)
+        self.views = ModelViews(catalog, settings, self.limits)
+        self.inspect = InspectViews(self.views)
+        self.lessons = Lessons(catalog, self.limits)
+        self.training = TrainingService(catalog, settings)
+
+    @property
+    def preparations(self) -> int:
+        """Models prepared (weights loaded) for this request: one per view."""
+        return self.views.preparations

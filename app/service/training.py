@@ -1,0 +1,175 @@
+"""Training runs as the pages and the API see them: start one (the same settings name the same run,
+within each client's and the server's limits), list, follow, stop, and read what it learned (the
+probe's patterns, a head's history, the weights as a zip). The runs themselves live in the store and
+are trained by worker processes (app/training/); this is the request side of them.
+
+A *training run* (a job) is never called a "run" alone here: that word is a forward pass (app/service/spec.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import zipfile
+from dataclasses import dataclass
+
+from app.models.catalog import Catalog
+from app.service.errors import NotFound, Unavailable
+from app.settings import Settings
+from app.training.store import FINISHED, RunInfo, RunStore, run_id
+from core import InputError
+from core.recipes import probe_tokens as recipe_probe_tokens
+from core.recipes import settings as train_settings
+
+@dataclass(frozen=True)
+class RunPatterns:
+    id: str
+    step: int
+    tokens: list[str]  # the probe's tokens
+    patterns: list  # [layer][head][query_pos][key_pos]
+
+
+@dataclass(frozen=True)
+class HeadHistory:
+    steps: list[int]  # the run's snapshot steps
+    tokens: list[str]  # the probe's tokens
+    patterns: list  # [step][query_pos][key_pos], the head's weights at each snapshot step
+
+
+class TrainingService:
+    """The training runs this server keeps (catalog.runs), and the limits on starting more."""
+
+    def __init__(self, catalog: Catalog, settings: Settings):
+        self.catalog = catalog
+        self.settings = settings
+
+    def _store(self) -> RunStore:
+        store = self.catalog.runs
+        if store is None:
+            raise Unavailable("training is off on this server (EXPLORER_TRAIN_WORKERS=0)", retry_after_s=None)
+        if store.error:
+            raise Unavailable(store.error, retry_after_s=None)
+        return store
+
+    def start(self, recipe: str, changes: dict[str, object], client: str) -> tuple[RunInfo, bool]:
+        """The run of these settings: created and queued if new, resumed if it was cut short, cancelled
+        or failed, as it is otherwise. Returns it and whether this request queued it. A run is a pure
+        function of its settings, so the same request always names the same run."""
+        store = self._store()
+        client = hashlib.sha256(client.encode()).hexdigest()[:16]  # who, without keeping the address
+        settings = train_settings(recipe, **changes)
+        id = run_id(settings)
+        if store.exists(id):
+            info = store.info(id)
+            if info.status not in ("cancelled", "interrupted", "failed"):
+                return info, False
+            self._check_room(store, client)
+            store.requeue(id)
+            return store.info(id, store.queue()), True
+        self._check_room(store, client)
+        store.evict()  # make room within EXPLORER_RUNS_MAX_MB: the oldest finished runs go first
+        id, created = store.create(settings, client)
+        return store.info(id, store.queue()), created
+
+    def _check_room(self, store: RunStore, client: str) -> None:
+        s = self.settings
+        active = [store.request(id) for id in store.ids()
+                  if store.state(id)["status"] in ("queued", "running") or store.is_training(id)]
+        mine = sum(1 for r in active if r.get("client") == client)
+        if mine >= s.train_max_per_client:
+            raise Unavailable(f"you already have {mine} run(s) queued or training, the most one client may "
+                              f"have: wait for one to finish, or stop one (DELETE /api/v1/runs/{{id}})",
+                              retry_after_s=30, status_code=429)
+        if len(active) >= s.train_max_runs:
+            raise Unavailable(f"this server has {len(active)} runs queued or training, its limit: try again "
+                              "when one has finished", retry_after_s=30, status_code=503)
+
+    def all(self) -> list[RunInfo]:
+        """Every run, newest first."""
+        store = self._store()
+        queue = store.queue()
+        return [store.info(id, queue) for id in store.ids()]
+
+    def get(self, id: str) -> RunInfo:
+        store = self._store()
+        if not store.exists(id):
+            raise NotFound(f"there is no run {id!r} on this server: GET /api/v1/runs lists them")
+        return store.info(id, store.queue())
+
+    def cancel(self, id: str) -> RunInfo:
+        """Stop a queued or training run; it keeps what it learned (a snapshot, and its weights as a model)."""
+        info = self.get(id)
+        if info.status in ("queued", "running"):
+            self._store().request_cancel(id)
+        return self.get(id)
+
+    def patterns(self, id: str, step: int) -> RunPatterns:
+        """The probe's attention patterns at a snapshot step, with the probe's tokens."""
+        info = self.get(id)
+        patterns = self._store().patterns(id, step)
+        if patterns is None:
+            raise NotFound(f"run {id!r} has no patterns at step {step}: its snapshot steps are "
+                           f"{info.snapshots or 'none yet'}")
+        return RunPatterns(id, step, self.probe_tokens(id), patterns)
+
+    def head_history(self, id: str, layer: int, head: int) -> HeadHistory:
+        """One head's pattern on the probe at every snapshot step: how it formed as the run trained."""
+        info = self.get(id)
+        store = self._store()
+        patterns = [store.patterns(id, step) for step in info.snapshots]
+        settings = store.settings(id)
+        n_layers, n_heads = settings.n_layers, settings.n_heads
+        if not (0 <= layer < n_layers and 0 <= head < n_heads):
+            raise InputError(f"layer {layer}, head {head} does not exist: the run's model has {n_layers} layer(s) "
+                             f"of {n_heads} head(s), counted from 0")
+        return HeadHistory(info.snapshots, self.probe_tokens(id), [p[layer][head] for p in patterns if p])
+
+    @staticmethod
+    def recipe_defaults(recipe: str) -> dict[str, object]:
+        """A recipe's working settings, as the training form shows them."""
+        return dataclasses.asdict(train_settings(recipe))
+
+    def probe_tokens(self, id: str) -> list[str]:
+        """The probe's tokens, as the patterns' axes show them."""
+        self.get(id)  # a run that exists
+        return recipe_probe_tokens(self._store().settings(id))
+
+    def weights_zip(self, id: str) -> tuple[str, bytes]:
+        """The run's weights as a zip of its Hugging Face folder: (file name, bytes)."""
+        self.get(id)
+        folder = self._store().model_folder(id)
+        if folder is None:
+            raise NotFound(f"run {id!r} has no weights yet: they are written when it finishes or is stopped")
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
+            for path in sorted(folder.iterdir()):
+                z.write(path, f"{id}/{path.name}")
+        return f"{id}.zip", buffer.getvalue()
+
+    def changes(self, id: str, since: str | None) -> tuple[list[tuple[str, object]], str, bool]:
+        """What changed in a run since a stream's last event id: ([(event, data)], the new id, finished).
+
+        The id is RunInfo.event_id ("records.step.status"). A stream with no id gets the whole run first;
+        then each new record, the progress (step and loss) when it moved, and the whole run again when
+        the status changes."""
+        info = self.get(id)
+        n_sent, step_sent, status_sent = _parse_event_id(since)
+        events: list[tuple[str, object]] = []
+        if since is None or status_sent != info.status:
+            events.append(("run", info))
+        else:
+            events += [("record", r) for r in info.records[n_sent:]]
+            if info.step != step_sent:
+                events.append(("progress", {"id": id, "step": info.step, "steps": info.steps, "loss": info.loss,
+                                            "status": info.status}))
+        return events, info.event_id, info.status in FINISHED
+
+
+def _parse_event_id(since: str | None) -> tuple[int, int, str | None]:
+    """"3.150.running" -> (3, 150, "running"); anything else starts from nothing."""
+    try:
+        n, step, status = (since or "").split(".")
+        return int(n), int(step), status
+    except ValueError:
+        return 0, -1, None
