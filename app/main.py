@@ -37,8 +37,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.catalog = catalog = build_catalog(s)
         # Training runs queued in the runs folder start in worker processes (app/training/scheduler.py).
         manager = None
-        if catalog.runs is not None and catalog.runs.error is None:
-            manager = TrainingManager(catalog.runs, s.train_workers)
+        if catalog.training_runs is not None and catalog.training_runs.error is None:
+            manager = TrainingManager(catalog.training_runs, s.train_workers)
             scheduler = asyncio.create_task(manager.run_forever())
         yield
         if manager is not None:

@@ -151,7 +151,7 @@ class HooksResponse(ResponseModel):
     hooks: list[HookModel]
 
 
-class RunHeadResponse(ResponseModel):
+class ModelResultResponse(ResponseModel):
     """What every model response starts with: the model, its tokens and the config and seed it ran with."""
 
     model: str
@@ -161,7 +161,7 @@ class RunHeadResponse(ResponseModel):
     seed: int
 
 
-class RunResponse(RunHeadResponse):
+class RunResponse(ModelResultResponse):
     hooks: dict[str, Any] = Field(description="nested lists by hook name; masked scores are null")
     hook_shapes: dict[str, HookShape]
     top_k: list[TopToken] = Field(description="most likely next tokens; empty for encoders")
@@ -172,7 +172,7 @@ class RunResponse(RunHeadResponse):
 
 # ------------------------------------------------------------------ looking inside (analysis)
 
-class AnalysisResponse(RunHeadResponse):
+class AnalysisResponse(ModelResultResponse):
     ablate: list[AblatedHead] = Field(description="the heads ablated in this computation")
 
 
@@ -257,7 +257,7 @@ class RolloutResponse(AnalysisResponse):
 
 # ------------------------------------------------------------------ training runs
 
-class RunLinks(ResponseModel):
+class TrainingRunLinks(ResponseModel):
     self: str
     events: str = Field(description="Server-Sent Events of the run's progress")
     checkpoint: str = Field(description="a zip of its Hugging Face GPT-2 folder, once it has weights")
@@ -269,10 +269,10 @@ class TrainAccepted(ResponseModel):
     status: Literal[STATUSES]  # type: ignore[valid-type]
     queued: bool = Field(description="true if this request queued it; false if the run existed already")
     queue_position: int | None = Field(description="1 = next to start; null unless queued")
-    links: RunLinks
+    links: TrainingRunLinks
 
 
-class RunMetrics(ResponseModel):
+class TrainingMetrics(ResponseModel):
     step: list[int]
     loss: list[float | None] = Field(description="mean training loss since the previous record")
     val_loss: list[float] = Field(description="loss on the recipe's fixed held-out sequences")
@@ -285,7 +285,7 @@ class RunMetrics(ResponseModel):
     elapsed_s: list[float]
 
 
-class RunHeads(ResponseModel):
+class TrainingHeadScores(ResponseModel):
     step: list[int]
     previous_token: list[Matrix] = Field(description="[step][layer][head]: attention to the previous token on "
                                                      "the probe")
@@ -306,8 +306,8 @@ class TrainingRun(ResponseModel):
     step: int
     steps: int
     loss: float | None = Field(description="the latest training loss")
-    metrics: RunMetrics
-    heads: RunHeads
+    metrics: TrainingMetrics
+    heads: TrainingHeadScores
     samples: list[Sample]
     snapshots: list[int] = Field(description="steps whose attention patterns GET .../patterns/{step} returns")
     model: str | None = Field(description="the model name /api/v1/run, /api/v1/analysis/* and the pages accept, "
@@ -319,11 +319,11 @@ class TrainingRun(ResponseModel):
     updated_at: float
 
 
-class RunsList(ResponseModel):
+class TrainingRunsList(ResponseModel):
     runs: list[TrainingRun]
 
 
-class RunPatterns(ResponseModel):
+class TrainingPatterns(ResponseModel):
     id: str
     step: int
     tokens: list[str] = Field(description="the probe's tokens (both axes)")

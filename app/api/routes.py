@@ -30,7 +30,7 @@ _ENCODERS = ("Encoders (all-MiniLM-L6-v2) and post-norm models answer 422 saying
              "token and have no final layer norm to read the residual stream through.")
 
 
-# A run's id as the path takes it: a recipe and 12 hex digits (app/training/store.py run_id).
+# A run's id as the path takes it: a recipe and 12 hex digits (app/training/store.py training_run_id).
 RunId = Annotated[str, Path(min_length=14, max_length=64, pattern=r"^[a-z-]+-[0-9a-f]{12}$",
                             description="a run's id, e.g. induction-3f2a9c1b7d0e (GET /api/v1/runs)")]
 EVENTS_POLL_S = 0.1  # how often a run's event stream looks for news (a trainer writes progress every 0.1 s)
@@ -219,12 +219,12 @@ def train(req: requests.TrainRequest, request: Request, svc: ServiceDep) -> Fast
                             headers={"Location": run_links(info.id)["self"]})
 
 
-@router.get("/runs", response_model=responses.RunsList, responses=_TRAIN_ERRORS,
+@router.get("/runs", response_model=responses.TrainingRunsList, responses=_TRAIN_ERRORS,
             summary="The training runs this server knows, newest first")
 def runs(svc: ServiceDep) -> FastJSONResponse:
     """Every run in the runs folder (EXPLORER_RUNS_DIR): queued, training, done, failed, cancelled or
     interrupted (its process died; POST the same request to resume it)."""
-    return respond(responses.RunsList, {"runs": svc.training.all()})
+    return respond(responses.TrainingRunsList, {"runs": svc.training.all()})
 
 
 @router.get("/runs/{id}", response_model=responses.TrainingRun, responses=_TRAIN_ERRORS,
@@ -292,11 +292,11 @@ def checkpoint(id: RunId, svc: ServiceDep) -> Response:
                     headers={"Content-Disposition": f'attachment; filename="{name}"'})
 
 
-@router.get("/runs/{id}/patterns/{step}", response_model=responses.RunPatterns, responses=_TRAIN_ERRORS,
+@router.get("/runs/{id}/patterns/{step}", response_model=responses.TrainingPatterns, responses=_TRAIN_ERRORS,
             summary="A run's attention patterns on its probe at one snapshot step")
 def run_patterns(id: RunId,
                  step: Annotated[int, Path(ge=0, le=requests.MAX_TRAIN_STEPS, description="a snapshot step")],
                  svc: ServiceDep) -> FastJSONResponse:
     """Every head of every layer on the recipe's fixed probe sequence, at a step listed in the run's
     `snapshots`: how attention formed as it trained."""
-    return respond(responses.RunPatterns, svc.training.patterns(id, step))
+    return respond(responses.TrainingPatterns, svc.training.patterns(id, step))

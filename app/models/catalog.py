@@ -24,7 +24,7 @@ from core.model import Params
 from core.tokenizers import AsciiTokenizer, CharTokenizer, Encoding, Tokenizer
 
 from app.models import pretrained
-from app.training.store import RunStore
+from app.training.store import TrainingStore
 from app.settings import Settings, runs_folder
 
 # The run request's toggles, by kind: attention toggles change how a model computes, size
@@ -242,17 +242,18 @@ class Catalog(Mapping[str, Model]):
     weights (app/training/store.py), which appear as they finish without a restart."""
 
     def __init__(self, models: dict[str, Model], checkpoints: pretrained.Checkpoints | None = None,
-                 toy_cache: ParamsCache | None = None, runs: RunStore | None = None):
+                 toy_cache: ParamsCache | None = None, training_runs: TrainingStore | None = None):
         self._models = models
         self.checkpoints = checkpoints  # the pretrained loaders and their memory budget
         self.toy_cache = toy_cache  # the toys' drawn weights
-        self.runs = runs  # training runs; a finished one is a model named by its id
+        self.training_runs = training_runs  # a finished training run is a model named by its id
         self._trained: dict[tuple[str, str], Model] = {}  # (run id, its model folder) -> the model
         self._trained_lock = threading.Lock()
 
     def _run_model(self, id: str) -> Model | None:
         """A run's latest weights as a model (the same Model while its folder stays the same)."""
-        folder = self.runs.model_folder(id) if self.runs is not None and self.runs.exists(id) else None
+        runs = self.training_runs
+        folder = runs.model_folder(id) if runs is not None and runs.exists(id) else None
         if folder is None:
             return None
         key = (id, folder.name)
@@ -271,15 +272,15 @@ class Catalog(Mapping[str, Model]):
     def __getitem__(self, name: str) -> Model:
         if name in self._models:
             return self._models[name]
-        model = self._run_model(name) if self.runs is not None else None
+        model = self._run_model(name) if self.training_runs is not None else None
         if model is None:
             raise KeyError(name)
         return model
 
     def __iter__(self) -> Iterator[str]:
         yield from self._models
-        if self.runs is not None:
-            yield from (id for id in self.runs.ids() if self.runs.model_folder(id) is not None)
+        if self.training_runs is not None:
+            yield from (id for id in self.training_runs.ids() if self.training_runs.model_folder(id) is not None)
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
@@ -290,7 +291,7 @@ class Catalog(Mapping[str, Model]):
             return self[name]
         except KeyError:
             hint = (" (that run has no weights yet: its model appears once it has trained)"
-                    if self.runs is not None and self.runs.exists(name) else "")
+                    if self.training_runs is not None and self.training_runs.exists(name) else "")
             raise InputError(f"unknown model {name!r}{hint}: choose one of {', '.join(self._models)} or a "
                              f"trained run (GET /api/v1/models lists them)") from None
 
@@ -302,5 +303,5 @@ def build_catalog(settings: Settings) -> Catalog:
     checkpoints = pretrained.Checkpoints(settings.models_dir, settings.pretrained_memory_mb * 2**20,
                                         taken=frozenset(models))
     models |= {name: _checkpoint_model(name, entry) for name, entry in checkpoints.entries.items()}
-    runs = RunStore(runs_folder(settings), settings.runs_max_mb * 2**20) if settings.train_workers else None
+    runs = TrainingStore(runs_folder(settings), settings.runs_max_mb * 2**20) if settings.train_workers else None
     return Catalog(models, checkpoints, toy_cache, runs)

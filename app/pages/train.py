@@ -19,7 +19,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from app.pages import figures, web
 from app.api import requests
 from app.deps import ServiceDep
-from app.service import FINISHED, RunInfo, Service
+from app.service import FINISHED, TrainingRunInfo, Service
 
 router = APIRouter(tags=["pages"], include_in_schema=False)
 
@@ -44,7 +44,7 @@ def _request_fields(recipe: str, given: dict[str, str]) -> requests.TrainRequest
 
 # ------------------------------------------------------------------ figures of a run
 
-def _series(runs: list[tuple[str, RunInfo]], key: str) -> list[tuple[str, list, list]]:
+def _series(runs: list[tuple[str, TrainingRunInfo]], key: str) -> list[tuple[str, list, list]]:
     out = []
     for label, info in runs:
         m = info.metrics
@@ -54,7 +54,7 @@ def _series(runs: list[tuple[str, RunInfo]], key: str) -> list[tuple[str, list, 
     return out
 
 
-def run_figures(runs: list[tuple[str, RunInfo]], recipe: str) -> list[dict]:
+def run_figures(runs: list[tuple[str, TrainingRunInfo]], recipe: str) -> list[dict]:
     """Loss curves (the control overlaid), every head's scores over the steps, the target's probability."""
     loss = _series(runs, "loss")
     loss = [(f"{label}: training", x, y) for label, x, y in loss] + \
@@ -85,7 +85,7 @@ def run_figures(runs: list[tuple[str, RunInfo]], recipe: str) -> list[dict]:
     return out
 
 
-def pattern_figure(svc: Service, info: RunInfo, layer: int, head: int, step: int | None) -> dict | None:
+def pattern_figure(svc: Service, info: TrainingRunInfo, layer: int, head: int, step: int | None) -> dict | None:
     """The chosen head's pattern at the chosen snapshot step, and every snapshot's for the slider."""
     if not info.snapshots:
         return None
@@ -101,7 +101,7 @@ def pattern_figure(svc: Service, info: RunInfo, layer: int, head: int, step: int
 
 # ------------------------------------------------------------------ the routes
 
-def _links(info: RunInfo, text: str, best_head: int | None) -> dict[str, str]:
+def _links(info: TrainingRunInfo, text: str, best_head: int | None) -> dict[str, str]:
     """Where to take the run's model: the explorer on its last layer's best induction head and a text that
     repeats (where an induction head shows), its heads on /inspect, its weights, its JSON."""
     model = info.model or info.id

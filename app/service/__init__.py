@@ -27,11 +27,11 @@ from app.service.spec import AblatedHead, Method, RunSpec
 from app.service.training import TrainingService
 from app.service.views import ModelViews
 from app.settings import Settings
-from app.training.store import FINISHED, STATUSES, RunInfo
+from app.training.store import FINISHED, STATUSES, TrainingRunInfo
 from core import InputError
 
-__all__ = ["FINISHED", "STATUSES", "AblatedHead", "InputError", "Method", "Model", "NotFound", "RunInfo", "RunSpec",
-           "Service", "Unavailable", "calculators"]
+__all__ = ["FINISHED", "STATUSES", "AblatedHead", "InputError", "Method", "Model", "NotFound", "RunSpec", "Service",
+           "TrainingRunInfo", "Unavailable", "calculators"]
 
 
 class Service:

@@ -46,7 +46,7 @@ class AblationEffect:
 
 
 @dataclass(frozen=True)
-class RunHead:
+class ModelResult:
     """The fields every model result starts with."""
 
     prepared: Prepared
@@ -83,7 +83,7 @@ class HookShape:
 
 
 @dataclass(frozen=True)
-class RunResult(RunHead):
+class RunResult(ModelResult):
     hooks: dict[str, np.ndarray]  # by hook name; masked scores are -inf
     top_k: list[TopToken]  # [] for encoders
     ablation_effect: AblationEffect | None  # with ablations on a decoder: the prediction before and after
@@ -102,7 +102,7 @@ class ShapeRow:
 
 
 @dataclass(frozen=True)
-class ExplorerView(RunHead):
+class ExplorerView(ModelResult):
     """Everything the explorer page draws for one state, from one preparation of the model."""
 
     layer: int  # clamped to the model
@@ -137,7 +137,7 @@ class HookList:
 
 
 @dataclass(frozen=True)
-class Decomposition(RunHead):
+class Decomposition(ModelResult):
     d: ResidualDecomposition  # labels, parts [n_parts, d_model], direct_logit [n_parts], ...
     target: TopToken  # the token whose logit is attributed (prob: the model's at pos)
     targets: list[TopToken]  # the model's most likely tokens at pos, to choose another target
@@ -148,7 +148,7 @@ class Decomposition(RunHead):
 
 
 @dataclass(frozen=True)
-class Lens(RunHead):
+class Lens(ModelResult):
     lens: LogitLens  # points, top_tokens [n_points, pos, k], top_probs
     token_strs: dict[int, str]  # every id in the table, readable
 
@@ -175,7 +175,7 @@ class FlaggedHead:
 
 
 @dataclass(frozen=True)
-class Detectors(RunHead):
+class Detectors(ModelResult):
     random_token_ids: list[int]
     random_tokens: list[str]
     detectors: dict[str, dict[str, np.ndarray]]  # {detector: {"text"|"random": [n_layers, n_heads]}}, NaN = undefined
@@ -197,7 +197,7 @@ class KVStepRow:
 
 
 @dataclass(frozen=True)
-class KVSteps(RunHead):
+class KVSteps(ModelResult):
     steps: list[KVStepRow]
     generated_text: str
     dtype: str
@@ -214,7 +214,7 @@ class KVSteps(RunHead):
 
 
 @dataclass(frozen=True)
-class ComparedSide(RunHead):
+class ComparedSide(ModelResult):
     pattern: np.ndarray  # [query_pos, key_pos] of the chosen layer and head
     mask: np.ndarray | None  # [query_pos, key_pos], True where the causal mask forbids
 
@@ -239,5 +239,5 @@ class Comparison:
 
 
 @dataclass(frozen=True)
-class Rollout(RunHead):
+class Rollout(ModelResult):
     rollout: np.ndarray  # [n_layers, query_pos, key_pos], rows sum to 1

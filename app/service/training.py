@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from app.models.catalog import Catalog
 from app.service.errors import NotFound, Unavailable
 from app.settings import Settings
-from app.training.store import FINISHED, RunInfo, RunStore, run_id
+from app.training.store import FINISHED, TrainingRunInfo, TrainingStore, training_run_id
 from core import InputError
 from core.recipes import probe_tokens as recipe_probe_tokens
 from core.recipes import settings as train_settings
 
 @dataclass(frozen=True)
-class RunPatterns:
+class TrainingPatterns:
     id: str
     step: int
     tokens: list[str]  # the probe's tokens
@@ -38,28 +38,28 @@ class HeadHistory:
 
 
 class TrainingService:
-    """The training runs this server keeps (catalog.runs), and the limits on starting more."""
+    """The training runs this server keeps (catalog.training_runs), and the limits on starting more."""
 
     def __init__(self, catalog: Catalog, settings: Settings):
         self.catalog = catalog
         self.settings = settings
 
-    def _store(self) -> RunStore:
-        store = self.catalog.runs
+    def _store(self) -> TrainingStore:
+        store = self.catalog.training_runs
         if store is None:
             raise Unavailable("training is off on this server (EXPLORER_TRAIN_WORKERS=0)", retry_after_s=None)
         if store.error:
             raise Unavailable(store.error, retry_after_s=None)
         return store
 
-    def start(self, recipe: str, changes: dict[str, object], client: str) -> tuple[RunInfo, bool]:
+    def start(self, recipe: str, changes: dict[str, object], client: str) -> tuple[TrainingRunInfo, bool]:
         """The run of these settings: created and queued if new, resumed if it was cut short, cancelled
         or failed, as it is otherwise. Returns it and whether this request queued it. A run is a pure
         function of its settings, so the same request always names the same run."""
         store = self._store()
         client = hashlib.sha256(client.encode()).hexdigest()[:16]  # who, without keeping the address
         settings = train_settings(recipe, **changes)
-        id = run_id(settings)
+        id = training_run_id(settings)
         if store.exists(id):
             info = store.info(id)
             if info.status not in ("cancelled", "interrupted", "failed"):
@@ -72,7 +72,7 @@ class TrainingService:
         id, created = store.create(settings, client)
         return store.info(id, store.queue()), created
 
-    def _check_room(self, store: RunStore, client: str) -> None:
+    def _check_room(self, store: TrainingStore, client: str) -> None:
         s = self.settings
         active = [store.request(id) for id in store.ids()
                   if store.state(id)["status"] in ("queued", "running") or store.is_training(id)]
@@ -85,33 +85,33 @@ class TrainingService:
             raise Unavailable(f"this server has {len(active)} runs queued or training, its limit: try again "
                               "when one has finished", retry_after_s=30, status_code=503)
 
-    def all(self) -> list[RunInfo]:
+    def all(self) -> list[TrainingRunInfo]:
         """Every run, newest first."""
         store = self._store()
         queue = store.queue()
         return [store.info(id, queue) for id in store.ids()]
 
-    def get(self, id: str) -> RunInfo:
+    def get(self, id: str) -> TrainingRunInfo:
         store = self._store()
         if not store.exists(id):
             raise NotFound(f"there is no run {id!r} on this server: GET /api/v1/runs lists them")
         return store.info(id, store.queue())
 
-    def cancel(self, id: str) -> RunInfo:
+    def cancel(self, id: str) -> TrainingRunInfo:
         """Stop a queued or training run; it keeps what it learned (a snapshot, and its weights as a model)."""
         info = self.get(id)
         if info.status in ("queued", "running"):
             self._store().request_cancel(id)
         return self.get(id)
 
-    def patterns(self, id: str, step: int) -> RunPatterns:
+    def patterns(self, id: str, step: int) -> TrainingPatterns:
         """The probe's attention patterns at a snapshot step, with the probe's tokens."""
         info = self.get(id)
         patterns = self._store().patterns(id, step)
         if patterns is None:
             raise NotFound(f"run {id!r} has no patterns at step {step}: its snapshot steps are "
                            f"{info.snapshots or 'none yet'}")
-        return RunPatterns(id, step, self.probe_tokens(id), patterns)
+        return TrainingPatterns(id, step, self.probe_tokens(id), patterns)
 
     def head_history(self, id: str, layer: int, head: int) -> HeadHistory:
         """One head's pattern on the probe at every snapshot step: how it formed as the run trained."""
@@ -150,7 +150,7 @@ class TrainingService:
     def changes(self, id: str, since: str | None) -> tuple[list[tuple[str, object]], str, bool]:
         """What changed in a run since a stream's last event id: ([(event, data)], the new id, finished).
 
-        The id is RunInfo.event_id ("records.step.status"). A stream with no id gets the whole run first;
+        The id is TrainingRunInfo.event_id ("records.step.status"). A stream with no id gets the whole run first;
         then each new record, the progress (step and loss) when it moved, and the whole run again when
         the status changes."""
         info = self.get(id)

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 
-from app.training.store import RunStore
+from app.training.store import TrainingStore
 
 log = logging.getLogger("app.training.scheduler")
 
@@ -31,7 +31,7 @@ STOP_GRACE_S = 10.0  # a trainer's time to save its snapshot when the server shu
 
 
 class TrainingManager:
-    def __init__(self, store: RunStore, workers: int, python: str = sys.executable):
+    def __init__(self, store: TrainingStore, workers: int, python: str = sys.executable):
         self.store = store
         self.workers = workers
         self.python = python

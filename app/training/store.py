@@ -82,7 +82,7 @@ def read_json(path: Path) -> Any | None:
 
 # ------------------------------------------------------------------ names
 
-def run_id(s: TrainSettings) -> str:
+def training_run_id(s: TrainSettings) -> str:
     """The run's name: its recipe and a hash of every setting (a text by its SHA-256), e.g. induction-3f2a9c1b7d0e."""
     fields = dataclasses.asdict(s)
     if s.text is not None:
@@ -91,7 +91,7 @@ def run_id(s: TrainSettings) -> str:
     return f"{s.recipe}-{digest[:12]}"
 
 
-def is_run_id(name: str) -> bool:
+def is_training_run_id(name: str) -> bool:
     recipe, _, digest = name.rpartition("-")
     return bool(recipe) and len(digest) == 12 and all(c in "0123456789abcdef" for c in digest)
 
@@ -99,7 +99,7 @@ def is_run_id(name: str) -> bool:
 # ------------------------------------------------------------------ what a run is, read back
 
 @dataclass
-class RunInfo:
+class TrainingRunInfo:
     """A run as the API shows it (GET /api/v1/runs/{id}); built from its files."""
 
     id: str
@@ -145,7 +145,7 @@ class RunInfo:
 
 
 @dataclass
-class RunStore:
+class TrainingStore:
     """The runs folder. Reading is safe from any process; each run has one writer at a time (its lock)."""
 
     root: Path
@@ -166,12 +166,12 @@ class RunStore:
     # ---------------------------------------------------------------- paths and locks
 
     def folder(self, id: str) -> Path:
-        if not is_run_id(id):
+        if not is_training_run_id(id):
             raise InputError(f"{id!r} is not a run id: ids look like induction-3f2a9c1b7d0e (GET /api/v1/runs)")
         return self.root / id
 
     def exists(self, id: str) -> bool:
-        return is_run_id(id) and (self.root / id / REQUEST).is_file()
+        return is_training_run_id(id) and (self.root / id / REQUEST).is_file()
 
     def claim(self, id: str) -> int | None:
         """Take the run's lock (an open fd holding flock) if nobody holds it, else None. The trainer
@@ -207,7 +207,7 @@ class RunStore:
     def create(self, s: TrainSettings, client: str) -> tuple[str, bool]:
         """The run of these settings, created queued if new. Returns (id, created). Two processes creating
         the same run at once: both write a whole folder under a temporary name, one rename wins."""
-        id = run_id(s)
+        id = training_run_id(s)
         target = self.root / id
         if (target / REQUEST).is_file():
             return id, False
@@ -261,7 +261,7 @@ class RunStore:
         path = self.folder(id) / name if name else None
         return path if path is not None and path.is_dir() else None
 
-    def info(self, id: str, queue: list[str] | None = None) -> RunInfo:
+    def info(self, id: str, queue: list[str] | None = None) -> TrainingRunInfo:
         folder = self.folder(id)
         req = self.request(id)
         state = self.state(id)
@@ -283,7 +283,7 @@ class RunStore:
         position = None
         if status == "queued" and queue is not None and id in queue:
             position = queue.index(id) + 1
-        return RunInfo(
+        return TrainingRunInfo(
             id=id, recipe=settings["recipe"], config=settings, status=status, step=step, steps=settings["steps"],
             created_at=req["created_at"], updated_at=state.get("updated_at", req["created_at"]), records=records,
             snapshots=snapshots, loss=loss, model=id if state.get("model_dir") else None, error=state.get("error"),
@@ -293,7 +293,7 @@ class RunStore:
         """Every run, newest first."""
         found = []
         for path in self.root.iterdir() if self.root.is_dir() else ():
-            req = read_json(path / REQUEST) if is_run_id(path.name) else None
+            req = read_json(path / REQUEST) if is_training_run_id(path.name) else None
             if req is not None:
                 found.append((req["created_at"], path.name))
         return [id for _, id in sorted(found, reverse=True)]

@@ -24,7 +24,7 @@ import time
 import traceback
 from pathlib import Path
 
-from app.training.store import CANCEL, MODEL_PREFIX, PATTERNS, PROGRESS, SNAPSHOT, RunStore, write_json
+from app.training.store import CANCEL, MODEL_PREFIX, PATTERNS, PROGRESS, SNAPSHOT, TrainingStore, write_json
 
 PROGRESS_EVERY_S = 0.1  # progress.json at most this often: a page sees ≥ 4 updates a second
 NICENESS = 10  # below the request workers'
@@ -60,7 +60,7 @@ class Stop:
         return self.terminated or self.cancelled
 
 
-def train(store: RunStore, id: str) -> str:
+def train(store: TrainingStore, id: str) -> str:
     """Train the run to its last step (or until stopped); returns its final status."""
     from threadpoolctl import threadpool_limits
 
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     die_with_parent()
     os.nice(NICENESS)
-    store = RunStore(args.runs_dir, max_bytes=0)
+    store = TrainingStore(args.runs_dir, max_bytes=0)
     try:
         train(store, args.run_id)
     except Exception as exc:  # a bug, or a settings problem found late: the run says so

@@ -10,13 +10,13 @@ import time
 
 import pytest
 
-from app.training.store import FINISHED, RunStore, run_id, write_json
+from app.training.store import FINISHED, TrainingStore, training_run_id, write_json
 from core.recipes import settings as train_settings
 
 
 @pytest.fixture
-def store(tmp_path) -> RunStore:
-    return RunStore(tmp_path / "runs", max_bytes=10 * 2**20)
+def store(tmp_path) -> TrainingStore:
+    return TrainingStore(tmp_path / "runs", max_bytes=10 * 2**20)
 
 
 def quick(**changes):
@@ -24,12 +24,12 @@ def quick(**changes):
 
 
 def test_the_id_is_a_function_of_every_setting():
-    assert run_id(quick()) == run_id(quick())
-    assert run_id(quick()) != run_id(quick(seed=1)) != run_id(quick(steps=21))
+    assert training_run_id(quick()) == training_run_id(quick())
+    assert training_run_id(quick()) != training_run_id(quick(seed=1)) != training_run_id(quick(steps=21))
     text = train_settings("text", text="abc " * 200, steps=5, seq_len=16)
-    assert run_id(text) == run_id(train_settings("text", text="abc " * 200, steps=5, seq_len=16))
-    assert run_id(text) != run_id(train_settings("text", text="abd " * 200, steps=5, seq_len=16))
-    assert run_id(quick()).startswith("nasi-lemak-")
+    assert training_run_id(text) == training_run_id(train_settings("text", text="abc " * 200, steps=5, seq_len=16))
+    assert training_run_id(text) != training_run_id(train_settings("text", text="abd " * 200, steps=5, seq_len=16))
+    assert training_run_id(quick()).startswith("nasi-lemak-")
 
 
 def test_create_once_and_read_back(store):
@@ -44,7 +44,7 @@ def test_create_once_and_read_back(store):
 
 def _create(root: str, barrier) -> tuple[str, bool]:
     barrier.wait()
-    return RunStore(root, 2**20).create(quick(seed=5), client=str(os.getpid()))
+    return TrainingStore(root, 2**20).create(quick(seed=5), client=str(os.getpid()))
 
 
 def test_many_processes_creating_the_same_run_make_one(store):
@@ -69,7 +69,7 @@ def test_the_lock_says_who_is_training(store):
 
 
 def _hold_lock(root: str, id: str, ready, release) -> None:
-    store = RunStore(root, 2**20)
+    store = TrainingStore(root, 2**20)
     fd = store.claim(id)
     ready.set()
     release.wait(10)
@@ -106,7 +106,7 @@ def test_whole_file_writes_leave_no_temporary_files(store, tmp_path):
 
 
 def test_eviction_deletes_finished_runs_oldest_first_and_never_queued_or_training(tmp_path):
-    store = RunStore(tmp_path / "runs", max_bytes=3_500_000)
+    store = TrainingStore(tmp_path / "runs", max_bytes=3_500_000)
     ids = []
     for seed in range(5):
         id, _ = store.create(quick(seed=seed), client="a")
@@ -128,5 +128,5 @@ def test_eviction_deletes_finished_runs_oldest_first_and_never_queued_or_trainin
 def test_an_unwritable_folder_turns_training_off_with_a_reason(tmp_path):
     blocked = tmp_path / "a-file"
     blocked.write_text("not a folder")  # even root cannot make a folder inside a file
-    store = RunStore(blocked / "runs", 2**20)
+    store = TrainingStore(blocked / "runs", 2**20)
     assert store.error and "EXPLORER_RUNS_DIR" in store.error and str(blocked) in store.error
