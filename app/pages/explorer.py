@@ -44,12 +44,6 @@ def _config_line(v: ExplorerView) -> str:
             f"scores ÷ {divisor} · seed {v.seed}")
 
 
-def _shape(dims) -> str:
-    """A shape as NumPy prints it: (4,) (4, 8)."""
-    dims = list(dims)
-    return "(" + ", ".join(map(str, dims)) + ("," if len(dims) == 1 else "") + ")"
-
-
 def _stage_figures(st: AttentionStages, v: ExplorerView, where: str, only_weights: bool = False) -> list[dict]:
     cfg = v.config
     top = figures.score_range(st.raw, st.scaled, st.masked)  # one colour range, so scaling shows
@@ -132,7 +126,7 @@ def view_context(v: ExplorerView, ablated: set[tuple[int, int]], all_stages: boo
         "writes_figure": figures.stage_heatmap(norms.writes, v.tokens, norms.writes_names,
                                                value_name="‖added‖", export_name="sublayer-output-norms"),
         "next_figure": next_figure,
-        "shapes": [{"name": r.name, "axes": r.axes, "shape": _shape(r.dims), "layer_start": r.layer_start}
+        "shapes": [{"name": r.name, "axes": r.axes, "shape": web.shape(r.dims), "layer_start": r.layer_start}
                    for r in v.shapes],
     }
 

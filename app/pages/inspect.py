@@ -140,7 +140,7 @@ def kvcache_view(svc: Service, parsed: web.Parsed, params: dict) -> dict:
     req = requests.KVStepsRequest(**fields)
     r = svc.inspect.kv_steps(req.spec(), req.n_new)
     rows = [{"pos": st.pos, "token": figures.visible(st.token), "generated": st.generated,
-             "shape": f"({', '.join(map(str, st.k_shape))})", "bytes": st.cache_bytes, "diff": st.max_abs_diff,
+             "shape": web.shape(st.k_shape), "bytes": st.cache_bytes, "diff": st.max_abs_diff,
              "top": figures.visible(st.top.token)}
             for st in r.steps]
     return {"rows": rows, "max_diff": r.max_abs_diff, "dtype": r.dtype, "generated": r.generated_text,

@@ -90,11 +90,6 @@ def cells(row, digits: int = 2, masked=None) -> list[dict]:
             for v, m in zip(row, flags)]
 
 
-def shape(array_or_dims) -> str:
-    dims = array_or_dims.shape if hasattr(array_or_dims, "shape") else tuple(array_or_dims)
-    return "(" + ", ".join(map(str, dims)) + ("," if len(dims) == 1 else "") + ")"
-
-
 def human_bytes(n: int) -> str:
     for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= size:
@@ -113,7 +108,7 @@ def view_attention(svc: Service, q: requests.AttentionQuery) -> dict:
     top = figures.score_range(scores)
     return {
         "tokens": tokens,
-        "shapes": {"Q": shape(a.Q), "K": shape(a.K), "V": shape(a.V), "output": shape(a.result.output)},
+        "shapes": {"Q": web.shape(a.Q), "K": web.shape(a.K), "V": web.shape(a.V), "output": web.shape(a.result.output)},
         "weights": [{"token": t, "cells": cells(row, masked=m), "sum": fixed(float(row.sum()), 2)}
                     for t, row, m in zip(tokens, a.result.weights, a.mask)],
         "last_token": tokens[-1], "last_scores": cells(r.scaled_scores[-1]),
@@ -195,7 +190,7 @@ def view_multihead(svc: Service, q: requests.MultiheadQuery) -> dict:
     m, mask = r.lesson, r.mask
     return {
         "tokens": m.tokens, "d_head": m.d_head, "n_heads": m.n_heads,
-        "shapes": {"Q": shape(m.Q), "weights": shape(m.result.weights), "out": shape(m.output)},
+        "shapes": {"Q": web.shape(m.Q), "weights": web.shape(m.result.weights), "out": web.shape(m.output)},
         "last_rows": [{"head": h, "cells": cells(w[-1])} for h, w in enumerate(m.result.weights)],
         "figures": [
             {"id": f"head-{h}", "title": f"Head {h}",
@@ -257,7 +252,7 @@ def view_forward(svc: Service, q: requests.ForwardQuery) -> dict:
     f, tokens, pattern, mask = r.lesson, r.tokens, r.patterns, r.mask  # pattern [head_index, query_pos, key_pos]
     probs = f.next_token_probs
     return {
-        "steps": [{"name": n, "shape": shape(s)} for n, s in f.steps],
+        "steps": [{"name": n, "shape": web.shape(s)} for n, s in f.steps],
         "probs": [{"char": figures.visible(c), "p": fixed(p, 3), "full": full(p)} for c, p in probs.items()],
         "vocab": "".join(figures.visible(c) for c in f.vocab), "n_vocab": len(f.vocab),
         "uniform": fixed(1 / len(f.vocab), 3),
@@ -284,7 +279,7 @@ def view_calculator(svc: Service, q: CalculatorQuery) -> dict:
     cfg, count, kv = r.cfg, r.count, r.kv
     series = [(f"{dtype} ({size} byte{'s' if size > 1 else ''})", r.lengths, r.kv_by_dtype[dtype])
               for dtype, size in requests.DTYPE_BYTES.items()]
-    entries = [{"name": e.name, "shape": shape(e.shape), "copies": e.copies, "counted": e.counted,
+    entries = [{"name": e.name, "shape": web.shape(e.shape), "copies": e.copies, "counted": e.counted,
                 "total": f"{e.elements:,}", "note": e.note} for e in count.entries]
     return {
         "cfg": cfg, "embeddings": f"{count.embeddings:,}", "per_block": f"{count.per_block:,}",

@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 from string import Template
 
+from app.pages import web
+
 # ------------------------------------------------------------------ helpers
 
 
@@ -26,10 +28,6 @@ def _py(text: str) -> str:
 
 def _py_list(items: list[str]) -> str:
     return "[" + ", ".join(_py(t) for t in items) + "]"
-
-
-def _shape(*dims: int) -> str:
-    return "(" + ", ".join(map(str, dims)) + ")"
 
 
 def _fill(template: str, **values: object) -> str:
@@ -174,7 +172,7 @@ def multihead(text: str, seed: int, d_model: int, n_heads: int, causal: bool, sc
     """The spec's "Multi-head attention" snippet (with a causal mask when asked)."""
     tokens = text.split()
     T, d_head = len(tokens), d_model // n_heads
-    weights_shape = _shape(n_heads, T, T)
+    weights_shape = web.shape((n_heads, T, T))
     divide = " / np.sqrt(d_head)" if scale else ""
     if causal:
         lines = [f"scores = Q @ K.transpose(0, 2, 1){divide}" + ("" if scale else "   # unscaled"),
@@ -186,7 +184,7 @@ def multihead(text: str, seed: int, d_model: int, n_heads: int, causal: bool, sc
         lines = [f"weights = softmax(Q @ K.transpose(0, 2, 1))   # {weights_shape}, unscaled"]
     prints = [f'print("head {h} weights for last token:", np.round(weights[{h}, -1], 2))' for h in range(n_heads)]
     return _fill(_MULTIHEAD, seed=seed, tokens=_py_list(tokens), T=T, d_model=d_model, n_heads=n_heads,
-                 softmax=_SOFTMAX, qkv_shape=_shape(T, d_model), head_shape=_shape(n_heads, T, d_head),
+                 softmax=_SOFTMAX, qkv_shape=web.shape((T, d_model)), head_shape=web.shape((n_heads, T, d_head)),
                  weights_lines="\n".join(lines), head_prints="\n".join(prints))
 
 
@@ -252,7 +250,7 @@ for name, cfg in $models.items():
 
 def params(models: dict[str, tuple[int, ...]]) -> str:
     """The spec's "Counting parameters" snippet. `models`: name -> (vocab, n_ctx, d, n_layers[, d_ff])."""
-    body = ", ".join(f"{_py(name)}: {_shape(*cfg)}" for name, cfg in models.items())
+    body = ", ".join(f"{_py(name)}: {web.shape(cfg)}" for name, cfg in models.items())
     return _fill(_PARAMS, models="{" + body + "}")
 
 

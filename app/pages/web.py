@@ -10,6 +10,7 @@
 - Page state: the helpers that read a query string (`last`, `parse_bool`, `parse_number`,
   `parse_ablate`) and the explorer's state (`ExplorerState`, `parse_explorer`), which the Inspect
   pages share, with `explorer_query` (the shortest URL restoring it) and `inspect_links`.
+- `shape`: an array's shape as NumPy prints it, for every page's tables and every snippet.
 
 Routers use these; they never import each other (ARCHITECTURE.md).
 """
@@ -80,6 +81,13 @@ def figure_json(fig: dict) -> Markup:
 
 templates = Jinja2Blocks(directory=str(TEMPLATES_DIR))
 templates.env.filters["figure_json"] = figure_json
+
+
+def shape(array_or_dims) -> str:
+    """A shape as NumPy prints it, (4,) (4, 8), so a page shows what `x.shape` shows and a snippet's
+    code can hold it as a tuple: an array's own, or a sequence of sizes."""
+    dims = tuple(array_or_dims.shape if hasattr(array_or_dims, "shape") else array_or_dims)
+    return "(" + ", ".join(map(str, dims)) + ("," if len(dims) == 1 else "") + ")"
 
 
 # ------------------------------------------------------------------ answering a page request
