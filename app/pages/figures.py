@@ -25,7 +25,7 @@ carries export "draw": "image", and explorer.js paints it as an image (one pixel
 of Plotly's per-cell heatmap; from FLOAT32_MIN_TOKENS its values travel as float32 (half the bytes;
 7 significant digits, where hover shows 4 decimals); a thumbnail of more than THUMB_MAX_CELLS
 tokens is max-pooled to at most that many cells a side, so a sink or a diagonal of one token still
-shows at 120 pixels.
+shows at 120 pixels. A painted matrix's masked cells travel as data, export "mask" (`_mask_data`).
 """
 
 from __future__ import annotations
@@ -118,19 +118,35 @@ def _max_pool(matrix: np.ndarray, mask: np.ndarray | None, size: int) -> tuple[n
     return pooled, full.reshape(rows, f, cols, f).all(axis=(1, 3))
 
 
+def _mask_runs(mask: np.ndarray) -> np.ndarray:
+    """[runs, 3]: (query row, first masked key, the key after the last) for each run of masked keys
+    in a row, row-major. A causal mask over T tokens is T - 1 runs, a sliding window at most 2 a row."""
+    m = np.asarray(mask, dtype=bool)
+    edges = np.diff(np.pad(m, ((0, 0), (1, 1))).astype(np.int8), axis=1)  # +1 where a run starts, -1 after it ends
+    rows, starts = np.nonzero(edges == 1)
+    _, stops = np.nonzero(edges == -1)  # row-major order, so the k-th stop closes the k-th start
+    return np.stack([rows, starts, stops], axis=1)
+
+
+def _mask_data(mask: np.ndarray) -> dict:
+    """export["mask"] of a painted matrix: which cells are masked, as `_mask_runs` (a list of
+    [row, from, to] in JSON), and the colours of their hatching, MASK_FILL's (explorer.js paints an
+    fgcolor cell every 4th diagonal on bgcolor)."""
+    return {"runs": _mask_runs(mask), "bgcolor": MASK_FILL["bgcolor"], "fgcolor": MASK_FILL["fgcolor"]}
+
+
 def _mask_overlay(mask: np.ndarray) -> dict | None:
     """One scatter trace whose filled rectangles cover the masked cells, hatched grey.
 
-    Cells are merged into one rectangle per run of masked cells in a row, so a causal mask
-    over T tokens is T - 1 rectangles, not T²/2. Each rectangle is 5 corners and a NaN break
-    (null in JSON).
+    Cells are merged into one rectangle per run of masked cells in a row (`_mask_runs`), so a
+    causal mask over T tokens is T - 1 rectangles, not T²/2. Each rectangle is 5 corners and a NaN
+    break (null in JSON). For a painted matrix explorer.js draws only its legend entry (the cells
+    are painted from export "mask").
     """
     m = np.asarray(mask, dtype=bool)
     if not m.any():
         return None
-    edges = np.diff(np.pad(m, ((0, 0), (1, 1))).astype(np.int8), axis=1)  # +1 where a run starts, -1 after it ends
-    rows, starts = np.nonzero(edges == 1)
-    _, stops = np.nonzero(edges == -1)  # row-major order, so the k-th stop closes the k-th start
+    rows, starts, stops = _mask_runs(m).T
     x0, x1, y0, y1 = starts - 0.5, stops - 0.5, rows - 0.5, rows + 0.5
     nan = np.full_like(x0, np.nan)
     xs = np.stack([x0, x1, x1, x0, x0, nan], axis=1).ravel()
@@ -233,6 +249,8 @@ def attention_heatmap(
               "cell_text": "query {i} {y} → key {j} {x}"}
     if image:
         export["draw"] = "image"
+        if overlay is not None:
+            export["mask"] = _mask_data(mask)
     if pooled:
         export["pooled"] = -(-n // THUMB_MAX_CELLS)  # tokens a side of each cell
     if small:

@@ -14,7 +14,7 @@
     const value = trace.z[i][j];
     const name = figure.export.value || "value";
     const label = document.createElement("span");
-    label.innerHTML = text;  // the labels are escaped by the server (app/figures.py): decode entities only
+    label.innerHTML = text;  // the labels are escaped by the server (app/pages/figures.py): decode entities only
     return label.textContent + ": " + name + " " + (Number.isNaN(value) ? "masked (no value)" : value.toFixed(2));
   }
 

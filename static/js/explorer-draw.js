@@ -144,7 +144,7 @@
   }
 
   // A head picked: the selected head's weights heatmap shows its pattern at once from the head's
-  // thumbnail (the same numbers, app/routers/explorer.py) while the server prepares the rest.
+  // thumbnail (the same numbers, app/pages/explorer.py) while the server prepares the rest.
   document.addEventListener("change", function (evt) {
     const input = evt.target;
     if (!input.matches || !input.matches("input[type=radio][name=head]")) return;

@@ -1,6 +1,7 @@
-// Figure data -> Plotly: a `data-figure` attribute (a figure dict of app/figures.py as JSON, its
-// matrices packed as base64 by app/web.py) read into traces, a layout and a config for Plotly.react.
-// `figureTraces` is the one place that turns figure data into Plotly traces (unpacking, hover text).
+// Figure data -> Plotly: a `data-figure` attribute (a figure dict of app/pages/figures.py as JSON,
+// its matrices packed as base64 by app/pages/web.py) read into traces, a layout and a config for
+// Plotly.react. `figureTraces` is the one place that turns figure data into Plotly traces
+// (unpacking, hover text).
 (function (X) {
   "use strict";
 
@@ -72,12 +73,9 @@
     return !!(figure && figure.export && figure.export.draw === "image");
   }
 
-  function overlayTrace(figure) {
-    return (figure.data || []).find(function (t) { return t.type === "scatter" && t.fill === "toself"; });
-  }
-
   // THE place where a figure becomes Plotly traces. An image figure's cells are not a trace
-  // (paintImage draws them): Plotly gets its colour bar and the mask's legend entry only.
+  // (paintImage draws them, masked cells from export.mask): Plotly gets its colour bar, and of
+  // its other traces (the mask's overlay) their legend entries only.
   function figureTraces(el, figure) {
     const data = figure.data || [];
     if (isImage(figure)) return imageTraces(figure);
@@ -99,10 +97,9 @@
       marker: {color: [heat.zmin], colorscale: heat.colorscale, cmin: heat.zmin, cmax: heat.zmax,
         showscale: heat.showscale !== false, colorbar: heat.colorbar},
     }];
-    const overlay = overlayTrace(figure);
-    if (overlay && overlay.showlegend) {  // the legend's "masked" swatch; the cells are in the image
-      traces.push(Object.assign({}, overlay, {x: [null], y: [null], hoverinfo: "skip"}));
-    }
+    figure.data.slice(1).forEach(function (trace) {  // the legend's "masked" swatch; the cells are in the image
+      if (trace.showlegend) traces.push(Object.assign({}, trace, {x: [null], y: [null], hoverinfo: "skip"}));
+    });
     return traces;
   }
 
@@ -120,7 +117,7 @@
       layout.font = scaledFont(layout.font, factor);
       if (layout.hoverlabel) layout.hoverlabel = Object.assign({}, layout.hoverlabel, {font: scaledFont(layout.hoverlabel.font, factor)});
       if (layout.margin) {
-        // margins were sized for the labels at the normal font (app/figures.py)
+        // margins were sized for the labels at the normal font (app/pages/figures.py)
         layout.margin = Object.fromEntries(Object.entries(layout.margin).map(function (kv) {
           return [kv[0], typeof kv[1] === "number" ? Math.round(kv[1] * factor) : kv[1]];
         }));
@@ -177,7 +174,7 @@
   }
 
   Object.assign(X, {
-    readFigure: readFigure, fillCell: fillCell, cellParts: cellParts, isImage: isImage, overlayTrace: overlayTrace,
+    readFigure: readFigure, fillCell: fillCell, cellParts: cellParts, isImage: isImage,
     figureTraces: figureTraces, figureLayout: figureLayout, figureConfig: figureConfig,
   });
 })(window.Explorer = window.Explorer || {});

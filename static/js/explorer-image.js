@@ -1,10 +1,15 @@
 // Long inputs: an attention matrix the server marks export.draw = "image" (64 tokens or more,
-// app/figures.py) is painted as an image, one pixel per cell, into a canvas that lies under
+// app/pages/figures.py) is painted as an image, one pixel per cell, into a canvas that lies under
 // Plotly's (see-through) SVG, exactly over its plot area; Plotly draws the axes and colour bar.
 (function (X) {
   "use strict";
 
   const P = window.PlotlyAdapter;
+
+  function rgb(hex) {  // "#rrggbb" -> [r, g, b]
+    const v = parseInt(hex.slice(1), 16);
+    return [(v >> 16) & 255, (v >> 8) & 255, v & 255];
+  }
 
   // 256 colours along a Plotly colorscale [[t, "#rrggbb"], ...], linear in RGB between stops as
   // Plotly's heatmap interpolates: [r, g, b] at 3k.
@@ -12,10 +17,7 @@
   function colourTable(scale) {
     const key = JSON.stringify(scale);
     if (lutCache.has(key)) return lutCache.get(key);
-    const stops = scale.map(function (s) {
-      const v = parseInt(s[1].slice(1), 16);
-      return [s[0], (v >> 16) & 255, (v >> 8) & 255, v & 255];
-    });
+    const stops = scale.map(function (s) { return [s[0]].concat(rgb(s[1])); });
     const lut = new Uint8ClampedArray(256 * 3);
     for (let k = 0, s = 0; k < 256; k++) {
       const t = k / 255;
@@ -28,26 +30,26 @@
     return lut;
   }
 
-  // Masked cells, row-major, from the overlay's rectangles (x0, x1, x1, x0, x0, break per run of
-  // masked cells in a row, app/figures.py _mask_overlay).
-  function maskedCells(figure, rows, cols) {
-    const overlay = X.overlayTrace(figure);
-    if (!overlay) return null;
+  // The masked cells, row-major, from the figure's export.mask (app/pages/figures.py): its "runs",
+  // [query row, first masked key, the key after the last] per run of masked keys in a row (a
+  // causal mask is one run a row, a sliding window at most two). null: nothing is masked.
+  function maskedCells(mask, rows, cols) {
+    if (!mask || !mask.runs) return null;
     const out = new Uint8Array(rows * cols);
-    for (let r = 0; r + 4 < overlay.x.length; r += 6) {
-      const row = Math.round(overlay.y[r] + 0.5);
-      const to = Math.min(cols, Math.round(overlay.x[r + 1] + 0.5));
-      for (let j = Math.max(0, Math.round(overlay.x[r] + 0.5)); j < to; j++) out[row * cols + j] = 1;
+    for (const run of mask.runs) {
+      const i = run[0], from = Math.max(0, run[1]), to = Math.min(cols, run[2]);
+      if (i >= 0 && i < rows && from < to) out.fill(1, i * cols + from, i * cols + to);
     }
     return out;
   }
 
-  const MASK_RGB = [[0xd9, 0xd9, 0xd9], [0x73, 0x73, 0x73]];  // app/figures.py MASK_FILL: paper, hatch
-  const THUMB_MASK_RGB = [[0xee, 0xee, 0xee], [0xee, 0xee, 0xee]];  // a thumbnail's: plain and light
+  const THUMB_MASK = "#eeeeee";  // a thumbnail's masked cells: plain and light, so the pattern shows
 
-  // The figure's matrix as a bitmap, one pixel per cell; masked cells hatched grey (a darker cell
-  // every 4th diagonal; in a thumbnail plain light grey, so the pattern is what shows). Kept per
-  // matrix, so a redraw at another zoom only copies it.
+  // The figure's matrix as a bitmap, one pixel per cell. Masked cells (and cells with no value)
+  // are hatched in the mask's colours, export.mask's bgcolor with an fgcolor cell every 4th
+  // diagonal (app/pages/figures.py MASK_FILL); in a thumbnail plain light grey. Without mask data
+  // a cell with no value is a gap, as Plotly draws it. Kept per matrix, so a redraw at another zoom
+  // only copies it.
   const bitmaps = new WeakMap();
   function matrixBitmap(figure, thumb) {
     const heat = figure.data[0];
@@ -62,18 +64,20 @@
     // one 32-bit word per pixel (RGBA bytes in memory order: little-endian ABGR), from a table
     const px = new Uint32Array(image.data.buffer);
     const rgba = function (r, g, b) { return ((255 << 24) | (b << 16) | (g << 8) | r) >>> 0; };
-    const rgb = colourTable(heat.colorscale);
+    const table = colourTable(heat.colorscale);
     const lut = new Uint32Array(256);
-    for (let k = 0; k < 256; k++) lut[k] = rgba(rgb[3 * k], rgb[3 * k + 1], rgb[3 * k + 2]);
-    const grey = (thumb ? THUMB_MASK_RGB : MASK_RGB).map(function (c) { return rgba(c[0], c[1], c[2]); });
+    for (let k = 0; k < 256; k++) lut[k] = rgba(table[3 * k], table[3 * k + 1], table[3 * k + 2]);
+    const mask = figure.export && figure.export.mask;
+    const hatch = !mask ? [0, 0] : (thumb ? [THUMB_MASK, THUMB_MASK] : [mask.bgcolor, mask.fgcolor])
+      .map(function (hex) { return rgba.apply(null, rgb(hex)); });  // [paper, hatch]; 0: see-through
     const lo = heat.zmin, scale = 255 / ((heat.zmax - heat.zmin) || 1);
-    const masked = maskedCells(figure, rows, cols);
+    const masked = maskedCells(mask, rows, cols);
     for (let i = 0, o = 0; i < rows; i++) {
       const row = z[i];
       for (let j = 0; j < cols; j++, o++) {
         const v = row[j];
         if (v !== v || (masked !== null && masked[o])) {  // NaN: no value
-          px[o] = grey[(i + j) % 4 === 0 ? 1 : 0];
+          px[o] = hatch[(i + j) % 4 === 0 ? 1 : 0];
         } else {
           const k = (v - lo) * scale;  // the nearest of 256 steps (round half up)
           px[o] = lut[k <= 0 ? 0 : k >= 255 ? 255 : (k + 0.5) | 0];

@@ -13,7 +13,7 @@
       const at = place(k);
       if (at !== null) html += '<span class="' + cls + '" data-index="' + k + '" style="' + at + '">' + labels[k] + "</span>";
     }
-    return html;  // labels are escaped by the server (app/figures.py token_label): text only
+    return html;  // labels are escaped by the server (app/pages/figures.py token_label): text only
   }
 
   function drawLabels(el, figure) {
