@@ -17,4 +17,3 @@ def _find(name: str) -> Path:
 
 TEMPLATES_DIR = _find("templates")
 STATIC_DIR = _find("static")
-VENDOR_DIR = STATIC_DIR / "vendor"  # front-end libraries copied from node_modules by make

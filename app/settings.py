@@ -58,7 +58,8 @@ class Settings(BaseSettings):
     max_queries: int = Field(100_000, ge=1, description="random queries in the scaling lesson")
     max_body_bytes: int = Field(65536, ge=1024, description="bytes of a request body (413 beyond)")
     # A page's whole state is in its URL, text included (4,096 characters percent-encode to at most
-    # 49,152 bytes). 65,535 is the most uvicorn's httptools parser takes (app/http/bodylimit.py).
+    # 49,152 bytes). 65,535 is the most uvicorn's httptools parser takes: it keeps a URL's offsets in
+    # 16 bits, and uvicorn answers a longer URL with a plain-text 400, not our 414 (app/http/bodylimit.py).
     max_url_bytes: int = Field(65535, ge=1024, le=65535, description="bytes of a URL, path and query (414 beyond)")
     # The cost of one request, checked before computing (422 saying what to reduce):
     max_work: int = Field(1_000_000_000, ge=1, description="multiply-adds and random draws of one request")

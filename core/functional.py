@@ -148,7 +148,7 @@ def row_sum(x: np.ndarray) -> np.ndarray:
     return rows.reshape(*x.shape[:-1], 1)
 
 
-def softmax_backward(dy: np.ndarray, y: np.ndarray, axis: int = -1, out: np.ndarray | None = None) -> np.ndarray:
+def softmax_backward(dy: np.ndarray, y: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """dL/dz from dL/dy, where y = softmax(z) over the last axis; written into `out` if given
     (`out=dy` is allowed).  # [..., n], [..., n] -> [..., n]
 

@@ -251,10 +251,6 @@ class _Recorder:
         return value
 
 
-def _no_hook(name: str, value: np.ndarray) -> np.ndarray:
-    return value
-
-
 def _empty(hook, name: str, shape: tuple[int, ...], dtype) -> np.ndarray:
     """Memory for the activation `name` (the recorder's, when the hook is one)."""
     alloc = getattr(hook, "empty", None)

@@ -91,7 +91,7 @@ def lesson_forward(q: Annotated[requests.ForwardQuery, Query()], svc: ServiceDep
 
 @router.get("/params", response_model=responses.ParamsResponse, responses=_ERRORS,
             summary="Count a model's parameters, array by array")
-def params(q: Annotated[requests.ParamsQuery, Query()], svc: ServiceDep) -> FastJSONResponse:
+def params(q: Annotated[requests.ParamsQuery, Query()]) -> FastJSONResponse:
     """A preset, or explicit sizes (which replace the preset's; the default preset is `toy`).
     `breakdown` names every array, whether it is counted, and why."""
     return respond(responses.ParamsResponse, calculators.params(q.preset, q.sizes()))
@@ -99,7 +99,7 @@ def params(q: Annotated[requests.ParamsQuery, Query()], svc: ServiceDep) -> Fast
 
 @router.get("/kv-cache", response_model=responses.KVCacheResponse, responses=_ERRORS,
             summary="Memory of a KV cache: keys and values of every layer for every cached token")
-def kv_cache(q: Annotated[requests.KVCacheQuery, Query()], svc: ServiceDep) -> FastJSONResponse:
+def kv_cache(q: Annotated[requests.KVCacheQuery, Query()]) -> FastJSONResponse:
     """A preset or sizes, a sequence length (default: the model's context), a batch and an element type
     give the bytes, with the formula and each of its terms."""
     return respond(responses.KVCacheResponse, calculators.kv_cache(q.preset, q.sizes(), q.seq_len, q.batch, q.dtype))

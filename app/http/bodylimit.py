@@ -27,9 +27,6 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _UvicornH
 from app.http.jsonio import dumps
 from app.settings import get_settings
 
-# The request-target length httptools can parse: its URL parser keeps offsets in 16 bits, and
-# uvicorn answers a longer URL with a plain-text 400. settings.max_url_bytes may not exceed it.
-HTTPTOOLS_MAX_URL_BYTES = 65535
 # The protocol class for uvicorn's `http` option (an import string, so worker processes load it too).
 HTTP_PROTOCOL = "app.http.bodylimit:HttpToolsProtocol"
 # How much of a refused body is read and dropped so the client can read the 413 (see above); a

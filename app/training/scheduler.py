@@ -38,17 +38,6 @@ class TrainingManager:
         self.children: dict[str, subprocess.Popen] = {}
         self._lock = threading.Lock()
 
-    def tick(self) -> list[str]:
-        """Start queued runs while there is room; returns the ids started."""
-        started = []
-        for id, fd in self.claim():
-            try:
-                self.spawn(id, fd)
-            finally:
-                os.close(fd)  # the trainer holds the lock now
-            started.append(id)
-        return started
-
     def claim(self) -> list[tuple[str, int]]:
         """Take the locks of the queued runs there is room for: [(id, the lock's fd)]. Reading the folder
         is slow-ish: this runs in a worker thread, the spawning in the event loop's thread (below)."""
