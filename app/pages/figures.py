@@ -80,6 +80,12 @@ def token_label(token: str) -> str:
     return escape(visible(token))
 
 
+def _colorbar(title: str, **extra) -> dict:
+    """A heatmap's colour bar: its title (escaped: it may name user text) along the right side, and one
+    thickness on every figure."""
+    return {"title": {"text": escape(title), "side": "right"}, "thickness": 14, **extra}
+
+
 def _base_layout(**extra) -> dict:
     layout = {
         "font": FONT,
@@ -227,7 +233,7 @@ def attention_heatmap(
         trace.update(showscale=False, hoverinfo="skip")
     else:
         trace["hovertemplate"] = f"%{{text}}<br>{escape(value_name)} = %{{z:.4f}}<extra></extra>"
-        trace["colorbar"] = {"title": {"text": escape(value_name), "side": "right"}, "thickness": 14, "len": 0.9}
+        trace["colorbar"] = _colorbar(value_name, len=0.9)
     data = [trace]
     overlay = _mask_overlay(mask) if mask is not None else None
     if overlay is not None:
@@ -287,7 +293,7 @@ def stage_heatmap(
     trace = {
         "type": "heatmap", "z": _finite_or_none(v), "colorscale": WEIGHTS_COLORSCALE, "zmin": 0.0,
         "hovertemplate": f"%{{text}}<br>{escape(value_name)} = %{{z:.4f}}<extra></extra>",
-        "colorbar": {"title": {"text": escape(value_name), "side": "right"}, "thickness": 14},
+        "colorbar": _colorbar(value_name),
     }
     layout = _base_layout(
         xaxis={"tickmode": "array", "tickvals": list(range(len(stages))), "ticktext": stage_labels,
@@ -395,7 +401,7 @@ def value_heatmap(
         "zmid": 0, "hoverongaps": False,
         "hovertemplate": f"{escape(y_title)} %{{y}}, {escape(x_title)} %{{x}}<br>{escape(value_name)} = "
                          f"%{{z:.4f}}<extra></extra>",
-        "colorbar": {"title": {"text": escape(value_name), "side": "right"}, "thickness": 14, "len": 0.9},
+        "colorbar": _colorbar(value_name, len=0.9),
     }
     layout = _base_layout(
         xaxis={"title": {"text": escape(x_title)}, "showgrid": False, "zeroline": False},
@@ -489,7 +495,7 @@ def lens_heatmap(probs: np.ndarray, cell_tokens: Sequence[Sequence[str]], hover:
         "text": [[token_label(t) for t in row] for row in cell_tokens], "texttemplate": "%{text}",
         "textfont": {"size": 11}, "customdata": [list(row) for row in hover],
         "hovertemplate": "%{y} · position %{x}<br>%{customdata}<extra></extra>",
-        "colorbar": {"title": {"text": "top token's p", "side": "right"}, "thickness": 14},
+        "colorbar": _colorbar("top token's p"),
     }
     layout = _base_layout(
         xaxis={**_token_axis("position (token read so far)", labels, small=False), "automargin": True},
@@ -510,7 +516,7 @@ def head_heatmap(scores: np.ndarray, *, value_name: str, export_name: str) -> di
         "type": "heatmap", "z": _finite_or_none(s), "colorscale": WEIGHTS_COLORSCALE, "zmin": 0.0, "zmax": 1.0,
         "texttemplate": "%{z:.2f}", "textfont": {"size": 11}, "hoverongaps": False, "xgap": 1, "ygap": 1,
         "hovertemplate": f"layer %{{y}} head %{{x}}<br>{escape(value_name)} = %{{z:.3f}}<extra></extra>",
-        "colorbar": {"title": {"text": escape(value_name), "side": "right"}, "thickness": 14},
+        "colorbar": _colorbar(value_name),
     }
     layout = _base_layout(
         xaxis={"title": {"text": "head"}, "tickmode": "array", "tickvals": list(range(n_heads)), "showgrid": False},
@@ -537,7 +543,7 @@ def head_step_heatmap(scores: Sequence, steps: Sequence[int], *, value_name: str
         "colorscale": WEIGHTS_COLORSCALE, "zmin": 0.0, "zmax": 1.0, "hoverongaps": False, "ygap": 1,
         "customdata": [[r] * n_steps for r in rows],
         "hovertemplate": f"%{{customdata}} at step %{{x}}<br>{escape(value_name)} = %{{z:.3f}}<extra></extra>",
-        "colorbar": {"title": {"text": escape(value_name), "side": "right"}, "thickness": 14},
+        "colorbar": _colorbar(value_name),
     }
     layout = _base_layout(
         xaxis={"title": {"text": "step"}, "showgrid": False, "zeroline": False},
