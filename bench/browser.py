@@ -33,7 +33,7 @@ BYTES_BUDGET = 600 * 1024
 FIRST_BUDGET_MS = 100.0  # edit -> first heatmap, debounce included
 ALL_BUDGET_MS = 200.0  # edit -> every figure
 SWITCH_BUDGET_MS = 50.0  # head or layer -> its heatmap
-# Long inputs (issue 18): at 1,024 tokens
+# Long inputs: at 1,024 tokens, the most the explorer page draws (settings.explorer_max_tokens)
 LONG_TOKENS = 1024
 LONG_FIRST_BUDGET_MS = 500.0  # edit -> first heatmap
 LONG_LOAD_BUDGET_MS = 2000.0  # first load -> the page drawn

@@ -52,7 +52,7 @@ def main(argv: list[str]) -> int:
         (f"run, {n + 1} tokens", "POST", run, {"model": "toy", "text": text(n + 1)}, {}),
         (f"run, body over {lim['max_body_bytes']:,} bytes", "POST", run,
          {"model": "toy", "text": text(lim["max_body_bytes"])}, {}),
-        # the explorer page (issue 18: up to explorer_max_tokens, 1,024): 128 tokens is the peer
+        # the explorer page (up to explorer_max_tokens, 1,024): 128 tokens is the peer
         ("explorer page update (htmx), 128 tokens", "GET", "/", {"model": "toy", "text": text(128)},
          {"HX-Request": "true"}),
         (f"explorer page update (htmx), {lim['explorer_max_tokens']} tokens", "GET", "/",

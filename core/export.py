@@ -1,6 +1,6 @@
 """A trained model as a Hugging Face GPT-2 folder: config.json, model.safetensors, tokenizer.json.
 
-The format core/checkpoints.py loads and `transformers` opens as it is
+The format core/checkpoints/ loads and `transformers` opens as it is
 (GPT2LMHeadModel.from_pretrained(folder); AutoTokenizer too, through tokenizer_config.json).
 GPT-2 has fewer switches than core's model, so a few settings are written as GPT-2 spells them:
 
@@ -36,7 +36,7 @@ UNK = "[UNK]"
 
 
 def check_exportable(cfg: TransformerConfig) -> None:
-    """Raise ValueError naming the setting GPT-2's format cannot express."""
+    """Raise an InputError naming the setting GPT-2's format cannot express."""
     problems = []
     if cfg.positional_embedding_type != "learned":
         problems.append(f"{cfg.positional_embedding_type} positions (GPT-2 has a learned table)")

@@ -16,7 +16,7 @@ Each recipe is a seeded data generator with a model and the settings that work f
               (pydoc_data.topics, in every CPython, no download), or a text of your own.
 
 Settings are one flat, frozen dataclass (TrainSettings) whose names are the API's; `settings(recipe,
-**changes)` fills in the recipe's defaults and refuses a bad combination with a ValueError that says
+**changes)` fills in the recipe's defaults and refuses a bad combination with an InputError that says
 what to change. `make_recipe(settings)` builds the recipe: its tokenizer vocabulary, model config,
 initial weights, training batches, held-out batches and probe.
 """
@@ -106,7 +106,9 @@ class TrainSettings:
 
 # Each recipe's working defaults (changes on top of TrainSettings' own).
 DEFAULTS: dict[str, dict] = {
-    # The issue's PyTorch measurement: 2-layer 4-head d_model 64 attention-only, batch 32, AdamW 3e-3.
+    # A setting in which PyTorch training was measured to form an induction head, so the two trainers are
+    # compared on it (bench/training.py): 2-layer 4-head d_model 64 attention-only, batch 32, AdamW at a
+    # constant 3e-3.
     "induction": dict(steps=1000, batch_size=32, seq_len=32, n_layers=2, n_heads=4, d_model=64, attn_only=True,
                       lr=3e-3, min_lr=3e-3, warmup=0, eval_interval=50),
     # The spec's forward-pass model: its shape is fixed (see NasiLemak.FIXED).

@@ -448,7 +448,7 @@ def component_bars(
                        "value": value_name}}
 
 
-# ------------------------------------------------------------------ looking inside (issue 6)
+# ------------------------------------------------------------------ looking inside (the Inspect views)
 
 POSITIVE_COLOR, NEGATIVE_COLOR, TOTAL_COLOR = "#b35806", "#542788", "#1f2933"  # PuOr's ends, and ink
 

@@ -5,7 +5,6 @@ state from its query string (app/pages/web.py, the explorer's own parser: same m
 ablated heads), adds the view's own parameters, validates them with the API's request model
 (app/api/requests.py, same limits) and calls the service, exactly as the JSON API does. Errors and
 views that do not apply to this model are said in place of the figures (app/pages/web.py `render`).
-(Named inspect_views so as not to shadow the standard library's `inspect`.)
 """
 
 from __future__ import annotations

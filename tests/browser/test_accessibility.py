@@ -145,7 +145,7 @@ def test_the_explorer_from_the_keyboard_alone(tab, live_server):
     assert readout.get_attribute("aria-live") == "polite"
     text = readout.text_content()
     weights = tab.evaluate("() => document.querySelector('#stage-weights [data-figure]').data[0].z[1][1]")
-    # the cell, then where its query looks most (issue 18)
+    # the cell, then where its query looks most (in a long text, the cell a reader would hunt for)
     assert re.fullmatch(r"query 1 h → key 1 h: weight \d\.\d\d · this row's largest weight: key \d+ \S+ \(\d\.\d\d\)",
                         text), text
     assert text.split(" · ")[0].endswith(f"{weights:.2f}")

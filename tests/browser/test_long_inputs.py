@@ -1,4 +1,4 @@
-"""Long texts in the explorer (issue 18), in a real browser against a real server: 128 and 1,024 tokens.
+"""Long texts in the explorer, in a real browser against a real server: 128 and 1,024 tokens.
 
 From IMAGE_MIN_TOKENS on, an attention matrix is painted by explorer.js into a canvas under Plotly's
 axes. These tests read what the page holds and what it painted, and check them against the JSON

@@ -1,4 +1,4 @@
-"""Long inputs in the figures (issue 18): image matrices, float32 from FLOAT32_MIN_TOKENS, pooled
+"""Long inputs in the figures: image matrices, float32 from FLOAT32_MIN_TOKENS, pooled
 thumbnails, and what the explorer page sends at 1,024 tokens."""
 
 from __future__ import annotations
