@@ -126,8 +126,11 @@ def char_tokenizer(vocab: tuple[str, ...], lowercase: bool = False):
     return tok
 
 
-def save_gpt2_folder(folder: str | Path, params: Params, cfg: TransformerConfig, recipe, settings) -> Path:
-    """Write the folder (replacing one already there, never leaving half of one)."""
+def save_gpt2_folder(folder: str | Path, params: Params, cfg: TransformerConfig, recipe, settings,
+                     blas: dict | None = None) -> Path:
+    """Write the folder (replacing one already there, never leaving half of one). config.json's
+    `transformer_explorer` section (the card) records the recipe, its settings, NumPy's and Python's
+    versions and, when given, the BLAS the training ran on (core.train.blas_in_use)."""
     from safetensors.numpy import save_file
 
     folder = Path(folder)
@@ -137,6 +140,8 @@ def save_gpt2_folder(folder: str | Path, params: Params, cfg: TransformerConfig,
         from .recipes import text_hash
 
         metadata["corpus_sha256"] = text_hash(recipe.text)
+    if blas:
+        metadata["blas"] = blas
     config = gpt2_config(cfg, metadata)
     tokenizer = char_tokenizer(recipe.vocab, recipe.lowercase)
     tok_config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.n_ctx,

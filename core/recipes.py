@@ -64,7 +64,8 @@ NASI_LEMAK_PROMPT, NASI_LEMAK_TARGET = "nasi ", "l"
 
 @dataclass(frozen=True)
 class TrainSettings:
-    """Everything that decides a run: same settings, same numbers, bit for bit (with 1 BLAS thread)."""
+    """Everything that decides a run: same settings, same numbers, bit for bit with the same NumPy, BLAS
+    kernel and one BLAS thread; on another CPU, the same within bounds (core/train.py says which)."""
 
     recipe: str
     steps: int  # optimiser steps

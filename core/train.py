@@ -13,9 +13,22 @@ From code (the app runs this in a worker process, beside its request workers):
     run = Training.resume(Snapshot.load("run.npz"))     # continues bit for bit
     run.export("models/mine")                           # a Hugging Face GPT-2 folder
 
-Same settings, same numbers, bit for bit: every random draw comes from the seed (core/recipes.py), the
-optimiser is deterministic, and with one BLAS thread every matrix product adds in the same order. (With
-more threads a BLAS may split sums differently, so the last bits can change between thread counts.)
+What reproduces where (README, "Training"):
+
+  bit for bit   same settings, same NumPy (and so the same BLAS build), the same BLAS kernel and one
+                BLAS thread: every random draw comes from the seed (core/recipes.py), the optimiser is
+                deterministic, and every matrix product adds in the same order. Another kernel (OpenBLAS
+                picks one per CPU: Haswell, SkylakeX, ...; `OPENBLAS_CORETYPE` forces one), another
+                BLAS or another thread count may add in another order and change the last bits.
+  within bounds on any CPU: the last bits differ and stay that small (nasi-lemak: weights within 6e-7
+                of each other on every OpenBLAS kernel measured) unless a rounding difference puts a
+                pre-activation that is within rounding of 0 on the other side of a ReLU's kink; the run
+                then goes on from a nearby but different place (nasi-lemak: weights up to 0.044 apart,
+                p('l' | "nasi ") within 8e-5, head scores within 0.002, the same predicted letters;
+                tests/core/nasi_lemak_reproduction.py). A long run drifts further (README, "Training").
+
+An exported folder's config.json records the BLAS its training ran on (`blas`: library, version, kernel,
+threads) beside NumPy's and Python's versions, so a run can be repeated bit for bit.
 """
 
 from __future__ import annotations
@@ -165,6 +178,21 @@ def reuse_freed_memory() -> None:
     mallopt(M_TRIM_THRESHOLD, 256 << 20)
 
 
+def blas_in_use() -> dict | None:
+    """The BLAS NumPy's matrix products run on, as threadpoolctl sees it now: library, version, kernel
+    (OpenBLAS's architecture, e.g. "Haswell") and threads; None if it sees none. With NumPy's and
+    Python's versions, what decides a run's last bits."""
+    from threadpoolctl import threadpool_info
+
+    blas = [i for i in threadpool_info() if i.get("user_api") == "blas"]
+    blas.sort(key=lambda i: "numpy" not in i.get("filepath", ""))  # NumPy's own first (SciPy may load another)
+    if not blas:
+        return None
+    i = blas[0]
+    return {"library": i.get("internal_api"), "version": i.get("version"), "kernel": i.get("architecture"),
+            "threads": i.get("num_threads")}
+
+
 class Training:
     """One run: a recipe's model, its AdamW state and data stream, advanced one step at a time."""
 
@@ -179,6 +207,7 @@ class Training:
         self.grad_norm: float | None = None
         self._pending: list[float] = []  # training losses since the last record
         self._elapsed = 0.0
+        self.blas: dict | None = None  # the BLAS the last records() trained on (blas_in_use), for export
         self._prev_keys = [previous_token_keys(p) for p in self.recipe.probe]
         self._induction_keys = [induction_keys(p) for p in self.recipe.probe]
 
@@ -212,6 +241,8 @@ class Training:
         there (take a snapshot to continue it later). `progress(step, loss)` is told after every step
         (a live page shows it between records)."""
         s = self.settings
+        if self.step < s.steps:
+            self.blas = blas_in_use()
         if self.step == 0:
             yield self.evaluate()
         while self.step < s.steps:
@@ -307,10 +338,11 @@ class Training:
         return run
 
     def export(self, folder: str | Path) -> Path:
-        """The model as a Hugging Face GPT-2 folder (config.json, model.safetensors, tokenizer.json)."""
+        """The model as a Hugging Face GPT-2 folder (config.json, model.safetensors, tokenizer.json);
+        config.json's card records the BLAS this process trained on (none if it took no step)."""
         from .export import save_gpt2_folder
 
-        return save_gpt2_folder(folder, self.params, self.cfg, self.recipe, self.settings)
+        return save_gpt2_folder(folder, self.params, self.cfg, self.recipe, self.settings, blas=self.blas)
 
 
 def _token_losses(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
@@ -337,7 +369,7 @@ def _line(name: str, r: Record, target_name: str | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m core.train", description=(
         "Train a recipe's model in NumPy and print one line per evaluation. "
-        "Same settings and thread count, same weights, bit for bit."))
+        "Same settings, NumPy, BLAS kernel and thread count: the same weights, bit for bit."))
     parser.add_argument("recipe", choices=list(DEFAULTS))
     for name, kind in (("steps", int), ("seed", int), ("batch_size", int), ("seq_len", int), ("n_layers", int),
                        ("n_heads", int), ("d_model", int), ("d_mlp", int), ("lr", float), ("min_lr", float),
@@ -353,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--snapshot", type=Path, help="save a snapshot here at the end (or on Ctrl-C)")
     parser.add_argument("--resume", type=Path, help="continue from this snapshot (its settings are used)")
     parser.add_argument("--threads", type=int, default=1,
-                        help="BLAS threads (default 1: reproducible bit for bit, and the fastest at these sizes)")
+                        help="BLAS threads (default 1: reproducible bit for bit with the same BLAS kernel, and "
+                             "the fastest at these sizes)")
     parser.add_argument("--quiet", action="store_true", help="print only the last record")
     args = parser.parse_args(argv)
 

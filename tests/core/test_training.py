@@ -1,5 +1,7 @@
-"""The training loop: reproducible bit for bit, resumable exactly, stoppable, its records plain data,
-its settings checked, its schedule and clipping as stated, its checkpoints loadable."""
+"""The training loop: reproducible bit for bit on one machine (same BLAS kernel and thread count),
+resumable exactly, stoppable, its records plain data, its settings checked, its schedule and clipping
+as stated, its checkpoints loadable and their cards saying what they were trained on. (Across CPUs a
+retrain is the same only within bounds: tests/core/nasi_lemak_reproduction.py.)"""
 
 from __future__ import annotations
 
@@ -19,8 +21,8 @@ from core.train import Record, Snapshot, Training
 
 @pytest.fixture(autouse=True)
 def one_blas_thread():
-    """Training's default (and what makes it reproducible bit for bit): at these sizes two BLAS threads
-    are slower, several times so on a loaded machine."""
+    """Training's default (and, with the same BLAS kernel, what makes it reproducible bit for bit): at
+    these sizes two BLAS threads are slower, several times so on a loaded machine."""
     with threadpool_limits(1, user_api="blas"):
         yield
 
@@ -175,6 +177,25 @@ def test_nasi_lemak_starts_from_the_spec_model():
 
 
 # ------------------------------------------------------------------ export
+
+def test_the_card_records_the_blas_the_run_trained_on(tmp_path):
+    """config.json's card: NumPy's BLAS, its kernel and the thread count of the steps (one, here), which
+    with NumPy's version decide the last bits; none for a run that took no step."""
+    from threadpoolctl import threadpool_info
+
+    run = Training(small(steps=2, eval_interval=2))
+    run.run()
+    card = json.loads((run.export(tmp_path / "model") / "config.json").read_text())["transformer_explorer"]
+    numpy_blas = [i for i in threadpool_info() if i["user_api"] == "blas" and "numpy" in i["filepath"]]
+    if not numpy_blas:  # a BLAS threadpoolctl cannot see (macOS's Accelerate): nothing to record
+        pytest.skip("threadpoolctl sees no BLAS of NumPy's here")
+    blas = numpy_blas[0]
+    assert card["blas"] == {"library": blas["internal_api"], "version": blas["version"],
+                            "kernel": blas.get("architecture"), "threads": 1}
+    assert card["numpy"] == np.__version__
+    untrained = Training(small(steps=2, eval_interval=2)).export(tmp_path / "untrained")
+    assert "blas" not in json.loads((untrained / "config.json").read_text())["transformer_explorer"]
+
 
 def test_exported_folder_loads_in_core_with_the_same_logits(tmp_path):
     run = Training(small(attn_only=True, steps=4, eval_interval=4))
