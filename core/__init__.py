@@ -8,7 +8,7 @@ Usable on its own from a notebook:
     cache.attention_stages(layer=0, head=1).weights
 """
 
-from . import analysis, lessons
+from . import analysis, circuits, lessons, patching
 from .attention import (AttentionResult, causal_mask, merge_heads, multi_head_attention, reference_attention,
                         scaled_dot_product_attention, split_heads)
 from .cache import ActivationCache, run_with_cache
@@ -30,4 +30,6 @@ __all__ = [
     "POSITION_SCHEMES", "apply_rotary", "sinusoidal", "CharTokenizer", "word_tokens",
     # other families (Llama, Qwen, Mistral, GPT-NeoX, GPT-Neo): their functions, and a forward pass's cost
     "rms_norm", "silu", "rotary", "hook_dims", "forward_work", "largest_array",
+    # why a head attends and what it causes: activation patching, QK and OV circuits, composition
+    "circuits", "patching",
 ]
