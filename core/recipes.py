@@ -28,6 +28,7 @@ import hashlib
 import math
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any, get_type_hints
 
 import numpy as np
 
@@ -62,30 +63,54 @@ NASI_LEMAK_PHRASES = ("ali makan nasi lemak", "makan nasi lemak", "nasi lemak")
 NASI_LEMAK_PROMPT, NASI_LEMAK_TARGET = "nasi ", "l"
 
 
+def setting(default: Any = dataclasses.MISSING, *, help: str | None = None, label: str | None = None,
+            hint: str | None = None, ge: float | None = None, gt: float | None = None, le: float | None = None,
+            choices: tuple[str, ...] = (), api: bool = True, cli: bool = True) -> Any:
+    """A TrainSettings field with what the faces need to offer it, so that each setting is declared once,
+    here: `help`, its description (the API's, `python -m core.train --help`'s); `label` (and `hint`), the
+    training page's control, if it has one; `ge`/`gt`/`le`, the bounds a request may ask within (the
+    API's, the form's; `check` refuses what cannot run); `api=False`: not the API's (the command line's
+    only); `cli=False`: not an option of the command line. app/api/requests.py (TrainRequest),
+    app/pages/train.py (the form) and `core.train.main` (its options) derive from them."""
+    bounds = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le)) if v is not None}
+    return dataclasses.field(default=default, metadata={"help": help, "label": label, "hint": hint, "bounds": bounds,
+                                                        "choices": choices, "api": api, "cli": cli})
+
+
 @dataclass(frozen=True)
 class TrainSettings:
     """Everything that decides a run: same settings, same numbers, bit for bit with the same NumPy, BLAS
-    kernel and one BLAS thread; on another CPU, the same within bounds (core/train.py says which)."""
+    kernel and one BLAS thread; on another CPU, the same within bounds (core/train.py says which).
+
+    Every field but the recipe is a `setting`: the API, the training page and the command line offer
+    them in this order."""
 
     recipe: str
-    steps: int  # optimiser steps
-    seed: int = 0  # initial weights, data order, held-out data and probe all derive from it
-    batch_size: int = 32  # sequences per step
-    seq_len: int = 32  # tokens per sequence (the model's context, n_ctx)
-    n_layers: int = 2
-    n_heads: int = 4
-    d_model: int = 64
-    d_mlp: int | None = None  # None: 4 * d_model
-    attn_only: bool = False  # blocks without an MLP
-    lr: float = 3e-3  # peak learning rate
-    min_lr: float | None = None  # the cosine decay's floor; None: lr / 10
-    warmup: int = 0  # steps of linear warm-up
-    weight_decay: float = 0.01  # AdamW's decoupled decay, on matrices only
-    grad_clip: float = 1.0  # clip the gradient's global norm to this (0: no clipping)
-    eval_interval: int = 50  # steps between records
-    snapshot_interval: int | None = None  # steps between attention-pattern snapshots; None: 5 records
-    text: str | None = None  # the text recipe's corpus; None: Python's documentation
-    dtype: str = "float32"
+    steps: int = setting(help="optimiser steps", label="Steps", ge=1, le=MAX_STEPS)
+    # initial weights, data order, held-out data and probe all derive from the seed
+    seed: int = setting(0, help="weights, data order and probe derive from it", label="Seed", ge=0, le=2**32 - 1)
+    n_layers: int = setting(2, label="Layers", ge=1, le=MAX_LAYERS)
+    n_heads: int = setting(4, help="must divide d_model", label="Heads", ge=1, le=MAX_HEADS)
+    d_model: int = setting(64, label="Width d_model", ge=1, le=MAX_D_MODEL)
+    d_mlp: int | None = setting(None, help="default 4 × d_model", ge=1, le=4 * MAX_D_MODEL)
+    attn_only: bool = setting(False, help="blocks without an MLP (the induction recipe's default)",
+                              label="Attention only", hint="(no MLP: the classic setting for induction heads)")
+    lr: float = setting(3e-3, help="peak learning rate (AdamW)", label="Learning rate", gt=0, le=1)
+    min_lr: float | None = setting(None, help="the cosine decay's floor", api=False)  # None: lr / 10
+    batch_size: int = setting(32, help="sequences per step", label="Batch", ge=1, le=MAX_BATCH)
+    # tokens per sequence: the model's context, n_ctx
+    seq_len: int = setting(32, help="tokens per sequence (the context)", label="Context (tokens)", ge=2,
+                           le=MAX_SEQ_LEN)
+    warmup: int = setting(0, help="steps of linear warm-up", ge=0, le=MAX_STEPS)
+    weight_decay: float = setting(0.01, ge=0, le=1)  # AdamW's decoupled decay, on matrices only
+    # clip the gradient's global norm to this
+    grad_clip: float = setting(1.0, help="0: no clipping", ge=0, le=1000)
+    eval_interval: int = setting(50, help="steps between records", ge=1, le=MAX_STEPS)
+    # None: every 5 records
+    snapshot_interval: int | None = setting(None, help="steps between attention-pattern snapshots", api=False)
+    # the text recipe's corpus; None: Python's documentation (the command line reads it from --text-file)
+    text: str | None = setting(None, help="the text recipe's corpus; null: Python's documentation", cli=False)
+    dtype: str = setting("float32", choices=DTYPES, api=False)
 
     def replace(self, **changes) -> TrainSettings:
         return dataclasses.replace(self, **changes)
@@ -103,6 +128,19 @@ class TrainSettings:
     @property
     def snapshot_every(self) -> int:
         return self.snapshot_interval or 5 * self.eval_interval
+
+
+def setting_fields(*, api: bool | None = None, cli: bool | None = None) -> list[dataclasses.Field]:
+    """TrainSettings' settings (every field but the recipe), in order; only the API's (or the command
+    line's) with api=True (cli=True)."""
+    return [f for f in dataclasses.fields(TrainSettings) if f.metadata
+            and (api is None or f.metadata["api"] == api) and (cli is None or f.metadata["cli"] == cli)]
+
+
+def setting_type(f: dataclasses.Field) -> type:
+    """A setting's type, without its None: int for `int | None`."""
+    hint = get_type_hints(TrainSettings)[f.name]
+    return next((t for t in getattr(hint, "__args__", (hint,)) if t is not type(None)), hint)
 
 
 # Each recipe's working defaults (changes on top of TrainSettings' own).

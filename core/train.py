@@ -50,7 +50,8 @@ from . import backprop
 from .analysis import detector_score, induction_keys, previous_token_keys
 from .optim import AdamW, ParamVector, clip_grad_norm, learning_rate
 from .errors import InputError
-from .recipes import DEFAULTS, UNK, Induction, TrainSettings, make_recipe, settings
+from .recipes import (DEFAULTS, UNK, Induction, TrainSettings, make_recipe, setting_fields, setting_type,
+                      settings)
 
 SAMPLE_TOKENS = 96  # longest sample (and never past the model's context)
 
@@ -371,14 +372,17 @@ def main(argv: list[str] | None = None) -> int:
         "Train a recipe's model in NumPy and print one line per evaluation. "
         "Same settings, NumPy, BLAS kernel and thread count: the same weights, bit for bit."))
     parser.add_argument("recipe", choices=list(DEFAULTS))
-    for name, kind in (("steps", int), ("seed", int), ("batch_size", int), ("seq_len", int), ("n_layers", int),
-                       ("n_heads", int), ("d_model", int), ("d_mlp", int), ("lr", float), ("min_lr", float),
-                       ("warmup", int), ("weight_decay", float), ("grad_clip", float), ("eval_interval", int),
-                       ("snapshot_interval", int)):
-        parser.add_argument("--" + name.replace("_", "-"), type=kind, dest=name, help="(default: the recipe's)")
-    parser.add_argument("--attn-only", action=argparse.BooleanOptionalAction, default=None,
-                        help="blocks without an MLP (default: the recipe's)")
-    parser.add_argument("--dtype", choices=["float32", "float64"])
+    options = setting_fields(cli=True)  # TrainSettings' own: --steps, --seq-len, --attn-only/--no-attn-only ...
+    for f in options:
+        kind, meta = setting_type(f), f.metadata
+        about = {"help": f"{meta['help'] + ' ' if meta['help'] else ''}(default: the recipe's)", "dest": f.name}
+        if kind is bool:
+            about |= {"action": argparse.BooleanOptionalAction, "default": None}
+        elif meta["choices"]:
+            about |= {"choices": list(meta["choices"])}
+        else:
+            about |= {"type": kind}
+        parser.add_argument("--" + f.name.replace("_", "-"), **about)
     parser.add_argument("--text-file", type=Path, help="text recipe: train on this UTF-8 file instead of Python's docs")
     parser.add_argument("--control", action="store_true", help="induction: also train the 1-layer control")
     parser.add_argument("--out", type=Path, help="save the trained model here as a Hugging Face GPT-2 folder")
@@ -392,9 +396,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from threadpoolctl import threadpool_limits
 
-    changes = {k: getattr(args, k) for k in ("steps", "seed", "batch_size", "seq_len", "n_layers", "n_heads",
-                                             "d_model", "d_mlp", "lr", "min_lr", "warmup", "weight_decay",
-                                             "grad_clip", "eval_interval", "snapshot_interval", "attn_only", "dtype")}
+    changes = {f.name: getattr(args, f.name) for f in options}
     if args.text_file:
         changes["text"] = args.text_file.read_text(encoding="utf-8")
     try:
