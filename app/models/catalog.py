@@ -23,17 +23,15 @@ from core.checkpoints import CheckpointError, read_spec
 from core.model import Params
 from core.tokenizers import AsciiTokenizer, CharTokenizer, Encoding, Tokenizer
 
-from app.models import pretrained
+from app.models import knobs, pretrained
 from app.training.store import TrainingStore
 from app.settings import Settings, runs_folder
 
-# The run request's toggles, by kind: attention toggles change how a model computes, size
-# toggles (and seed) change which weights it has.
-ATTENTION_TOGGLES = ("causal", "scale", "temperature", "positional_embedding_type")
-SIZE_TOGGLES = ("n_heads", "n_layers", "d_model", "seed")
-# Trained weights are what they are: only the attention toggles apply, and an encoder has no
-# causal toggle (it was trained to see both ways).
-DECODER_TOGGLES = tuple(t for t in ATTENTION_TOGGLES if t != "positional_embedding_type")
+# The run's toggles (app/models/knobs.py): a toy takes every one. Trained weights are what they are:
+# only the knobs that change how they attend apply (not their shape, seed or position scheme), and an
+# encoder has no causal toggle (it was trained to see both ways).
+ALL_TOGGLES = knobs.names()
+DECODER_TOGGLES = knobs.names(k for k in knobs.KNOBS if k.trained_weights)
 ENCODER_TOGGLES = tuple(t for t in DECODER_TOGGLES if t != "causal")
 
 # How many drawn toy models stay in memory; each is at most settings.max_params floats.
@@ -49,7 +47,7 @@ class Model:
     tokenizer: Tokenizer | None
     # (cfg with the requested sizes, seed, the encoded text) -> weights
     load_params: Callable[[TransformerConfig, int, Encoding], Params] | None
-    toggles: tuple[str, ...] = ATTENTION_TOGGLES + SIZE_TOGGLES
+    toggles: tuple[str, ...] = ALL_TOGGLES
     default_seed: int = 0
     default_text: str = ""
     is_encoder: bool = False  # bidirectional, no next-token prediction
@@ -168,7 +166,7 @@ def built_in_models(toy_cache: ParamsCache) -> dict[str, Model]:
                          "two heads, d_model 16, ReLU, no biases, scale-free layer norm, random weights "
                          "drawn the spec's way. \"nasi \" gives the spec's next-character probabilities."),
             cfg=spec.cfg, tokenizer=SpecCharTokenizer("".join(spec.vocab)), load_params=_spec_forward_params,
-            toggles=ATTENTION_TOGGLES + ("n_heads", "d_model", "seed"),
+            toggles=tuple(t for t in ALL_TOGGLES if t != "n_layers"),  # the spec's model is one block
             default_seed=42, default_text=spec.prompt, make_cfg=_spec_forward_cfg,
         ),
         "toy": Model(

@@ -11,12 +11,16 @@ resolved. No JSON, no HTML: the faces (app/api/, app/pages/) format.
 Bad input raises core's InputError with a message a learner can act on (app/http/errors.py: 422);
 anything else that escapes is a bug (500). ARCHITECTURE.md follows one request through here.
 
+The run's knobs (the toggles a request may set) are declared once, in app/models/knobs.py, and
+re-exported here as `knobs` for the faces.
+
 May import: `core`, `app.models` (the catalogue), `app.training` (the training store) and
 `app.settings`. Never the faces or the HTTP plumbing.
 """
 
 from __future__ import annotations
 
+from app.models import knobs
 from app.models.catalog import Catalog, Model
 from app.service import calculators
 from app.service.errors import NotFound, Unavailable
@@ -31,7 +35,7 @@ from app.training.store import FINISHED, STATUSES, TrainingRunInfo
 from core import InputError
 
 __all__ = ["FINISHED", "STATUSES", "AblatedHead", "InputError", "Method", "Model", "NotFound", "RunSpec", "Service",
-           "TrainingRunInfo", "Unavailable", "calculators"]
+           "TrainingRunInfo", "Unavailable", "calculators", "knobs"]
 
 
 class Service:

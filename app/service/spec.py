@@ -12,7 +12,8 @@ from typing import Literal
 
 import numpy as np
 
-from app.models.catalog import ATTENTION_TOGGLES, SIZE_TOGGLES, Model
+from app.models import knobs
+from app.models.catalog import Model
 from core import InputError, TransformerConfig
 from core.model import Params
 from core.tokenizers import Encoding
@@ -30,31 +31,26 @@ class AblatedHead:
     method: Method = "zero"
 
 
-@dataclass(frozen=True)
-class RunSpec:
-    """A model, a text and the toggles: what every model view runs. None keeps the model's default.
-
-    Built once from a request (app/api/requests.py `ModelRequest.spec()`) or from a page's URL."""
-
-    model: str
-    text: str
-    causal: bool | None = None
-    scale: bool | None = None
-    temperature: float | None = None
-    positional_embedding_type: str | None = None
-    n_heads: int | None = None
-    n_layers: int | None = None
-    d_model: int | None = None
-    seed: int | None = None
-    ablate: tuple[AblatedHead, ...] = ()
-
+class _RunSpecMethods:
     def replace(self, **changes) -> RunSpec:
         return dataclasses.replace(self, **changes)
 
     def toggles(self) -> dict[str, object]:
         """The toggles this spec sets (not left to the model), by name."""
-        return {name: getattr(self, name) for name in ATTENTION_TOGGLES + SIZE_TOGGLES
-                if getattr(self, name) is not None}
+        return {k.name: getattr(self, k.name) for k in knobs.KNOBS if getattr(self, k.name) is not None}
+
+
+# Its fields: the model, the text, one per knob (app/models/knobs.py, in its order) and the ablated heads.
+RunSpec = dataclasses.make_dataclass(
+    "RunSpec",
+    [("model", str), ("text", str),
+     *[(k.name, k.type | None, dataclasses.field(default=None)) for k in knobs.KNOBS],
+     ("ablate", tuple[AblatedHead, ...], dataclasses.field(default=()))],
+    bases=(_RunSpecMethods,), frozen=True)
+RunSpec.__module__ = __name__
+RunSpec.__doc__ = """A model, a text and the toggles: what every model view runs. None keeps the model's default.
+
+Built once from a request (app/api/requests.py `ModelRequest.spec()`) or from a page's URL."""
 
 
 @dataclass(frozen=True)
@@ -114,14 +110,13 @@ def check_toggles(model: Model, given: dict[str, object]) -> None:
 
 
 def configure(model: Model, spec: RunSpec, n_tokens: int) -> TransformerConfig:
-    """The model's config with the spec's toggles applied."""
-    check_toggles(model, {name: getattr(spec, name) for name in ATTENTION_TOGGLES + SIZE_TOGGLES})
-    sizes = {k: getattr(spec, k) for k in ("n_heads", "n_layers", "d_model") if getattr(spec, k) is not None}
-    cfg = model.configure(sizes, n_tokens)
-    attention = {"attention_dir": None if spec.causal is None else ("causal" if spec.causal else "bidirectional"),
-                 "use_attn_scale": spec.scale, "attn_temperature": spec.temperature,
-                 "positional_embedding_type": spec.positional_embedding_type}
-    attention = {k: v for k, v in attention.items() if v is not None}
+    """The model's config with the spec's toggles applied: the sizes through the model's own rule
+    (Model.configure), then the attention knobs onto their config fields."""
+    given = spec.toggles()
+    check_toggles(model, given)
+    chosen = [(k, given[k.name]) for k in knobs.KNOBS if k.name in given]
+    cfg = model.configure({k.config: v for k, v in chosen if k.reshapes}, n_tokens)
+    attention = {k.config: k.to_config(v) for k, v in chosen if k.group == "attention"}
     return cfg.replace(**attention) if attention else cfg
 
 
