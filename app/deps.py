@@ -18,9 +18,18 @@ from fastapi import Depends, Request
 
 from app.models.catalog import Catalog, build_catalog
 from app.service import Service
-from app.settings import Settings, get_settings
+from app.settings import Settings, get_settings, put_in_effect
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+
+async def apply_settings(settings: SettingsDep) -> None:
+    """Every route's first dependency (app/main.py): the settings this request is served with become the
+    ones its request models validate against (app/settings.py `settings_in_effect`). FastAPI solves the
+    dependencies before it validates the query and the body, and awaits this one in the request's own
+    context (an `async def`: a plain `def` would run in a worker thread, whose context is a copy), so
+    the limits a request is refused by are the injected settings', overrides included."""
+    put_in_effect(settings)
 
 
 def get_catalog(request: Request) -> Catalog:

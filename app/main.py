@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from starlette.middleware.errors import ServerErrorMiddleware
 from threadpoolctl import threadpool_limits
 
 from app import __version__
+from app.deps import apply_settings
 from app.http import errors
 from app.http.bodylimit import BodySizeLimitMiddleware, UrlLengthLimitMiddleware
 from app.models.catalog import build_catalog
@@ -21,7 +23,7 @@ from app.api import routes, docs, health
 from app.pages import explorer, inspect, lessons, train
 from app.http.security import ComputeLimitMiddleware, SecurityHeadersMiddleware
 from app.training.scheduler import TrainingManager
-from app.settings import Settings, get_settings
+from app.settings import Settings, get_settings, in_effect
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -55,9 +57,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         docs_url=None,  # served by our own offline page (no CDN)
         redoc_url=None,
         lifespan=lifespan,
+        dependencies=[Depends(apply_settings)],  # request models validate against the injected settings
     )
     if settings is not None:
         app.dependency_overrides[get_settings] = lambda: settings
+    app.openapi = _openapi_for_injected_settings(app, s)
     app.include_router(health.router)
     app.include_router(routes.router)
     app.include_router(docs.router)
@@ -88,6 +92,36 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.add_middleware(AccessLogMiddleware)
     app.mount("/static", CachedStaticFiles(directory=STATIC_DIR), name="static")
     return app
+
+
+def _openapi_for_injected_settings(app: FastAPI, s: Settings) -> Callable[[], dict[str, Any]]:
+    """app.openapi, written with the limits of the settings the routes are given (the `get_settings`
+    dependency, overrides included): the request models read them from the settings in effect
+    (app/api/requests.py), as they do when they validate a request. Kept until those settings change.
+    The body limit a 413 states is the middleware's, these app settings' `s`."""
+    write = app.openapi  # FastAPI's own: builds the schema once and keeps it in app.openapi_schema
+    written: dict[str, Any] = {}
+
+    def openapi() -> dict[str, Any]:
+        settings = app.dependency_overrides.get(get_settings, get_settings)()
+        if "schema" not in written or written["settings"] != settings:
+            app.openapi_schema = None
+            with in_effect(settings):
+                schema = write()
+            for operation in (op for ops in schema.get("paths", {}).values() for op in ops.values()):
+                for param in operation.get("parameters", ()):
+                    # A description that states a setting is written into the field's schema when the schema
+                    # is (requests.stating); FastAPI copies a query field's fixed description to its
+                    # parameter, and so do we.
+                    if "description" in param.get("schema", {}) and "description" not in param:
+                        param["description"] = param["schema"]["description"]
+                if "413" in operation.get("responses", {}):  # "The body is over {max_body_bytes:,} bytes"
+                    said = operation["responses"]["413"]
+                    said["description"] = said["description"].format(max_body_bytes=s.max_body_bytes)
+            written.update(schema=schema, settings=settings)
+        return written["schema"]
+
+    return openapi
 
 
 app = create_app()

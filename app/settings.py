@@ -1,8 +1,18 @@
-"""All run-time settings in one place, read from the environment (prefix EXPLORER_)."""
+"""All run-time settings in one place, read from the environment (prefix EXPLORER_).
+
+A route is given its settings by the `get_settings` dependency (app/deps.py; an app made with
+create_app(settings), or `app.dependency_overrides[get_settings]`, gives others). The request models'
+limits (app/api/requests.py) read `settings_in_effect()`: the settings of the request being validated
+(app/deps.py `apply_settings`, every route's first dependency) or of the OpenAPI being written
+(app/main.py), else the environment's.
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import lru_cache
 from pathlib import Path
 
@@ -44,8 +54,8 @@ class Settings(BaseSettings):
     max_concurrent_compute: int = Field(8, ge=1, le=256, description="compute requests in flight per worker")
     retry_after_s: int = Field(1, ge=1, le=3600, description="Retry-After seconds on a 503 when busy")
 
-    # Request limits. The request models (app/api/requests.py) import them, so each is stated once and
-    # shows in the OpenAPI.
+    # Request limits. The request models (app/api/requests.py) state them, read from the settings in effect
+    # when a request is validated and when the OpenAPI is written, so each is stated once, refused and shown alike.
     # Sizes a learner can choose when running a model or a lesson:
     max_tokens: int = Field(1024, ge=1, description="tokens in one text (words for the lessons)")
     max_text_chars: int = Field(4096, ge=1, description="characters in one text")
@@ -111,3 +121,26 @@ def runs_folder(settings: Settings) -> Path:
 @lru_cache
 def get_settings() -> Settings:
     return Settings()
+
+
+_IN_EFFECT: ContextVar[Settings | None] = ContextVar("explorer_settings_in_effect", default=None)
+
+
+def settings_in_effect() -> Settings:
+    """The settings the current request is served with (or the OpenAPI written for), else the environment's."""
+    return _IN_EFFECT.get() or get_settings()
+
+
+def put_in_effect(settings: Settings) -> None:
+    """Make these the settings in effect for the rest of this request (its context: app/deps.py)."""
+    _IN_EFFECT.set(settings)
+
+
+@contextmanager
+def in_effect(settings: Settings) -> Iterator[None]:
+    """These settings in effect within the block (writing the OpenAPI; a test)."""
+    token = _IN_EFFECT.set(settings)
+    try:
+        yield
+    finally:
+        _IN_EFFECT.reset(token)

@@ -1,30 +1,116 @@
 """Request models of the REST API v1 (also what validates a page's state), with their limits and examples.
 
 Every limit comes from app/settings.py and every default from the core function it feeds
-(core.lessons' signatures), so each is written once. Request models forbid unknown fields; a
-model request becomes the service's typed RunSpec with `.spec()`.
+(core.lessons' signatures), so each is written once. The run's toggles are the knobs declared in
+app/models/knobs.py (ModelRequest, CompareSide and HooksQuery take their fields from them), the
+training settings are core/recipes.py's TrainSettings fields (TrainRequest's). Request models forbid
+unknown fields; a model request becomes the service's typed RunSpec with `.spec()`.
 
-The limits shown in the schema are the environment's at import (the OpenAPI states them); the
-service checks every limit again at request time with the injected settings (app/deps.py).
+A limit that is a setting (`Limit("le", "max_heads")`, `TextUpTo("max_text_chars")`, a description
+that states one: `stating("at most {max_tokens:,} tokens")`) is read from the settings in effect
+(app/settings.py `settings_in_effect`): the injected settings of the request being validated
+(create_app(settings), a dependency override: app/deps.py `apply_settings`), or those the OpenAPI is
+written for (app/main.py). What a server refuses and what its OpenAPI states are the same number.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
-from pydantic_core import PydanticCustomError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator
+from pydantic_core import PydanticCustomError, PydanticKnownError, core_schema
 
 from core import DTYPE_BYTES, POSITION_SCHEMES, PRESETS, TransformerConfig, lessons, recipes
 from core.config import NORMALIZATION_TYPES
 
-from app.service import AblatedHead, RunSpec
-from app.settings import get_settings
+from app.service import AblatedHead, RunSpec, knobs
+from app.settings import Settings, settings_in_effect
 
-S = get_settings()
-MAX_SEED = 2**32 - 1  # NumPy's RandomState, which the spec's np.random.seed uses, takes seeds below 2³²
+MAX_SEED = knobs.MAX_SEED
+
+
+# ------------------------------------------------------------------ limits that are settings
+
+def setting(of: str | Callable[[Settings], int]) -> int:
+    """A setting's value in effect now (`of`: its name, or a function of the settings)."""
+    s = settings_in_effect()
+    return getattr(s, of) if isinstance(of, str) else of(s)
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A bound that is a setting, read from the settings in effect when a value is validated and when
+    the JSON schema is written: `le`/`ge` bound a number, `max_length` a text or a list. On `X | None`
+    it bounds the value as pydantic's own max_length does there ("Value should have at most ...")."""
+
+    kind: Literal["le", "ge", "max_length"]
+    of: str | Callable[[Settings], int]
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> core_schema.CoreSchema:
+        schema = handler(source)
+        kind, of, on = self.kind, self.of, schema["type"]
+        if kind == "max_length" and on == "list":  # counted before the items are validated, as pydantic does
+
+            def count_first(value: Any, validate: Callable) -> Any:
+                if isinstance(value, (list, tuple)) and len(value) > (bound := setting(of)):
+                    raise PydanticKnownError("too_long", {"field_type": "List", "max_length": bound,
+                                                          "actual_length": len(value)})
+                return validate(value)
+
+            return core_schema.no_info_wrap_validator_function(count_first, schema)
+
+        def check(value: Any) -> Any:
+            if value is None:
+                return value
+            bound = setting(of)
+            if kind == "le" and value > bound:
+                raise PydanticKnownError("less_than_equal", {"le": bound})
+            if kind == "ge" and value < bound:
+                raise PydanticKnownError("greater_than_equal", {"ge": bound})
+            if kind == "max_length" and len(value) > bound:
+                if on == "str":
+                    raise PydanticKnownError("string_too_long", {"max_length": bound})
+                raise PydanticKnownError("too_long", {"field_type": "Value", "max_length": bound,
+                                                      "actual_length": len(value)})
+            return value
+
+        return core_schema.no_info_after_validator_function(check, schema)
+
+    def __get_pydantic_json_schema__(self, schema: Any, handler: Any) -> dict:
+        js = handler(schema)
+        target = next((b for b in js.get("anyOf", ()) if b.get("type") != "null"), js)
+        key = {"le": "maximum", "ge": "minimum"}.get(self.kind) or (
+            "maxLength" if target.get("type") == "string" else "maxItems")
+        target[key] = setting(self.of)
+        return js
+
+
+def upper_bound(model: type[BaseModel], name: str) -> int | float | None:
+    """A request field's greatest value in effect (its `le`: fixed, or a setting's), as its schema states it."""
+    for m in model.model_fields[name].metadata:
+        if isinstance(m, Limit) and m.kind == "le":
+            return setting(m.of)
+        if getattr(m, "le", None) is not None:
+            return m.le
+    return None
+
+
+def stating(template: str) -> Callable[[dict], None]:
+    """A description that states settings ("at most {max_tokens:,} tokens"), written with those in effect
+    (a field's `json_schema_extra`)."""
+    def describe(schema: dict) -> None:
+        schema["description"] = template.format_map(vars(settings_in_effect()))
+    return describe
+
+
+def IntUpTo(limit: str | Callable[[Settings], int], low: int = 1) -> Any:
+    """An integer from `low` to a setting."""
+    return Annotated[int, Field(ge=low), Limit("le", limit)]
 
 
 def default(fn, name: str) -> Any:
@@ -41,8 +127,9 @@ def _non_blank(text: str) -> str:
     return text
 
 
-def Text(default_: Any, max_length: int, description: str, **kw) -> Any:
-    return Field(default_, min_length=1, max_length=max_length, description=description, **kw)
+def TextUpTo(limit: str | Callable[[Settings], int]) -> Any:
+    """A text that is not blank, of at most a setting's characters."""
+    return Annotated[str, Field(min_length=1), Limit("max_length", limit), AfterValidator(_non_blank)]
 
 
 NonBlank = Annotated[str, AfterValidator(_non_blank)]
@@ -59,8 +146,8 @@ class Request(BaseModel):
 
 def _int_list(value: str, name: str, low: int, high: int) -> tuple[int, ...]:
     items = tuple(int(x) for x in value.split(","))
-    if len(items) > S.max_dims:
-        raise PydanticCustomError("too_long", f"{{n}} {name} given, more than the limit of {S.max_dims}",
+    if len(items) > (most := setting("max_dims")):
+        raise PydanticCustomError("too_long", f"{{n}} {name} given, more than the limit of {most}",
                                   {"n": len(items)})
     bad = [x for x in items if not low <= x <= high]
     if bad:
@@ -71,32 +158,34 @@ def _int_list(value: str, name: str, low: int, high: int) -> tuple[int, ...]:
 
 # ------------------------------------------------------------------ lesson queries
 
-LESSON_TEXT = f"words split on spaces, at most {S.max_tokens:,} words and {S.max_text_chars:,} characters"
+LESSON_TEXT = stating("words split on spaces, at most {max_tokens:,} words and {max_text_chars:,} characters")
 
 
 class AttentionQuery(Request):
-    text: NonBlank = Text(lessons.DEFAULT_TEXT, S.max_text_chars, LESSON_TEXT, examples=["the cat sat down"])
+    text: TextUpTo("max_text_chars") = Field(lessons.DEFAULT_TEXT, json_schema_extra=LESSON_TEXT,
+                                             examples=["the cat sat down"])
     seed: Seed = default(lessons.attention, "seed")
-    d_model: int = Field(default(lessons.attention, "d_model"), ge=1, le=S.max_d_model,
-                         description="width of each token's embedding")
-    d_k: int = Field(default(lessons.attention, "d_k"), ge=1, le=S.max_d_model,
-                     description="width of queries, keys and values")
+    d_model: IntUpTo("max_d_model") = Field(default(lessons.attention, "d_model"),
+                                            description="width of each token's embedding")
+    d_k: IntUpTo("max_d_model") = Field(default(lessons.attention, "d_k"),
+                                        description="width of queries, keys and values")
     causal: bool = Field(default(lessons.attention, "causal"), description="forbid attending to later tokens")
     scale: bool = Field(default(lessons.attention, "scale"), description="divide the scores by √d_k")
 
 
 class ScalingQuery(Request):
     dims: str = Field(",".join(map(str, default(lessons.scaling, "dims"))), pattern=r"^\d{1,9}(,\d{1,9})*$",
-                      description=f"comma-separated widths d, at most {S.max_dims}, each 1 … {S.calc_max_width:,}",
+                      json_schema_extra=stating("comma-separated widths d, at most {max_dims}, each 1 … "
+                                                "{calc_max_width:,}"),
                       examples=["4,64,512"])
-    n_queries: int = Field(default(lessons.scaling, "n_queries"), ge=1, le=S.max_queries)
-    n_keys: int = Field(default(lessons.scaling, "n_keys"), ge=1, le=S.max_tokens)
+    n_queries: IntUpTo("max_queries") = default(lessons.scaling, "n_queries")
+    n_keys: IntUpTo("max_tokens") = default(lessons.scaling, "n_keys")
     seed: Seed = default(lessons.scaling, "seed")
 
     @field_validator("dims")
     @classmethod
     def _dims(cls, v: str) -> str:
-        _int_list(v, "dims", 1, S.calc_max_width)
+        _int_list(v, "dims", 1, setting("calc_max_width"))
         return v
 
     @property
@@ -105,28 +194,29 @@ class ScalingQuery(Request):
 
 
 class MultiheadQuery(Request):
-    text: NonBlank = Text(lessons.DEFAULT_TEXT, S.max_text_chars, LESSON_TEXT)
+    text: TextUpTo("max_text_chars") = Field(lessons.DEFAULT_TEXT, json_schema_extra=LESSON_TEXT)
     seed: Seed = default(lessons.multihead, "seed")
-    d_model: int = Field(default(lessons.multihead, "d_model"), ge=1, le=S.max_d_model,
-                         description="width; must be a multiple of n_heads")
-    n_heads: int = Field(default(lessons.multihead, "n_heads"), ge=1, le=S.max_heads)
+    d_model: IntUpTo("max_d_model") = Field(default(lessons.multihead, "d_model"),
+                                            description="width; must be a multiple of n_heads")
+    n_heads: IntUpTo("max_heads") = default(lessons.multihead, "n_heads")
     causal: bool = Field(default(lessons.multihead, "causal"), description="forbid attending to later tokens")
     scale: bool = Field(default(lessons.multihead, "scale"), description="divide the scores by √d_head")
 
 
 class PositionsQuery(Request):
-    n_pos: int = Field(default(lessons.positions, "n_pos"), ge=1, le=S.max_tokens, description="positions")
-    d: int = Field(default(lessons.positions, "d"), ge=2, le=S.max_d_model, description="width (even)")
+    n_pos: IntUpTo("max_tokens") = Field(default(lessons.positions, "n_pos"), description="positions")
+    d: IntUpTo("max_d_model", low=2) = Field(default(lessons.positions, "d"), description="width (even)")
     pairs: str | None = Field(None, pattern=r"^\d{1,7}:\d{1,7}(,\d{1,7}:\d{1,7})*$",
-                              description=(f"comma-separated i:j position pairs whose dot products to show, at "
-                                           f"most {S.max_dims}; default: the spec's pairs that fit in n_pos"),
+                              json_schema_extra=stating("comma-separated i:j position pairs whose dot products to "
+                                                        "show, at most {max_dims}; default: the spec's pairs that "
+                                                        "fit in n_pos"),
                               examples=["10:10,10:11,30:35"])
 
     @field_validator("pairs")
     @classmethod
     def _pairs(cls, v: str | None) -> str | None:
-        if v is not None and len(v.split(",")) > S.max_dims:
-            raise PydanticCustomError("too_long", f"more than {S.max_dims} pairs given")
+        if v is not None and len(v.split(",")) > (most := setting("max_dims")):
+            raise PydanticCustomError("too_long", f"more than {most} pairs given")
         return v
 
     @property
@@ -137,14 +227,15 @@ class PositionsQuery(Request):
 
 
 class ForwardQuery(Request):
-    text: NonBlank = Text(default(lessons.forward, "text"), S.max_text_chars,
-                          "corpus whose sorted distinct characters are the vocabulary")
-    prompt: NonBlank = Text(default(lessons.forward, "prompt"), S.max_tokens,
-                            f"characters to run (one token each, at most {S.max_tokens:,}), all from the text")
+    text: TextUpTo("max_text_chars") = Field(default(lessons.forward, "text"),
+                                             description="corpus whose sorted distinct characters are the vocabulary")
+    prompt: TextUpTo("max_tokens") = Field(
+        default(lessons.forward, "prompt"),
+        json_schema_extra=stating("characters to run (one token each, at most {max_tokens:,}), all from the text"))
     seed: Seed = default(lessons.forward, "seed")
-    d_model: int = Field(default(lessons.forward, "d_model"), ge=1, le=S.max_d_model)
-    n_heads: int = Field(default(lessons.forward, "n_heads"), ge=1, le=S.max_heads)
-    d_mlp: int = Field(default(lessons.forward, "d_mlp"), ge=1, le=S.max_d_mlp)
+    d_model: IntUpTo("max_d_model") = default(lessons.forward, "d_model")
+    n_heads: IntUpTo("max_heads") = default(lessons.forward, "n_heads")
+    d_mlp: IntUpTo("max_d_mlp") = default(lessons.forward, "d_mlp")
 
 
 # ------------------------------------------------------------------ calculator queries
@@ -159,11 +250,11 @@ class SizesQuery(Request):
     """The sizes the spec's closed formula takes, replacing a preset's. Fields left null keep the preset's."""
 
     preset: PresetName | None = Field(None, description=PRESET_DESCRIPTION)
-    d_vocab: int | None = Field(None, ge=1, le=S.calc_max_vocab)
-    n_ctx: int | None = Field(None, ge=1, le=S.calc_max_ctx)
-    d_model: int | None = Field(None, ge=1, le=S.calc_max_width)
-    n_layers: int | None = Field(None, ge=1, le=S.calc_max_layers)
-    d_mlp: int | None = Field(None, ge=1, le=S.calc_max_width, description="default 4 × d_model")
+    d_vocab: IntUpTo("calc_max_vocab") | None = None
+    n_ctx: IntUpTo("calc_max_ctx") | None = None
+    d_model: IntUpTo("calc_max_width") | None = None
+    n_layers: IntUpTo("calc_max_layers") | None = None
+    d_mlp: IntUpTo("calc_max_width") | None = Field(None, description="default 4 × d_model")
     tied_embeddings: bool | None = Field(None, description="the unembedding reuses the token table (GPT-2)")
 
     def sizes(self) -> dict[str, object]:
@@ -174,14 +265,14 @@ class SizesQuery(Request):
 class ParamsQuery(SizesQuery):
     """The shape of a model: a preset, with any of these replacing its own. Fields left null keep the preset's."""
 
-    n_heads: int | None = Field(None, ge=1, le=S.calc_max_width,
-                                description="query heads; must divide d_model unless d_head is given")
-    n_key_value_heads: int | None = Field(
-        None, ge=1, le=S.calc_max_width,
+    n_heads: IntUpTo("calc_max_width") | None = Field(
+        None, description="query heads; must divide d_model unless d_head is given")
+    n_key_value_heads: IntUpTo("calc_max_width") | None = Field(
+        None,
         description="key/value heads, each shared by n_heads / n_key_value_heads query heads (grouped-query "
                     "attention; 1: multi-query); must divide n_heads. Default: one per query head, or the preset's")
-    d_head: int | None = Field(None, ge=1, le=S.calc_max_width,
-                               description="width of each head (default d_model / n_heads; Qwen3's is wider)")
+    d_head: IntUpTo("calc_max_width") | None = Field(
+        None, description="width of each head (default d_model / n_heads; Qwen3's is wider)")
     gated_mlp: bool | None = Field(None, description="a gated (SwiGLU) MLP: a third matrix W_gate beside W_in, W_out")
     normalization_type: NormalizationType | None = Field(
         None, description="LN: layer norm, gain and bias; RMS: RMS norm, gain only (Llama); LNPre, RMSPre: no "
@@ -197,16 +288,16 @@ class KVCacheQuery(Request):
     """A model's KV cache: the preset's shape, with these replacing its own, at a sequence length, batch and dtype."""
 
     preset: PresetName | None = Field(None, description=PRESET_DESCRIPTION)
-    n_layers: int | None = Field(None, ge=1, le=S.calc_max_layers)
-    d_model: int | None = Field(None, ge=1, le=S.calc_max_width)
-    n_heads: int | None = Field(None, ge=1, le=S.calc_max_width, description="must divide d_model")
-    n_key_value_heads: int | None = Field(
-        None, ge=1, le=S.calc_max_width,
+    n_layers: IntUpTo("calc_max_layers") | None = None
+    d_model: IntUpTo("calc_max_width") | None = None
+    n_heads: IntUpTo("calc_max_width") | None = Field(None, description="must divide d_model")
+    n_key_value_heads: IntUpTo("calc_max_width") | None = Field(
+        None,
         description="heads whose keys and values are cached (grouped-query attention shares each among "
                     "n_heads / n_key_value_heads query heads); must divide n_heads")
-    d_head: int | None = Field(None, ge=1, le=S.calc_max_width, description="default d_model / n_heads")
-    seq_len: int | None = Field(None, ge=1, le=S.calc_max_ctx, description="cached tokens (default: n_ctx)")
-    batch: int = Field(1, ge=1, le=S.calc_max_batch)
+    d_head: IntUpTo("calc_max_width") | None = Field(None, description="default d_model / n_heads")
+    seq_len: IntUpTo("calc_max_ctx") | None = Field(None, description="cached tokens (default: n_ctx)")
+    batch: IntUpTo("calc_max_batch") = 1
     dtype: DType = Field("float32", description="element type of the cache")
 
     sizes = SizesQuery.sizes
@@ -217,10 +308,26 @@ class KVCacheQuery(Request):
 SHAPE_FIELDS = frozenset(TransformerConfig.__dataclass_fields__)
 
 
-class HooksQuery(Request):
-    model: str = Field("toy", max_length=200, description="a name from GET /api/v1/models")
-    n_layers: int | None = Field(None, ge=1, le=S.max_layers)
-    positional_embedding_type: PositionScheme | None = None
+def knob_field(knob: knobs.Knob, describe: bool = True) -> tuple[Any, Any]:
+    """A knob (app/models/knobs.py) as a request field: null (the model's own value), or a value within
+    its bounds and its limit (a setting), described by its help text."""
+    kind = Literal[knob.choices] if knob.choices else knob.type  # type: ignore[valid-type]
+    bounds: dict[str, Any] = {}
+    if knob.low is not None:
+        bounds["gt" if knob.low_exclusive else "ge"] = knob.low
+    if knob.high is not None:
+        bounds["le"] = knob.high
+    if knob.type is float:
+        bounds["allow_inf_nan"] = False
+    meta = ([Field(**bounds)] if bounds else []) + ([Limit("le", knob.limit)] if knob.limit else [])
+    annotated = Annotated[(kind, *meta)] if meta else kind
+    return annotated | None, Field(None, description=knob.help if describe else None)
+
+
+HooksQuery = create_model(
+    "HooksQuery", __base__=Request, __module__=__name__,
+    model=(str, Field("toy", max_length=200, description="a name from GET /api/v1/models")),
+    **{k.name: knob_field(k) for k in map(knobs.by_name, ("n_layers", "positional_embedding_type"))})
 
 
 # ------------------------------------------------------------------ run
@@ -228,55 +335,49 @@ class HooksQuery(Request):
 # A layer or head index must be below the model's own n_layers and n_heads (the service checks it
 # per model). A pretrained model's depth is its checkpoint's (Qwen3-0.6B: 28 layers; TinyLlama: 32
 # heads), beyond the toys' max_layers and max_heads, so the schema bounds them as the calculators do.
-LAYER_INDEX = {"ge": 0, "le": S.calc_max_layers - 1}
-HEAD_INDEX = {"ge": 0, "le": S.calc_max_width - 1}
+LayerIndex = IntUpTo(lambda s: s.calc_max_layers - 1, low=0)
+HeadIndex = IntUpTo(lambda s: s.calc_max_width - 1, low=0)
 
 
 class HeadAblation(Request):
-    layer: int = Field(**LAYER_INDEX, description="the head's layer, counted from 0, below the model's n_layers")
-    head: int = Field(**HEAD_INDEX, description="the query head within its layer, counted from 0, below n_heads")
+    layer: LayerIndex = Field(description="the head's layer, counted from 0, below the model's n_layers")
+    head: HeadIndex = Field(description="the query head within its layer, counted from 0, below n_heads")
     method: Literal["zero", "mean"] = Field(
         "zero", description="zero: the head writes nothing; mean: it writes its mean output over the text's "
                             "positions (what it says whatever the token)")
 
 
-COST = (f"The cost of a request is checked before anything is computed: at most {S.max_work:,} multiply-adds "
-        f"(random draws included) on a toy, whose weights are drawn for the request; at most "
-        f"{S.max_pretrained_work:,} on a pretrained model, whose weights are loaded once (one 128-token pass of a "
-        f"0.5B-parameter model is about 6.4 × 10¹⁰); and no array of more than {S.max_elements:,} numbers (a toy's "
-        f"drawn weights included, a pretrained model's loaded ones not). Beyond a limit: 422 saying what to reduce.")
+COST = ("The cost of a request is checked before anything is computed: at most {max_work:,} multiply-adds "
+        "(random draws included) on a toy, whose weights are drawn for the request; at most "
+        "{max_pretrained_work:,} on a pretrained model, whose weights are loaded once (one 128-token pass of a "
+        "0.5B-parameter model is about 6.4 × 10¹⁰); and no array of more than {max_elements:,} numbers (a toy's "
+        "drawn weights included, a pretrained model's loaded ones not). Beyond a limit: 422 saying what to reduce.")
 
 
-class ModelRequest(Request):
-    """A model, a text and the toggles: what every model endpoint (run and the analyses) reads."""
-
-    model: str = Field("toy", max_length=200, description="a name from GET /api/v1/models. " + COST)
-    text: NonBlank = Text(..., S.max_text_chars,
-                          f"the input; at most {S.max_text_chars:,} characters and {S.max_tokens:,} tokens")
-    causal: bool | None = Field(None, description="null: the model's default")
-    scale: bool | None = Field(None, description="divide scores by √d_head; null: the model's default")
-    temperature: float | None = Field(None, gt=0, le=100, allow_inf_nan=False,
-                                      description="attention softmax temperature (scores ÷ it)")
-    positional_embedding_type: PositionScheme | None = None
-    n_heads: int | None = Field(None, ge=1, le=S.max_heads, description="must divide d_model")
-    n_layers: int | None = Field(None, ge=1, le=S.max_layers)
-    d_model: int | None = Field(None, ge=1, le=S.max_d_model)
-    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="weights' seed; null: the model's default")
-
+class _ModelRequest(Request):
     def spec(self) -> RunSpec:
         """What to run, as the service's typed specification."""
         ablate = tuple(AblatedHead(a.layer, a.head, a.method) for a in getattr(self, "ablate", ()))
-        return RunSpec(model=self.model, text=self.text, causal=self.causal, scale=self.scale,
-                               temperature=self.temperature, positional_embedding_type=self.positional_embedding_type,
-                               n_heads=self.n_heads, n_layers=self.n_layers, d_model=self.d_model, seed=self.seed,
-                               ablate=ablate)
+        return RunSpec(model=self.model, text=self.text, ablate=ablate,
+                       **{name: getattr(self, name) for name in knobs.names()})
+
+
+# A model, a text and the toggles (one field per knob: app/models/knobs.py).
+ModelRequest = create_model(
+    "ModelRequest", __base__=_ModelRequest, __module__=__name__,
+    __doc__="A model, a text and the toggles: what every model endpoint (run and the analyses) reads.",
+    model=(str, Field("toy", max_length=200, json_schema_extra=stating("a name from GET /api/v1/models. " + COST))),
+    text=(TextUpTo("max_text_chars"),
+          Field(json_schema_extra=stating("the input; at most {max_text_chars:,} characters and {max_tokens:,} "
+                                          "tokens"))),
+    **{k.name: knob_field(k) for k in knobs.KNOBS})
 
 
 class AblatingRequest(ModelRequest):
-    ablate: list[HeadAblation] = Field(
-        default_factory=list, max_length=S.max_ablations,
-        description=(f"heads whose output is replaced before W_O (at most {S.max_ablations}, each head once); "
-                     "every later activation and the prediction change, earlier ones do not"))
+    ablate: Annotated[list[HeadAblation], Limit("max_length", "max_ablations")] = Field(
+        default_factory=list,
+        json_schema_extra=stating("heads whose output is replaced before W_O (at most {max_ablations}, each head "
+                                  "once); every later activation and the prediction change, earlier ones do not"))
 
 
 class RunRequest(AblatingRequest):
@@ -289,17 +390,17 @@ class RunRequest(AblatingRequest):
          "ablate": [{"layer": 0, "head": 2, "method": "zero"}]},
     ]})
 
-    hooks: list[Annotated[str, Field(max_length=200)]] = Field(
-        default_factory=list, max_length=S.max_hooks,
-        description=(f"activation names to return (GET /api/v1/hooks lists them), at most {S.max_hooks}, "
-                     f"holding at most {S.max_hook_values:,} numbers in all"))
-    top_k: int = Field(5, ge=0, le=S.max_top_k, description="how many next-token predictions to return")
+    hooks: Annotated[list[Annotated[str, Field(max_length=200)]], Limit("max_length", "max_hooks")] = Field(
+        default_factory=list,
+        json_schema_extra=stating("activation names to return (GET /api/v1/hooks lists them), at most {max_hooks}, "
+                                  "holding at most {max_hook_values:,} numbers in all"))
+    top_k: IntUpTo("max_top_k", low=0) = Field(5, description="how many next-token predictions to return")
 
 
 # ------------------------------------------------------------------ looking inside (analysis)
 
-Position = Annotated[int, Field(ge=-S.max_tokens, le=S.max_tokens - 1,
-                                description="a token position, from 0; negative counts from the end (-1 = last)")]
+Position = Annotated[int, Limit("ge", lambda s: -s.max_tokens), Limit("le", lambda s: s.max_tokens - 1),
+                     Field(description="a token position, from 0; negative counts from the end (-1 = last)")]
 
 
 class DecomposeRequest(AblatingRequest):
@@ -309,16 +410,16 @@ class DecomposeRequest(AblatingRequest):
     ]})
 
     pos: Position = -1
-    target: int | None = Field(None, ge=0, le=S.calc_max_vocab - 1,
-                               description="the token id whose logit to attribute (below the model's d_vocab); "
-                                           "null: the model's most likely next token at `pos`")
+    target: IntUpTo(lambda s: s.calc_max_vocab - 1, low=0) | None = Field(
+        None, description="the token id whose logit to attribute (below the model's d_vocab); "
+                          "null: the model's most likely next token at `pos`")
 
 
 class LogitLensRequest(AblatingRequest):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"model": "toy", "text": "Ali makan nasi lemak", "top_k": 3}]})
 
-    top_k: int = Field(5, ge=1, le=S.max_top_k, description="tokens kept per layer and position")
+    top_k: IntUpTo("max_top_k") = Field(5, description="tokens kept per layer and position")
 
 
 class DetectorsRequest(AblatingRequest):
@@ -327,8 +428,8 @@ class DetectorsRequest(AblatingRequest):
         {"model": "all-MiniLM-L6-v2", "text": "The cat sat on the mat. The cat sat on the mat.",
          "random_length": 20}]})
 
-    random_length: int = Field(20, ge=2, le=S.max_tokens // 2,
-                               description="length of the random sequence, which is then repeated once")
+    random_length: IntUpTo(lambda s: s.max_tokens // 2, low=2) = Field(
+        20, description="length of the random sequence, which is then repeated once")
     random_seed: int = Field(0, ge=0, le=MAX_SEED, description="seed of the random sequence")
     threshold: float = Field(0.4, ge=0, le=1, description="a head is flagged when its score reaches this")
 
@@ -337,27 +438,27 @@ class KVStepsRequest(ModelRequest):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"model": "toy", "text": "Ali makan", "n_new": 8}]})
 
-    n_new: int = Field(8, ge=0, le=S.max_new_tokens, description="tokens to generate greedily after the text")
+    n_new: IntUpTo("max_new_tokens", low=0) = Field(8, description="tokens to generate greedily after the text")
 
 
-class CompareSide(Request):
-    """What the second side changes; a field left null keeps the first side's value."""
-
-    text: NonBlank | None = Field(None, min_length=1, max_length=S.max_text_chars)
-    causal: bool | None = None
-    scale: bool | None = None
-    temperature: float | None = Field(None, gt=0, le=100, allow_inf_nan=False)
-    positional_embedding_type: PositionScheme | None = None
-    seed: int | None = Field(None, ge=0, le=MAX_SEED)
-    ablate: list[HeadAblation] | None = Field(None, max_length=S.max_ablations,
-                                              description="replaces the first side's list (use [] for none)")
-
+class _CompareSide(Request):
     def changes(self) -> dict[str, object]:
         """The fields this side changes, as RunSpec fields (ablations as the service's type)."""
         out = {k: v for k, v in self.model_dump(exclude={"ablate"}).items() if v is not None}
         if self.ablate is not None:
             out["ablate"] = tuple(AblatedHead(a.layer, a.head, a.method) for a in self.ablate)
         return out
+
+
+# The second side may change the text, every knob that keeps the model's shape (the same weights, or
+# the same shape drawn from another seed: its heads compare one to one) and the ablations.
+CompareSide = create_model(
+    "CompareSide", __base__=_CompareSide, __module__=__name__,
+    __doc__="What the second side changes; a field left null keeps the first side's value.",
+    text=(Annotated[NonBlank | None, Limit("max_length", "max_text_chars")], Field(None, min_length=1)),
+    **{k.name: knob_field(k, describe=False) for k in knobs.KNOBS if not k.reshapes},
+    ablate=(Annotated[list[HeadAblation], Limit("max_length", "max_ablations")] | None,
+            Field(None, description="replaces the first side's list (use [] for none)")))
 
 
 class CompareRequest(AblatingRequest):
@@ -368,8 +469,8 @@ class CompareRequest(AblatingRequest):
     ]})
 
     other: CompareSide = Field(description="the second side: the first side's settings with these changed")
-    layer: int = Field(0, **LAYER_INDEX, description="counted from 0, below the model's n_layers")
-    head: int = Field(0, **HEAD_INDEX, description="the query head, counted from 0, below the model's n_heads")
+    layer: LayerIndex = Field(0, description="counted from 0, below the model's n_layers")
+    head: HeadIndex = Field(0, description="the query head, counted from 0, below the model's n_heads")
 
 
 class RolloutRequest(AblatingRequest):
@@ -380,14 +481,44 @@ class RolloutRequest(AblatingRequest):
 # ------------------------------------------------------------------ training (v1 additions)
 
 MAX_TRAIN_STEPS = recipes.MAX_STEPS
-TRAIN_FIELDS = ("seed", "steps", "n_layers", "n_heads", "d_model", "d_mlp", "attn_only", "lr", "batch_size", "seq_len",
-                "warmup", "weight_decay", "grad_clip", "eval_interval", "text")
+# The settings a request may change: TrainSettings' fields that are the API's (core/recipes.py), in its order.
+TRAIN_FIELDS = tuple(f.name for f in recipes.setting_fields(api=True))
 
 
-class TrainRequest(Request):
-    """A training run: a recipe and any settings that differ from its working defaults (null keeps the
-    recipe's). The same request names the same run (its id is a hash of the settings)."""
+def train_field(f: dataclasses.Field) -> tuple[Any, Any]:
+    """A TrainSettings field as a request field: null (the recipe's), or within the setting's bounds."""
+    kind, meta = recipes.setting_type(f), f.metadata
+    bounds = dict(meta["bounds"]) | ({"allow_inf_nan": False} if kind is float else {})
+    return (Annotated[kind, Field(**bounds)] if bounds else kind) | None, Field(None, description=meta["help"])
 
+
+@dataclass(frozen=True)
+class TrainControl:
+    """A setting as the training page offers it (templates/train.html): a checkbox for a switch, else a
+    number input (its bounds: TrainRequest's schema)."""
+
+    name: str
+    label: str
+    hint: str | None
+    kind: Literal["check", "number"]
+    step: str = "1"  # a number input's: "any" for a real number
+    inputmode: str = "numeric"
+
+
+def _train_control(f: dataclasses.Field) -> TrainControl:
+    kind, meta = recipes.setting_type(f), f.metadata
+    if kind is bool:
+        return TrainControl(f.name, meta["label"], meta["hint"], "check")
+    real = kind is float
+    return TrainControl(f.name, meta["label"], meta["hint"], "number", "any" if real else "1",
+                        "decimal" if real else "numeric")
+
+
+# The settings the training page offers: the API's that have a label (core/recipes.py), in its order.
+TRAIN_FORM = [_train_control(f) for f in recipes.setting_fields(api=True) if f.metadata["label"]]
+
+
+class _TrainRequest(Request):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"recipe": "nasi-lemak", "steps": 40},
         {"recipe": "induction"},
@@ -399,24 +530,19 @@ class TrainRequest(Request):
         description="induction: random characters with a repeated segment (a 2-layer attention-only model grows "
                     "an induction head); nasi-lemak: the spec's one-block model on its Malay phrases; text: a "
                     "character-level GPT on Python's documentation or your own text")
-    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="weights, data order and probe derive from it")
-    steps: int | None = Field(None, ge=1, le=recipes.MAX_STEPS, description="optimiser steps")
-    n_layers: int | None = Field(None, ge=1, le=recipes.MAX_LAYERS)
-    n_heads: int | None = Field(None, ge=1, le=recipes.MAX_HEADS, description="must divide d_model")
-    d_model: int | None = Field(None, ge=1, le=recipes.MAX_D_MODEL)
-    d_mlp: int | None = Field(None, ge=1, le=4 * recipes.MAX_D_MODEL, description="default 4 × d_model")
-    attn_only: bool | None = Field(None, description="blocks without an MLP (the induction recipe's default)")
-    lr: float | None = Field(None, gt=0, le=1, allow_inf_nan=False, description="peak learning rate (AdamW)")
-    batch_size: int | None = Field(None, ge=1, le=recipes.MAX_BATCH, description="sequences per step")
-    seq_len: int | None = Field(None, ge=2, le=recipes.MAX_SEQ_LEN, description="tokens per sequence (the context)")
-    warmup: int | None = Field(None, ge=0, le=recipes.MAX_STEPS, description="steps of linear warm-up")
-    weight_decay: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
-    grad_clip: float | None = Field(None, ge=0, le=1000, allow_inf_nan=False, description="0: no clipping")
-    eval_interval: int | None = Field(None, ge=1, le=recipes.MAX_STEPS, description="steps between records")
-    text: NonBlank | None = Field(None, min_length=1, max_length=S.train_max_text_chars,
-                                  description=f"the text recipe's corpus, at most {S.train_max_text_chars:,} "
-                                              "characters; null: Python's documentation")
 
     def changes(self) -> dict[str, object]:
         """The settings this request sets (the rest are the recipe's defaults)."""
         return {k: getattr(self, k) for k in TRAIN_FIELDS if getattr(self, k) is not None}
+
+
+TrainRequest = create_model(
+    "TrainRequest", __base__=_TrainRequest, __module__=__name__,
+    __doc__="""A training run: a recipe and any settings that differ from its working defaults (null keeps the
+    recipe's). The same request names the same run (its id is a hash of the settings).""",
+    **{f.name: train_field(f) for f in recipes.setting_fields(api=True)} | {
+        # a text of your own: this server's limit on it, not core's
+        "text": (Annotated[NonBlank | None, Limit("max_length", "train_max_text_chars")],
+                 Field(None, min_length=1,
+                       json_schema_extra=stating("the text recipe's corpus, at most {train_max_text_chars:,} "
+                                                 "characters; null: Python's documentation")))})

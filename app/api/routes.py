@@ -20,7 +20,6 @@ from app.pages import web
 from app.deps import ServiceDep
 from app.http.jsonio import FastJSONResponse, dumps
 from app.service import calculators
-from app.settings import get_settings
 
 router = APIRouter(prefix="/api/v1", tags=["api v1"], default_response_class=FastJSONResponse)
 
@@ -123,7 +122,7 @@ def hooks(q: Annotated[requests.HooksQuery, Query()], svc: ServiceDep) -> FastJS
 
 
 @router.post("/run", response_model=responses.RunResponse,
-             responses=_ERRORS | {413: {"description": f"The body is over {get_settings().max_body_bytes:,} bytes"}},
+             responses=_ERRORS | {413: {"description": "The body is over {max_body_bytes:,} bytes"}},  # app/main.py
              summary="Run a model on a text: tokens, next-token top-k and the chosen activations")
 def run(req: requests.RunRequest, svc: ServiceDep) -> FastJSONResponse:
     """Toggles left null keep the model's defaults. Masked attention scores (−∞) are null in JSON."""

@@ -154,17 +154,13 @@ def explorer(request: Request, svc: ServiceDep) -> HTMLResponse:
             view = view_context(v, set(c.ablate), c.all_stages)
         except web.PAGE_ERRORS as exc:
             error = web.error_message(exc)
-    limits = web.page_limits(svc.settings)
     context = {
         "controls": c, "view": view, "error": error, "models": list(models.values()),
         "model_description": model.description, "accepted": set(model.toggles),
         "text_hint": ("the model reads it one character at a time" if model.kind == "toy"
                       else "split into tokens by the model's own tokeniser"),
-        "position_schemes": requests.POSITION_SCHEMES, "limits": limits, "classroom": c.classroom,
-        "token_limit": svc.limits.explorer_token_limit(model),
-        "size_fields": [(name, label, limits[name]) for name, label in
-                        (("n_heads", "Heads"), ("d_model", "Width d_model"), ("n_layers", "Layers"),
-                         ("seed", "Seed"))],
+        "limits": web.page_limits(svc.settings), "classroom": c.classroom,
+        "token_limit": svc.limits.explorer_token_limit(model), "knob_fieldsets": web.knob_fieldsets(svc.settings),
         "nav": "explorer", "form_id": "explorer", "inspect_links": web.inspect_links(parsed),
     }
     return web.render(request, "explorer.html", context, block="explorer" if model_changed else "results",

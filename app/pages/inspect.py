@@ -18,7 +18,7 @@ from fastapi.responses import HTMLResponse
 from app.pages import figures, web
 from app.api import requests
 from app.deps import ServiceDep
-from app.service import RunSpec, Service
+from app.service import RunSpec, Service, knobs
 from app.service.results import ComparedSide
 
 router = APIRouter(tags=["pages"], include_in_schema=False)
@@ -28,6 +28,8 @@ DEFAULT_VIEW = "decompose"
 LENS_TOP_K = 5  # tokens listed in each logit-lens cell's hover
 TOP_TARGETS = 10  # target tokens offered by the decomposition view
 # Each view's own parameters and their defaults (the API's defaults, from its request models).
+# The knobs side B of Compare may change: those that keep the model's shape (the API's CompareSide).
+SIDE_B_KNOBS = [k for k in knobs.KNOBS if not k.reshapes]
 VIEW_DEFAULTS = {
     "pos": requests.DecomposeRequest.model_fields["pos"].default,
     "target": None,
@@ -52,11 +54,9 @@ def view_params(query: Mapping, errors: list[str]) -> dict:
            "random_length": _number(query, "random_length", int, errors),
            "threshold": _number(query, "threshold", float, errors), "n_new": _number(query, "n_new", int, errors)}
     out["b_text"] = query.getlist("b_text")[-1] if query.getlist("b_text") and query.getlist("b_text")[-1] else None
-    for name in ("b_causal", "b_scale"):
-        raw = web.last(query, name)
-        out[name] = None if raw is None else web.parse_bool(name, raw, errors)
-    out["b_positional_embedding_type"] = web.last(query, "b_positional_embedding_type")
-    out["b_seed"] = _number(query, "b_seed", int, errors)
+    for knob in SIDE_B_KNOBS:  # b_causal, b_seed, ...: what side B changes
+        raw = web.last(query, "b_" + knob.name)
+        out["b_" + knob.name] = None if raw is None else web.parse_knob(knob, raw, errors, "b_" + knob.name)
     raw_ablate = web.last(query, "b_ablate")
     out["b_ablate"] = (None if raw_ablate is None
                        else web.parse_ablate(raw_ablate.replace(",", " ").split(), errors))
@@ -150,8 +150,7 @@ def kvcache_view(svc: Service, parsed: web.Parsed, params: dict) -> dict:
 
 def compare_view(svc: Service, parsed: web.Parsed, params: dict) -> dict:
     c = parsed.controls
-    other = {"text": params["b_text"], "causal": params["b_causal"], "scale": params["b_scale"],
-             "positional_embedding_type": params["b_positional_embedding_type"], "seed": params["b_seed"],
+    other = {"text": params["b_text"], **{k.name: params["b_" + k.name] for k in SIDE_B_KNOBS},
              "ablate": None if params["b_ablate"] is None else
              [{"layer": layer, "head": head, "method": c.ablate_method} for layer, head in params["b_ablate"]]}
     if all(v is None for v in other.values()):  # nothing chosen yet: compare the mask on and off, or for a
@@ -193,11 +192,6 @@ BUILDERS: dict[str, Callable[[Service, web.Parsed, dict], dict]] = {
 
 # ------------------------------------------------------------------ the route
 
-def _upper(model: type, field: str) -> int | float | None:
-    """A request field's upper bound (`le`), as the schema states it."""
-    return next((m.le for m in model.model_fields[field].metadata if hasattr(m, "le")), None)
-
-
 @router.get("/inspect", response_class=HTMLResponse,
             summary="Look inside: decomposition, lens, detectors, KV cache, compare")
 def inspect(request: Request, svc: ServiceDep) -> HTMLResponse:
@@ -225,7 +219,7 @@ def inspect(request: Request, svc: ServiceDep) -> HTMLResponse:
         "form_id": "inspect", "state": web.explorer_state(parsed), "links": web.inspect_links(parsed),
         "limits": web.page_limits(svc.settings), "explorer_url": web.explorer_query(parsed),
         "position_schemes": requests.POSITION_SCHEMES,
-        "max_random_length": _upper(requests.DetectorsRequest, "random_length"),
-        "max_new_tokens": _upper(requests.KVStepsRequest, "n_new"),
+        "max_random_length": requests.upper_bound(requests.DetectorsRequest, "random_length"),
+        "max_new_tokens": requests.upper_bound(requests.KVStepsRequest, "n_new"),
     }
     return web.render(request, "inspect.html", context, url=canonical(view, parsed, params), error=error)

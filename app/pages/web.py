@@ -8,8 +8,10 @@
   status 422 (htmx is configured to swap 422s, templates/base.html), except for a history
   restore, which htmx only swaps below 400.
 - Page state: the helpers that read a query string (`last`, `parse_bool`, `parse_number`,
-  `parse_ablate`) and the explorer's state (`ExplorerState`, `parse_explorer`), which the Inspect
-  pages share, with `explorer_query` (the shortest URL restoring it) and `inspect_links`.
+  `parse_ablate`, `parse_knob`) and the explorer's state (`ExplorerState`, `parse_explorer`), which
+  the Inspect pages share, with `explorer_query` (the shortest URL restoring it) and `inspect_links`.
+  The toggles in it are the knobs of app/models/knobs.py: the state's fields, the URL's parameters,
+  a model's defaults and the form's controls (`knob_fieldsets`) all follow that declaration.
 - `shape`: an array's shape as NumPy prints it, for every page's tables and every snippet.
 
 Routers use these; they never import each other (ARCHITECTURE.md).
@@ -18,6 +20,7 @@ Routers use these; they never import each other (ARCHITECTURE.md).
 from __future__ import annotations
 
 import base64
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -32,10 +35,9 @@ from jinja2_fragments.fastapi import Jinja2Blocks
 from markupsafe import Markup
 from pydantic import ValidationError
 
-from app.api import requests
 from app.http.errors import readable
 from app.paths import TEMPLATES_DIR
-from app.service import InputError, NotFound, Unavailable
+from app.service import InputError, NotFound, Unavailable, knobs
 from app.settings import Settings
 
 if TYPE_CHECKING:
@@ -188,14 +190,51 @@ def parse_ablate(values: list[str], errors: list[str]) -> tuple[tuple[int, int],
     return tuple(sorted(heads))
 
 
+def parse_knob(knob: knobs.Knob, raw: str, errors: list[str], name: str | None = None):
+    """A knob's value from the URL by its type (a switch: on or off; a number; a choice as it is, which
+    the request model checks), or None with the reason in `errors`. `name`: the parameter's, if not the knob's."""
+    name = name or knob.name
+    if knob.type is bool:
+        return parse_bool(name, raw, errors)
+    if knob.type in (int, float):
+        return parse_number(name, raw, knob.type, errors)
+    return raw
+
+
 def page_limits(settings: Settings) -> dict[str, object]:
-    """The limits the explorer's and Inspect's controls show (max= attributes, help texts)."""
-    temperature = requests.RunRequest.model_fields["temperature"].metadata
-    bounds = {type(m).__name__: getattr(m, type(m).__name__.lower(), None) for m in temperature}
-    return {"explorer_max_tokens": settings.explorer_max_tokens, "explorer_max_chars": settings.max_text_chars,
-            "min_temperature": bounds.get("Gt", 0), "max_temperature": bounds.get("Le"),
-            "n_heads": settings.max_heads, "d_model": settings.max_d_model, "n_layers": settings.max_layers,
-            "seed": requests.MAX_SEED}
+    """The limits the explorer's and Inspect's text boxes show (max= attributes, help texts); each
+    knob's own are in its control (knob_fieldsets)."""
+    return {"explorer_max_tokens": settings.explorer_max_tokens, "explorer_max_chars": settings.max_text_chars}
+
+
+@dataclass(frozen=True)
+class KnobControl:
+    """One knob as the explorer's form draws it (templates/explorer.html): a checkbox for a switch, a
+    select for a choice, else a number input from its least to its greatest value."""
+
+    name: str
+    label: str
+    hint: str | None
+    kind: str  # "check" | "select" | "number" | "text"
+    group: str
+    low: int | float | None = None
+    high: int | float | None = None
+    step: str = "1"
+    inputmode: str = "numeric"
+    choices: tuple[str, ...] = ()
+
+
+def knob_fieldsets(settings: Settings) -> list[dict]:
+    """The form's fieldsets (app/models/knobs.py GROUPS), each with its knobs' controls in the form's order;
+    a number's greatest value is these settings' limit."""
+    def kind(k: knobs.Knob) -> str:
+        return "check" if k.type is bool else "select" if k.choices else "number" if k.type in (int, float) else "text"
+
+    controls = [KnobControl(k.name, k.label, k.hint, kind(k), k.group, k.low, k.upper(settings),
+                            "0.1" if k.type is float else "1", "decimal" if k.type is float else "numeric", k.choices)
+                for k in knobs.on_form()]
+    return [{"group": group, "legend": legend, "hint": hint, "controls": [c for c in controls if c.group == group]}
+            for group, (legend, hint) in knobs.GROUPS.items()]
 
 
 # ------------------------------------------------------------------ the explorer's state
@@ -208,24 +247,11 @@ FALLBACK_MODEL = "toy"
 def default_model(models: Mapping[str, Model], preferred: str) -> str:
     return preferred if preferred in models and not models[preferred].error else FALLBACK_MODEL
 
-SIZE_FIELDS = ("n_heads", "d_model", "n_layers", "seed")
-TOGGLE_FIELDS = ("causal", "scale", "temperature", "positional_embedding_type") + SIZE_FIELDS
-
 
 @dataclass
-class ExplorerState:
-    """What the explorer's controls show: the URL's values, else the model's defaults."""
-
+class _Controls:
     model: str
     text: str
-    causal: bool
-    scale: bool
-    temperature: float
-    positional_embedding_type: str
-    n_heads: int
-    d_model: int
-    n_layers: int
-    seed: int
     layer: int = 0
     head: int = 0
     compare: bool = False
@@ -243,9 +269,17 @@ class ExplorerState:
         return getattr(self, name)
 
 
+# Its fields: the model, the text, one per knob (app/models/knobs.py, given by name), the head shown and
+# the view's own (_Controls).
+ExplorerState = dataclasses.make_dataclass(
+    "ExplorerState", [(k.name, k.type, field(kw_only=True)) for k in knobs.on_form()], bases=(_Controls,))
+ExplorerState.__module__ = __name__
+ExplorerState.__doc__ = "What the explorer's controls show: the URL's values, else the model's defaults."
+
+
 @dataclass
 class Parsed:
-    controls: ExplorerState
+    controls: ExplorerState  # type: ignore[valid-type]
     given: dict[str, object]  # toggles the URL sets (not left to the model's default)
     defaults: dict[str, object]  # the model's own values of the toggles
     errors: list[str] = field(default_factory=list)
@@ -260,10 +294,8 @@ class Parsed:
 
 
 def model_defaults(model: Model) -> dict[str, object]:
-    cfg = model.cfg
-    return {"causal": cfg.causal, "scale": cfg.use_attn_scale, "temperature": cfg.attn_temperature,
-            "positional_embedding_type": cfg.positional_embedding_type, "n_heads": cfg.n_heads,
-            "d_model": cfg.d_model, "n_layers": cfg.n_layers, "seed": model.default_seed}
+    """The model's own value of every knob, in the form's order."""
+    return {k.name: k.default(model) for k in knobs.on_form()}
 
 
 def parse_explorer(query: Mapping, models: Mapping[str, Model], *, preferred: str,
@@ -283,20 +315,13 @@ def parse_explorer(query: Mapping, models: Mapping[str, Model], *, preferred: st
         text = model.default_text  # a default text follows the model; the learner's own text stays
     given: dict[str, object] = {}
     if not model_changed:
-        for key in TOGGLE_FIELDS:
-            raw = last(query, key)
+        for knob in knobs.on_form():  # the URL lists them in the form's order (explorer_query)
+            raw = last(query, knob.name)
             if raw is None:
                 continue
-            if key in ("causal", "scale"):
-                value = parse_bool(key, raw, errors)
-            elif key == "temperature":
-                value = parse_number(key, raw, float, errors)
-            elif key == "positional_embedding_type":
-                value = raw
-            else:
-                value = parse_number(key, raw, int, errors)
-            if value is not None and key in model.toggles:
-                given[key] = value
+            value = parse_knob(knob, raw, errors)
+            if value is not None and knob.name in model.toggles:
+                given[knob.name] = value
     picks = {}
     for key, start in zip(("layer", "head"), model.default_head):
         raw = None if model_changed else last(query, key)
