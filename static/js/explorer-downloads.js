@@ -1,84 +1,82 @@
 // Downloads: buttons with `data-download="json"|"csv"` inside a `.figure` card download the data
 // behind that card's figure, with the raw (unescaped) labels the server put in its `export`;
 // PNG export is Plotly's own modebar button.
-(function (X) {
-  "use strict";
+import {readFigure} from "./explorer-figures.js";
 
-  // A heatmap's rows as plain arrays, NaN (no value: masked) as null: what downloads hold.
-  function plainRows(z) {
-    return Array.from(z || [], function (row) {
-      return Array.from(row, function (v) { return Number.isNaN(v) ? null : v; });
-    });
-  }
-
-  function csvCell(value) {
-    if (value === null || value === undefined) return "";
-    const s = String(value);
-    return /[",\n\r]/.test(s) ? '"' + s.replace(/"/g, '""') + '"' : s;
-  }
-
-  // The data behind a figure, with the raw (unescaped) labels the server put in `export`.
-  function exportTable(figure) {
-    const ex = figure.export || {};
-    const trace = (figure.data || [])[0] || {};
-    if (ex.kind === "matrix") {
-      return {
-        name: ex.name, x_title: ex.x_title, y_title: ex.y_title, value: ex.value,
-        x: ex.x, y: ex.y, values: plainRows(trace.z),
-      };
-    }
-    if (ex.kind === "bars") {
-      return {name: ex.name, x_title: ex.x_title, value: ex.value, x: ex.x, values: trace.x};
-    }
-    if (ex.kind === "series") {  // line charts: one (name, x, y) per line
-      return {name: ex.name, x_title: ex.x_title, y_title: ex.y_title, series: ex.series};
-    }
-    return {name: ex.name || "figure", data: figure.data};
-  }
-
-  function toCsv(table) {
-    const rows = [];
-    if (table.y) {
-      rows.push([table.y_title + " \\ " + table.x_title].concat(table.x));
-      table.values.forEach(function (row, i) { rows.push([table.y[i]].concat(row)); });
-    } else if (table.x) {
-      rows.push([table.x_title, table.value]);
-      table.x.forEach(function (label, i) { rows.push([label, table.values[i]]); });
-    } else if (table.series) {
-      // long format, one row per point: what a spreadsheet or pandas pivots or plots directly
-      rows.push(["series", table.x_title, table.y_title]);
-      table.series.forEach(function (s) {
-        s.x.forEach(function (x, i) { rows.push([s.name, x, s.y[i]]); });
-      });
-    } else {
-      rows.push(["data"], [JSON.stringify(table.data)]);
-    }
-    return rows.map(function (r) { return r.map(csvCell).join(","); }).join("\r\n") + "\r\n";
-  }
-
-  function save(filename, type, text) {
-    const url = URL.createObjectURL(new Blob([text], {type: type}));
-    const a = document.createElement("a");
-    a.href = url;
-    a.download = filename;
-    document.body.appendChild(a);
-    a.click();
-    a.remove();
-    setTimeout(function () { URL.revokeObjectURL(url); }, 1000);
-  }
-
-  document.addEventListener("click", function (evt) {
-    const button = evt.target.closest("[data-download]");
-    if (!button) return;
-    const card = button.closest(".figure");
-    const el = card && card.querySelector("[data-figure]");
-    if (!el) return;
-    evt.preventDefault();
-    const table = exportTable(X.readFigure(el));
-    if (button.getAttribute("data-download") === "csv") {
-      save(table.name + ".csv", "text/csv", toCsv(table));
-    } else {
-      save(table.name + ".json", "application/json", JSON.stringify(table, null, 1));
-    }
+// A heatmap's rows as plain arrays, NaN (no value: masked) as null: what downloads hold.
+function plainRows(z) {
+  return Array.from(z || [], function (row) {
+    return Array.from(row, function (v) { return Number.isNaN(v) ? null : v; });
   });
-})(window.Explorer = window.Explorer || {});
+}
+
+function csvCell(value) {
+  if (value === null || value === undefined) return "";
+  const s = String(value);
+  return /[",\n\r]/.test(s) ? '"' + s.replace(/"/g, '""') + '"' : s;
+}
+
+// The data behind a figure, with the raw (unescaped) labels the server put in `export`.
+function exportTable(figure) {
+  const ex = figure.export || {};
+  const trace = (figure.data || [])[0] || {};
+  if (ex.kind === "matrix") {
+    return {
+      name: ex.name, x_title: ex.x_title, y_title: ex.y_title, value: ex.value,
+      x: ex.x, y: ex.y, values: plainRows(trace.z),
+    };
+  }
+  if (ex.kind === "bars") {
+    return {name: ex.name, x_title: ex.x_title, value: ex.value, x: ex.x, values: trace.x};
+  }
+  if (ex.kind === "series") {  // line charts: one (name, x, y) per line
+    return {name: ex.name, x_title: ex.x_title, y_title: ex.y_title, series: ex.series};
+  }
+  return {name: ex.name || "figure", data: figure.data};
+}
+
+function toCsv(table) {
+  const rows = [];
+  if (table.y) {
+    rows.push([table.y_title + " \\ " + table.x_title].concat(table.x));
+    table.values.forEach(function (row, i) { rows.push([table.y[i]].concat(row)); });
+  } else if (table.x) {
+    rows.push([table.x_title, table.value]);
+    table.x.forEach(function (label, i) { rows.push([label, table.values[i]]); });
+  } else if (table.series) {
+    // long format, one row per point: what a spreadsheet or pandas pivots or plots directly
+    rows.push(["series", table.x_title, table.y_title]);
+    table.series.forEach(function (s) {
+      s.x.forEach(function (x, i) { rows.push([s.name, x, s.y[i]]); });
+    });
+  } else {
+    rows.push(["data"], [JSON.stringify(table.data)]);
+  }
+  return rows.map(function (r) { return r.map(csvCell).join(","); }).join("\r\n") + "\r\n";
+}
+
+function save(filename, type, text) {
+  const url = URL.createObjectURL(new Blob([text], {type: type}));
+  const a = document.createElement("a");
+  a.href = url;
+  a.download = filename;
+  document.body.appendChild(a);
+  a.click();
+  a.remove();
+  setTimeout(function () { URL.revokeObjectURL(url); }, 1000);
+}
+
+document.addEventListener("click", function (evt) {
+  const button = evt.target.closest("[data-download]");
+  if (!button) return;
+  const card = button.closest(".figure");
+  const el = card && card.querySelector("[data-figure]");
+  if (!el) return;
+  evt.preventDefault();
+  const table = exportTable(readFigure(el));
+  if (button.getAttribute("data-download") === "csv") {
+    save(table.name + ".csv", "text/csv", toCsv(table));
+  } else {
+    save(table.name + ".json", "application/json", JSON.stringify(table, null, 1));
+  }
+});

@@ -7,156 +7,155 @@
 //   the swap lands; the others follow one per task once it has been painted.
 // - Picking another head redraws that heatmap at once from the head's thumbnail (the same pattern,
 //   already in the page); the server's answer then brings the other stages, the URL and the rest.
-(function (X) {
-  "use strict";
+import * as P from "./plotly-adapter.js";
+import {readFigure, isImage, figureTraces, figureLayout, figureConfig} from "./explorer-figures.js";
+import {paintImage} from "./explorer-image.js";
+import {setupImage, syncZoomButton} from "./explorer-zoom.js";
+import {drawLabels} from "./explorer-labels.js";
+import {setupCells} from "./explorer-cells.js";
 
-  const P = window.PlotlyAdapter;
-
-  // Draw `figure` (default: the element's own) into el; "explorer:drawn" fires once it is drawn.
-  function draw(el, figure) {
-    const json = figure ? null : el.getAttribute("data-figure");
-    if (!figure) {
-      el._explorerPending = false;
-      if (P.isDrawn(el) && json === el._explorerDrawn) return Promise.resolve();  // nothing changed
-      try {
-        figure = X.readFigure(el);
-      } catch (err) {
-        showFigureError(el, "This figure's data could not be read.");
-        return Promise.resolve();
+// Draw `figure` (default: the element's own) into el; "explorer:drawn" fires once it is drawn.
+export function draw(el, figure) {
+  const json = figure ? null : el.getAttribute("data-figure");
+  if (!figure) {
+    el._explorerPending = false;
+    if (P.isDrawn(el) && json === el._explorerDrawn) return Promise.resolve();  // nothing changed
+    try {
+      figure = readFigure(el);
+    } catch (err) {
+      showFigureError(el, "This figure's data could not be read.");
+      return Promise.resolve();
+    }
+  }
+  el._explorerDrawn = json;
+  el._explorerShown = figure;
+  return Promise.resolve(Plotly.react(el, figureTraces(el, figure), figureLayout(el, figure), figureConfig(el, figure)))
+    .then(function () {
+      if (!el._explorerAfterPlot) {
+        el._explorerAfterPlot = true;
+        el.on("plotly_afterplot", function () { decorate(el); });  // also after a resize or a zoom
+        el.on("plotly_relayout", function () { decorate(el); });
       }
-    }
-    el._explorerDrawn = json;
-    el._explorerShown = figure;
-    return Promise.resolve(Plotly.react(el, X.figureTraces(el, figure), X.figureLayout(el, figure), X.figureConfig(el, figure)))
-      .then(function () {
-        if (!el._explorerAfterPlot) {
-          el._explorerAfterPlot = true;
-          el.on("plotly_afterplot", function () { decorate(el); });  // also after a resize or a zoom
-          el.on("plotly_relayout", function () { decorate(el); });
-        }
-        decorate(el);
-        // for scripts/explorer_latency.py and anyone waiting on a figure: its data is now on screen
-        el.dispatchEvent(new CustomEvent("explorer:drawn", {bubbles: true}));
-      });
-  }
-
-  // What these scripts add to a drawn plot: the painted matrix, its token labels, the selected cell.
-  function decorate(el) {
-    const figure = el._explorerShown;
-    if (!figure || !P.isDrawn(el)) return;
-    const canvas = el.querySelector("canvas.matrix-image");
-    if (X.isImage(figure)) X.paintImage(el, figure);
-    else if (canvas) canvas.remove();
-    X.drawLabels(el, figure);
-    if (!el.hasAttribute("data-static")) {
-      X.setupCells(el, figure);
-      if (X.isImage(figure)) X.setupImage(el);
-      X.syncZoomButton(el);
-    }
-  }
-
-  function showFigureError(el, message) {
-    const p = document.createElement("p");
-    p.className = "error";
-    p.textContent = message;
-    el.replaceChildren(p);
-  }
-
-  // The figures after the first, one per task in page order, starting after the first figure has
-  // been painted (a frame, then a task): the heatmap a reader looks at comes first.
-  let queue = [];
-  let pumping = false;
-  function pump() {
-    const el = queue.shift();
-    if (el && el.isConnected && el._explorerPending) draw(el);
-    if (queue.length) setTimeout(pump, 0);
-    else pumping = false;
-  }
-  function drawLater(els) {
-    queue = queue.filter(function (q) { return els.indexOf(q) < 0; }).concat(els);
-    if (!pumping && queue.length) {
-      pumping = true;
-      requestAnimationFrame(function () { setTimeout(pump, 0); });
-    }
-  }
-
-  // Plots drawn before the latest swap, by key, waiting to be reused by the new content.
-  const kept = new Map();
-
-  function plotKey(el) {
-    return el.getAttribute("data-plot-key");
-  }
-
-  // Before htmx swaps content out, its drawn plots leave it (htmx would otherwise walk their
-  // thousands of SVG nodes while cleaning up, ~70 ms) and wait in `kept`.
-  function keepPlots(target) {
-    target.querySelectorAll("[data-figure]").forEach(function (el) {
-      if (!P.isDrawn(el)) return;
-      const key = plotKey(el);
-      el.replaceWith(document.createElement(el.tagName));
-      if (key && !kept.has(key)) kept.set(key, el);
-      else setTimeout(function () { Plotly.purge(el); }, 0);
+      decorate(el);
+      // for scripts/explorer_latency.py and anyone waiting on a figure: its data is now on screen
+      el.dispatchEvent(new CustomEvent("explorer:drawn", {bubbles: true}));
     });
-  }
+}
 
-  // `to` takes `from`'s attributes, and only those (tabindex and the like, added here, stay).
-  const OWN_ATTRIBUTES = ["tabindex", "aria-roledescription"];
-  function copyAttributes(from, to) {
-    for (const attr of Array.from(to.attributes)) {
-      if (!from.hasAttribute(attr.name) && OWN_ATTRIBUTES.indexOf(attr.name) < 0) to.removeAttribute(attr.name);
-    }
-    for (const attr of Array.from(from.attributes)) {
-      if (to.getAttribute(attr.name) !== attr.value) to.setAttribute(attr.name, attr.value);
-    }
+// What these scripts add to a drawn plot: the painted matrix, its token labels, the selected cell.
+function decorate(el) {
+  const figure = el._explorerShown;
+  if (!figure || !P.isDrawn(el)) return;
+  const canvas = el.querySelector("canvas.matrix-image");
+  if (isImage(figure)) paintImage(el, figure);
+  else if (canvas) canvas.remove();
+  drawLabels(el, figure);
+  if (!el.hasAttribute("data-static")) {
+    setupCells(el, figure);
+    if (isImage(figure)) setupImage(el);
+    syncZoomButton(el);
   }
+}
 
-  // The new content's figure elements take the kept plot of the same key: its attributes move
-  // onto the drawn plot, which replaces the new (empty) element.
-  function reusePlot(el) {
+function showFigureError(el, message) {
+  const p = document.createElement("p");
+  p.className = "error";
+  p.textContent = message;
+  el.replaceChildren(p);
+}
+
+// The figures after the first, one per task in page order, starting after the first figure has
+// been painted (a frame, then a task): the heatmap a reader looks at comes first.
+let queue = [];
+let pumping = false;
+function pump() {
+  const el = queue.shift();
+  if (el && el.isConnected && el._explorerPending) draw(el);
+  if (queue.length) setTimeout(pump, 0);
+  else pumping = false;
+}
+function drawLater(els) {
+  queue = queue.filter(function (q) { return els.indexOf(q) < 0; }).concat(els);
+  if (!pumping && queue.length) {
+    pumping = true;
+    requestAnimationFrame(function () { setTimeout(pump, 0); });
+  }
+}
+
+// Plots drawn before the latest swap, by key, waiting to be reused by the new content.
+const kept = new Map();
+
+function plotKey(el) {
+  return el.getAttribute("data-plot-key");
+}
+
+// Before htmx swaps content out, its drawn plots leave it (htmx would otherwise walk their
+// thousands of SVG nodes while cleaning up, ~70 ms) and wait in `kept`.
+export function keepPlots(target) {
+  target.querySelectorAll("[data-figure]").forEach(function (el) {
+    if (!P.isDrawn(el)) return;
     const key = plotKey(el);
-    const old = key && kept.get(key);
-    if (!old) return el;
-    kept.delete(key);
-    copyAttributes(el, old);
-    old._explorerFigure = null;
-    el.replaceWith(old);
-    return old;
-  }
-
-  function drawAll(root) {
-    const found = [];
-    if (root.matches && root.matches("[data-figure]")) found.push(root);
-    if (root.querySelectorAll) found.push(...root.querySelectorAll("[data-figure]"));
-    const later = [];
-    found.map(reusePlot).forEach(function (el) {
-      if (P.isDrawn(el)) X.syncZoomButton(el);  // a morph resets the button to the template's (hidden)
-      el._explorerPending = true;
-      if (el.hasAttribute("data-draw-first")) draw(el);
-      else later.push(el);
-    });
-    // plots with no successor in the new content are released once it is drawn
-    if (kept.size) {
-      const gone = Array.from(kept.values());
-      kept.clear();
-      setTimeout(function () { gone.forEach(function (el) { Plotly.purge(el); }); }, 0);
-    }
-    drawLater(later);
-  }
-
-  // A head picked: the selected head's weights heatmap shows its pattern at once from the head's
-  // thumbnail (the same numbers, app/pages/explorer.py) while the server prepares the rest.
-  document.addEventListener("change", function (evt) {
-    const input = evt.target;
-    if (!input.matches || !input.matches("input[type=radio][name=head]")) return;
-    const thumb = document.querySelector("[data-plot-key='thumb-" + input.value + "']");
-    const weights = document.querySelector("#stage-weights [data-figure]");
-    if (!thumb || !weights || !P.isDrawn(weights)) return;
-    const figure = Object.assign({}, X.readFigure(weights));
-    const z = X.readFigure(thumb).data[0].z;
-    if (z.length !== figure.data[0].z.length) return;  // a pooled thumbnail (long inputs): wait for the server
-    figure.data = figure.data.map(function (trace, i) { return i === 0 ? Object.assign({}, trace, {z: z}) : trace; });
-    draw(weights, figure);
+    el.replaceWith(document.createElement(el.tagName));
+    if (key && !kept.has(key)) kept.set(key, el);
+    else setTimeout(function () { Plotly.purge(el); }, 0);
   });
+}
 
-  Object.assign(X, {draw: draw, drawAll: drawAll, keepPlots: keepPlots, copyAttributes: copyAttributes});
-})(window.Explorer = window.Explorer || {});
+// `to` takes `from`'s attributes, and only those (tabindex and the like, added here, stay).
+const OWN_ATTRIBUTES = ["tabindex", "aria-roledescription"];
+export function copyAttributes(from, to) {
+  for (const attr of Array.from(to.attributes)) {
+    if (!from.hasAttribute(attr.name) && OWN_ATTRIBUTES.indexOf(attr.name) < 0) to.removeAttribute(attr.name);
+  }
+  for (const attr of Array.from(from.attributes)) {
+    if (to.getAttribute(attr.name) !== attr.value) to.setAttribute(attr.name, attr.value);
+  }
+}
+
+// The new content's figure elements take the kept plot of the same key: its attributes move
+// onto the drawn plot, which replaces the new (empty) element.
+function reusePlot(el) {
+  const key = plotKey(el);
+  const old = key && kept.get(key);
+  if (!old) return el;
+  kept.delete(key);
+  copyAttributes(el, old);
+  old._explorerFigure = null;
+  el.replaceWith(old);
+  return old;
+}
+
+export function drawAll(root) {
+  const found = [];
+  if (root.matches && root.matches("[data-figure]")) found.push(root);
+  if (root.querySelectorAll) found.push(...root.querySelectorAll("[data-figure]"));
+  const later = [];
+  found.map(reusePlot).forEach(function (el) {
+    if (P.isDrawn(el)) syncZoomButton(el);  // a morph resets the button to the template's (hidden)
+    el._explorerPending = true;
+    if (el.hasAttribute("data-draw-first")) draw(el);
+    else later.push(el);
+  });
+  // plots with no successor in the new content are released once it is drawn
+  if (kept.size) {
+    const gone = Array.from(kept.values());
+    kept.clear();
+    setTimeout(function () { gone.forEach(function (el) { Plotly.purge(el); }); }, 0);
+  }
+  drawLater(later);
+}
+
+// A head picked: the selected head's weights heatmap shows its pattern at once from the head's
+// thumbnail (the same numbers, app/pages/explorer.py) while the server prepares the rest.
+document.addEventListener("change", function (evt) {
+  const input = evt.target;
+  if (!input.matches || !input.matches("input[type=radio][name=head]")) return;
+  const thumb = document.querySelector("[data-plot-key='thumb-" + input.value + "']");
+  const weights = document.querySelector("#stage-weights [data-figure]");
+  if (!thumb || !weights || !P.isDrawn(weights)) return;
+  const figure = Object.assign({}, readFigure(weights));
+  const z = readFigure(thumb).data[0].z;
+  if (z.length !== figure.data[0].z.length) return;  // a pooled thumbnail (long inputs): wait for the server
+  figure.data = figure.data.map(function (trace, i) { return i === 0 ? Object.assign({}, trace, {z: z}) : trace; });
+  draw(weights, figure);
+});

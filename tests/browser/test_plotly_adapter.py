@@ -1,9 +1,11 @@
 """Plotly's private state is read in one file, static/js/plotly-adapter.js, written against one Plotly.
 
-The first two tests read files only (no browser): the adapter's stated version is the vendored one
-(package.json, package-lock.json, and node_modules / static/vendor when `make setup` made them), and
-no other script under static/js names a Plotly internal. The third checks the start-up check in a
-real page: no warning with the vendored Plotly, a console warning when the versions differ.
+The first three tests read files only (no browser): the adapter's stated version is the vendored one
+(package.json, package-lock.json, and node_modules / static/vendor when `make setup` made them), no
+other script under static/js names a Plotly internal, and the explorer's ES modules take the adapter
+by import (window.PlotlyAdapter is for these tests and a console). The last two check the start-up
+check in a real page: no warning with the vendored Plotly, a console warning when the versions differ
+(asked again, and at start-up), and the page's one adapter is the module's.
 """
 
 from __future__ import annotations
@@ -72,6 +74,20 @@ def test_plotly_internals_are_named_only_in_the_adapter():
     assert {"_fullLayout", "_offset", "_length", "_mouseDownTime"} <= in_adapter  # the pattern finds them
 
 
+def test_the_explorers_modules_import_the_adapter():
+    """The explorer's scripts are ES modules (explorer.js, a classic script, imports explorer-main.js):
+    one that asks the adapter imports it; none reads window.PlotlyAdapter."""
+    assert re.search(r'^export const PLOTLY_VERSION = "', ADAPTER.read_text(encoding="utf-8"), re.M)
+    modules = sorted(set(JS.glob("explorer-*.js")))
+    assert JS / "explorer-main.js" in modules
+    for path in modules:
+        code = "\n".join(line for line in path.read_text(encoding="utf-8").splitlines()
+                         if not line.lstrip().startswith("//"))
+        assert "PlotlyAdapter" not in code, f"{path.name} reads window.PlotlyAdapter: import it instead"
+        if re.search(r"\bP\.\w", code):
+            assert 'import * as P from "./plotly-adapter.js";' in code, path.name
+
+
 @pytest.mark.browser
 def test_the_page_checks_its_plotly_against_the_adapters_version(page, live_server):
     warnings = []
@@ -88,4 +104,27 @@ def test_the_page_checks_its_plotly_against_the_adapters_version(page, live_serv
     }""") is False
     page.wait_for_timeout(100)  # console events arrive asynchronously
     assert [w for w in warnings if "plotly-adapter" in w and "0.0.1" in w and adapter_version() in w], warnings
+    # window.PlotlyAdapter is the module the explorer imports (evaluated once: one start-up check)
+    assert page.evaluate("""async () => {
+      const m = await import('/static/js/plotly-adapter.js');
+      return m.checkVersion === PlotlyAdapter.checkVersion && m.isDrawn === PlotlyAdapter.isDrawn;
+    }""") is True
+    assert len([w for w in warnings if "plotly-adapter" in w]) == 1, warnings
+    assert page.watch.page_errors == []
+
+
+@pytest.mark.browser
+def test_the_start_up_check_warns_when_the_page_has_another_plotly(page, live_server):
+    warnings = []
+    page.on("console", lambda m: warnings.append(m.text) if m.type == "warning" else None)
+    # the vendored bundle sets window.Plotly; the page sees it as another version from the start
+    page.add_init_script("""(() => {
+      let plotly;
+      Object.defineProperty(window, 'Plotly', {configurable: true, get: () => plotly,
+        set: (v) => { plotly = v; v.version = '0.0.2'; }});
+    })()""")
+    page.goto(live_server + "/?model=toy")
+    page.wait_for_function("() => window.PlotlyAdapter && document.querySelector('[data-figure] .main-svg')")
+    page.wait_for_timeout(100)  # console events arrive asynchronously
+    assert [w for w in warnings if "plotly-adapter" in w and "0.0.2" in w and adapter_version() in w], warnings
     assert page.watch.page_errors == []
