@@ -27,7 +27,7 @@ RECIPES = {"induction": "Induction heads: random characters with a repeated segm
            "nasi-lemak": "Nasi lemak: the spec's one-block model on its Malay phrases",
            "text": "Text: a character-level GPT on Python's documentation, or your own text"}
 DEFAULT_RECIPE = "induction"
-FORM_FIELDS = ("steps", "seed", "n_layers", "n_heads", "d_model", "attn_only", "lr", "batch_size", "seq_len")
+FORM_FIELDS = tuple(c.name for c in requests.TRAIN_FORM)  # the form's settings (core/recipes.py labels them)
 TARGETS = {"nasi-lemak": "P('l' | \"nasi \")", "induction": "P(the repeated token)", "text": None}
 
 
@@ -221,7 +221,8 @@ def _render(request: Request, svc: Service, recipe: str, given: dict[str, str], 
         recent = []
     context = {"recipes": RECIPES, "recipe": recipe, "values": values, "view": view, "error": error,
                "recent": recent, "classroom": web.is_on(request.query_params, "classroom"), "nav": "train",
-               "form_id": "train", "limits": requests.TrainRequest.model_json_schema()["properties"],
+               "form_id": "train", "form": requests.TRAIN_FORM,
+               "limits": requests.TrainRequest.model_json_schema()["properties"],
                "all_defaults": {r: svc.training.recipe_defaults(r) for r in RECIPES}}
     return web.render(request, "train.html", context, url=_canonical(request.query_params) if view else None,
                       error=error, status=status)
