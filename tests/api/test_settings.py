@@ -1,9 +1,10 @@
 """Every EXPLORER_* setting, changed, takes effect.
 
 Request-time limits come from the settings dependency (app/deps.py): an app created with other
-settings (create_app(Settings(...)), which overrides the dependency) refuses past them. The limits a
-request model states in the OpenAPI are read when app.api.requests is imported, so those are checked in a
-fresh interpreter with the environment set, as a deployment sets them. Process settings (host, port,
+settings (create_app(Settings(...)), which overrides the dependency), or whose dependency is overridden,
+refuses past them. The limits the request models state are read from those same injected settings when
+a request is validated and when the OpenAPI is written (app/api/requests.py `Limit`), so the two agree;
+the environment's are also checked in a fresh interpreter, as a deployment sets them. Process settings (host, port,
 workers, log level) are checked on `python -m app` itself. (EXPLORER_BLAS_THREADS:
 tests/security/test_http_edge.py;
 EXPLORER_MAX_CONCURRENT_COMPUTE and EXPLORER_RETRY_AFTER_S: tests/security/test_compute_limit.py;
@@ -26,8 +27,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from fastapi.testclient import TestClient
+
+from app.main import create_app
 from app.models.pretrained import minilm_folder
-from app.settings import Settings
+from app.settings import Settings, get_settings
 
 from .conftest import half_precision_copy, messages
 
@@ -180,6 +184,55 @@ with TestClient(app) as c:
     out["openapi"] = c.get("/openapi.json").json()
 print(json.dumps(out))
 """
+
+
+def send(client: TestClient, method: str, path: str, fields: dict):
+    if method == "POST":
+        return client.post(path, json=fields if path.endswith("/train") else {"model": "toy", **fields})
+    return client.get(path, params=fields)
+
+
+def refused_by(response, field: str) -> bool:
+    return response.status_code == 422 and any(d["msg"].startswith(field) for d in response.json()["detail"])
+
+
+def test_injected_settings_set_both_what_is_refused_and_what_the_openapi_states(client, client_with):
+    """create_app(Settings(...)): every limit a request model states is the injected one, refused and stated
+    alike, beside an app of the default settings in the same process (nothing is fixed at import)."""
+    lowered = client_with(**{name: value for name, (value, _, _) in SCHEMA_LIMITS.items()}, max_body_bytes=2048)
+    for name, (_, (method, path, fields), field) in SCHEMA_LIMITS.items():
+        assert not refused_by(send(client, method, path, fields), field), name
+        assert refused_by(send(lowered, method, path, fields), field), name
+    for c, chars, layers, hooks, body in ((client, 4096, 12, 256, 65536), (lowered, 10, 2, 1, 2048)):
+        schema = c.get("/openapi.json").json()
+        run = schema["components"]["schemas"]["RunRequest"]["properties"]
+        assert run["text"]["maxLength"] == chars and f"at most {chars:,} characters" in run["text"]["description"]
+        assert run["n_layers"]["anyOf"][0]["maximum"] == layers and run["hooks"]["maxItems"] == hooks
+        assert f"at most {hooks}," in run["hooks"]["description"]
+        assert schema["paths"]["/api/v1/run"]["post"]["responses"]["413"]["description"] == \
+            f"The body is over {body:,} bytes"
+        text = next(p for p in schema["paths"]["/api/v1/lessons/attention"]["get"]["parameters"] if p["name"] == "text")
+        assert text["schema"]["maxLength"] == chars and f"{chars:,} characters" in text["description"]
+    # the pages validate with the same models, and say so in their controls
+    page = lowered.get("/", params={"model": "toy", "n_layers": 3})
+    assert page.status_code == 422 and "n_layers: Input should be less than or equal to 2" in page.text
+    assert 'id="n_layers" name="n_layers" value="3"' in page.text and 'max="2"' in page.text
+    assert 'maxlength="50"' in lowered.get("/train", params={"recipe": "text"}).text
+
+
+def test_a_settings_dependency_override_sets_both_too():
+    """app.dependency_overrides[get_settings]: the request models follow it, and so does the OpenAPI (written
+    again when the override changes)."""
+    app = create_app()
+    with TestClient(app) as c:
+        body = {"model": "toy", "text": "a", "n_layers": 3}
+        assert c.post("/api/v1/run", json=body).status_code == 200
+        assert c.get("/openapi.json").json()["components"]["schemas"]["RunRequest"]["properties"]["n_layers"][
+            "anyOf"][0]["maximum"] == 12
+        app.dependency_overrides[get_settings] = lambda: Settings(max_layers=2)
+        assert refused_by(c.post("/api/v1/run", json=body), "n_layers")
+        assert c.get("/openapi.json").json()["components"]["schemas"]["RunRequest"]["properties"]["n_layers"][
+            "anyOf"][0]["maximum"] == 2
 
 
 def probe(env: dict[str, str], cases: dict) -> dict:
