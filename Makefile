@@ -92,10 +92,13 @@ fixtures: setup
 	$(TORCHENV)/bin/python scripts/make_generation_fixtures.py
 	$(PY) -m pytest -q tests/core/test_parity.py tests/core/test_checkpoints.py tests/core/test_sampling.py tests/core/test_generate.py
 
-# Retrain the models that ship in core/trained/ (README, "Training"). On this machine type, with one
-# BLAS thread (core.train's default) and .venv's Python and NumPy, each folder comes out bit for bit
-# the same; python-docs also needs the same CPython (its corpus is that Python's pydoc topics, whose
-# SHA-256 its config.json records). About 10 minutes on one core.
+# Retrain the models that ship in core/trained/ (README, "Training"). Bit for bit only with .venv's
+# NumPy (and so its OpenBLAS), one BLAS thread (core.train's default) and the BLAS kernel each folder's
+# config.json records: OpenBLAS picks a kernel per CPU, so elsewhere force it where the CPU can run it
+# (OPENBLAS_CORETYPE=Haswell make trained-models). Another kernel, ARM or macOS's Accelerate changes
+# the last bits, and a long run drifts from there (tests/core/nasi_lemak_reproduction.py: how far).
+# python-docs also needs the same CPython (its corpus is that Python's pydoc topics, whose SHA-256 its
+# config.json records). About 10 minutes on one core.
 trained-models: setup
 	$(PY) -m core.train nasi-lemak --quiet --out core/trained/nasi-lemak
 	$(PY) -m core.train induction --seq-len 64 --steps 2000 --quiet --out core/trained/induction
