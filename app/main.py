@@ -19,8 +19,8 @@ from app.models.catalog import build_catalog
 from app.http.compression import CachedStaticFiles, GZipMiddleware
 from app.http.observability import AccessLogMiddleware, configure_access_log
 from app.paths import STATIC_DIR
-from app.api import routes, docs, health
-from app.pages import explorer, inspect, lessons, train
+from app.api import health, routes
+from app.pages import docs, explorer, inspect, lessons, train
 from app.http.security import ComputeLimitMiddleware, SecurityHeadersMiddleware
 from app.training.scheduler import TrainingManager
 from app.settings import Settings, get_settings, in_effect

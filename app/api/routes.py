@@ -16,9 +16,9 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 
 from app.api import requests, responses
-from app.pages import web
 from app.deps import ServiceDep
 from app.http.jsonio import FastJSONResponse, dumps
+from app.http.security import client_address
 from app.service import calculators
 
 router = APIRouter(prefix="/api/v1", tags=["api v1"], default_response_class=FastJSONResponse)
@@ -211,7 +211,7 @@ def train(req: requests.TrainRequest, request: Request, svc: ServiceDep) -> Fast
     pure function of its request (recipe, settings, seed, steps): the id is derived from them, so the same
     request returns the same run, and a class pressing Start together trains once. A run that was cut short,
     cancelled or failed is resumed from its last snapshot. Settings left null are the recipe's defaults."""
-    info, queued = svc.training.start(req.recipe, req.changes(), web.client_address(request))
+    info, queued = svc.training.start(req.recipe, req.changes(), client_address(request))
     body = {"id": info.id, "status": info.status, "queued": queued, "queue_position": info.queue_position,
             "links": run_links(info.id)}
     return FastJSONResponse(responses.TrainAccepted.model_validate(body).model_dump(), status_code=202,

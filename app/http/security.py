@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 
+from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 # Why each directive:
@@ -138,3 +139,9 @@ class ComputeLimitMiddleware:
             (b"retry-after", str(self.retry_after_s).encode()),
         ]})
         await send({"type": "http.response.body", "body": body})
+
+
+def client_address(request: Request) -> str:
+    """Who asked, by address (behind a proxy, the forwarded one: uvicorn's proxy headers): what the
+    per-client training limits count by."""
+    return request.client.host if request.client else "unknown"

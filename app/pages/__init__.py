@@ -1,8 +1,9 @@
 """The HTML face: the Jinja environment, htmx render helper and page state (web.py), figures as
 Plotly dicts (figures.py), the NumPy snippets the lessons show (snippets.py), the explorer's figures
-for a notebook (notebook.py), and the page routers (explorer, lessons, inspect, train).
+for a notebook (notebook.py), and the page routers (explorer, lessons, inspect, train, and docs.py:
+Swagger UI over /openapi.json, offline).
 
 May import: `app.service`, `app.api.requests` (the API's request models validate a page's state, so
-both faces share one set of limits), `app.http`'s JSON and error helpers, `app.deps`, `app.settings`,
+both faces share one set of limits), `app.http`'s JSON, error and client helpers, `app.deps`, `app.settings`,
 `app.paths`. Never `core`, `app.models` or `app.training`.
 """

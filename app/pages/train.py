@@ -19,6 +19,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from app.pages import figures, web
 from app.api import requests
 from app.deps import ServiceDep
+from app.http.security import client_address
 from app.service import FINISHED, TrainingRunInfo, Service
 
 router = APIRouter(tags=["pages"], include_in_schema=False)
@@ -183,7 +184,7 @@ async def start(request: Request, svc: ServiceDep):
     recipe, given = _form_values(form)
     try:
         req = _request_fields(recipe, given)
-        client = web.client_address(request)
+        client = client_address(request)
         # Building a recipe reads its corpus: off the event loop.
         info, _ = await asyncio.to_thread(svc.training.start, req.recipe, req.changes(), client)
         target = {"run": info.id}

@@ -135,11 +135,6 @@ def error_message(exc: Exception) -> str:
     return str(exc)
 
 
-def client_address(request: Request) -> str:
-    """Who asked, by address (behind a proxy, the forwarded one: uvicorn's proxy headers)."""
-    return request.client.host if request.client else "unknown"
-
-
 # ------------------------------------------------------------------ reading a query string
 
 TRUE, FALSE = {"1", "true", "on", "yes"}, {"0", "false", "off", "no"}
