@@ -21,6 +21,8 @@ from app.http.observability import AccessLogMiddleware, configure_access_log
 from app.paths import STATIC_DIR
 from app.api import health, routes
 from app.pages import docs, explorer, inspect, lessons, train
+from app.api import generate as generate_api
+from app.pages import generate as generate_page
 from app.http.security import ComputeLimitMiddleware, SecurityHeadersMiddleware
 from app.training.scheduler import TrainingManager
 from app.settings import Settings, get_settings, in_effect
@@ -69,6 +71,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(inspect.router)
     app.include_router(lessons.router)
     app.include_router(train.router)
+    app.include_router(generate_api.router)
+    app.include_router(generate_page.router)
     errors.install(app)
     # Middleware, outermost first (each add_middleware wraps what was added before it):
     #   AccessLog > SecurityHeaders > ServerError > UrlLengthLimit > BodySizeLimit > ComputeLimit > GZip

@@ -2,11 +2,11 @@
 
 One `Service` per request (app/deps.py) holds the model catalogue and the settings and offers each
 domain's views: `views` (a run's activations, the explorer), `inspect` (looking inside a run),
-`lessons` (the spec's lessons), `training` (training runs); `calculators` needs neither catalogue nor
-settings and is a module of functions. Each view takes a typed `RunSpec` (what to run) and its own
-arguments, checks the cost against the limits *before* computing, prepares the model once (tokens,
-config, weights), asks core for the numbers and returns a plain dataclass with token strings
-resolved. No JSON, no HTML: the faces (app/api/, app/pages/) format.
+`lessons` (the spec's lessons), `training` (training runs), `generation` (writing with a model);
+`calculators` needs neither catalogue nor settings and is a module of functions. Each view takes a
+typed `RunSpec` (what to run) and its own arguments, checks the cost against the limits *before*
+computing, prepares the model once (tokens, config, weights), asks core for the numbers and returns
+a plain dataclass with token strings resolved. No JSON, no HTML: the faces (app/api/, app/pages/) format.
 
 Bad input raises core's InputError with a message a learner can act on (app/http/errors.py: 422);
 anything else that escapes is a bug (500). ARCHITECTURE.md follows one request through here.
@@ -24,6 +24,7 @@ from app.models import knobs
 from app.models.catalog import Catalog, Model
 from app.service import calculators
 from app.service.errors import NotFound, Unavailable
+from app.service.generation import GenerationViews
 from app.service.inspect import InspectViews
 from app.service.lessons import Lessons
 from app.service.limits import Limits
@@ -49,6 +50,7 @@ class Service:
         self.inspect = InspectViews(self.views)
         self.lessons = Lessons(catalog, self.limits)
         self.training = TrainingService(catalog, settings)
+        self.generation = GenerationViews(self.views)
 
     @property
     def preparations(self) -> int:

@@ -49,7 +49,8 @@ def test_every_setting_is_covered_here_or_named():
     covered |= set(SCHEMA_LIMITS)
     elsewhere = {"blas_threads", "max_concurrent_compute", "retry_after_s", "access_log", "max_url_bytes",
                  "runs_dir", "train_workers", "train_max_per_client", "train_max_runs", "runs_max_mb",
-                 "default_model"}  # tests/pages/test_default_model.py
+                 "default_model",  # tests/pages/test_default_model.py
+                 "generate_max_values"}  # tests/api/test_generate.py
     assert set(Settings.model_fields) == covered | elsewhere
 
 
@@ -166,6 +167,7 @@ SCHEMA_LIMITS = {
     "calc_max_layers": (3, ("GET", "/api/v1/params", {"n_layers": 4}), "n_layers"),
     "calc_max_batch": (2, ("GET", "/api/v1/kv-cache", {"batch": 3}), "batch"),
     "train_max_text_chars": (50, ("POST", "/api/v1/train", {"recipe": "text", "text": "a" * 51}), "text"),
+    "generate_max_new_tokens": (2, ("POST", "/api/v1/generate", {"text": "a", "max_new_tokens": 3}), "max_new_tokens"),
 }
 
 PROBE = """

@@ -24,12 +24,14 @@ AXE = Path(__file__).resolve().parents[2] / "node_modules" / "axe-core" / "axe.m
 WCAG_TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"]
 PHONE = {"width": 390, "height": 844}  # a current phone, in CSS pixels
 LESSONS = ["attention", "scaling", "causal", "multihead", "positions", "params", "forward"]
-PAGES = (["/", "/?view=compare&rollout=1", "/?model=all-MiniLM-L6-v2", "/lessons", "/params", "/docs"]
+PAGES = (["/", "/?view=compare&rollout=1", "/?model=all-MiniLM-L6-v2", "/lessons", "/params", "/docs", "/generate"]
          + [f"/lessons/{name}" for name in LESSONS] + [f"/inspect?view={view}" for view in INSPECT_VIEWS])
 
-# Waits until every figure of the page is drawn (or the page has none) and Swagger UI has rendered.
+# Waits until every figure of the page is drawn (or the page has none), Swagger UI has rendered and a
+# generation has finished.
 SETTLED = """() => {
   if (location.pathname === '/docs') return !!document.querySelector('.swagger-ui .opblock');
+  if (location.pathname === '/generate') return /^(Done|Stopped)/.test(document.querySelector('#gen-status').textContent);
   const figures = [...document.querySelectorAll('[data-figure]')];
   return figures.every(el => el._fullLayout && !el._explorerPending) && !document.querySelector('.htmx-request');
 }"""
@@ -84,7 +86,7 @@ def test_no_wcag_a_or_aa_violation(tab, live_server, path):
 
 # Every page at a current phone's width; the narrowest and widest phones on the widest pages.
 PHONE_CASES = [(path, PHONE["width"]) for path in PAGES] + [
-    (path, width) for path in ("/?view=compare&rollout=1", "/lessons/positions", "/inspect?view=kvcache")
+    (path, width) for path in ("/?view=compare&rollout=1", "/lessons/positions", "/inspect?view=kvcache", "/generate")
     for width in (360, 430)]
 
 

@@ -1,0 +1,78 @@
+"""POST /api/v1/generate: write with a model, the whole generation as JSON, or streamed step by step.
+
+The body (app/api/generation_models.py) is checked and the whole generation priced before anything is
+computed (the service's `start`): bad input is a 422 with the reason, as JSON, before any stream begins.
+A client that asks for `Accept: text/event-stream` (the /generate page does, with fetch) then gets
+Server-Sent Events as each token is written: `start` (the prompt's tokens, the settings, the model's
+end-of-text ids), one `step` per token (the same object as the JSON's `steps[i]`) and `end` (the
+finish reason and the generated text). Each step is computed off the event loop; when the client goes
+away (the page's Stop), no further step is computed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+
+from app.api.generation_models import SAMPLING_HELP, GenerateRequest, GenerateResponse, GeneratedModel, StepModel
+from app.deps import ServiceDep
+from app.http.jsonio import FastJSONResponse, dumps
+from app.service.generation import GenerationRun
+
+router = APIRouter(prefix="/api/v1", tags=["api v1"], default_response_class=FastJSONResponse)
+
+EVENT_STREAM = "text/event-stream"
+_RESPONSES = {
+    200: {"content": {EVENT_STREAM: {}},
+          "description": "The whole generation as JSON; with `Accept: text/event-stream`, Server-Sent Events: `start` "
+                         "(the response's fields but steps, generated and finish_reason), `step` (one per token, as "
+                         "`steps[i]`), `end` (`finish_reason`, `generated`)"},
+    422: {"description": "Invalid input, or a generation beyond the limits (temperature < 0, top_p outside (0, 1], "
+                         "top_k < 1, max_new_tokens past the limit or the model's context, an encoder): "
+                         "`detail[].msg` says what to change"},
+}
+
+
+def _event(name: str, data: object, id: str | None = None) -> bytes:
+    return (f"id: {id}\n".encode() if id is not None else b"") + b"event: %s\ndata: %s\n\n" % (name.encode(),
+                                                                                             dumps(data))
+
+
+def head(run: GenerationRun) -> dict:
+    """What the stream starts with: the response's fields that are known before the first step."""
+    return GenerateResponse.model_validate(run.result()).model_dump(exclude={"steps", "generated", "finish_reason"})
+
+
+async def events(run: GenerationRun, request: Request) -> AsyncIterator[bytes]:
+    steps: Iterator = iter(run)
+    yield _event("start", head(run))
+    while True:
+        if await request.is_disconnected():
+            return  # the client left (Stop): nothing more is computed
+        step = await asyncio.to_thread(next, steps, None)  # one token: NumPy work off the event loop
+        if step is None:
+            break
+        yield _event("step", StepModel.model_validate(step).model_dump(), id=str(step.index))
+    result = run.result()
+    yield _event("end", {"finish_reason": result.finish_reason,
+                         "generated": GeneratedModel.model_validate(result.generated).model_dump()})
+
+
+@router.post("/generate", response_model=GenerateResponse, responses=_RESPONSES,
+             summary="Write with a model: temperature, top-k, top-p, each token's distribution and attention",
+             description="Continues `text` by up to `max_new_tokens` tokens through the KV cache. Every step "
+                         "records the token and its probability, its distribution before and after each setting "
+                         "(the top 20 and the cut-off), the attention row of the query that chose it in every layer "
+                         "and head (over every token so far), the cache's bytes and the heads acting as attention "
+                         "sinks (weight on the first token above `sink_threshold`). Decoders only. " + SAMPLING_HELP)
+async def generate(req: GenerateRequest, request: Request, svc: ServiceDep):
+    spec, settings = req.spec(), req.generate_settings()
+    if EVENT_STREAM in request.headers.get("accept", ""):
+        run = await asyncio.to_thread(svc.generation.start, spec, settings)  # a 422 here, before the stream
+        return StreamingResponse(events(run, request), media_type=EVENT_STREAM,
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    result = await asyncio.to_thread(svc.generation.generate, spec, settings)
+    return FastJSONResponse(GenerateResponse.model_validate(result).model_dump())

@@ -1,0 +1,136 @@
+"""The writing page, /generate: choose a model, a text, a temperature, top-k and top-p, press Generate and
+watch the text grow token by token; click a token for the distribution it was drawn from and where
+every head looked when it was chosen.
+
+The route reads the page's state from its URL (model, text, max_new_tokens, temperature, top_k, top_p,
+repetition_penalty, seed, stop; and the token, layer and head shown), checks the model and text with the
+API's request model (app/api/requests.py) and everything else with the service's own check (which
+loads nothing), and renders the form and a results block holding the request as data. The page's
+script (static/js/generate.js) then posts that request to POST /api/v1/generate asking for
+Server-Sent Events and draws each step as it arrives; Stop aborts the stream, which stops the
+server's generation too. Bad settings are said in place of the results, with status 422.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, replace
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse
+
+from app.api import requests
+from app.deps import ServiceDep
+from app.pages import web
+from app.service import Model, Service
+from app.service.generation import GenerateSettings
+
+router = APIRouter(tags=["pages"], include_in_schema=False)
+
+DEFAULT = GenerateSettings()
+NUMBERS = {"max_new_tokens": int, "temperature": float, "top_k": int, "top_p": float, "seed": int,
+           "repetition_penalty": float}
+PICKS = ("step", "layer", "head")  # what is shown: the token (its step), and the layer and head of its strip
+TOP_K_SLIDER = 100  # the top-k slider's greatest value (a model with fewer tokens: its d_vocab)
+PACE_MS = 30  # tokens appear at most this often, so a fast model's text can be read as it grows
+
+
+@dataclass
+class GenerateState:
+    """What the page's controls show: the URL's values, else the defaults (the API's)."""
+
+    model: str
+    text: str
+    settings: GenerateSettings
+    step: int | None = None
+    layer: int = 0
+    head: int = 0
+
+
+def parse(query, models: dict[str, Model], preferred: str, errors: list[str]) -> GenerateState:
+    name = web.last(query, "model") or web.default_model(models, preferred)
+    if name not in models:
+        errors.append(f"unknown model {name!r}: choose one of {', '.join(models)}")
+        name = web.default_model(models, preferred)
+    texts = query.getlist("text")
+    text = texts[-1] if texts else models[name].default_text
+    given = {}
+    for key, kind in NUMBERS.items():
+        raw = web.last(query, key)
+        if raw is not None:
+            given[key] = web.parse_number(key, raw, kind, errors)
+    given = {k: v for k, v in given.items() if v is not None}
+    stop = query.getlist("stop")[-1] if query.getlist("stop") else None
+    settings = GenerateSettings(**(asdict(DEFAULT) | given | {"stop": stop or None}))
+    picks = {}
+    for key in PICKS:
+        raw = web.last(query, key)
+        value = web.parse_number(key, raw, int, errors) if raw is not None else None
+        picks[key] = max(value, 0) if value is not None else None
+    return GenerateState(name, text, settings, picks["step"], picks["layer"] or 0, picks["head"] or 0)
+
+
+def canonical(state: GenerateState, default_model: str, default_text: str) -> str:
+    """The shortest URL restoring this page: what differs from the defaults."""
+    params: dict[str, object] = {}
+    if state.model != default_model:
+        params["model"] = state.model
+    if state.text != default_text:
+        params["text"] = state.text
+    for key, value in asdict(state.settings).items():
+        if value != getattr(DEFAULT, key):
+            params[key] = value
+    for key in PICKS:
+        value = getattr(state, key)
+        if value not in (None, 0):
+            params[key] = value
+    return "/generate?" + urlencode(params) if params else "/generate"
+
+
+def api_body(state: GenerateState) -> dict:
+    """The POST /api/v1/generate body this page's script sends."""
+    return {"model": state.model, "text": state.text} | {k: v for k, v in asdict(state.settings).items()
+                                                         if v is not None}
+
+
+def controls(svc: Service, model: Model, state: GenerateState, room: int | None) -> dict:
+    """The sliders' and inputs' bounds for this model (and text: `room` tokens left in its context)."""
+    s = state.settings
+    cfg = model.cfg
+    limit = max(1, min(svc.settings.generate_max_new_tokens, cfg.n_ctx if room is None else room))
+    return {"max_new_tokens": limit, "top_k_max": max(min(cfg.d_vocab, TOP_K_SLIDER), s.top_k or 1),
+            "temperature_max": max(2.0, s.temperature), "n_ctx": cfg.n_ctx}
+
+
+@router.get("/generate", response_class=HTMLResponse, summary="Write with a model")
+def generate_page(request: Request, svc: ServiceDep) -> HTMLResponse:
+    query = request.query_params
+    models = svc.views.models()
+    errors: list[str] = []
+    preferred = svc.settings.default_model
+    state = parse(query, models, preferred, errors)
+    model = models[state.model]
+    error, body = "; ".join(errors) or None, None
+    room = None
+    if error is None:
+        try:
+            spec = requests.ModelRequest.model_validate({"model": state.model, "text": state.text}).spec()
+            room = svc.generation.room(spec)
+            if web.last(query, "max_new_tokens") is None:  # the default, as far as the context allows
+                state.settings = replace(state.settings, max_new_tokens=max(1, min(DEFAULT.max_new_tokens, room)))
+            svc.generation.check(spec, state.settings)  # everything the API would refuse, nothing loaded
+            body = api_body(state)
+        except web.PAGE_ERRORS as exc:
+            error = web.error_message(exc)
+    writers = [m for m in models.values() if not m.is_encoder]
+    context = {
+        "state": state, "settings": state.settings, "model": model, "models": writers,
+        "encoders": [m.name for m in models.values() if m.is_encoder], "error": error,
+        "request_json": json.dumps(body) if body else None, "limits": controls(svc, model, state, room),
+        "picks": {"step": state.step, "layer": state.layer, "head": state.head}, "pace_ms": PACE_MS,
+        "nav": "generate", "form_id": "generate", "classroom": web.is_on(query, "classroom"),
+        "max_text_chars": svc.settings.max_text_chars,
+    }
+    url = canonical(state, web.default_model(models, preferred), models[state.model].default_text)
+    return web.render(request, "generate.html", context, url=url, error=error)
