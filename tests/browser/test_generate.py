@@ -5,6 +5,9 @@ distribution and its attention, and bad settings are said in place.
 
 from __future__ import annotations
 
+import csv
+import json
+from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urlparse
 
 import pytest
@@ -69,6 +72,17 @@ def test_the_streamed_text_is_the_apis_and_a_click_shows_how_a_token_was_chosen(
     page.wait_for_function("() => document.querySelector('#gen-strip-title').textContent.includes('L0H1')")
     query = parse_qs(urlparse(page.url).query)
     assert "layer" not in query and query["head"] == ["1"]  # layer 0 is the default
+
+    # the downloads: the whole generation as the API gives it, and this token's distribution
+    with page.expect_download() as got:
+        page.click("#gen-download-json")
+    saved = json.loads(Path(got.value.path()).read_text())
+    assert saved["steps"] == expected["steps"] and saved["generated"] == expected["generated"]
+    with page.expect_download() as got:
+        page.click("#gen-download-csv")
+    rows = list(csv.reader(Path(got.value.path()).read_text().splitlines()))
+    assert rows[0] == ["rank", "token", "id", "model", "temperature", "top_k", "top_p", "kept", "cut_by", "drawn"]
+    assert [int(r[2]) for r in rows[1:]] == [c["id"] for c in step["top"]]
 
     # the keyboard: → moves to the next token
     page.focus("#gen-output button.gen-tok[data-index='3']")
