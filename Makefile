@@ -90,7 +90,9 @@ fixtures: setup
 	$(TORCHENV)/bin/python scripts/make_family_fixtures.py
 	$(TORCHENV)/bin/python scripts/make_training_fixtures.py
 	$(TORCHENV)/bin/python scripts/make_generation_fixtures.py
-	$(PY) -m pytest -q tests/core/test_parity.py tests/core/test_checkpoints.py tests/core/test_sampling.py tests/core/test_generate.py
+	$(TORCHENV)/bin/python scripts/make_patching_fixtures.py
+	$(PY) -m pytest -q tests/core/test_parity.py tests/core/test_checkpoints.py tests/core/test_sampling.py tests/core/test_generate.py \
+		tests/core/test_patching.py
 
 # Retrain the models that ship in core/trained/ (README, "Training"). Bit for bit only with .venv's
 # NumPy (and so its OpenBLAS), one BLAS thread (core.train's default) and the BLAS kernel each folder's

@@ -21,6 +21,8 @@ from app.http.observability import AccessLogMiddleware, configure_access_log
 from app.paths import STATIC_DIR
 from app.api import health, routes
 from app.pages import docs, explorer, inspect, lessons, train
+from app.api import circuits as circuits_api
+from app.pages import circuits as circuits_page
 from app.api import generate as generate_api
 from app.pages import generate as generate_page
 from app.http.security import ComputeLimitMiddleware, SecurityHeadersMiddleware
@@ -71,6 +73,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(inspect.router)
     app.include_router(lessons.router)
     app.include_router(train.router)
+    app.include_router(circuits_api.router)
+    app.include_router(circuits_page.router)
     app.include_router(generate_api.router)
     app.include_router(generate_page.router)
     errors.install(app)

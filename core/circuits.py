@@ -35,6 +35,7 @@ of W_QK (it then depends on the distance between query and key).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -239,29 +240,33 @@ def folded_heads(params: Params, cfg: TransformerConfig) -> dict[str, np.ndarray
     return {k: np.stack(v) for k, v in out.items()}
 
 
-def _gram(A: np.ndarray) -> np.ndarray:
-    """Aᵀ A for tall factors A [..., d_model, r] -> [..., r, r]."""
-    return np.swapaxes(A, -1, -2) @ A
-
-
-def _outer_gram(B: np.ndarray) -> np.ndarray:
-    """B Bᵀ for wide factors B [..., r, d_model] -> [..., r, r]."""
-    return B @ np.swapaxes(B, -1, -2)
-
-
-def factored_norm_sq(A: np.ndarray, B: np.ndarray) -> np.ndarray:
-    """‖A B‖_F² from the factors: trace(AᵀA · B Bᵀ).  # A [..., d, r], B [..., r, d] -> [...]"""
-    return np.einsum("...ij,...ji->...", _gram(A), _outer_gram(B))
+def _root(A: np.ndarray) -> np.ndarray:
+    """R [..., r, r] with RᵀR = AᵀA (from the r × r Gram matrix's eigenvectors), so that ‖A X‖_F = ‖R X‖_F
+    for any X: a tall d × r factor replaced by an r × r one.  # [..., d, r] -> [..., r, r]"""
+    w, V = np.linalg.eigh(np.swapaxes(A, -1, -2) @ A)
+    return np.sqrt(np.maximum(w, 0.0))[..., :, None] * np.swapaxes(V, -1, -2)
 
 
 def composition_score(A1: np.ndarray, B1: np.ndarray, A2: np.ndarray, B2: np.ndarray) -> np.ndarray:
-    """‖(A1 B1)(A2 B2)‖_F / (‖A1 B1‖_F ‖A2 B2‖_F), every pair: A1 B1 the earlier heads' [E, d, r], [E, r, d],
-    A2 B2 the later heads' [L, d, r], [L, r, d] -> [L, E]. ‖A1 C B2‖² = trace(G1 C H2 Cᵀ) with C = B1 A2,
-    G1 = A1ᵀA1 and H2 = B2 B2ᵀ: only r × r products."""
-    G1, H2 = _gram(A1), _outer_gram(B2)  # [E, r, r], [L, r, r]
-    C = np.einsum("erd,ldk->lerk", B1, A2)  # [L, E, r, r]
-    product = np.einsum("eij,lejk,lkm,lemi->le", G1, C, H2, np.swapaxes(C, -1, -2), optimize=True)
-    return np.sqrt(np.maximum(product, 0.0)) / np.sqrt(factored_norm_sq(A2, B2)[:, None] * factored_norm_sq(A1, B1))
+    """‖(A1 B1)(A2 B2)‖_F / (‖A1 B1‖_F ‖A2 B2‖_F) for every pair: the earlier heads' factors A1 [E, d, r], B1 [E, r, d],
+    the later heads' A2 [L, d, r], B2 [L, r, d] -> [L, E]. With R1ᵀR1 = A1ᵀA1 and R2ᵀR2 = B2 B2ᵀ (`_root`),
+    every Frobenius norm is unchanged with R1 for A1 and R2ᵀ for B2: ‖A1 B1 A2 B2‖ = ‖R1 B1 A2 R2ᵀ‖, so all
+    pairs are one matrix product [E·r, d] @ [d, L·r] and never a d × d matrix."""
+    P1 = _root(A1) @ B1  # [E, r, d]: ‖P1‖ = ‖A1 B1‖
+    P2 = A2 @ np.swapaxes(_root(np.swapaxes(B2, -1, -2)), -1, -2)  # [L, d, r]: ‖P2‖ = ‖A2 B2‖
+    (E, r, d), L = P1.shape, P2.shape[0]
+    M = P1.reshape(E * r, d) @ P2.transpose(1, 0, 2).reshape(d, L * r)  # [E·r, L·r], block (e, l) = R1 B1 A2 R2ᵀ
+    squares = (M * M).reshape(E, r, L, -1).sum(axis=(1, 3)).T  # [L, E]
+    norms = np.sqrt((P2 * P2).sum(axis=(1, 2)))[:, None] * np.sqrt((P1 * P1).sum(axis=(1, 2)))[None, :]
+    return np.sqrt(squares) / norms
+
+
+def composition_work(cfg: TransformerConfig) -> int:
+    """Multiply-adds of `composition_scores`: per mode, d·r² for each pair of heads in different layers (and
+    the factors' QR decompositions and the baseline's samples, small beside it)."""
+    H, L, d, r = cfg.n_heads, cfg.n_layers, cfg.d_model, cfg.d_head
+    pairs = H * H * L * (L - 1) // 2
+    return 3 * pairs * d * r * r + (3 * L * H + BASELINE_SAMPLES) * 4 * d * r * r
 
 
 @dataclass(frozen=True)
@@ -277,15 +282,17 @@ class Composition:
 BASELINE_SAMPLES = 64
 
 
+@functools.lru_cache(maxsize=64)
 def composition_baseline(d_model: int, d_head: int, samples: int = BASELINE_SAMPLES, seed: int = 0
                          ) -> tuple[float, float]:
     """The composition score of Gaussian factors of these shapes: (mean, standard deviation)."""
     rng = np.random.default_rng(seed)
-    A1, A2 = rng.standard_normal((2, samples, d_model, d_head))
-    B1, B2 = rng.standard_normal((2, samples, d_head, d_model))
-    scores = np.array([composition_score(A1[i:i + 1], B1[i:i + 1], A2[i:i + 1], B2[i:i + 1])[0, 0]
-                       for i in range(samples)])
-    return float(scores.mean()), float(scores.std())
+    scores = []
+    for _ in range(samples):
+        A1, A2 = rng.standard_normal((2, 1, d_model, d_head))
+        B1, B2 = rng.standard_normal((2, 1, d_head, d_model))
+        scores.append(composition_score(A1, B1, A2, B2)[0, 0])
+    return float(np.mean(scores)), float(np.std(scores))
 
 
 def composition_scores(params: Params, cfg: TransformerConfig) -> Composition:
@@ -296,12 +303,13 @@ def composition_scores(params: Params, cfg: TransformerConfig) -> Composition:
     WV, WO, WQ, WK = flat["W_V"], flat["W_O"], flat["W_Q"], flat["W_K"]
     Kt = np.swapaxes(WK, -1, -2)  # [heads, d_head, d_model]
     Qt = np.swapaxes(WQ, -1, -2)
-    earlier = np.repeat(np.arange(L), H)
-    mask = earlier[None, :] < earlier[:, None]  # [later, earlier]: the earlier head's layer is before
-    scores = {"q": composition_score(WV, WO, WQ, Kt),  # x W_OV then W_QK = W_Q W_Kᵀ
-              "k": composition_score(WV, WO, WK, Qt),  # W_QKᵀ = W_K W_Qᵀ
-              "v": composition_score(WV, WO, WV, WO)}
-    scores = {k: np.where(mask, s, np.nan) for k, s in scores.items()}
+    scores = {mode: np.full((L * H, L * H), np.nan) for mode in "qkv"}
+    for layer in range(1, L):  # later heads of this layer against every head of the layers before
+        later, before = slice(layer * H, (layer + 1) * H), slice(0, layer * H)
+        A1, B1 = WV[before], WO[before]  # the earlier heads' W_OV = W_V W_O
+        scores["q"][later, before] = composition_score(A1, B1, WQ[later], Kt[later])  # W_QK = W_Q W_Kᵀ
+        scores["k"][later, before] = composition_score(A1, B1, WK[later], Qt[later])  # W_QKᵀ = W_K W_Qᵀ
+        scores["v"][later, before] = composition_score(A1, B1, WV[later], WO[later])
     mean, std = composition_baseline(cfg.d_model, cfg.d_head)
     return Composition([f"L{la}H{h}" for la in range(L) for h in range(H)], scores["q"], scores["k"], scores["v"],
                        mean, std)

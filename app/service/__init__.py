@@ -23,6 +23,7 @@ from __future__ import annotations
 from app.models import knobs
 from app.models.catalog import Catalog, Model
 from app.service import calculators
+from app.service.circuits import CircuitViews
 from app.service.errors import NotFound, Unavailable
 from app.service.generation import GenerationViews
 from app.service.inspect import InspectViews
@@ -48,6 +49,7 @@ class Service:
         self.limits = Limits(settings)
         self.views = ModelViews(catalog, settings, self.limits)
         self.inspect = InspectViews(self.views)
+        self.circuits = CircuitViews(self.views)  # patching, QK and OV circuits, composition
         self.lessons = Lessons(catalog, self.limits)
         self.training = TrainingService(catalog, settings)
         self.generation = GenerationViews(self.views)

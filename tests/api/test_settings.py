@@ -50,7 +50,8 @@ def test_every_setting_is_covered_here_or_named():
     elsewhere = {"blas_threads", "max_concurrent_compute", "retry_after_s", "access_log", "max_url_bytes",
                  "runs_dir", "train_workers", "train_max_per_client", "train_max_runs", "runs_max_mb",
                  "default_model",  # tests/pages/test_default_model.py
-                 "generate_max_values"}  # tests/api/test_generate.py
+                 "generate_max_values",  # tests/api/test_generate.py
+                 "patching_max_passes", "ov_max_sources"}  # tests/api/test_circuits.py
     assert set(Settings.model_fields) == covered | elsewhere
 
 

@@ -24,7 +24,8 @@ AXE = Path(__file__).resolve().parents[2] / "node_modules" / "axe-core" / "axe.m
 WCAG_TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"]
 PHONE = {"width": 390, "height": 844}  # a current phone, in CSS pixels
 LESSONS = ["attention", "scaling", "causal", "multihead", "positions", "params", "forward"]
-PAGES = (["/", "/?view=compare&rollout=1", "/?model=all-MiniLM-L6-v2", "/lessons", "/params", "/docs", "/generate"]
+PAGES = (["/", "/?view=compare&rollout=1", "/?model=all-MiniLM-L6-v2", "/lessons", "/params", "/docs", "/generate",
+          "/circuits?model=induction"]
          + [f"/lessons/{name}" for name in LESSONS] + [f"/inspect?view={view}" for view in INSPECT_VIEWS])
 
 # Waits until every figure of the page is drawn (or the page has none), Swagger UI has rendered and a

@@ -1,8 +1,12 @@
 """Activation patching (core/patching.py): the identities every patch must satisfy, the shortcuts a sweep
 takes (starting at the patched layer and position) against a plain run of every block on every position,
-frozen attention, bad input, and the induction model's mechanism as a test."""
+frozen attention, bad input, the induction model's mechanism as a test, and patched logits against
+transformers with torch forward hooks (tests/fixtures/patching.npz, scripts/make_patching_fixtures.py)."""
 
 from __future__ import annotations
+
+import hashlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +19,7 @@ from core.patching import (DIRECTIONS, TARGETS, Patch, ablated_logits, final_res
                            patched_resid, run_for_patching, sweep, sweep_cells, sweep_passes, sweep_work)
 
 from .test_analysis import random_params
+from .test_parity import as_float64
 
 CLEAN = np.array([3, 7, 1, 7, 3, 9, 0, 7, 2])
 CORRUPTED = np.array([3, 5, 1, 8, 3, 9, 4, 7, 2])
@@ -254,3 +259,40 @@ def test_the_induction_models_full_sweep_makes_one_pass_per_cell():
     logits = run_with_cache(params, cfg, np.array(ids[0]))[0][-1]
     assert r.clean_metric == pytest.approx(float(logits[tok.encode(answer).ids[0]] - logits[tok.encode(wrong).ids[0]]),
                                            abs=1e-4)
+
+
+# ------------------------------------------------------------------ against transformers
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "patching.npz"
+GENERATOR = Path(__file__).resolve().parents[2] / "scripts" / "make_patching_fixtures.py"
+CHECKPOINTS = {"gpt2-tiny": "gpt2-tiny", "llama-gqa": "families/llama-gqa"}
+
+
+def test_the_fixture_was_recorded_by_the_generator_as_it_is():
+    with np.load(FIXTURE) as z:
+        assert str(z["meta_generator_sha256"]) == hashlib.sha256(GENERATOR.read_bytes()).hexdigest(), \
+            "scripts/make_patching_fixtures.py changed since tests/fixtures/patching.npz was made: run make fixtures"
+
+
+@pytest.mark.parametrize("name", list(CHECKPOINTS))
+@pytest.mark.parametrize("dtype, atol", [("64", 1e-10), ("32", 1e-4)])
+def test_patched_logits_equal_transformers_with_torch_hooks(name, dtype, atol):
+    """GPT-2 (learned positions, layer norm) and Llama (rotary, RMS norm, gated MLP, grouped-query heads): the
+    block's input at one position, a head's z at every position or one, an MLP's output at one position, patched
+    by forward hooks in transformers and by core, give the same last-position logits."""
+    ckpt = load_checkpoint(FIXTURE.parent / CHECKPOINTS[name])
+    params = as_float64(ckpt.params) if dtype == "64" else ckpt.params
+    with np.load(FIXTURE) as z:
+        ref = {k.split("/", 1)[1]: z[k] for k in z.files if k.startswith(name + "/")}
+        targets = [str(t) for t in z["targets"]]
+    cfg = ckpt.cfg
+    clean = run_for_patching(params, cfg, ref["clean"])
+    corrupted = run_for_patching(params, cfg, ref["corrupted"])
+    np.testing.assert_allclose(last_logits(params, cfg, final_resid(clean)), ref["clean_logits" + dtype], atol=atol)
+    np.testing.assert_allclose(last_logits(params, cfg, final_resid(corrupted)), ref["corrupted_logits" + dtype],
+                               atol=atol)
+    for (target, layer, head, pos, noise), expected in zip(ref["patches"], ref["logits" + dtype]):
+        patch = Patch(targets[target], int(layer), None if head < 0 else int(head), None if pos < 0 else int(pos))
+        base, source = (clean, corrupted) if noise else (corrupted, clean)
+        ours = last_logits(params, cfg, patched_resid(params, cfg, base, source, patch))
+        np.testing.assert_allclose(ours, expected, atol=atol, rtol=0, err_msg=f"{name} {patch} noise={noise}")

@@ -1,0 +1,209 @@
+"""Build the activation-patching fixtures: patched logits that Hugging Face `transformers` computes with torch
+forward hooks, for tests/core/test_patching.py to hold core/patching.py against.
+
+Two checkpoints the other fixture scripts made (run them first: `make fixtures` does, in order):
+tests/fixtures/gpt2-tiny (GPT-2: learned positions, layer norm, a tied unembedding) and
+tests/fixtures/families/llama-gqa (Llama: rotary positions, RMS norm, a gated MLP, 4 query heads sharing 2
+key/value heads). For each, a clean and a corrupted sequence of token ids of the same length (the corrupted
+one differs at a few positions) and, for a list of patches, the logits at the last position of the
+corrupted run with that one activation taken from the clean run (denoising), or the reverse (noising):
+
+    resid_pre      a block's input at one position (a forward pre-hook on the block replaces it)
+    attn_head      one head's output z, before the output projection, at every position or one
+                   (a forward pre-hook on c_proj / o_proj replaces that head's slice of its input)
+    mlp_out        an MLP's output at one position (a forward hook on the MLP replaces it)
+
+Needs its own environment with torch (the app and its tests never import torch):
+
+    /tmp/torchenv/bin/python scripts/make_patching_fixtures.py
+
+It writes tests/fixtures/patching.npz: per checkpoint `<name>/clean`, `<name>/corrupted` (token ids),
+`<name>/patches` [n, 5] (target index into TARGETS, layer, head or -1, position or -1 for all, 1 for
+noising), `<name>/logits64` [n, d_vocab] computed in float64 (the weights upcast exactly) and
+`<name>/logits32` in float32, plus the clean and corrupted runs' own last logits; and how it was made
+(torch and transformers versions, this script's SHA-256). Running it twice writes the same numbers. The
+float64 run is float64 throughout (`exactly_float64`: transformers' Llama keeps three steps in float32).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # never reach for the Hub: everything here is local
+
+import numpy as np
+import torch
+import transformers
+from transformers import AutoModelForCausalLM
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures"
+OUT = FIXTURES / "patching.npz"
+CHECKPOINTS = {"gpt2-tiny": FIXTURES / "gpt2-tiny", "llama-gqa": FIXTURES / "families" / "llama-gqa"}
+TARGETS = ("resid_pre", "attn_head", "mlp_out")
+N_TOKENS = 12
+CHANGED = (2, 5, 6)  # positions where the corrupted sequence differs
+
+
+def parts(model):
+    """The blocks, and for each its output projection (whose input is every head's z side by side) and MLP."""
+    base = model.base_model
+    if hasattr(base, "h"):  # GPT-2
+        return list(base.h), [b.attn.c_proj for b in base.h], [b.mlp for b in base.h]
+    return list(base.layers), [b.self_attn.o_proj for b in base.layers], [b.mlp for b in base.layers]
+
+
+@contextlib.contextmanager
+def exactly_float64(model) -> Iterator[None]:
+    """A float64 model computed in float64 throughout. transformers' Llama keeps three steps in float32 whatever
+    the model's dtype (its rotary angles, its RMS norm and its eager attention's softmax all cast to float),
+    which would leave the float64 reference about 1e-6 from exact; within this block the same formulas run in
+    float64. GPT-2 needs none of it."""
+    llama = transformers.models.llama.modeling_llama
+    cfg = model.config
+    rotary = getattr(model.base_model, "rotary_emb", None)
+    if rotary is None:
+        yield
+        return
+    dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    inv_freq = 1.0 / (cfg.rope_parameters["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+
+    def angles(x, position_ids):  # p · base^(-2i/d)
+        freqs = position_ids[..., None].double() * inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+    def rms_norm(norm):
+        return lambda h: norm.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon))
+
+    def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+        k, v = llama.repeat_kv(key, module.num_key_value_groups), llama.repeat_kv(value, module.num_key_value_groups)
+        weights = torch.matmul(query, k.transpose(2, 3)) * scaling
+        if attention_mask is not None:
+            weights = weights + attention_mask
+        weights = torch.softmax(weights, dim=-1)
+        return torch.matmul(weights, v).transpose(1, 2).contiguous(), weights
+
+    rotary.forward = angles
+    for module in model.modules():
+        if isinstance(module, llama.LlamaRMSNorm):
+            module.forward = rms_norm(module)
+    kept, llama.eager_attention_forward = llama.eager_attention_forward, attention
+    try:
+        yield
+    finally:
+        llama.eager_attention_forward = kept
+
+
+def sequences(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    rng = np.random.default_rng(25)
+    clean = rng.integers(3, vocab, size=N_TOKENS)
+    corrupted = clean.copy()
+    for p in CHANGED:
+        corrupted[p] = (clean[p] + 1 + rng.integers(0, vocab - 4)) % (vocab - 3) + 3
+    return torch.tensor(clean[None]), torch.tensor(corrupted[None])
+
+
+def patches(n_layers: int, n_heads: int) -> list[tuple[int, int, int, int, int]]:
+    """(target, layer, head, pos, noise): every layer's stream and MLP at a changed position and the last, every
+    head at every position and at a changed one, and a few the other way round."""
+    out = []
+    for layer in range(n_layers):
+        for pos in (CHANGED[0], N_TOKENS - 1):
+            out += [(0, layer, -1, pos, 0), (2, layer, -1, pos, 0)]
+        for head in range(n_heads):
+            out += [(1, layer, head, -1, 0), (1, layer, head, CHANGED[1], 0)]
+        out += [(0, layer, -1, CHANGED[2], 1), (1, layer, 0, -1, 1)]
+    return out
+
+
+@torch.no_grad()
+def record(model, clean: torch.Tensor, corrupted: torch.Tensor, todo) -> dict[str, np.ndarray]:
+    blocks, projections, mlps = parts(model)
+    n_heads = model.config.num_attention_heads
+    d_head = getattr(model.config, "head_dim", None) or model.config.hidden_size // n_heads
+
+    def first(x):
+        return x if isinstance(x, torch.Tensor) else x[0]
+
+    def activations(ids):
+        """Every block's input, every output projection's input, every MLP's output, of one run."""
+        seen = {"resid_pre": [], "z": [], "mlp_out": []}
+        hooks = [b.register_forward_pre_hook(
+            lambda m, a, kw: seen["resid_pre"].append(first(kw.get("hidden_states", a and a[0])).clone()),
+            with_kwargs=True) for b in blocks]
+        hooks += [p.register_forward_pre_hook(lambda m, a: seen["z"].append(a[0].clone())) for p in projections]
+        hooks += [m.register_forward_hook(lambda m, a, out: seen["mlp_out"].append(first(out).clone())) for m in mlps]
+        try:
+            logits = model(ids, use_cache=False).logits[0, -1]
+        finally:
+            for h in hooks:
+                h.remove()
+        return seen, logits
+
+    runs = {0: activations(clean), 1: activations(corrupted)}
+    out = {"clean_logits": runs[0][1].numpy(), "corrupted_logits": runs[1][1].numpy()}
+    rows = []
+    for target, layer, head, pos, noise in todo:
+        source = runs[0 if not noise else 1][0]  # denoise: from the clean run into the corrupted one
+        base_ids = corrupted if not noise else clean
+        at = slice(None) if pos < 0 else slice(pos, pos + 1)
+        if target == 0:
+            def hook(m, a, kw, value=source["resid_pre"][layer], at=at):
+                x = first(kw.get("hidden_states", a and a[0])).clone()
+                x[:, at] = value[:, at]
+                if "hidden_states" in kw:
+                    return a, kw | {"hidden_states": x}
+                return (x, *a[1:]), kw
+            handle = blocks[layer].register_forward_pre_hook(hook, with_kwargs=True)
+        elif target == 1:
+            def hook(m, a, value=source["z"][layer], at=at, head=head):
+                z = a[0].clone()
+                cols = slice(head * d_head, (head + 1) * d_head)
+                z[:, at, cols] = value[:, at, cols]
+                return (z, *a[1:])
+            handle = projections[layer].register_forward_pre_hook(hook)
+        else:
+            def hook(m, a, out, value=source["mlp_out"][layer], at=at):
+                x = first(out).clone()
+                x[:, at] = value[:, at]
+                return x if isinstance(out, torch.Tensor) else (x, *out[1:])
+            handle = mlps[layer].register_forward_hook(hook)
+        try:
+            rows.append(model(base_ids, use_cache=False).logits[0, -1].numpy())
+        finally:
+            handle.remove()
+    out["logits"] = np.stack(rows)
+    return out
+
+
+def main() -> None:
+    generator = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    data: dict[str, np.ndarray] = {"meta_torch_version": np.array(torch.__version__),
+                                   "meta_transformers_version": np.array(transformers.__version__),
+                                   "meta_generator_sha256": np.array(generator), "targets": np.array(TARGETS)}
+    for name, folder in CHECKPOINTS.items():
+        model32 = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", dtype=torch.float32).eval()
+        model64 = copy.deepcopy(model32).double()  # the float32 weights upcast exactly: only the arithmetic differs
+        clean, corrupted = sequences(model32.config.vocab_size)
+        todo = patches(model32.config.num_hidden_layers, model32.config.num_attention_heads)
+        data[f"{name}/clean"], data[f"{name}/corrupted"] = clean[0].numpy(), corrupted[0].numpy()
+        data[f"{name}/patches"] = np.array(todo, dtype=np.int64)
+        with exactly_float64(model64):
+            references = {"64": record(model64, clean, corrupted, todo)}
+        references["32"] = record(model32, clean, corrupted, todo)
+        for suffix, recorded in references.items():
+            for key, value in recorded.items():
+                data[f"{name}/{key}{suffix}"] = value
+        print(f"{name}: {len(todo)} patches")
+    np.savez_compressed(OUT, **data)
+    print(f"wrote {OUT.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""The circuits page in a real browser: the patching sweeps it draws are the API's grids, and a click on a head
+shows that head's QK decomposition (the API's terms), with the state in the URL.
+
+What Plotly drew (each plot element's `data`) is compared with the JSON API's numbers, fetched from the same
+server by the page itself.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qs, urlparse
+
+import numpy as np
+import pytest
+
+from app.service.circuits import INDUCTION_PREFILL
+
+pytestmark = pytest.mark.browser
+
+DRAWN = """(id) => {
+  const el = document.querySelector('#' + id + ' .plot');
+  if (!el || !el._fullLayout || !el.data) return null;
+  const plain = rows => Array.from(rows, row => Array.from(row, v => Number.isNaN(v) ? null : v));
+  return {z: plain(el.data[0].z), x: Array.from(el.data[0].x), y: Array.from(el.data[0].y)};
+}"""
+
+# The pixel at the centre of cell (i, j) of a card's heatmap, in the page's coordinates.
+CELL = """([id, i, j]) => {
+  const el = document.querySelector('#' + id + ' .plot');
+  const xa = el._fullLayout.xaxis, ya = el._fullLayout.yaxis, r = el.getBoundingClientRect();
+  return [r.left + xa._offset + xa.l2p(j), r.top + ya._offset + ya.l2p(i)];
+}"""
+
+API = """async ([path, body]) => {
+  const r = await fetch('/api/v1/analysis/' + path, {method: 'POST', headers: {'Content-Type': 'application/json'},
+                                                     body: JSON.stringify(body)});
+  return await r.json();
+}"""
+
+BODY = {"model": "induction", "clean": INDUCTION_PREFILL.clean, "corrupted": INDUCTION_PREFILL.corrupted,
+        "answer": INDUCTION_PREFILL.answer, "wrong": INDUCTION_PREFILL.wrong, "target": "attn_head",
+        "direction": "noise"}
+
+
+def click_cell(page, card_id: str, i: int, j: int) -> None:
+    """Click cell (i, j) of a card's heatmap once circuits.js listens to it (it does once the plot is drawn)."""
+    page.locator(f"#{card_id}").scroll_into_view_if_needed()
+    page.wait_for_function("(id) => { const el = document.querySelector('#' + id + ' .plot');"
+                           " return el && el._fullLayout && el._circuitsPick; }", arg=card_id)
+    x, y = page.evaluate(CELL, [card_id, i, j])
+    page.mouse.click(x, y)
+
+
+def drawn(page, card_id: str) -> dict:
+    page.locator(f"#{card_id}").scroll_into_view_if_needed()
+    page.wait_for_function(f"() => ({DRAWN})({card_id!r}) !== null")
+    return page.evaluate(DRAWN, card_id)
+
+
+def test_the_sweeps_drawn_are_the_apis_and_a_head_click_shows_its_qk_circuit(page, live_server):
+    page.goto(f"{live_server}/circuits?model=induction")
+    for card, frozen in (("patching-recomputed", False), ("patching-frozen", True)):
+        fig = drawn(page, card)
+        api = page.evaluate(API, ["patching", BODY | {"frozen_attention": frozen}])
+        np.testing.assert_array_equal(np.array(fig["z"], dtype=float), np.array(api["grid"], dtype=float))
+        assert fig["y"] == api["rows"] and fig["x"] == api["columns"]
+    assert "L0H2's output removes" in page.locator("#walk").text_content()
+
+    # a click on the cell of layer 0, head 2 picks that head: its QK decomposition, the API's terms
+    click_cell(page, "patching-recomputed", 0, 2)
+    page.wait_for_function("() => document.querySelector('#qk-title').textContent.includes('L0H2')")
+    query = parse_qs(urlparse(page.url).query)
+    assert query["layer"] == ["0"] and query["head"] == ["2"] and "query" not in query
+    qk = page.evaluate(API, ["qk-circuit", {"model": "induction", "text": BODY["clean"], "layer": 0, "head": 2}])
+    page.wait_for_function(f"() => {{ const d = ({DRAWN})('qk-circuit'); return d && d.y.length === "
+                           f"{len(qk['query_parts'])} && d.x.length === {len(qk['key_parts'])}; }}")
+    fig = drawn(page, "qk-circuit")
+    # the model's weights are float32: so are the terms, which JSON writes as float32's shortest digits
+    np.testing.assert_array_equal(np.array(fig["z"], dtype=np.float32), np.array(qk["contributions"], dtype=np.float32))
+    assert fig["y"] == qk["query_parts"] and fig["x"] == qk["key_parts"]
+    assert f"score {qk['score']:.4f}" in page.locator("#qk-summary").text_content()
+
+    # and a row of the K-composition grid picks that later head: layer 1, head 0 (its first cell: the
+    # top right ones lie under Plotly's mode bar once the pointer is over the plot)
+    click_cell(page, "composition-k", 0, 0)
+    page.wait_for_function("() => document.querySelector('#qk-title').textContent.includes('L1H0')")
+    assert "L0H2 through its keys" in page.locator("#composition-summary").text_content()
+    assert not page.watch.page_errors and not page.watch.console_errors
+
+
+def test_a_bad_setting_is_said_in_place_and_the_model_switch_brings_its_own_texts(page, live_server):
+    page.goto(f"{live_server}/circuits?model=induction")
+    page.locator("#c-corrupted").fill("abc")
+    page.locator("#c-corrupted").dispatch_event("change")
+    page.wait_for_selector("#patching-error")
+    assert "corrupted text 3" in page.locator("#patching-error").text_content()
+    page.locator("#c-model").select_option("toy")
+    page.wait_for_function("() => document.querySelector('#c-clean').value.startsWith('Ali makan')")
+    page.wait_for_selector("#patching-recomputed")
+    assert page.locator("#c-model").input_value() == "toy" and "makan" in page.locator("#c-corrupted").input_value()
+    # the browser logs the 422 the error came with (htmx swaps it in place); nothing else
+    assert not page.watch.page_errors and all("status of 422" in e for e in page.watch.console_errors)
