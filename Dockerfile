@@ -23,6 +23,9 @@ COPY app/ app/
 COPY templates/ templates/
 COPY static/ static/
 COPY --from=assets /src/static/vendor/ static/vendor/
+# The message catalogues are compiled from their .po sources here, so the wheel carries the .mo files.
+RUN pip install -c requirements.lock babel \
+ && pybabel compile --statistics --directory app/locales --domain messages
 # pyproject.toml maps templates/ and static/ into the app package, so the wheel carries them.
 RUN pip wheel --no-deps --wheel-dir /wheels . \
  && python -m venv /opt/venv \

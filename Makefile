@@ -12,9 +12,14 @@ VENDOR := static/vendor
 # The files the app serves from the npm packages pinned in package-lock.json are listed once,
 # in static/vendor-files.txt; scripts/vendor_assets.sh copies them (the Dockerfile calls it too).
 
-.PHONY: setup serve test image-test bench fuzz soak fixtures trained-models lock clean
+.PHONY: setup serve test image-test bench fuzz soak fixtures trained-models lock clean messages
 
-setup: $(VENV)/.stamp-test $(VENDOR)/.stamp
+# The message catalogues (app/locales/<lang>/LC_MESSAGES/messages.po, reviewed like code) are compiled
+# to the .mo files the app reads; the .mo files are never committed (.gitignore).
+CATALOGUES := $(wildcard app/locales/*/LC_MESSAGES/messages.po)
+COMPILED := $(CATALOGUES:.po=.mo)
+
+setup: $(VENV)/.stamp-test $(VENDOR)/.stamp $(COMPILED)
 
 $(VENV)/.stamp-runtime: pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,7 +41,19 @@ $(VENDOR)/.stamp: node_modules/.stamp static/vendor-files.txt scripts/vendor_ass
 	sh scripts/vendor_assets.sh
 	touch $@
 
-serve: $(VENV)/.stamp-runtime $(VENDOR)/.stamp
+%.mo: %.po $(VENV)/.stamp-runtime
+	$(VENV)/bin/pybabel compile --statistics --input-file $< --output-file $@
+
+# After changing a message in the code or a template: extract them all (babel.cfg) into the template
+# catalogue and merge it into each language's .po, whose new entries then need translating
+# (tests/test_catalogue.py fails while one is empty or fuzzy).
+messages: $(VENV)/.stamp-runtime
+	$(VENV)/bin/pybabel extract --mapping-file babel.cfg --add-location file --sort-output --no-wrap \
+		--add-comments Translators: --project "Transformer Explorer" --output-file app/locales/messages.pot .
+	$(VENV)/bin/pybabel update --input-file app/locales/messages.pot --output-dir app/locales --domain messages \
+		--no-wrap --ignore-obsolete
+
+serve: $(VENV)/.stamp-runtime $(VENDOR)/.stamp $(COMPILED)
 	# python -m app: uvicorn with the app's own settings (JSON access log, graceful shutdown)
 	EXPLORER_HOST=$(HOST) EXPLORER_PORT=$(PORT) $(PY) -m app
 

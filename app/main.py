@@ -15,12 +15,13 @@ from app import __version__
 from app.deps import apply_settings
 from app.http import errors
 from app.http.bodylimit import BodySizeLimitMiddleware, UrlLengthLimitMiddleware
+from app.http.language import LanguageMiddleware
 from app.models.catalog import build_catalog
 from app.http.compression import CachedStaticFiles, GZipMiddleware
 from app.http.observability import AccessLogMiddleware, configure_access_log
 from app.paths import STATIC_DIR
 from app.api import health, routes
-from app.pages import docs, explorer, inspect, lessons, train
+from app.pages import docs, explorer, glossary, inspect, lessons, train
 from app.api import circuits as circuits_api
 from app.pages import circuits as circuits_page
 from app.api import generate as generate_api
@@ -73,13 +74,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(inspect.router)
     app.include_router(lessons.router)
     app.include_router(train.router)
+    app.include_router(glossary.router)
     app.include_router(circuits_api.router)
     app.include_router(circuits_page.router)
     app.include_router(generate_api.router)
     app.include_router(generate_page.router)
     errors.install(app)
     # Middleware, outermost first (each add_middleware wraps what was added before it):
-    #   AccessLog > SecurityHeaders > ServerError > UrlLengthLimit > BodySizeLimit > ComputeLimit > GZip
+    #   AccessLog > SecurityHeaders > Language > ServerError > UrlLengthLimit > BodySizeLimit > ComputeLimit > GZip
     # - the access log is outermost, so its duration covers every layer and it logs every answer;
     # - the security headers go on every answer below them: refusals (414, 413, 503) and a bug's 500;
     # - a bug's 500 is answered here, inside the security headers (Starlette's own ServerErrorMiddleware
@@ -94,6 +96,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                        larger={"/api/v1/train": train_body, "/train": train_body})
     app.add_middleware(UrlLengthLimitMiddleware, max_bytes=s.max_url_bytes)
     app.add_middleware(ServerErrorMiddleware, handler=errors.unexpected)
+    # the reader's language (English or Malay) for everything inside it, error messages included
+    app.add_middleware(LanguageMiddleware)
     app.add_middleware(SecurityHeadersMiddleware)
     if s.access_log:
         configure_access_log(s.log_level)

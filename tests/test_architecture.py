@@ -23,8 +23,8 @@ APP = ROOT / "app"
 # What each package of app/ may import from the app (besides itself), and whether it may import core.
 # The faces (api, pages) format; the service prepares; core computes (ARCHITECTURE.md).
 # The JSON face never reaches into the HTML face; the pages validate their state with the API's request models.
-API_MAY_IMPORT = {"app.service", "app.http.jsonio", "app.http.errors", "app.http.security", "app.deps", "app.settings",
-                  "app.paths", "app"}
+API_MAY_IMPORT = {"app.service", "app.http.jsonio", "app.http.errors", "app.http.security", "app.http.language",
+                  "app.deps", "app.settings", "app.paths", "app"}
 PAGES_MAY_IMPORT = API_MAY_IMPORT | {"app.api.requests"}
 MAY_IMPORT: dict[str, tuple[set[str], bool]] = {
     "app.http": ({"app.settings", "app.service.errors"}, True),  # core: only InputError, to map it to 422

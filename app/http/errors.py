@@ -9,6 +9,10 @@
 - anything else is a bug: logged with its traceback, answered with a generic 500 (`unexpected`,
   which app/main.py installs as a middleware inside the security headers, not here: Starlette calls
   the handlers registered for Exception from its outermost layer, outside every middleware).
+
+Messages are in the request's language (app/http/language.py): core's and the service's are translated
+where they are raised; pydantic's own, in English, are said again from PYDANTIC in another language.
+Field names, `loc` and `type` never change.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from core import InputError
 
 from app.http.jsonio import FastJSONResponse
+from app.http.language import DEFAULT, N_, _, current
 from app.service.errors import NotFound, Unavailable
 
 log = logging.getLogger("app.http.errors")
@@ -41,18 +46,63 @@ def _field(loc: tuple) -> str:
     return name
 
 
+# pydantic's messages (pydantic-core words them in English), by error type, with their context's names; in
+# English the message is pydantic's own, in another language this one translated.
+PYDANTIC = {
+    "missing": N_("Field required"),
+    "greater_than_equal": N_("Input should be greater than or equal to {ge}"),
+    "greater_than": N_("Input should be greater than {gt}"),
+    "less_than_equal": N_("Input should be less than or equal to {le}"),
+    "less_than": N_("Input should be less than {lt}"),
+    "int_parsing": N_("Input should be a valid integer, unable to parse string as an integer"),
+    "int_from_float": N_("Input should be a valid integer, got a number with a fractional part"),
+    "int_type": N_("Input should be a valid integer"),
+    "float_parsing": N_("Input should be a valid number, unable to parse string as a number"),
+    "float_type": N_("Input should be a valid number"),
+    "finite_number": N_("Input should be a finite number"),
+    "bool_parsing": N_("Input should be a valid boolean, unable to interpret input"),
+    "bool_type": N_("Input should be a valid boolean"),
+    "string_type": N_("Input should be a valid string"),
+    "string_too_short": N_("String should have at least {min_length} characters"),
+    "string_too_long": N_("String should have at most {max_length} characters"),
+    "list_type": N_("Input should be a valid list"),
+    "too_short": N_("List should have at least {min_length} items after validation, not {actual_length}"),
+    "too_long": N_("List should have at most {max_length} items after validation, not {actual_length}"),
+    "literal_error": N_("Input should be {expected}"),
+    "enum": N_("Input should be {expected}"),
+    "dict_type": N_("Input should be a valid dictionary"),
+    "model_type": N_("Input should be a valid dictionary or object"),
+    "value_error": N_("Value error, {error}"),
+}
+
+
+def _pydantic_message(err: dict) -> str:
+    """pydantic's message in the request's language (its own English where this has no translation)."""
+    msg = err.get("msg", "invalid value")
+    template = PYDANTIC.get(err.get("type", ""))
+    if current() == DEFAULT or template is None:
+        return msg
+    ctx = {k: str(v) for k, v in err.get("ctx", {}).items()}
+    if "expected" in ctx:  # "'zero' or 'mean'"
+        ctx["expected"] = ctx["expected"].replace(" or ", " " + _("or") + " ")
+    try:
+        return _(template).format(**ctx)
+    except (KeyError, IndexError):  # a context this version of pydantic does not give
+        return msg
+
+
 def readable(err: dict) -> dict:
     """A pydantic error as this API words it: the field first, then what is wrong with it."""
     field = _field(tuple(err.get("loc", ())))
-    msg = err.get("msg", "invalid value")
+    msg = _pydantic_message(err)
     if err.get("type") == "extra_forbidden":
-        msg = "is not a field this endpoint accepts (check its spelling against /docs)"
+        msg = _("is not a field this endpoint accepts (check its spelling against /docs)")
     elif err.get("type") == "json_invalid":  # loc is ("body", character offset)
         return {"loc": ["body"], "type": "json_invalid",
-                "msg": f"the body is not valid JSON: {err.get('ctx', {}).get('error', 'syntax error')} "
-                       f"at character {err['loc'][-1]}"}
+                "msg": _("the body is not valid JSON: {error} at character {at}").format(
+                    error=err.get("ctx", {}).get("error", "syntax error"), at=err["loc"][-1])}
     elif err.get("type") == "string_unicode":
-        msg = "contains an unpaired UTF-16 surrogate, which is not a character: remove it"
+        msg = _("contains an unpaired UTF-16 surrogate, which is not a character: remove it")
     return {"loc": list(err.get("loc", ())), "msg": f"{field}: {msg}" if field else msg,
             "type": err.get("type", "value_error")}
 
@@ -81,14 +131,14 @@ async def http_error(request: Request, exc: StarletteHTTPException):
         return await http_exception_handler(request, exc)  # pages keep FastAPI's default
     msg = exc.detail if isinstance(exc.detail, str) else "error"
     if exc.status_code == 404:
-        msg = f"{request.url.path} is not an endpoint of this server: see /docs for the API"
+        msg = _("{path} is not an endpoint of this server: see /docs for the API").format(path=request.url.path)
     return FastJSONResponse(error_body(msg, type_=f"http_{exc.status_code}"), status_code=exc.status_code,
                             headers=getattr(exc, "headers", None))
 
 
 async def unexpected(request: Request, exc: Exception) -> FastJSONResponse:
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return FastJSONResponse(error_body("internal error: this is a bug in the server, not in your request",
+    return FastJSONResponse(error_body(_("internal error: this is a bug in the server, not in your request"),
                                        type_="internal_error"), status_code=500)
 
 

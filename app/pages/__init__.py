@@ -4,6 +4,6 @@ for a notebook (notebook.py), and the page routers (explorer, lessons, inspect, 
 Swagger UI over /openapi.json, offline).
 
 May import: `app.service`, `app.api.requests` (the API's request models validate a page's state, so
-both faces share one set of limits), `app.http`'s JSON, error and client helpers, `app.deps`, `app.settings`,
+both faces share one set of limits), `app.http`'s JSON, error, client and language helpers, `app.deps`, `app.settings`,
 `app.paths`. Never `core`, `app.models` or `app.training`.
 """

@@ -18,6 +18,7 @@ from fastapi.responses import HTMLResponse
 from app.pages import figures, web
 from app.api import requests
 from app.deps import ServiceDep
+from app.http.language import N_, _
 from app.service import RunSpec, Service, knobs
 from app.service.results import ComparedSide
 
@@ -105,12 +106,12 @@ def lens_view(svc: Service, parsed: web.Parsed, params: dict) -> dict:
                       for t, p in zip(lens.top_tokens[-1, -1], lens.top_probs[-1, -1])]}
 
 
-DETECTOR_TITLES = {"previous_token": "Previous-token heads", "duplicate_token": "Duplicate-token heads",
-                   "induction": "Induction heads"}
+DETECTOR_TITLES = {"previous_token": N_("Previous-token heads"), "duplicate_token": N_("Duplicate-token heads"),
+                   "induction": N_("Induction heads")}
 DETECTOR_CAPTIONS = {
-    "previous_token": "Attention on the token just before.",
-    "duplicate_token": "Attention on earlier copies of the same token.",
-    "induction": "Attention on the token that followed an earlier copy of the current one.",
+    "previous_token": N_("Attention on the token just before."),
+    "duplicate_token": N_("Attention on earlier copies of the same token."),
+    "induction": N_("Attention on the token that followed an earlier copy of the current one."),
 }
 
 
@@ -124,10 +125,11 @@ def detectors_view(svc: Service, parsed: web.Parsed, params: dict) -> dict:
     r = svc.inspect.detectors(req.spec(), req.random_length, req.random_seed, req.threshold)
     grids = []
     for name, by in r.detectors.items():
-        for on, label in (("text", "your text"), ("random", "a repeated random sequence")):
-            grids.append({"key": f"{name}-{on}", "title": f"{DETECTOR_TITLES[name]}, on {label}",
-                          "caption": DETECTOR_CAPTIONS[name],
-                          "figure": figures.head_heatmap(by[on], value_name="score",
+        for on, title in (("text", _("{detector}, on your text")),
+                          ("random", _("{detector}, on a repeated random sequence"))):
+            grids.append({"key": f"{name}-{on}", "title": title.format(detector=_(DETECTOR_TITLES[name])),
+                          "caption": _(DETECTOR_CAPTIONS[name]),
+                          "figure": figures.head_heatmap(by[on], value_name=_("score"),
                                                          export_name=f"detector-{name}-{on}")})
     return {"grids": grids, "flagged": r.flagged, "threshold": r.threshold,
             "random_tokens": _token_labels(r.random_tokens)}
@@ -176,11 +178,12 @@ def compare_view(svc: Service, parsed: web.Parsed, params: dict) -> dict:
 
 def _describe(side: ComparedSide) -> str:
     cfg, tokens = side.config, side.tokens
-    parts = [repr("".join(tokens)) if len(tokens) <= 40 else f"{len(tokens)} tokens",
-             "causal" if cfg.causal else "bidirectional", f"{cfg.positional_embedding_type} positions",
-             "scaled" if cfg.use_attn_scale else "unscaled", f"seed {side.seed}"]
+    parts = [repr("".join(tokens)) if len(tokens) <= 40 else _("{n} tokens").format(n=len(tokens)),
+             _("causal") if cfg.causal else _("bidirectional"),
+             _("{scheme} positions").format(scheme=cfg.positional_embedding_type),
+             _("scaled") if cfg.use_attn_scale else _("unscaled"), _("seed {seed}").format(seed=side.seed)]
     if side.ablate:
-        parts.append("ablated " + ", ".join(f"L{a.layer}H{a.head}" for a in side.ablate))
+        parts.append(_("ablated {heads}").format(heads=", ".join(f"L{a.layer}H{a.head}" for a in side.ablate)))
     return " · ".join(parts)
 
 
@@ -199,7 +202,7 @@ def inspect(request: Request, svc: ServiceDep) -> HTMLResponse:
     view = web.last(query, "view") or DEFAULT_VIEW
     errors: list[str] = []
     if view not in VIEWS:
-        errors.append(f"view={view!r} is not one of {', '.join(VIEWS)}")
+        errors.append(_("view={view!r} is not one of {choices}").format(view=view, choices=", ".join(VIEWS)))
         view = DEFAULT_VIEW
     models = svc.views.models()
     parsed = web.parse_explorer(query, models, preferred=svc.settings.default_model)
@@ -214,7 +217,8 @@ def inspect(request: Request, svc: ServiceDep) -> HTMLResponse:
         except web.PAGE_ERRORS as exc:
             error = web.error_message(exc)
     context = {
-        "controls": c, "view": view, "views": VIEWS, "result": result, "error": error, "reason": reason,
+        "controls": c, "view": view, "views": {key: _(label) for key, label in VIEWS.items()}, "result": result,
+        "error": error, "reason": reason,
         "params": params, "model": models[c.model], "classroom": c.classroom, "nav": "explorer",
         "form_id": "inspect", "state": web.explorer_state(parsed), "links": web.inspect_links(parsed),
         "limits": web.page_limits(svc.settings), "explorer_url": web.explorer_query(parsed),

@@ -12,6 +12,7 @@ with status 422, and the controls keep the learner's values so they can fix them
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -26,12 +27,13 @@ from pydantic import BaseModel, Field, field_validator
 from app.pages import figures, snippets, web
 from app.api import requests
 from app.deps import ServiceDep
+from app.http.language import N_, _, ngettext
 from app.service import Service, calculators
 from app.service.calculators import SPEC_FORMULA_PRESETS
 
 router = APIRouter(tags=["pages"], include_in_schema=False)
 
-PAGE_ONLY = ("classroom",)  # in the URL, but not a field of the API request
+PAGE_ONLY = ("classroom", "lang")  # in the URL, but not a field of the API request
 
 
 # ------------------------------------------------------------------ the pages' own request models
@@ -55,8 +57,8 @@ class ParamsLessonQuery(requests.SizesQuery):
     @classmethod
     def _tied(cls, v: bool | None) -> bool | None:
         if v is False:
-            raise ValueError("the spec's formula assumes a tied unembedding: count untied models in the "
-                             "calculator at /params")
+            raise ValueError(_("the spec's formula assumes a tied unembedding: count untied models in the "
+                               "calculator at /params"))
         return v
 
 
@@ -80,7 +82,7 @@ def fixed(value: float, digits: int) -> str:
 
 def full(value: float) -> str:
     """Full precision, for a cell's hover text."""
-    return "−∞ (masked)" if math.isinf(value) and value < 0 else repr(float(value))
+    return _("−∞ (masked)") if math.isinf(value) and value < 0 else repr(float(value))
 
 
 def cells(row, digits: int = 2, masked=None) -> list[dict]:
@@ -94,7 +96,7 @@ def human_bytes(n: int) -> str:
     for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= size:
             return f"{n / size:.3g} {unit}"
-    return f"{n} bytes"
+    return _("{n} bytes").format(n=n)
 
 
 # ------------------------------------------------------------------ the lessons, one view builder each
@@ -114,13 +116,13 @@ def view_attention(svc: Service, q: requests.AttentionQuery) -> dict:
         "last_token": tokens[-1], "last_scores": cells(r.scaled_scores[-1]),
         "divisor": r.divisor,
         "figures": [
-            {"id": "scores", "title": "Scores  Q Kᵀ / √d_k" if q.scale else "Scores  Q Kᵀ (not scaled)",
-             "caption": "How well each query (row) matches each key (column). Orange is positive, purple negative."
-                        + (" Hatched cells are masked: the key comes after the query." if q.causal else ""),
+            {"id": "scores", "title": _("Scores  Q Kᵀ / √d_k") if q.scale else _("Scores  Q Kᵀ (not scaled)"),
+             "caption": _("How well each query (row) matches each key (column). Orange is positive, purple negative.")
+                        + (" " + _("Hatched cells are masked: the key comes after the query.") if q.causal else ""),
              "figure": figures.attention_heatmap(scores, tokens, kind="scores", mask=a.mask if q.causal else None,
                                                  zmax=top, export_name="attention-scores")},
-            {"id": "weights", "title": "Weights  softmax(scores)",
-             "caption": "Each row is a probability distribution over the keys: it sums to 1.",
+            {"id": "weights", "title": _("Weights  softmax(scores)"),
+             "caption": _("Each row is a probability distribution over the keys: it sums to 1."),
              "figure": figures.attention_heatmap(a.result.weights, tokens, kind="weights",
                                                  mask=a.mask if q.causal else None, export_name="attention-weights")},
         ],
@@ -137,21 +139,22 @@ def view_scaling(svc: Service, q: requests.ScalingQuery) -> dict:
                   "scaled": fixed(r.top_weight_scaled, 2), "scaled_full": full(r.top_weight_scaled)} for r in rows],
         "uniform": fixed(1 / q.n_keys, 3), "n_keys": q.n_keys, "n_queries": q.n_queries,
         "figures": [
-            {"id": "top-weight", "title": "Average top weight vs width d",
-             "caption": f"The largest of {q.n_keys} softmax weights, averaged over {q.n_queries:,} random queries. "
-                        "Unscaled, it climbs towards 1 (a one-hot spike); scaled by 1/√d it stays put.",
+            {"id": "top-weight", "title": _("Average top weight vs width d"),
+             "caption": _("The largest of {n_keys} softmax weights, averaged over {n_queries:,} random queries. "
+                          "Unscaled, it climbs towards 1 (a one-hot spike); scaled by 1/√d it stays put.").format(
+                 n_keys=q.n_keys, n_queries=q.n_queries),
              "figure": figures.line_chart(
-                 [("unscaled: softmax(q·k)", dims, [r.top_weight_unscaled for r in rows]),
-                  ("scaled: softmax(q·k / √d)", dims, [r.top_weight_scaled for r in rows]),
-                  (f"uniform: 1/{q.n_keys}", dims, [1 / q.n_keys] * len(dims))],
-                 x_title="d (width of q and k)", y_title="average top weight", export_name="top-weight-vs-d",
+                 [(_("unscaled: softmax(q·k)"), dims, [r.top_weight_unscaled for r in rows]),
+                  (_("scaled: softmax(q·k / √d)"), dims, [r.top_weight_scaled for r in rows]),
+                  (_("uniform: 1/{n_keys}").format(n_keys=q.n_keys), dims, [1 / q.n_keys] * len(dims))],
+                 x_title=_("d (width of q and k)"), y_title=_("average top weight"), export_name="top-weight-vs-d",
                  x_log=len(dims) > 1 and max(dims) / min(dims) > 8, y_range=[0, 1.05], y_hover=".3f",
                  x_tickvals=dims)},
-            {"id": "std", "title": "Spread of the raw scores vs width d",
-             "caption": "The standard deviation of q·k grows like √d, which is exactly what dividing by √d undoes.",
+            {"id": "std", "title": _("Spread of the raw scores vs width d"),
+             "caption": _("The standard deviation of q·k grows like √d, which is exactly what dividing by √d undoes."),
              "figure": figures.line_chart(
-                 [("std of q·k", dims, [r.std for r in rows]), ("√d", dims, [r.sqrt_d for r in rows])],
-                 x_title="d (width of q and k)", y_title="standard deviation", export_name="std-vs-d",
+                 [(_("std of q·k"), dims, [r.std for r in rows]), ("√d", dims, [r.sqrt_d for r in rows])],
+                 x_title=_("d (width of q and k)"), y_title=_("standard deviation"), export_name="std-vs-d",
                  x_log=len(dims) > 1 and max(dims) / min(dims) > 8, y_hover=".2f", x_tickvals=dims)},
         ],
         "snippet": snippets.scaling(q.dim_list, q.n_queries, q.n_keys, q.seed),
@@ -170,13 +173,13 @@ def view_causal(svc: Service, q: CausalQuery) -> dict:
                     for t, row, m in zip(tokens, masked.result.weights, masked.mask)],
         "unmasked": [{"token": t, "cells": cells(row)} for t, row in zip(tokens, free.result.weights)],
         "figures": [
-            {"id": "without-mask", "title": "Without the mask",
-             "caption": "Every token mixes every token, later ones included.",
+            {"id": "without-mask", "title": _("Without the mask"),
+             "caption": _("Every token mixes every token, later ones included."),
              "figure": figures.attention_heatmap(free.result.weights, tokens, kind="weights",
                                                  export_name="weights-bidirectional")},
-            {"id": "with-mask", "title": "With the causal mask",
-             "caption": "Hatched cells are −∞ before the softmax, so their weight is exactly 0; "
-                        "each row's remaining weights are renormalised.",
+            {"id": "with-mask", "title": _("With the causal mask"),
+             "caption": _("Hatched cells are −∞ before the softmax, so their weight is exactly 0; "
+                          "each row's remaining weights are renormalised."),
              "figure": figures.attention_heatmap(masked.result.weights, tokens, kind="weights", mask=masked.mask,
                                                  export_name="weights-causal")},
         ],
@@ -193,8 +196,9 @@ def view_multihead(svc: Service, q: requests.MultiheadQuery) -> dict:
         "shapes": {"Q": web.shape(m.Q), "weights": web.shape(m.result.weights), "out": web.shape(m.output)},
         "last_rows": [{"head": h, "cells": cells(w[-1])} for h, w in enumerate(m.result.weights)],
         "figures": [
-            {"id": f"head-{h}", "title": f"Head {h}",
-             "caption": f"softmax(Q Kᵀ{' / √d_head' if q.scale else ''}) of head {h}, d_head = {m.d_head}",
+            {"id": f"head-{h}", "title": _("Head {head}").format(head=h),
+             "caption": (_("softmax(Q Kᵀ / √d_head) of head {head}, d_head = {d_head}") if q.scale else
+                         _("softmax(Q Kᵀ) of head {head}, d_head = {d_head}")).format(head=h, d_head=m.d_head),
              "figure": figures.attention_heatmap(w, m.tokens, kind="weights", mask=mask,
                                                  export_name=f"head-{h}-weights")}
             for h, w in enumerate(m.result.weights)],
@@ -205,20 +209,21 @@ def view_multihead(svc: Service, q: requests.MultiheadQuery) -> dict:
 def view_positions(svc: Service, q: requests.PositionsQuery) -> dict:
     r = svc.lessons.positions(q.n_pos, q.d, q.pair_list, series=True)
     p = r.lesson
-    series = [(f"from position {s.start}", s.gaps, s.dots) for s in r.series]
+    series = [(_("from position {start}").format(start=s.start), s.gaps, s.dots) for s in r.series]
     return {
         "head": [cells(row) for row in p.encoding[:3, :6]],
         "dots": [{"i": i, "j": j, "gap": j - i, "dot": fixed(dot, 2), "full": full(dot)} for i, j, dot in p.dots],
         "figures": [
-            {"id": "encoding", "title": f"The encoding: {q.n_pos} positions × {q.d} dimensions",
-             "caption": "Row = position, column = dimension: sin on even dimensions, cos on odd ones. Early "
-                        "dimensions turn fast, later ones slowly.",
-             "figure": figures.value_heatmap(p.encoding, x_title="dimension", y_title="position",
-                                             value_name="value", export_name="sinusoidal-encoding")},
-            {"id": "dot-vs-gap", "title": "Dot product vs gap",
-             "caption": "pe[i] · pe[i + gap] for each starting position i: the lines coincide, because the dot "
-                        "product depends only on the gap. It does not fall smoothly with distance.",
-             "figure": figures.line_chart(series, x_title="gap (positions apart)", y_title="dot product",
+            {"id": "encoding",
+             "title": _("The encoding: {n_pos} positions × {d} dimensions").format(n_pos=q.n_pos, d=q.d),
+             "caption": _("Row = position, column = dimension: sin on even dimensions, cos on odd ones. Early "
+                          "dimensions turn fast, later ones slowly."),
+             "figure": figures.value_heatmap(p.encoding, x_title=_("dimension"), y_title=_("position"),
+                                             value_name=_("value"), export_name="sinusoidal-encoding")},
+            {"id": "dot-vs-gap", "title": _("Dot product vs gap"),
+             "caption": _("pe[i] · pe[i + gap] for each starting position i: the lines coincide, because the dot "
+                          "product depends only on the gap. It does not fall smoothly with distance."),
+             "figure": figures.line_chart(series, x_title=_("gap (positions apart)"), y_title=_("dot product"),
                                           export_name="dot-vs-gap", y_hover=".2f")},
         ],
         "snippet": snippets.positions(q.n_pos, q.d, tuple((i, j) for i, j, _ in p.dots)),
@@ -238,9 +243,9 @@ def view_params_lesson(svc: Service, q: ParamsLessonQuery) -> dict:
     return {
         "rows": rows, "d": r.rows[1].cfg.d_model, "rule": f"{r.rule:,}", "per_block": f"{mine.per_block:,}",
         "rule_gap": f"{r.rule_gap:.2%}", "embedding_share": f"{r.embedding_share:.1%}", "name": r.name,
-        "figures": [{"id": "breakdown", "title": f"Where the parameters of {r.name} are",
-                     "caption": "Counted components in blue; grey hatched ones exist but add nothing: the tied "
-                                "unembedding reuses the token table, and the causal mask is a constant.",
+        "figures": [{"id": "breakdown", "title": _("Where the parameters of {name} are").format(name=r.name),
+                     "caption": _("Counted components in blue; grey hatched ones exist but add nothing: the tied "
+                                  "unembedding reuses the token table, and the causal mask is a constant."),
                      "figure": _breakdown_figure(r.groups, "parameter-breakdown")}],
         "snippet": snippets.params(r.spec_sizes),
     }
@@ -258,13 +263,13 @@ def view_forward(svc: Service, q: requests.ForwardQuery) -> dict:
         "uniform": fixed(1 / len(f.vocab), 3),
         "prompt": f.prompt,
         "figures": [
-            {"id": "next-char", "title": "Next-character probabilities after the prompt",
-             "caption": f"With random weights the guess is close to uniform (1/{len(f.vocab)} ≈ "
-                        f"{1 / len(f.vocab):.3f}); any preference is noise.",
+            {"id": "next-char", "title": _("Next-character probabilities after the prompt"),
+             "caption": _("With random weights the guess is close to uniform (1/{n} ≈ {p:.3f}); any preference "
+                          "is noise.").format(n=len(f.vocab), p=1 / len(f.vocab)),
              "figure": figures.probability_bars(list(probs), list(probs.values()), export_name="next-char")},
         ] + [
-            {"id": f"head-{h}", "title": f"Head {h}: attention weights",
-             "caption": "The upper triangle is masked: each character sees only itself and earlier ones.",
+            {"id": f"head-{h}", "title": _("Head {head}: attention weights").format(head=h),
+             "caption": _("The upper triangle is masked: each character sees only itself and earlier ones."),
              "figure": figures.attention_heatmap(w, tokens, kind="weights", mask=mask,
                                                  export_name=f"forward-head-{h}-weights")}
             for h, w in enumerate(pattern)],
@@ -277,7 +282,8 @@ def view_forward(svc: Service, q: requests.ForwardQuery) -> dict:
 def view_calculator(svc: Service, q: CalculatorQuery) -> dict:
     r = calculators.calculator(q.preset, q.sizes(), q.seq_len, q.batch, q.dtype)
     cfg, count, kv = r.cfg, r.count, r.kv
-    series = [(f"{dtype} ({size} byte{'s' if size > 1 else ''})", r.lengths, r.kv_by_dtype[dtype])
+    series = [(ngettext("{dtype} ({size} byte)", "{dtype} ({size} bytes)", size).format(dtype=dtype, size=size),
+               r.lengths, r.kv_by_dtype[dtype])
               for dtype, size in requests.DTYPE_BYTES.items()]
     entries = [{"name": e.name, "shape": web.shape(e.shape), "copies": e.copies, "counted": e.counted,
                 "total": f"{e.elements:,}", "note": e.note} for e in count.entries]
@@ -286,14 +292,15 @@ def view_calculator(svc: Service, q: CalculatorQuery) -> dict:
         "total": f"{count.total:,}", "entries": entries, "float32_weights": human_bytes(r.weights_bytes),
         "kv": kv, "kv_bytes": f"{kv.bytes:,}", "kv_human": human_bytes(kv.bytes), "dtype": q.dtype,
         "figures": [
-            {"id": "breakdown", "title": "Where the parameters are",
-             "caption": "Counted components in blue; grey hatched ones exist but add nothing (a tied unembedding "
-                        "reuses the token table; the causal mask is a constant).",
+            {"id": "breakdown", "title": _("Where the parameters are"),
+             "caption": _("Counted components in blue; grey hatched ones exist but add nothing (a tied unembedding "
+                          "reuses the token table; the causal mask is a constant)."),
              "figure": _breakdown_figure(r.groups, "parameter-breakdown")},
-            {"id": "kv-cache", "title": f"KV-cache size vs sequence length (batch {q.batch})",
-             "caption": "Keys and values of every layer for every cached token: the cache grows linearly with "
-                        "the sequence length, and halves with each halving of the element size.",
-             "figure": figures.line_chart(series, x_title="sequence length (tokens)", y_title="cache size (bytes)",
+            {"id": "kv-cache", "title": _("KV-cache size vs sequence length (batch {batch})").format(batch=q.batch),
+             "caption": _("Keys and values of every layer for every cached token: the cache grows linearly with "
+                          "the sequence length, and halves with each halving of the element size."),
+             "figure": figures.line_chart(series, x_title=_("sequence length (tokens)"),
+                                          y_title=_("cache size (bytes)"),
                                           export_name="kv-cache-vs-length", x_log=True, y_log=True,
                                           y_hover=",.0f", y_tickformat="~s", x_tickvals=r.ticks)},
         ],
@@ -305,36 +312,40 @@ def view_calculator(svc: Service, q: CalculatorQuery) -> dict:
 @dataclass(frozen=True)
 class Page:
     slug: str  # /lessons/{slug}, or the calculator
-    title: str
+    title: str  # in English, marked for the catalogue: `shown` translates it
     summary: str
     query: type[BaseModel]
     build: Callable[[Service, BaseModel], dict]
     api: tuple[str, ...]  # the JSON endpoints that answer the same query
 
+    def shown(self) -> Page:
+        """This page as the reader sees it: its title and summary in the request's language."""
+        return dataclasses.replace(self, title=_(self.title), summary=_(self.summary))
+
 
 LESSONS = [
-    Page("attention", "Queries, keys and values",
-         "Scaled dot-product attention on four words: scores, softmax weights, output.",
+    Page("attention", N_("Queries, keys and values"),
+         N_("Scaled dot-product attention on four words: scores, softmax weights, output."),
          requests.AttentionQuery, view_attention, ("/api/v1/lessons/attention",)),
-    Page("scaling", "Why divide by √d_k",
-         "Unscaled dot products grow with the width and the softmax collapses onto one key.",
+    Page("scaling", N_("Why divide by √d_k"),
+         N_("Unscaled dot products grow with the width and the softmax collapses onto one key."),
          requests.ScalingQuery, view_scaling, ("/api/v1/lessons/scaling",)),
-    Page("causal", "Causal masks", "Forbid every token to look ahead, and watch the rows renormalise.",
+    Page("causal", N_("Causal masks"), N_("Forbid every token to look ahead, and watch the rows renormalise."),
          CausalQuery, view_causal, ("/api/v1/lessons/attention",)),
-    Page("multihead", "Multiple heads", "Several attentions side by side, heads as a batch axis.",
+    Page("multihead", N_("Multiple heads"), N_("Several attentions side by side, heads as a batch axis."),
          requests.MultiheadQuery, view_multihead, ("/api/v1/lessons/multihead",)),
-    Page("positions", "Positional information",
-         "Sinusoidal encodings, whose dot products depend only on the gap between positions.",
+    Page("positions", N_("Positional information"),
+         N_("Sinusoidal encodings, whose dot products depend only on the gap between positions."),
          requests.PositionsQuery, view_positions, ("/api/v1/lessons/positions",)),
-    Page("params", "Counting parameters", "GPT-2 small to the last digit: 124,439,808.",
+    Page("params", N_("Counting parameters"), N_("GPT-2 small to the last digit: 124,439,808."),
          ParamsLessonQuery, view_params_lesson, ("/api/v1/params",)),
-    Page("forward", "A full forward pass",
-         "One block, two heads, nine characters: every shape on the way to the next-character guess.",
+    Page("forward", N_("A full forward pass"),
+         N_("One block, two heads, nine characters: every shape on the way to the next-character guess."),
          requests.ForwardQuery, view_forward, ("/api/v1/lessons/forward",)),
 ]
 BY_SLUG = {p.slug: p for p in LESSONS}
-CALCULATOR = Page("calculator", "Parameter and KV-cache calculator",
-                  "Presets and free sizes; where the parameters are; KV-cache memory by length and dtype.",
+CALCULATOR = Page("calculator", N_("Parameter and KV-cache calculator"),
+                  N_("Presets and free sizes; where the parameters are; KV-cache memory by length and dtype."),
                   CalculatorQuery, view_calculator, ("/api/v1/params", "/api/v1/kv-cache"))
 
 
@@ -413,7 +424,8 @@ def render(request: Request, svc: Service, page: Page, path: str, template: str)
             "snippet": _with_query(f"{path}/snippet.py", canonical(q)) if "snippet" in view else None,
         }
     context = {
-        "page": page, "lessons": LESSONS, "view": view, "error": error, "values": _field_values(page, given, q),
+        "page": page.shown(), "lessons": [p.shown() for p in LESSONS], "view": view, "error": error,
+        "values": _field_values(page, given, q),
         "url": url, "path": path, "classroom": classroom, "form_id": "lesson",
         "nav": "params" if page is CALCULATOR else "lessons", "presets": _presets(page),
         "dtypes": list(requests.DTYPE_BYTES), "limits": svc.settings, "max_seed": requests.MAX_SEED,
@@ -425,7 +437,8 @@ def render(request: Request, svc: Service, page: Page, path: str, template: str)
 # ------------------------------------------------------------------ routes
 
 def _index(request: Request, missing: str | None = None) -> HTMLResponse:
-    context = {"lessons": LESSONS, "nav": "lessons", "classroom": False, "form_id": None}
+    context = {"lessons": [p.shown() for p in LESSONS], "calculator": CALCULATOR.shown(), "nav": "lessons",
+               "classroom": False, "form_id": None}
     if missing is not None:
         context["missing"] = missing
     return web.templates.TemplateResponse(request, "lessons/index.html", context,
@@ -450,7 +463,7 @@ def snippet(request: Request, slug: str, svc: ServiceDep) -> PlainTextResponse:
     """The snippet of the view this query shows, as a file (the page's download link)."""
     page = BY_SLUG.get(slug)
     if page is None or page.slug == "calculator":
-        return PlainTextResponse(f"there is no lesson {slug!r}: see /lessons", status_code=404)
+        return PlainTextResponse(_("there is no lesson {slug!r}: see /lessons").format(slug=slug), status_code=404)
     try:
         view = page.build(svc, page.query.model_validate(_given(request.query_params)))
     except web.PAGE_ERRORS as exc:

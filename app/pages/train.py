@@ -19,17 +19,21 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from app.pages import figures, web
 from app.api import requests
 from app.deps import ServiceDep
+from app.http.language import N_, _, localized
 from app.http.security import client_address
 from app.service import FINISHED, TrainingRunInfo, Service
 
 router = APIRouter(tags=["pages"], include_in_schema=False)
 
-RECIPES = {"induction": "Induction heads: random characters with a repeated segment",
-           "nasi-lemak": "Nasi lemak: the spec's one-block model on its Malay phrases",
-           "text": "Text: a character-level GPT on Python's documentation, or your own text"}
+RECIPES = {"induction": N_("Induction heads: random characters with a repeated segment"),
+           "nasi-lemak": N_("Nasi lemak: the spec's one-block model on its Malay phrases"),
+           "text": N_("Text: a character-level GPT on Python's documentation, or your own text")}
+# A run's status as the page says it (the API's `status` values are the keys).
+STATUS_NAMES = {"queued": N_("queued"), "running": N_("running"), "done": N_("done"), "failed": N_("failed"),
+                "cancelled": N_("cancelled"), "interrupted": N_("interrupted")}
 DEFAULT_RECIPE = "induction"
 FORM_FIELDS = tuple(c.name for c in requests.TRAIN_FORM)  # the form's settings (core/recipes.py labels them)
-TARGETS = {"nasi-lemak": "P('l' | \"nasi \")", "induction": "P(the repeated token)", "text": None}
+TARGETS = {"nasi-lemak": "P('l' | \"nasi \")", "induction": N_("P(the repeated token)"), "text": None}
 
 
 def _form_values(query) -> tuple[str, dict[str, str]]:
@@ -58,30 +62,31 @@ def _series(runs: list[tuple[str, TrainingRunInfo]], key: str) -> list[tuple[str
 def run_figures(runs: list[tuple[str, TrainingRunInfo]], recipe: str) -> list[dict]:
     """Loss curves (the control overlaid), every head's scores over the steps, the target's probability."""
     loss = _series(runs, "loss")
-    loss = [(f"{label}: training", x, y) for label, x, y in loss] + \
-        [(f"{label}: held-out", x, y) for label, x, y in _series(runs, "val_loss")]
-    out = [{"id": "loss", "title": "Loss",
-            "caption": "Cross-entropy of the next token, nats: training (the mean since the previous record) and "
-                       "on fixed held-out sequences. The induction model sits on a plateau, then falls off a cliff "
-                       "as its induction head forms.",
-            "figure": figures.line_chart(loss or [("no records yet", [0], [0])], x_title="step", y_title="loss",
-                                         export_name="loss")}]
+    loss = [(_("{label}: training").format(label=label), x, y) for label, x, y in loss] + \
+        [(_("{label}: held-out").format(label=label), x, y) for label, x, y in _series(runs, "val_loss")]
+    out = [{"id": "loss", "title": _("Loss"),
+            "caption": _("Cross-entropy of the next token, nats: training (the mean since the previous record) and "
+                         "on fixed held-out sequences. The induction model sits on a plateau, then falls off a cliff "
+                         "as its induction head forms."),
+            "figure": figures.line_chart(loss or [(_("no records yet"), [0], [0])], x_title=_("step"),
+                                         y_title=_("loss"), export_name="loss")}]
     info = runs[0][1]
     if info.records:
         for key, title, caption in (
-                ("induction", "Induction score of every head",
-                 "Attention on the token that followed an earlier copy of the current one, on the probe. "
-                 "An induction head is a row that turns dark."),
-                ("previous_token", "Previous-token score of every head",
-                 "Attention on the token just before: the head an induction head reads from.")):
+                ("induction", _("Induction score of every head"),
+                 _("Attention on the token that followed an earlier copy of the current one, on the probe. "
+                   "An induction head is a row that turns dark.")),
+                ("previous_token", _("Previous-token score of every head"),
+                 _("Attention on the token just before: the head an induction head reads from."))):
             out.append({"id": f"heads-{key}", "title": title, "caption": caption,
-                        "figure": figures.head_step_heatmap(info.heads[key], info.heads["step"], value_name="score",
+                        "figure": figures.head_step_heatmap(info.heads[key], info.heads["step"],
+                                                            value_name=_("score"),
                                                             export_name=f"{key}-scores-by-step")})
     target = TARGETS.get(recipe)
     series = _series(runs, "target")
     if target and series:
-        out.append({"id": "target", "title": target, "caption": "The recipe's target probability as it trains.",
-                    "figure": figures.line_chart(series, x_title="step", y_title="probability", y_range=[0, 1.02],
+        out.append({"id": "target", "title": _(target), "caption": _("The recipe's target probability as it trains."),
+                    "figure": figures.line_chart(series, x_title=_("step"), y_title=_("probability"), y_range=[0, 1.02],
                                                  export_name="target-probability")})
     return out
 
@@ -129,10 +134,10 @@ def run_view(svc: Service, query, errors: list[str]) -> dict | None:
     """The page of one run (and its control), from the URL: run, control, layer, head, step."""
     info = svc.training.get(web.last(query, "run") or "")
     control_id = web.last(query, "control")
-    runs = [("model", info)]
+    runs = [(_("model"), info)]
     control = svc.training.get(control_id) if control_id else None
     if control is not None:
-        runs.append(("1-layer control", control))
+        runs.append((_("1-layer control"), control))
     best = None  # the last layer's head that scores highest on induction now: the page opens on it
     if info.records:
         induction = info.records[-1]["induction"][-1]
@@ -167,7 +172,7 @@ def train_page(request: Request, svc: ServiceDep) -> HTMLResponse:
     errors: list[str] = []
     view, status = None, 422
     if recipe not in RECIPES:
-        errors.append(f"recipe={recipe!r} is not one of {', '.join(RECIPES)}")
+        errors.append(_("recipe={recipe!r} is not one of {choices}").format(recipe=recipe, choices=", ".join(RECIPES)))
         recipe = DEFAULT_RECIPE
     if web.last(query, "run") and not errors:
         try:
@@ -194,7 +199,7 @@ async def start(request: Request, svc: ServiceDep):
             target["control"] = control.id
         if web.is_on(form, "classroom"):
             target["classroom"] = "1"
-        return RedirectResponse("/train?" + urlencode(target), status_code=303)
+        return RedirectResponse(localized("/train?" + urlencode(target)), status_code=303)
     except web.PAGE_ERRORS as exc:
         return _render(request, svc, recipe, given, None, web.error_message(exc), web.error_status(exc))
 
@@ -209,7 +214,7 @@ async def stop(request: Request, svc: ServiceDep):
             await asyncio.to_thread(svc.training.cancel, id)
     except web.PAGE_ERRORS as exc:
         return _render(request, svc, DEFAULT_RECIPE, {}, None, web.error_message(exc), web.error_status(exc))
-    return RedirectResponse("/train?" + urlencode(target), status_code=303)
+    return RedirectResponse(localized("/train?" + urlencode(target)), status_code=303)
 
 
 def _render(request: Request, svc: Service, recipe: str, given: dict[str, str], view: dict | None,
@@ -220,7 +225,9 @@ def _render(request: Request, svc: Service, recipe: str, given: dict[str, str], 
         recent = svc.training.all()[:10]
     except web.PAGE_ERRORS:  # training is off here: the form says why when used
         recent = []
-    context = {"recipes": RECIPES, "recipe": recipe, "values": values, "view": view, "error": error,
+    context = {"recipes": {key: _(label) for key, label in RECIPES.items()}, "recipe": recipe,
+               "status_names": {key: _(name) for key, name in STATUS_NAMES.items()}, "values": values, "view": view,
+               "error": error,
                "recent": recent, "classroom": web.is_on(request.query_params, "classroom"), "nav": "train",
                "form_id": "train", "form": requests.TRAIN_FORM,
                "limits": requests.TrainRequest.model_json_schema()["properties"],

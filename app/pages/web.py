@@ -1,7 +1,9 @@
 """What every HTML page shares: one Jinja environment, one htmx render helper, and page state from the URL.
 
 - `templates`: the single Jinja2 environment (jinja2-fragments, so a page can render one named
-  block for htmx) with its filters.
+  block for htmx) with its filters, and Jinja's i18n extension: `{% trans %}` blocks and `_()` in the
+  templates answer in the request's language (app/http/language.py), and `link(url)` keeps a Malay
+  page's links in Malay.
 - `render`: the one answer to a page request. A plain GET gets the whole page; an htmx request
   (HX-Request) only the named block, with the canonical URL in HX-Push-Url. Both send
   `Vary: HX-Request`. A page whose settings cannot run says why in place of its figures, with
@@ -35,7 +37,9 @@ from jinja2_fragments.fastapi import Jinja2Blocks
 from markupsafe import Markup
 from pydantic import ValidationError
 
+from app.http import language
 from app.http.errors import readable
+from app.http.language import N_, _
 from app.paths import TEMPLATES_DIR
 from app.service import InputError, NotFound, Unavailable, knobs
 from app.settings import Settings
@@ -81,8 +85,23 @@ def figure_json(fig: dict) -> Markup:
     return Markup(text)
 
 
+def language_switch(request: Request) -> list[dict]:
+    """The header's BM / EN links: this page in each language (static/js/language.js points them at the
+    address bar's URL when htmx has moved it on)."""
+    here = str(request.url.path) + ("?" + request.url.query if request.url.query else "")
+    return [{"code": code, "label": code.replace("ms", "bm").upper(), "name": name,
+             "url": language.switched(here, code), "current": code == language.current()}
+            for code, name in language.LANGUAGES.items()]
+
+
 templates = Jinja2Blocks(directory=str(TEMPLATES_DIR))
 templates.env.filters["figure_json"] = figure_json
+templates.env.add_extension("jinja2.ext.i18n")
+# New-style gettext: `_("%(n)s tokens", n=...)` formats after translating, so a translation may move
+# its placeholders; `{% trans %}` blocks are trimmed, so a message is one line whatever the template's wrapping.
+templates.env.install_gettext_callables(gettext=_, ngettext=language.ngettext, newstyle=True)
+templates.env.policies["ext.i18n.trimmed"] = True
+templates.env.globals.update(language=language.current, link=language.localized, language_switch=language_switch)
 
 
 def shape(array_or_dims) -> str:
@@ -110,7 +129,7 @@ def render(request: Request, template: str, context: dict[str, Any], *, block: s
     headers = {"Vary": "HX-Request"} | ({} if compress else {"Cache-Control": "no-transform"})
     if is_fragment(request):
         if url is not None:
-            headers["HX-Push-Url"] = url
+            headers["HX-Push-Url"] = language.localized(url)
         return templates.TemplateResponse(request, template, context, block_name=block, status_code=status,
                                           headers=headers)
     return templates.TemplateResponse(request, template, context, status_code=status, headers=headers)
@@ -157,7 +176,7 @@ def parse_bool(name: str, value: str, errors: list[str]) -> bool | None:
         return True
     if value.lower() in FALSE:
         return False
-    errors.append(f"{name}={value!r} is not on or off: use 1 or 0")
+    errors.append(_("{name}={value!r} is not on or off: use 1 or 0").format(name=name, value=value))
     return None
 
 
@@ -165,10 +184,11 @@ def parse_number(name: str, value: str, kind: type, errors: list[str]):
     try:
         number = kind(value)
     except ValueError:
-        errors.append(f"{name}={value!r} is not {'a whole number' if kind is int else 'a number'}")
+        errors.append((_("{name}={value!r} is not a whole number") if kind is int else
+                       _("{name}={value!r} is not a number")).format(name=name, value=value))
         return None
     if kind is float and not math.isfinite(number):
-        errors.append(f"{name} must be a finite number, got {value!r}")
+        errors.append(_("{name} must be a finite number, got {value!r}").format(name=name, value=value))
         return None
     return number
 
@@ -179,7 +199,8 @@ def parse_ablate(values: list[str], errors: list[str]) -> tuple[tuple[int, int],
     for value in values:
         layer, dot, head = value.strip().partition(".")
         if not (dot and layer.isdigit() and head.isdigit()):
-            errors.append(f"ablate={value!r} is not layer.head, e.g. ablate=0.2 for layer 0, head 2")
+            errors.append(_("ablate={value!r} is not layer.head, e.g. ablate=0.2 for layer 0, head 2").format(
+                value=value))
             continue
         heads.add((int(layer), int(head)))
     return tuple(sorted(heads))
@@ -302,7 +323,7 @@ def parse_explorer(query: Mapping, models: Mapping[str, Model], *, preferred: st
     default = default_model(models, preferred)
     name = last(query, "model") or default
     if name not in models:
-        errors.append(f"unknown model {name!r}: choose one of {', '.join(models)}")
+        errors.append(_("unknown model {name!r}: choose one of {choices}").format(name=name, choices=", ".join(models)))
         name = default
     model = models[name]
     text = query.getlist("text")[-1] if query.getlist("text") else None
@@ -326,7 +347,7 @@ def parse_explorer(query: Mapping, models: Mapping[str, Model], *, preferred: st
     ablate = () if model_changed else parse_ablate(query.getlist("ablate"), errors)
     method = last(query, "ablate_method") or "zero"
     if method not in ("zero", "mean"):
-        errors.append(f"ablate_method={method!r} is not zero or mean")
+        errors.append(_("ablate_method={method!r} is not zero or mean").format(method=method))
         method = "zero"
     defaults = model_defaults(model)
     controls = ExplorerState(model=name, text=text, **(defaults | given), layer=picks["layer"], head=picks["head"],
@@ -366,11 +387,11 @@ def explorer_query(parsed: Parsed) -> str:
 
 # The Inspect views (/inspect?view=...), in the order of their tabs; the explorer links to each.
 INSPECT_VIEWS = {
-    "decompose": "Residual decomposition",
-    "lens": "Logit lens",
-    "detectors": "Head detectors",
-    "kvcache": "KV cache, stepped",
-    "compare": "Compare",
+    "decompose": N_("Residual decomposition"),
+    "lens": N_("Logit lens"),
+    "detectors": N_("Head detectors"),
+    "kvcache": N_("KV cache, stepped"),
+    "compare": N_("Compare"),
 }
 
 
@@ -381,7 +402,7 @@ def explorer_state(parsed: Parsed) -> list[tuple[str, str]]:
 
 
 def inspect_links(parsed: Parsed) -> list[dict]:
-    """One link per Inspect view, carrying the explorer's current state."""
+    """One link per Inspect view, carrying the explorer's current state (and a Malay page's language)."""
     state = explorer_state(parsed)
-    return [{"key": key, "label": label, "url": "/inspect?" + urlencode([("view", key)] + state)}
+    return [{"key": key, "label": _(label), "url": language.localized("/inspect?" + urlencode([("view", key)] + state))}
             for key, label in INSPECT_VIEWS.items()]

@@ -71,7 +71,7 @@ def access_lines():
 
 def test_the_order_of_the_layers():
     names = [m.cls.__name__ for m in create_app().user_middleware]  # outermost first
-    assert names == ["AccessLogMiddleware", "SecurityHeadersMiddleware", "ServerErrorMiddleware",
+    assert names == ["AccessLogMiddleware", "SecurityHeadersMiddleware", "LanguageMiddleware", "ServerErrorMiddleware",
                      "UrlLengthLimitMiddleware", "BodySizeLimitMiddleware", "ComputeLimitMiddleware",
                      "GZipMiddleware"]
 
