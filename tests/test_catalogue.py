@@ -44,6 +44,7 @@ TECHNICAL = {
     "api", "json", "csv", "numpy", "python", "gpt", "bert", "relu", "rope", "rms", "swiglu", "softmax", "logit",
     "logits", "transformer", "explorer", "bm", "en", "kv", "mlp", "max", "sin", "cos", "pe", "dim", "ali",
     "makan", "nasi", "lemak", "goreng", "py", "float32", "float16", "bfloat16", "dtype",
+    "learned", "rotary", "sinusoidal", "alibi",  # positional_embedding_type's values
 }
 
 

@@ -36,6 +36,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from app.http.language import DEFAULT, N_, _, current
+
 # ColorBrewer PuOr, purple (negative) -> white (0) -> orange (positive); safe for colour-blind readers.
 SCORES_COLORSCALE = [
     [0.0, "#2d004b"], [0.1, "#542788"], [0.2, "#8073ac"], [0.3, "#b2abd2"], [0.4, "#d8daeb"],
@@ -48,7 +50,7 @@ WEIGHTS_COLORSCALE = [
     [0.625, "#1d91c0"], [0.75, "#225ea8"], [0.875, "#253494"], [1.0, "#081d58"],
 ]
 MASK_FILL = {"shape": "/", "bgcolor": "#d9d9d9", "fgcolor": "#737373", "size": 8, "solidity": 0.25}
-MASKED_NAME = "masked (score −∞, weight 0)"
+MASKED_NAME = N_("masked (score −∞, weight 0)")
 
 # Long inputs (see the module's docstring). 64 tokens: cells narrower than ~8 px in a stage figure,
 # where a per-cell heatmap costs Plotly most and shows least.
@@ -56,8 +58,8 @@ IMAGE_MIN_TOKENS = 64
 FLOAT32_MIN_TOKENS = 256  # 1,024² float64 values are 11 MB of base64; float32 5.6 MB
 THUMB_MAX_CELLS = 128  # a thumbnail is ~120 px wide: more cells than pixels only cost bytes
 
-KEY_AXIS = "key token (column)"
-QUERY_AXIS = "query token (row)"
+KEY_AXIS = N_("key token (column)")
+QUERY_AXIS = N_("query token (row)")
 FONT = {"family": "system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif", "size": 13, "color": "#1f2933"}
 
 # Whitespace tokens would be invisible as tick labels; show them with the usual visible symbols.
@@ -160,7 +162,7 @@ def _mask_overlay(mask: np.ndarray) -> dict | None:
     return {
         "type": "scatter", "mode": "lines", "x": xs, "y": ys, "fill": "toself",
         "fillcolor": MASK_FILL["bgcolor"], "fillpattern": MASK_FILL, "line": {"width": 0.5, "color": "#737373"},
-        "name": MASKED_NAME, "hoveron": "fills", "hoverinfo": "name", "showlegend": True,
+        "name": _(MASKED_NAME), "hoveron": "fills", "hoverinfo": "name", "showlegend": True,
     }
 
 
@@ -211,7 +213,7 @@ def attention_heatmap(
     if m.ndim != 2 or m.shape[0] != len(tokens) or m.shape[1] != len(tokens):
         raise ValueError(f"expected a [{len(tokens)}, {len(tokens)}] matrix, got shape {m.shape}")
     labels = [token_label(t) for t in tokens]
-    value_name = value_name or ("score" if kind == "scores" else "weight")
+    value_name = value_name or (_("score") if kind == "scores" else _("weight"))
     n = len(tokens)
     image = n >= IMAGE_MIN_TOKENS
     z = _finite_or_none(m)  # [query_pos, key_pos]
@@ -242,8 +244,8 @@ def attention_heatmap(
         data.append(overlay)
     cells = z.shape[0]  # n, or a pooled thumbnail's blocks
     layout = _base_layout(
-        xaxis={**_token_axis(KEY_AXIS, labels, small=small), "range": [-0.5, cells - 0.5]},
-        yaxis={**_token_axis(QUERY_AXIS, labels, small=small), "autorange": None,
+        xaxis={**_token_axis(_(KEY_AXIS), labels, small=small), "range": [-0.5, cells - 0.5]},
+        yaxis={**_token_axis(_(QUERY_AXIS), labels, small=small), "autorange": None,
                "range": [cells - 0.5, -0.5], "scaleanchor": "x", "constrain": "domain"},
         showlegend=overlay is not None and not small,
         # above the plot, right-aligned: below it would collide with the key axis' title
@@ -252,7 +254,9 @@ def attention_heatmap(
     )
     export = {"name": export_name, "kind": "matrix", "x": list(tokens), "y": list(tokens),
               "x_title": KEY_AXIS, "y_title": QUERY_AXIS, "value": value_name,
-              "cell_text": "query {i} {y} → key {j} {x}"}
+              "cell_text": _("query {i} {y} → key {j} {x}")}
+    if current() != DEFAULT:  # the readout's other words (static/js/explorer-cells.js has them in English)
+        export["words"] = {"masked": _("masked (no value)"), "largest": _("this row's largest {value}: key {j} {x}")}
     if image:
         export["draw"] = "image"
         if overlay is not None:
@@ -298,7 +302,7 @@ def stage_heatmap(
     layout = _base_layout(
         xaxis={"tickmode": "array", "tickvals": list(range(len(stages))), "ticktext": stage_labels,
                "tickangle": -45, "showgrid": False},
-        yaxis={**_token_axis("token (row)", labels, small=False), "range": [len(labels) - 0.5, -0.5]},
+        yaxis={**_token_axis(_("token (row)"), labels, small=False), "range": [len(labels) - 0.5, -0.5]},
         margin={"l": AXIS_TITLE_PX + _label_px(tokens), "r": 10, "t": 10, "b": 10 + int(0.75 * _label_px(stages))},
     )
     return {"data": [trace], "layout": layout,
@@ -314,13 +318,13 @@ def probability_bars(tokens: Sequence[str], probs: Sequence[float], *, export_na
         "type": "bar", "orientation": "h", "x": [float(p) for p in probs], "y": list(range(len(labels))),
         "marker": {"color": "#225ea8"}, "text": [f"{p:.3f}" for p in probs], "textposition": "outside",
         "cliponaxis": False, "customdata": labels,
-        "hovertemplate": "next token %{customdata}<br>p = %{x:.4f}<extra></extra>",
+        "hovertemplate": _("next token") + " %{customdata}<br>p = %{x:.4f}<extra></extra>",
     }
     top = max((float(p) for p in probs), default=1.0)
     layout = _base_layout(
-        xaxis={"title": {"text": "probability"}, "range": [0, min(1.0, top * 1.25) or 1.0], "rangemode": "tozero"},
+        xaxis={"title": {"text": _("probability")}, "range": [0, min(1.0, top * 1.25) or 1.0], "rangemode": "tozero"},
         yaxis={"tickmode": "array", "tickvals": list(range(len(labels))), "ticktext": labels,
-               "range": [len(labels) - 0.5, -0.5], "title": {"text": "next token"}},
+               "range": [len(labels) - 0.5, -0.5], "title": {"text": _("next token")}},
         bargap=0.25,
         margin={"l": AXIS_TITLE_PX + _label_px(tokens), "r": 40, "t": 10, "b": 50},
     )
@@ -419,13 +423,14 @@ def component_bars(
     counted: Sequence[bool],
     notes: Sequence[str],
     *,
-    value_name: str = "parameters",
+    value_name: str | None = None,
     export_name: str = "parameters",
 ) -> dict:
     """Where a model's parameters are: one bar per component; components that exist but add no
     parameters (a tied unembedding, the mask buffer) are grey and hatched, and say so."""
     labels = [escape(n) for n in names]
-    text = [f"{s:,}" if c else f"{s:,} (not counted)" for s, c in zip(sizes, counted)]
+    value_name = value_name or _("parameters")
+    text = [f"{s:,}" if c else _("{n:,} (not counted)").format(n=s) for s, c in zip(sizes, counted)]
     trace = {
         "type": "bar", "orientation": "h", "x": [int(s) for s in sizes], "y": list(range(len(labels))),
         "marker": {"color": ["#225ea8" if c else NOT_COUNTED_COLOR for c in counted],
@@ -459,7 +464,7 @@ def logit_waterfall(labels: Sequence[str], contributions: Sequence[float], logit
     the last step lands on the logit, drawn as its own bar from 0. Bars are floating (`base`), since
     the cartesian Plotly bundle has no waterfall trace. Orange raises the logit, purple lowers it."""
     steps = [*map(float, contributions), float(logit_bias)]
-    names = [escape(label) for label in labels] + ["bias (ln_final.b, b_U)"]
+    names = [escape(label) for label in labels] + [_("bias (ln_final.b, b_U)")]
     ends = np.cumsum(steps)
     starts = ends - np.asarray(steps)
     x = list(range(len(steps) + 1))
@@ -468,12 +473,13 @@ def logit_waterfall(labels: Sequence[str], contributions: Sequence[float], logit
         "marker": {"color": [POSITIVE_COLOR if s >= 0 else NEGATIVE_COLOR for s in steps] + [TOTAL_COLOR],
                    "pattern": {"shape": ["" if s >= 0 else "/" for s in steps] + [""], "fgcolor": "#ffffff"}},
         "customdata": [[n, float(e)] for n, e in zip(names, ends)] + [["logit", float(logit)]],
-        "hovertemplate": "%{customdata[0]}<br>adds %{y:+.4f}<br>running total %{customdata[1]:.4f}<extra></extra>",
+        "hovertemplate": "%{customdata[0]}<br>" + _("adds") + " %{y:+.4f}<br>" + _("running total")
+                         + " %{customdata[1]:.4f}<extra></extra>",
     }
     layout = _base_layout(
         xaxis={"tickmode": "array", "tickvals": x, "ticktext": names + ["<b>logit</b>"], "tickangle": -50,
-               "automargin": True, "title": {"text": "part of the residual stream (in forward order)"}},
-        yaxis={"title": {"text": "contribution to the logit"}, "zeroline": True, "zerolinecolor": "#737373"},
+               "automargin": True, "title": {"text": _("part of the residual stream (in forward order)")}},
+        yaxis={"title": {"text": _("contribution to the logit")}, "zeroline": True, "zerolinecolor": "#737373"},
         bargap=0.15, showlegend=False,
     )
     return {"data": [trace], "layout": layout,
@@ -494,11 +500,11 @@ def lens_heatmap(probs: np.ndarray, cell_tokens: Sequence[Sequence[str]], hover:
         "type": "heatmap", "z": _finite_or_none(p), "colorscale": WEIGHTS_COLORSCALE, "zmin": 0.0, "zmax": 1.0,
         "text": [[token_label(t) for t in row] for row in cell_tokens], "texttemplate": "%{text}",
         "textfont": {"size": 11}, "customdata": [list(row) for row in hover],
-        "hovertemplate": "%{y} · position %{x}<br>%{customdata}<extra></extra>",
-        "colorbar": _colorbar("top token's p"),
+        "hovertemplate": "%{y} · " + _("position") + " %{x}<br>%{customdata}<extra></extra>",
+        "colorbar": _colorbar(_("top token's p")),
     }
     layout = _base_layout(
-        xaxis={**_token_axis("position (token read so far)", labels, small=False), "automargin": True},
+        xaxis={**_token_axis(_("position (token read so far)"), labels, small=False), "automargin": True},
         yaxis={"tickmode": "array", "tickvals": list(range(len(points))), "ticktext": [escape(s) for s in points],
                "range": [len(points) - 0.5, -0.5], "automargin": True, "showgrid": False},
     )
@@ -515,12 +521,12 @@ def head_heatmap(scores: np.ndarray, *, value_name: str, export_name: str) -> di
     trace = {
         "type": "heatmap", "z": _finite_or_none(s), "colorscale": WEIGHTS_COLORSCALE, "zmin": 0.0, "zmax": 1.0,
         "texttemplate": "%{z:.2f}", "textfont": {"size": 11}, "hoverongaps": False, "xgap": 1, "ygap": 1,
-        "hovertemplate": f"layer %{{y}} head %{{x}}<br>{escape(value_name)} = %{{z:.3f}}<extra></extra>",
+        "hovertemplate": _("layer %{y} head %{x}") + f"<br>{escape(value_name)} = %{{z:.3f}}<extra></extra>",
         "colorbar": _colorbar(value_name),
     }
     layout = _base_layout(
-        xaxis={"title": {"text": "head"}, "tickmode": "array", "tickvals": list(range(n_heads)), "showgrid": False},
-        yaxis={"title": {"text": "layer"}, "tickmode": "array", "tickvals": list(range(n_layers)),
+        xaxis={"title": {"text": _("head")}, "tickmode": "array", "tickvals": list(range(n_heads)), "showgrid": False},
+        yaxis={"title": {"text": _("layer")}, "tickmode": "array", "tickvals": list(range(n_layers)),
                "range": [n_layers - 0.5, -0.5], "showgrid": False},
     )
     return {"data": [trace], "layout": layout,
@@ -542,12 +548,12 @@ def head_step_heatmap(scores: Sequence, steps: Sequence[int], *, value_name: str
         "type": "heatmap", "z": _finite_or_none(z), "x": [int(x) for x in steps], "y": list(range(len(rows))),
         "colorscale": WEIGHTS_COLORSCALE, "zmin": 0.0, "zmax": 1.0, "hoverongaps": False, "ygap": 1,
         "customdata": [[r] * n_steps for r in rows],
-        "hovertemplate": f"%{{customdata}} at step %{{x}}<br>{escape(value_name)} = %{{z:.3f}}<extra></extra>",
+        "hovertemplate": _("%{customdata} at step %{x}") + f"<br>{escape(value_name)} = %{{z:.3f}}<extra></extra>",
         "colorbar": _colorbar(value_name),
     }
     layout = _base_layout(
-        xaxis={"title": {"text": "step"}, "showgrid": False, "zeroline": False},
-        yaxis={"title": {"text": "head"}, "tickmode": "array", "tickvals": list(range(len(rows))), "ticktext": rows,
+        xaxis={"title": {"text": _("step")}, "showgrid": False, "zeroline": False},
+        yaxis={"title": {"text": _("head")}, "tickmode": "array", "tickvals": list(range(len(rows))), "ticktext": rows,
                "range": [len(rows) - 0.5, -0.5], "showgrid": False},
     )
     layout["margin"] = {"l": 80, "r": 20, "t": 10, "b": 50}
@@ -561,17 +567,17 @@ def cache_growth(positions: Sequence[int], cache_bytes: Sequence[int], generated
     """The KV cache's bytes after each step: a straight line, one row of K and V per layer per token.
     Steps reading the text and steps generating are two series (circles and diamonds)."""
     series = []
-    for name, chosen, symbol, color in (("reading the text", False, "circle", "#0072b2"),
-                                        ("generating", True, "diamond", "#e69f00")):
+    for name, chosen, symbol, color in ((_("reading the text"), False, "circle", "#0072b2"),
+                                        (_("generating"), True, "diamond", "#e69f00")):
         idx = [i for i, g in enumerate(generated) if g == chosen]
         if idx:
             series.append({"type": "scatter", "mode": "lines+markers", "name": name,
                            "x": [int(positions[i]) + 1 for i in idx], "y": [int(cache_bytes[i]) for i in idx],
                            "marker": {"symbol": symbol, "size": 8, "color": color}, "line": {"color": color},
-                           "hovertemplate": "%{x} tokens cached<br>%{y:,} bytes<extra></extra>"})
+                           "hovertemplate": _("%{x} tokens cached<br>%{y:,} bytes") + "<extra></extra>"})
     layout = _base_layout(
-        xaxis={"title": {"text": "tokens in the cache"}, "rangemode": "tozero"},
-        yaxis={"title": {"text": "bytes of K and V (all layers)"}, "rangemode": "tozero", "tickformat": "~s"},
+        xaxis={"title": {"text": _("tokens in the cache")}, "rangemode": "tozero"},
+        yaxis={"title": {"text": _("bytes of K and V (all layers)")}, "rangemode": "tozero", "tickformat": "~s"},
         showlegend=True, legend={"orientation": "h", "x": 0, "y": 1.02, "yanchor": "bottom"},
     )
     layout["margin"] = {**layout["margin"], "t": 30}
@@ -586,18 +592,18 @@ def probability_change_bars(tokens: Sequence[str], before: Sequence[float], afte
     labels = [token_label(t) for t in tokens]
     y = list(range(len(labels)))
     bars = []
-    for name, values, style in (("without ablation", before, {"color": NOT_ABLATED_COLOR,
+    for name, values, style in ((_("without ablation"), before, {"color": NOT_ABLATED_COLOR,
                                                               "pattern": {"shape": "/", "fgcolor": "#737373"}}),
-                                ("with ablation", after, {"color": "#225ea8"})):
+                                (_("with ablation"), after, {"color": "#225ea8"})):
         bars.append({"type": "bar", "orientation": "h", "name": name, "x": [float(v) for v in values], "y": y,
                      "marker": style, "customdata": labels, "text": [f"{v:.3f}" for v in values],
                      "textposition": "outside", "cliponaxis": False,
-                     "hovertemplate": f"next token %{{customdata}}<br>{name}: p = %{{x:.4f}}<extra></extra>"})
+                     "hovertemplate": _("next token") + f" %{{customdata}}<br>{name}: p = %{{x:.4f}}<extra></extra>"})
     top = max([*map(float, before), *map(float, after)], default=1.0)
     layout = _base_layout(
-        xaxis={"title": {"text": "probability"}, "range": [0, min(1.0, top * 1.3) or 1.0]},
+        xaxis={"title": {"text": _("probability")}, "range": [0, min(1.0, top * 1.3) or 1.0]},
         yaxis={"tickmode": "array", "tickvals": y, "ticktext": labels, "range": [len(labels) - 0.5, -0.5],
-               "automargin": True, "title": {"text": "next token"}},
+               "automargin": True, "title": {"text": _("next token")}},
         barmode="group", bargap=0.2, showlegend=True,
         legend={"orientation": "h", "x": 0, "y": 1.02, "yanchor": "bottom"},
     )

@@ -13,7 +13,9 @@ export function cellWords(el, figure, i, j) {
   const name = figure.export.value || "value";
   const label = document.createElement("span");
   label.innerHTML = text;  // the labels are escaped by the server (app/pages/figures.py): decode entities only
-  return label.textContent + ": " + name + " " + (Number.isNaN(value) ? "masked (no value)" : value.toFixed(2));
+  // words: the readout's words in the page's language, where it is not English (app/pages/figures.py)
+  const words = figure.export.words || {};
+  return label.textContent + ": " + name + " " + (Number.isNaN(value) ? (words.masked || "masked (no value)") : value.toFixed(2));
 }
 
 export function setupCells(el, figure) {
@@ -81,8 +83,10 @@ function rowPeak(figure, i) {
   if (best < 0) return "";
   const label = document.createElement("span");
   label.innerHTML = figure.layout.xaxis.ticktext[best];  // escaped by the server: entities only
-  return " · this row's largest " + (figure.export.value || "value") + ": key " + best + " " + label.textContent +
-    " (" + row[best].toFixed(2) + ")";
+  const value = figure.export.value || "value", words = figure.export.words || {};
+  const said = words.largest ? words.largest.replace("{value}", value).replace("{j}", best).replace("{x}", label.textContent)
+    : "this row's largest " + value + ": key " + best + " " + label.textContent;
+  return " · " + said + " (" + row[best].toFixed(2) + ")";
 }
 
 export function selectCell(el, i, j) {
