@@ -49,6 +49,16 @@ class Settings(BaseSettings):
     train_max_runs: int = Field(16, ge=1, le=10_000, description="runs queued or running in all")
     train_max_text_chars: int = Field(200_000, ge=1, le=1_000_000, description="characters of a text of your own "
                                                                                  "(the text recipe)")
+    # Beyond one machine (README, "A whole school: several machines"): with a Redis URL the runs live in Redis
+    # and Celery workers train them (`python -m app.worker`, EXPLORER_TRAIN_WORKERS processes each, on any
+    # machine that reaches Redis); unset, the runs folder and the in-process scheduler above. The pickup time
+    # sets Celery's visibility timeout and the run lock's lease (app/training/redis_store.py `Timing`).
+    redis_url: str | None = Field(None, description="redis://[:password@]host:port/db (rediss:// over TLS): runs "
+                                                     "live in Redis and are trained by Celery workers")
+    train_pickup_s: float = Field(60, ge=3, le=3600, description="seconds within which another worker takes up a "
+                                                                 "run whose worker machine died (Redis only)")
+    metrics: bool = Field(False, description="serve Prometheus metrics at /metrics (request counts and latencies "
+                                             "by route, training queue and workers)")
     # Load shedding (app/http/security.py): beyond this many model/lesson computations in flight per
     # worker, answer 503 + Retry-After at once rather than queue; cheap routes are never limited.
     max_concurrent_compute: int = Field(8, ge=1, le=256, description="compute requests in flight per worker")

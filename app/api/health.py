@@ -6,12 +6,13 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel
 
 from app import __version__
 from app.paths import STATIC_DIR
 from app.deps import SettingsDep
+from app.service import Service
 
 router = APIRouter(tags=["health"])
 
@@ -68,10 +69,14 @@ def vendor_asset_problems(static_dir: Path) -> list[str]:
 
 @router.get("/readyz", response_model=Readiness, summary="Can the server serve pages and models?",
             responses={503: {"model": Readiness, "description": "not ready; `reasons` says why"}})
-def readyz(response: Response, settings: SettingsDep) -> Readiness:
-    """200 when the front-end files are in place and the models folder, if set, can be read; 503 with
-    the `reasons` an operator has to fix otherwise. Point a load balancer at it."""
+def readyz(request: Request, response: Response, settings: SettingsDep) -> Readiness:
+    """200 when the front-end files are in place, the models folder, if set, can be read and Redis, if set
+    (EXPLORER_REDIS_URL), answers; 503 with the `reasons` an operator has to fix otherwise. Point a load
+    balancer at it."""
     reasons = models_dir_problems(settings.models_dir) + vendor_asset_problems(STATIC_DIR)
+    catalog = getattr(request.app.state, "catalog", None)  # built in the lifespan (app/main.py)
+    if catalog is not None:
+        reasons += Service(catalog, settings).training.problems()
     if reasons:
         response.status_code = 503
         return Readiness(status="not ready", reasons=reasons)

@@ -298,6 +298,11 @@ class Sample(ResponseModel):
     text: str
 
 
+class TrainingWorker(ResponseModel):
+    host: str = Field(description="the machine's host name (a container's id in Docker)")
+    pid: int = Field(description="the training process's id on that machine")
+
+
 class TrainingRun(ResponseModel):
     id: str
     recipe: str
@@ -315,6 +320,7 @@ class TrainingRun(ResponseModel):
     error: str | None
     queue_position: int | None
     resumable: bool = Field(description="a snapshot exists: POST the same request again to continue")
+    worker: TrainingWorker | None = Field(None, description="who trains it while it runs (null otherwise)")
     created_at: float
     updated_at: float
 

@@ -24,8 +24,8 @@ from core.model import Params
 from core.tokenizers import AsciiTokenizer, CharTokenizer, Encoding, Tokenizer
 
 from app.models import knobs, pretrained
-from app.training.store import TrainingStore
-from app.settings import Settings, runs_folder
+from app.training.store import TrainingStore, open_store
+from app.settings import Settings
 
 # The run's toggles (app/models/knobs.py): a toy takes every one. Trained weights are what they are:
 # only the knobs that change how they attend apply (not their shape, seed or position scheme), and an
@@ -301,5 +301,5 @@ def build_catalog(settings: Settings) -> Catalog:
     checkpoints = pretrained.Checkpoints(settings.models_dir, settings.pretrained_memory_mb * 2**20,
                                         taken=frozenset(models))
     models |= {name: _checkpoint_model(name, entry) for name, entry in checkpoints.entries.items()}
-    runs = TrainingStore(runs_folder(settings), settings.runs_max_mb * 2**20) if settings.train_workers else None
+    runs = open_store(settings)  # the runs folder, or Redis with EXPLORER_REDIS_URL (app/training/store.py)
     return Catalog(models, checkpoints, toy_cache, runs)

@@ -9,15 +9,17 @@ A *training run* (a job) is never called a "run" alone here: that word is a forw
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import io
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from app.models.catalog import Catalog
 from app.service.errors import NotFound, Unavailable
 from app.settings import Settings
-from app.training.store import FINISHED, TrainingRunInfo, TrainingStore, training_run_id
+from app.training.store import NoRoom, Room, StoreUnavailable, TrainingRunInfo, TrainingStore, training_run_id
 from core import InputError
 from core.recipes import probe_tokens as recipe_probe_tokens
 from core.recipes import settings as train_settings
@@ -37,6 +39,19 @@ class HeadHistory:
     patterns: list  # [step][query_pos][key_pos], the head's weights at each snapshot step
 
 
+def _reachable(method: Callable) -> Callable:
+    """The store cannot be reached now (Redis down): 503, with what to check."""
+
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        except StoreUnavailable as e:
+            raise Unavailable(str(e), retry_after_s=5) from e
+
+    return wrapper
+
+
 class TrainingService:
     """The training runs this server keeps (catalog.training_runs), and the limits on starting more."""
 
@@ -49,9 +64,15 @@ class TrainingService:
         if store is None:
             raise Unavailable("training is off on this server (EXPLORER_TRAIN_WORKERS=0)", retry_after_s=None)
         if store.error:
-            raise Unavailable(store.error, retry_after_s=None)
+            raise Unavailable(store.error, retry_after_s=5 if store.kind == "redis" else None)
         return store
 
+    def problems(self) -> list[str]:
+        """What keeps training from working that an operator must fix (/readyz): Redis out of reach."""
+        store = self.catalog.training_runs
+        return [store.error] if store is not None and store.kind == "redis" and store.error else []
+
+    @_reachable
     def start(self, recipe: str, changes: dict[str, object], client: str) -> tuple[TrainingRunInfo, bool]:
         """The run of these settings: created and queued if new, resumed if it was cut short, cancelled
         or failed, as it is otherwise. Returns it and whether this request queued it. A run is a pure
@@ -60,43 +81,35 @@ class TrainingService:
         client = hashlib.sha256(client.encode()).hexdigest()[:16]  # who, without keeping the address
         settings = train_settings(recipe, **changes)
         id = training_run_id(settings)
-        if store.exists(id):
-            info = store.info(id)
-            if info.status not in ("cancelled", "interrupted", "failed"):
-                return info, False
-            self._check_room(store, client)
-            store.requeue(id)
-            return store.info(id, store.queue()), True
-        self._check_room(store, client)
-        store.evict()  # make room within EXPLORER_RUNS_MAX_MB: the oldest finished runs go first
-        id, created = store.create(settings, client)
+        room = Room(self.settings.train_max_per_client, self.settings.train_max_runs)
+        try:
+            if store.exists(id):
+                info = store.info(id)
+                if info.status not in ("cancelled", "interrupted", "failed"):
+                    return info, False
+                store.requeue(id, client, room)
+                return store.info(id, store.queue()), True
+            store.evict()  # make room within EXPLORER_RUNS_MAX_MB: the oldest finished runs go first
+            id, created = store.create(settings, client, room)
+        except NoRoom as full:
+            raise _refusal(full) from None
         return store.info(id, store.queue()), created
 
-    def _check_room(self, store: TrainingStore, client: str) -> None:
-        s = self.settings
-        active = [store.request(id) for id in store.ids()
-                  if store.state(id)["status"] in ("queued", "running") or store.is_training(id)]
-        mine = sum(1 for r in active if r.get("client") == client)
-        if mine >= s.train_max_per_client:
-            raise Unavailable(f"you already have {mine} run(s) queued or training, the most one client may "
-                              f"have: wait for one to finish, or stop one (DELETE /api/v1/runs/{{id}})",
-                              retry_after_s=30, status_code=429)
-        if len(active) >= s.train_max_runs:
-            raise Unavailable(f"this server has {len(active)} runs queued or training, its limit: try again "
-                              "when one has finished", retry_after_s=30, status_code=503)
-
+    @_reachable
     def all(self) -> list[TrainingRunInfo]:
         """Every run, newest first."""
         store = self._store()
         queue = store.queue()
         return [store.info(id, queue) for id in store.ids()]
 
+    @_reachable
     def get(self, id: str) -> TrainingRunInfo:
         store = self._store()
         if not store.exists(id):
             raise NotFound(f"there is no run {id!r} on this server: GET /api/v1/runs lists them")
         return store.info(id, store.queue())
 
+    @_reachable
     def cancel(self, id: str) -> TrainingRunInfo:
         """Stop a queued or training run; it keeps what it learned (a snapshot, and its weights as a model)."""
         info = self.get(id)
@@ -104,6 +117,7 @@ class TrainingService:
             self._store().request_cancel(id)
         return self.get(id)
 
+    @_reachable
     def patterns(self, id: str, step: int) -> TrainingPatterns:
         """The probe's attention patterns at a snapshot step, with the probe's tokens."""
         info = self.get(id)
@@ -113,6 +127,7 @@ class TrainingService:
                            f"{info.snapshots or 'none yet'}")
         return TrainingPatterns(id, step, self.probe_tokens(id), patterns)
 
+    @_reachable
     def head_history(self, id: str, layer: int, head: int) -> HeadHistory:
         """One head's pattern on the probe at every snapshot step: how it formed as the run trained."""
         info = self.get(id)
@@ -130,11 +145,13 @@ class TrainingService:
         """A recipe's working settings, as the training form shows them."""
         return dataclasses.asdict(train_settings(recipe))
 
+    @_reachable
     def probe_tokens(self, id: str) -> list[str]:
         """The probe's tokens, as the patterns' axes show them."""
         self.get(id)  # a run that exists
         return recipe_probe_tokens(self._store().settings(id))
 
+    @_reachable
     def weights_zip(self, id: str) -> tuple[str, bytes]:
         """The run's weights as a zip of its Hugging Face folder: (file name, bytes)."""
         self.get(id)
@@ -147,29 +164,23 @@ class TrainingService:
                 z.write(path, f"{id}/{path.name}")
         return f"{id}.zip", buffer.getvalue()
 
+    @_reachable
     def changes(self, id: str, since: str | None) -> tuple[list[tuple[str, object]], str, bool]:
         """What changed in a run since a stream's last event id: ([(event, data)], the new id, finished).
 
-        The id is TrainingRunInfo.event_id ("records.step.status"). A stream with no id gets the whole run first;
-        then each new record, the progress (step and loss) when it moved, and the whole run again when
-        the status changes."""
-        info = self.get(id)
-        n_sent, step_sent, status_sent = _parse_event_id(since)
-        events: list[tuple[str, object]] = []
-        if since is None or status_sent != info.status:
-            events.append(("run", info))
-        else:
-            events += [("record", r) for r in info.records[n_sent:]]
-            if info.step != step_sent:
-                events.append(("progress", {"id": id, "step": info.step, "steps": info.steps, "loss": info.loss,
-                                            "status": info.status}))
-        return events, info.event_id, info.status in FINISHED
+        The id is TrainingRunInfo.event_id: the folder store's "records.step.status", the Redis store's
+        stream ids (app/training/store.py `changes`). A stream with no id gets the whole run first; then each
+        new record, the progress (step and loss) when it moved, and the whole run again when the status
+        changes."""
+        if not self._store().exists(id):
+            raise NotFound(f"there is no run {id!r} on this server: GET /api/v1/runs lists them")
+        return self._store().changes(id, since)
 
 
-def _parse_event_id(since: str | None) -> tuple[int, int, str | None]:
-    """"3.150.running" -> (3, 150, "running"); anything else starts from nothing."""
-    try:
-        n, step, status = (since or "").split(".")
-        return int(n), int(step), status
-    except ValueError:
-        return 0, -1, None
+def _refusal(full: NoRoom) -> Unavailable:
+    if full.scope == "client":
+        return Unavailable(f"you already have {full.count} run(s) queued or training, the most one client may "
+                           f"have: wait for one to finish, or stop one (DELETE /api/v1/runs/{{id}})",
+                           retry_after_s=30, status_code=429)
+    return Unavailable(f"this server has {full.count} runs queued or training, its limit: try again "
+                       "when one has finished", retry_after_s=30, status_code=503)

@@ -8,6 +8,9 @@ under a folder-wide lock, so two processes never start the same run or overshoot
 
 A trainer dies with the server process that started it (app/training/worker.py), and on a graceful shutdown
 the manager asks its trainers to stop (SIGTERM: they save a snapshot and end as interrupted).
+
+This is the embedded default, for the folder store. With EXPLORER_REDIS_URL set the runs live in Redis and
+Celery workers train them (app/training/jobs.py, `python -m app.worker`): the manager then has nothing to do.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import subprocess
 import sys
 import threading
 
-from app.training.store import TrainingStore
+from app.training.store import FolderStore, TrainingStore
 
 log = logging.getLogger("app.training.scheduler")
 
@@ -85,6 +88,8 @@ class TrainingManager:
                 del self.children[id]
 
     async def run_forever(self) -> None:
+        if not isinstance(self.store, FolderStore):
+            return  # queued in Redis: Celery's workers take them
         while True:
             try:
                 for id, fd in await asyncio.to_thread(self.claim):

@@ -1,9 +1,16 @@
-"""Training runs on disk: one folder per run under EXPLORER_RUNS_DIR, named by what it trains.
+"""Where training runs live: one interface, `TrainingStore`, and two places behind it.
 
 A run is a pure function of its settings (recipe, shape, optimiser, seed, steps): its id is a hash of
 them, so the same request finds the same run, a class of thirty pressing Start trains once, and
-replicas sharing the folder agree on names. Nothing here trains: app/training/scheduler.py schedules runs and
-app/training/worker.py trains one in its own process.
+replicas agree on names. Nothing here trains: app/training/worker.py's `train` does, writing through
+the store's `RunWriter` while it holds the run's lock.
+
+- `FolderStore` (below), the embedded default: one folder per run under EXPLORER_RUNS_DIR, started by
+  the in-process scheduler (app/training/scheduler.py) in worker processes on the same machine.
+- `RedisStore` (app/training/redis_store.py), when EXPLORER_REDIS_URL is set: runs live in Redis and
+  are trained by Celery workers on any machine that reaches it (app/training/jobs.py, app/worker.py).
+
+`open_store(settings)` picks one. The folder store's layout:
 
     <runs>/<id>/
       request.json        the settings (TrainSettings fields; a text of your own is text.txt beside it)
@@ -18,8 +25,8 @@ app/training/worker.py trains one in its own process.
 Every file is written whole (temporary file, then rename), so a reader never sees half of one and a
 killed trainer leaves the last complete state. Whether a run is still being trained is the lock: the
 kernel releases it when the process ends however it ends, so a "running" state whose lock is free
-was cut short, and the run is listed as `interrupted` (same host; for replicas on several hosts the
-folder must be on a file system with working flock, such as a local volume or NFSv4).
+was cut short, and the run is listed as `interrupted` (same host; for replicas on several hosts use
+the Redis store: flock across hosts needs a file system with working locks, such as NFSv4).
 """
 
 from __future__ import annotations
@@ -31,15 +38,21 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import tempfile
 import time
 import uuid
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from app.settings import Settings, runs_folder
 from core import InputError
 from core.recipes import TrainSettings, text_hash
+
+if TYPE_CHECKING:
+    from core.train import Snapshot, Training
 
 Status = Literal["queued", "running", "done", "failed", "cancelled", "interrupted"]
 STATUSES: tuple[Status, ...] = ("queued", "running", "done", "failed", "cancelled", "interrupted")
@@ -48,6 +61,7 @@ REQUEST, STATE, PROGRESS, SNAPSHOT, LOCK, CANCEL, TEXT = (
     "request.json", "state.json", "progress.json", "snapshot.npz", "lock", "cancel", "text.txt")
 PATTERNS = "patterns"
 MODEL_PREFIX = "model-"
+HOST = socket.gethostname()  # who trains a run, with its pid (GET /api/v1/runs/{id} `worker`)
 
 
 # ------------------------------------------------------------------ writing whole files
@@ -100,7 +114,7 @@ def is_training_run_id(name: str) -> bool:
 
 @dataclass
 class TrainingRunInfo:
-    """A run as the API shows it (GET /api/v1/runs/{id}); built from its files."""
+    """A run as the API shows it (GET /api/v1/runs/{id}); built from what its store keeps."""
 
     id: str
     recipe: str
@@ -117,6 +131,8 @@ class TrainingRunInfo:
     error: str | None = None
     queue_position: int | None = None  # 1 = next to start; None unless queued
     resumable: bool = False  # a snapshot to continue from exists
+    worker: dict | None = None  # who trains it while it runs: {"host", "pid"}
+    cursor: str | None = None  # the store's own position in the run's event log (Redis: a stream id)
 
     @property
     def metrics(self) -> dict[str, list]:
@@ -140,29 +156,213 @@ class TrainingRunInfo:
 
     @property
     def event_id(self) -> str:
-        """Where a stream of this run's changes stands: records sent, the step and the status."""
-        return f"{len(self.records)}.{self.step}.{self.status}"
+        """Where a stream of this run's changes stands: the store's event-log position where it keeps one
+        (a Redis stream id), else records sent, the step and the status."""
+        return self.cursor or f"{len(self.records)}.{self.step}.{self.status}"
 
+
+# ------------------------------------------------------------------ what a store must answer
+
+@dataclass(frozen=True)
+class Room:
+    """How many runs may be queued or training: per client (429 beyond) and in all (503 beyond)."""
+
+    per_client: int
+    total: int
+
+
+class NoRoom(Exception):
+    """Starting this run would pass a limit: `scope` is "client" or "server", `count` what there is."""
+
+    def __init__(self, scope: Literal["client", "server"], count: int):
+        super().__init__(f"{count} runs queued or training ({scope})")
+        self.scope = scope
+        self.count = count
+
+
+class StoreUnavailable(Exception):
+    """The store cannot be reached now (Redis down): the service answers 503 with this message."""
+
+
+class TrainingStore(ABC):
+    """Where runs live. The service (app/service/training.py) reads and starts runs through this; the one
+    process training a run writes through `writer`. Reading is safe from anywhere; each run has one
+    writer at a time (its lock)."""
+
+    max_bytes: int  # the store's size cap: finished runs are deleted oldest first beyond it
+    kind: str  # "folder" or "redis", for /readyz and /metrics
+
+    @property
+    @abstractmethod
+    def error(self) -> str | None:
+        """Why training is off (the folder cannot be written, Redis cannot be reached), or None."""
+
+    # ---------------------------------------------------------------- asking
+    @abstractmethod
+    def exists(self, id: str) -> bool: ...
+
+    @abstractmethod
+    def ids(self) -> list[str]:
+        """Every run, newest first."""
+
+    @abstractmethod
+    def queue(self) -> list[str]:
+        """Runs waiting to start, first come first served."""
+
+    @abstractmethod
+    def info(self, id: str, queue: list[str] | None = None) -> TrainingRunInfo: ...
+
+    @abstractmethod
+    def request(self, id: str) -> dict:
+        """What was asked: {"id", "settings", "text_sha256", "created_at", "client"}."""
+
+    @abstractmethod
+    def settings(self, id: str) -> TrainSettings: ...
+
+    @abstractmethod
+    def state(self, id: str) -> dict:
+        """What the trainer wrote last: status, step, records, error, model_dir, ..."""
+
+    @abstractmethod
+    def is_training(self, id: str) -> bool:
+        """Whether some process holds the run's lock (is training it now)."""
+
+    @abstractmethod
+    def patterns(self, id: str, step: int) -> list | None: ...
+
+    @abstractmethod
+    def model_folder(self, id: str) -> Path | None:
+        """The run's current weights as a Hugging Face folder on this machine, once it has any."""
+
+    def stats(self) -> dict:
+        """For /metrics: runs by status, the queue's length, training workers alive (None: not known here)."""
+        statuses = [self.info(id).status for id in self.ids()]
+        return {"runs": {s: statuses.count(s) for s in STATUSES}, "queue": len(self.queue()), "workers": None}
+
+    def changes(self, id: str, since: str | None) -> tuple[list[tuple[str, object]], str, bool]:
+        """What changed in a run since a stream's last event id: ([(event, data)], the new id, finished).
+
+        Here the id is TrainingRunInfo.event_id ("records.step.status"), compared with the run as it is
+        now: a stream with no id gets the whole run first; then each new record, the progress (step and
+        loss) when it moved, and the whole run again when the status changes. A store that keeps an event
+        log (Redis) answers from it instead."""
+        info = self.info(id, self.queue())
+        n_sent, step_sent, status_sent = _parse_event_id(since)
+        events: list[tuple[str, object]] = []
+        if since is None or status_sent != info.status:
+            events.append(("run", info))
+        else:
+            events += [("record", r) for r in info.records[n_sent:]]
+            if info.step != step_sent:
+                events.append(("progress", {"id": id, "step": info.step, "steps": info.steps, "loss": info.loss,
+                                            "status": info.status}))
+        return events, info.event_id, info.status in FINISHED
+
+    # ---------------------------------------------------------------- changing
+    @abstractmethod
+    def create(self, s: TrainSettings, client: str, room: Room | None = None) -> tuple[str, bool]:
+        """The run of these settings, created queued if new (within `room`, else NoRoom). Returns (id, created)."""
+
+    @abstractmethod
+    def requeue(self, id: str, client: str | None = None, room: Room | None = None) -> None:
+        """Put a cut-short, cancelled or failed run back in the queue (within `room`): it resumes from its snapshot."""
+
+    @abstractmethod
+    def request_cancel(self, id: str) -> None:
+        """Ask the trainer to stop (it checks between steps); a run nobody trains is marked at once."""
+
+    @abstractmethod
+    def evict(self) -> list[str]:
+        """Delete finished runs, oldest first, until the store is within its cap."""
+
+
+def _parse_event_id(since: str | None) -> tuple[int, int, str | None]:
+    """"3.150.running" -> (3, 150, "running"); anything else starts from nothing."""
+    try:
+        n, step, status = (since or "").split(".")
+        return int(n), int(step), status
+    except ValueError:
+        return 0, -1, None
+
+
+class RunWriter(ABC):
+    """What the one process training a run writes through, while it holds the run's lock
+    (app/training/worker.py `train`). Each write is whole: a reader sees the previous one or this one."""
+
+    id: str
+
+    @abstractmethod
+    def state(self) -> dict: ...
+
+    @abstractmethod
+    def settings(self) -> TrainSettings: ...
+
+    @abstractmethod
+    def load_snapshot(self) -> Snapshot | None: ...
+
+    @abstractmethod
+    def save_snapshot(self, snapshot: Snapshot) -> None: ...
+
+    @abstractmethod
+    def write_state(self, state: dict) -> None:
+        """The run's whole state (status, step, records, ...), as the trainer has it now."""
+
+    @abstractmethod
+    def write_progress(self, step: int, loss: float) -> None: ...
+
+    @abstractmethod
+    def write_patterns(self, step: int, patterns: list) -> None: ...
+
+    @abstractmethod
+    def export(self, run: Training) -> str:
+        """The weights as a Hugging Face folder; returns its name (model-<step>) for the state's model_dir."""
+
+    @abstractmethod
+    def drop_models_but(self, keep: str | None) -> None:
+        """Remove earlier exports: the state names the current one."""
+
+    def stop_requested(self) -> bool:
+        """Whether someone asked the run to stop (a cancel), checked between steps."""
+        return False
+
+
+def open_store(settings: Settings) -> TrainingStore | None:
+    """The store these settings name: Redis when EXPLORER_REDIS_URL is set, else the runs folder; None when
+    training is off (EXPLORER_TRAIN_WORKERS=0)."""
+    if not settings.train_workers:
+        return None
+    if settings.redis_url:
+        from app.training.redis_store import RedisStore
+
+        return RedisStore.from_settings(settings)
+    return FolderStore(runs_folder(settings), settings.runs_max_mb * 2**20)
+
+
+# ------------------------------------------------------------------ the runs folder
 
 @dataclass
-class TrainingStore:
+class FolderStore(TrainingStore):
     """The runs folder. Reading is safe from any process; each run has one writer at a time (its lock)."""
 
     root: Path
     max_bytes: int  # the folder's size cap: finished runs are deleted oldest first beyond it
+    kind = "folder"
 
     def __post_init__(self) -> None:
         self.root = Path(self.root)
-        self.error: str | None = None  # why training is off (the folder cannot be written)
+        self._error: str | None = None  # why training is off (the folder cannot be written)
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             probe = self.root / f".write-test-{uuid.uuid4().hex}"
             probe.write_bytes(b"")
             probe.unlink()
         except OSError as e:
-            self.error = (f"training is off: the runs folder {self.root} cannot be written ({e.strerror}); "
-                          "set EXPLORER_RUNS_DIR to a writable folder (a volume, in a container)")
+            self._error = (f"training is off: the runs folder {self.root} cannot be written ({e.strerror}); "
+                           "set EXPLORER_RUNS_DIR to a writable folder (a volume, in a container)")
 
+    @property
+    def error(self) -> str | None:
+        return self._error
     # ---------------------------------------------------------------- paths and locks
 
     def folder(self, id: str) -> Path:
@@ -204,13 +404,16 @@ class TrainingStore:
 
     # ---------------------------------------------------------------- creating and asking
 
-    def create(self, s: TrainSettings, client: str) -> tuple[str, bool]:
+    def create(self, s: TrainSettings, client: str, room: Room | None = None) -> tuple[str, bool]:
         """The run of these settings, created queued if new. Returns (id, created). Two processes creating
-        the same run at once: both write a whole folder under a temporary name, one rename wins."""
+        the same run at once: both write a whole folder under a temporary name, one rename wins. The room
+        is counted before, by each process for itself (the Redis store counts and creates in one step)."""
         id = training_run_id(s)
         target = self.root / id
         if (target / REQUEST).is_file():
             return id, False
+        if room is not None:
+            self._check_room(client, room)
         tmp = Path(tempfile.mkdtemp(prefix=f".new-{id}-", dir=self.root))
         try:
             fields = dataclasses.asdict(s)
@@ -283,11 +486,12 @@ class TrainingStore:
         position = None
         if status == "queued" and queue is not None and id in queue:
             position = queue.index(id) + 1
+        worker = {"host": HOST, "pid": state["pid"]} if status == "running" and state.get("pid") else None
         return TrainingRunInfo(
             id=id, recipe=settings["recipe"], config=settings, status=status, step=step, steps=settings["steps"],
             created_at=req["created_at"], updated_at=state.get("updated_at", req["created_at"]), records=records,
             snapshots=snapshots, loss=loss, model=id if state.get("model_dir") else None, error=state.get("error"),
-            queue_position=position, resumable=(folder / SNAPSHOT).is_file())
+            queue_position=position, resumable=(folder / SNAPSHOT).is_file(), worker=worker)
 
     def ids(self) -> list[str]:
         """Every run, newest first."""
@@ -308,7 +512,6 @@ class TrainingStore:
         return read_json(self.folder(id) / PATTERNS / f"{step}.json")
 
     def request_cancel(self, id: str) -> None:
-        """Ask the trainer to stop (it checks between steps); a run nobody trains is marked at once."""
         write_atomic(self.folder(id) / CANCEL, b"")
         fd = self.claim(id)
         if fd is None:
@@ -320,8 +523,9 @@ class TrainingStore:
         finally:
             os.close(fd)
 
-    def requeue(self, id: str) -> None:
-        """Put a cut-short or cancelled run back in the queue: it resumes from its snapshot."""
+    def requeue(self, id: str, client: str | None = None, room: Room | None = None) -> None:
+        if room is not None:
+            self._check_room(client, room)
         fd = self.claim(id)
         if fd is None:
             return
@@ -332,14 +536,27 @@ class TrainingStore:
         finally:
             os.close(fd)
 
+    def _check_room(self, client: str | None, room: Room) -> None:
+        active = [self.request(id) for id in self.ids()
+                  if self.state(id)["status"] in ("queued", "running") or self.is_training(id)]
+        mine = sum(1 for r in active if r.get("client") == client)
+        if mine >= room.per_client:
+            raise NoRoom("client", mine)
+        if len(active) >= room.total:
+            raise NoRoom("server", len(active))
+
+    def writer(self, id: str) -> FolderWriter:
+        """For the process that holds the run's lock (app/training/worker.py)."""
+        return FolderWriter(self, id)
+
     # ---------------------------------------------------------------- size
 
     def size(self, id: str) -> int:
         return sum(p.stat().st_size for p in self.folder(id).rglob("*") if p.is_file())
 
     def evict(self) -> list[str]:
-        """Delete finished runs, oldest first, until the folder is within its cap. Runs in the queue or
-        training are never deleted (nor, of course, the models shipped with the app, which live elsewhere)."""
+        """Runs in the queue or training are never deleted (nor, of course, the models shipped with the app,
+        which live elsewhere)."""
         sizes = {id: self.size(id) for id in self.ids()}
         total = sum(sizes.values())
         deleted = []
@@ -360,3 +577,48 @@ class TrainingStore:
             total -= sizes[id]
             deleted.append(id)
         return deleted
+
+
+class FolderWriter(RunWriter):
+    """A run's files, written by the process that holds its lock: each file whole (write_atomic)."""
+
+    def __init__(self, store: FolderStore, id: str):
+        self.store, self.id = store, id
+        self.folder = store.folder(id)
+
+    def state(self) -> dict:
+        return self.store.state(self.id)
+
+    def settings(self) -> TrainSettings:
+        return self.store.settings(self.id)
+
+    def load_snapshot(self) -> Snapshot | None:
+        from core.train import Snapshot
+
+        path = self.folder / SNAPSHOT
+        return Snapshot.load(path) if path.is_file() else None
+
+    def save_snapshot(self, snapshot: Snapshot) -> None:
+        snapshot.save(self.folder / SNAPSHOT)
+
+    def write_state(self, state: dict) -> None:
+        self.store.write_state(self.id, state)
+
+    def write_progress(self, step: int, loss: float) -> None:
+        write_json(self.folder / PROGRESS, {"step": step, "loss": loss}, durable=False)
+
+    def write_patterns(self, step: int, patterns: list) -> None:
+        write_json(self.folder / PATTERNS / f"{step}.json", patterns)
+
+    def export(self, run: Training) -> str:
+        name = f"{MODEL_PREFIX}{run.step}"
+        run.export(self.folder / name)
+        return name
+
+    def drop_models_but(self, keep: str | None) -> None:
+        for old in self.folder.glob(f"{MODEL_PREFIX}*"):
+            if old.name != keep:
+                shutil.rmtree(old, ignore_errors=True)
+
+    def stop_requested(self) -> bool:
+        return (self.folder / CANCEL).exists()

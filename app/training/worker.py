@@ -17,14 +17,14 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
-import shutil
 import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
-from app.training.store import CANCEL, MODEL_PREFIX, PATTERNS, PROGRESS, SNAPSHOT, TrainingStore, write_json
+from app.training.store import FolderStore, RunWriter
 
 PROGRESS_EVERY_S = 0.1  # progress.json at most this often: a page sees ≥ 4 updates a second
 NICENESS = 10  # below the request workers'
@@ -44,8 +44,8 @@ def die_with_parent() -> None:
 class Stop:
     """Why the loop should stop before its next step: a cancel asked for, or SIGTERM."""
 
-    def __init__(self, folder: Path):
-        self.folder = folder
+    def __init__(self, writer: RunWriter):
+        self.writer = writer
         self.terminated = False
         signal.signal(signal.SIGTERM, self._on_term)
 
@@ -54,64 +54,58 @@ class Stop:
 
     @property
     def cancelled(self) -> bool:
-        return (self.folder / CANCEL).exists()
+        return self.writer.stop_requested()
 
     def __call__(self) -> bool:
         return self.terminated or self.cancelled
 
 
-def train(store: TrainingStore, id: str) -> str:
-    """Train the run to its last step (or until stopped); returns its final status."""
+def train(w: RunWriter, stop: Callable[[], bool], cancelled: Callable[[], bool], *, pid: int | None = None) -> str:
+    """Train the run to its last step (or until `stop()`), writing through `w`; returns its final status
+    (`cancelled()` says whether an early stop was a cancel). The folder store and the Redis store alike."""
     from threadpoolctl import threadpool_limits
 
-    from core.train import Snapshot, Training
+    from core.train import Training
 
     threadpool_limits(1, user_api="blas")  # bit for bit: one thread adds in one order
-    folder = store.folder(id)
-    state = store.state(id)
+    state = w.state()
     records = list(state.get("records", []))
-    snapshot_path = folder / SNAPSHOT
-    if snapshot_path.is_file():
-        run = Training.resume(Snapshot.load(snapshot_path))
+    snapshot = w.load_snapshot()
+    if snapshot is not None:
+        run = Training.resume(snapshot)
         records = [r for r in records if r["step"] <= run.step]  # records after the snapshot come again
     else:
-        run = Training(store.settings(id))
+        run = Training(w.settings())
         records = []
-    store.write_state(id, state | {"status": "running", "records": records, "error": None, "pid": os.getpid(),
-                                   "started_at": state.get("started_at") or time.time()})
-    stop = Stop(folder)
+    w.write_state(state | {"status": "running", "step": run.step, "records": records, "error": None,
+                           "pid": pid or os.getpid(), "started_at": state.get("started_at") or time.time()})
     last_progress = 0.0
 
     def progress(step: int, loss: float) -> None:
         nonlocal last_progress
         now = time.monotonic()
         if now - last_progress >= PROGRESS_EVERY_S or step == run.settings.steps:
-            write_json(folder / PROGRESS, {"step": step, "loss": loss}, durable=False)
+            w.write_progress(step, loss)
             last_progress = now
 
     def save(status: str, **extra) -> None:
-        store.write_state(id, store.state(id) | {"status": status, "step": run.step, "records": records, **extra})
+        w.write_state(w.state() | {"status": status, "step": run.step, "records": records, **extra})
 
     for record in run.records(stop=stop, progress=progress):
         entry = record.to_dict()
         patterns = entry.pop("patterns", None)
         if patterns is not None:
-            write_json(folder / PATTERNS / f"{record.step}.json", patterns)
+            w.write_patterns(record.step, patterns)
         records.append(entry)
         if record.step % run.settings.snapshot_every == 0 or record.step == run.settings.steps:
-            run.snapshot().save(snapshot_path)
+            w.save_snapshot(run.snapshot())
         save("running")
     # Stopped early or finished: keep what was learned, explorable as a model.
-    run.snapshot().save(snapshot_path)
-    status = "done" if run.step >= run.settings.steps else ("cancelled" if stop.cancelled else "interrupted")
-    model_dir = None
-    if run.step > 0:
-        model_dir = f"{MODEL_PREFIX}{run.step}"
-        run.export(folder / model_dir)
+    w.save_snapshot(run.snapshot())
+    status = "done" if run.step >= run.settings.steps else ("cancelled" if cancelled() else "interrupted")
+    model_dir = w.export(run) if run.step > 0 else None
     save(status, model_dir=model_dir, finished_at=time.time())
-    for old in folder.glob(f"{MODEL_PREFIX}*"):  # earlier exports: the state names the current one
-        if old.name != model_dir:
-            shutil.rmtree(old, ignore_errors=True)
+    w.drop_models_but(model_dir)  # earlier exports: the state names the current one
     return status
 
 
@@ -123,9 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     die_with_parent()
     os.nice(NICENESS)
-    store = TrainingStore(args.runs_dir, max_bytes=0)
+    store = FolderStore(args.runs_dir, max_bytes=0)
+    writer = store.writer(args.run_id)
+    stop = Stop(writer)
     try:
-        train(store, args.run_id)
+        train(writer, stop, lambda: stop.cancelled)
     except Exception as exc:  # a bug, or a settings problem found late: the run says so
         traceback.print_exc()
         store.write_state(args.run_id, store.state(args.run_id) | {

@@ -51,7 +51,8 @@ def test_every_setting_is_covered_here_or_named():
                  "runs_dir", "train_workers", "train_max_per_client", "train_max_runs", "runs_max_mb",
                  "default_model",  # tests/pages/test_default_model.py
                  "generate_max_values",  # tests/api/test_generate.py
-                 "patching_max_passes", "ov_max_sources"}  # tests/api/test_circuits.py
+                 "patching_max_passes", "ov_max_sources",  # tests/api/test_circuits.py
+                 "redis_url", "train_pickup_s", "metrics"}  # tests/scale/ (Redis, Celery workers, /metrics)
     assert set(Settings.model_fields) == covered | elsewhere
 
 

@@ -1,0 +1,82 @@
+"""`python -m app.worker`: a training worker for the Redis mode, on any machine that reaches Redis.
+
+    EXPLORER_REDIS_URL=redis://:password@school-server:6379/0 python -m app.worker
+
+It is Celery's own worker (prefork) around the project's one task (app/training/jobs.py), started with the
+project's settings: EXPLORER_TRAIN_WORKERS training processes, each with one BLAS thread (bit for bit, and
+no process fights another for the cores) and a lower priority than a server's requests on the same machine;
+EXPLORER_TRAIN_PICKUP_S for the broker's visibility timeout and the runs' leases. It registers itself in
+Redis while it lives (/metrics counts the workers), and on a warm shutdown (SIGTERM) its trainers save a
+snapshot and put their runs back in the queue for another worker.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+# Before NumPy is imported anywhere in this process or the ones it forks: one BLAS thread each.
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = "1"
+
+from celery import signals  # noqa: E402
+
+from app import __version__  # noqa: E402
+from app.settings import get_settings  # noqa: E402
+
+REGISTER_EVERY_S = 5.0  # how often a worker says it is alive (explorer:workers in Redis)
+NICENESS = 10  # below a server's request workers on the same machine
+
+
+def main(argv: list[str] | None = None) -> int:
+    s = get_settings()
+    if not s.redis_url:
+        print("app.worker: set EXPLORER_REDIS_URL (redis://[:password@]host:port/db) to the Redis the servers use",
+              file=sys.stderr)
+        return 2
+    if s.train_workers < 1:
+        print("app.worker: EXPLORER_TRAIN_WORKERS must be 1 or more here (training processes)", file=sys.stderr)
+        return 2
+    from app.training import jobs
+    from app.training.redis_store import HOST, RedisStore, register_worker, unregister_worker
+
+    node = f"explorer-{os.getpid()}@{HOST}"
+    os.environ["EXPLORER_WORKER_NODE"] = node  # the training processes read it (the shutdown flag's name)
+    store = RedisStore.from_settings(s)
+    app = jobs.configure(store.url, store.timing)
+    alive = threading.Event()
+
+    def register_forever() -> None:
+        while not alive.wait(REGISTER_EVERY_S):
+            try:
+                register_worker(store, node, s.train_workers, __version__)
+            except Exception:  # Redis away: the broker connection says so in the log
+                pass
+
+    @signals.worker_ready.connect(weak=False)
+    def ready(**_) -> None:
+        register_worker(store, node, s.train_workers, __version__)
+        threading.Thread(target=register_forever, name="register", daemon=True).start()
+
+    @signals.worker_shutting_down.connect(weak=False)
+    def shutting_down(**_) -> None:
+        alive.set()
+        try:
+            unregister_worker(store, node)  # and tell its trainers to put their runs back
+        except Exception:
+            pass
+
+    @signals.worker_process_init.connect(weak=False)
+    def lower_priority(**_) -> None:
+        os.nice(NICENESS)
+
+    args = ["worker", f"--hostname={node}", f"--concurrency={s.train_workers}", "--pool=prefork",
+            f"--loglevel={s.log_level.upper()}", f"--queues={jobs.QUEUE}", "--prefetch-multiplier=1",
+            "--without-gossip", "--without-mingle", "--without-heartbeat", *(argv or [])]
+    app.worker_main(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
