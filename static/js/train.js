@@ -9,13 +9,19 @@
 
   const PLAY_MS = 400;  // one snapshot step per tick
 
+  // A Malay page's words for what this script writes (templates/train.html data-words); English otherwise.
+  function words() {
+    const el = document.querySelector("[data-words]");
+    return el ? JSON.parse(el.dataset.words) : {};
+  }
+
   document.body.addEventListener("htmx:sseMessage", function (evt) {
     if (!evt.detail || evt.detail.type !== "progress") return;
     const p = JSON.parse(evt.detail.data);
     const line = document.querySelector('[data-run-status="' + p.id + '"]');
     if (!line) return;
     line.querySelector('[data-field="step"]').textContent = p.step;
-    line.querySelector('[data-field="status"]').textContent = p.status;
+    line.querySelector('[data-field="status"]').textContent = (words().status || {})[p.status] || p.status;
     if (p.loss !== null && p.loss !== undefined) {
       line.querySelector('[data-field="loss"]').textContent = Number(p.loss).toFixed(3);
     }
@@ -33,7 +39,7 @@
     const history = plot._history || (plot._history = JSON.parse(plot.dataset.history));
     const out = document.getElementById("pattern-step");
     if (out) out.textContent = steps[index];
-    slider.setAttribute("aria-valuetext", "step " + steps[index]);
+    slider.setAttribute("aria-valuetext", (words().step || "step {step}").replace("{step}", steps[index]));
     if (window.Plotly && plot.data) Plotly.restyle(plot, { z: [history[index]] }, [0]);
     const url = new URL(window.location.href);
     url.searchParams.set("step", steps[index]);
@@ -43,7 +49,7 @@
   function stop(button) {
     if (timer) clearInterval(timer);
     timer = null;
-    if (button) { button.textContent = "Play"; button.setAttribute("aria-pressed", "false"); }
+    if (button) { button.textContent = words().play || "Play"; button.setAttribute("aria-pressed", "false"); }
   }
 
   document.body.addEventListener("input", function (evt) {
@@ -56,7 +62,7 @@
     const slider = document.getElementById("step-slider");
     if (timer) { stop(button); return; }
     if (Number(slider.value) >= Number(slider.max)) slider.value = 0;
-    button.textContent = "Pause";
+    button.textContent = words().pause || "Pause";
     button.setAttribute("aria-pressed", "true");
     showStep(slider);
     timer = setInterval(function () {

@@ -1,0 +1,96 @@
+"""Bahasa Melayu in a real browser: a learner switches to BM, types, opens a lesson and trains, and the
+language stays through htmx's swaps, Back, a copied URL (in a browser without the cookie) and the
+training page's live updates; the Malay pages are axe-clean with lang="ms" and fit a 390 px phone."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from .test_accessibility import AXE, PHONE, RUN_AXE, SETTLED, WCAG_TAGS, context, tab  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.browser
+
+# The Malay pages translated whole, one of each kind (tests/pages/test_languages.py reads all of them).
+MALAY_PAGES = ["/lessons/attention?lang=ms", "/params?lang=ms", "/glossary?lang=ms", "/train?lang=ms",
+               "/inspect?view=detectors&lang=ms"]
+TRAIN_TIMEOUT_S = 120
+
+
+def html_lang(page) -> str:
+    return page.evaluate("() => document.documentElement.lang")
+
+
+@pytest.mark.parametrize("path", MALAY_PAGES)
+def test_a_malay_page_is_axe_clean_and_fits_a_phone(tab, live_server, path):  # noqa: F811
+    tab.set_viewport_size({"width": PHONE["width"], "height": PHONE["height"]})
+    tab.goto(live_server + path)
+    tab.wait_for_function(SETTLED)
+    assert html_lang(tab) == "ms"
+    sizes = tab.evaluate("() => [document.scrollingElement.scrollWidth, window.innerWidth]")
+    assert sizes[0] <= sizes[1], f"{path} is {sizes[0]} px wide in a {sizes[1]} px window"
+    tab.add_script_tag(path=str(AXE))
+    violations = tab.evaluate(RUN_AXE, WCAG_TAGS)
+    assert violations == [], "\n".join(f"{v['id']} ({v['impact']}): {v['help']} at {v['nodes']}" for v in violations)
+
+
+def test_switch_to_malay_type_go_back_share_the_url_and_train(tab, context, live_server):  # noqa: F811
+    context.clear_cookies()  # the pages above chose Malay: this learner starts with the browser's default
+    tab.goto(live_server + "/lessons/attention")
+    tab.wait_for_function(SETTLED)
+    assert html_lang(tab) == "en"
+
+    # the switch: this page, in Malay
+    tab.click('.language-switch a[data-language="ms"]')
+    tab.wait_for_function("() => document.documentElement.lang === 'ms'")
+    assert "lang=ms" in tab.url and tab.locator("#controls-title").inner_text() == "Tetapan"
+
+    # type: htmx swaps the results and pushes a URL that keeps the language
+    tab.fill("#text", "Ali makan nasi goreng")
+    tab.wait_for_function("() => location.search.includes('goreng')")
+    tab.wait_for_function(SETTLED)
+    assert "lang=ms" in tab.url
+    assert tab.locator("#numbers-title").inner_text().startswith("Pemberat perhatian")
+    typed = tab.url
+
+    # Back: the page before the edit, still in Malay
+    tab.go_back()
+    tab.wait_for_function("() => !location.search.includes('goreng')")
+    tab.wait_for_function(SETTLED)
+    assert html_lang(tab) == "ms" and "lang=ms" in tab.url
+
+    # a copied URL, opened where there is no cookie: Malay, from the URL alone
+    other = context.browser.new_context()
+    try:
+        shared = other.new_page()
+        shared.goto(typed)
+        assert html_lang(shared) == "ms" and "goreng" in shared.locator("#weights-table").inner_text()
+    finally:
+        other.close()
+
+    # a lesson from the nav, then training: every page in Malay, the live status too
+    tab.click('.lesson-nav a[href^="/lessons/causal"]')
+    tab.wait_for_function("() => location.pathname === '/lessons/causal'")
+    assert html_lang(tab) == "ms" and "lang=ms" in tab.url
+    tab.click('.site-header nav a[href^="/train"]')
+    tab.wait_for_function("() => location.pathname === '/train'")
+    tab.click('.tabs a[href*="recipe=nasi-lemak"]')
+    tab.wait_for_function("() => location.search.includes('nasi-lemak')")
+    tab.fill("#train-steps", "60")
+    tab.click("button.primary")
+    tab.wait_for_function("() => location.search.includes('run=')")
+    assert html_lang(tab) == "ms" and "lang=ms" in tab.url
+    malay_status = {"dalam baris gilir", "sedang berjalan", "selesai"}
+    seen, deadline = set(), time.monotonic() + TRAIN_TIMEOUT_S
+    while "selesai" not in seen:
+        assert time.monotonic() < deadline, f"the run did not finish: {seen}"
+        try:
+            seen.add(tab.inner_text('#run-results [data-run-status] [data-field="status"]').strip())
+        except Exception:  # the block was being swapped: look again
+            pass
+        time.sleep(0.3)
+    assert seen <= malay_status, seen  # every status the live updates wrote was Malay
+    tab.wait_for_function(SETTLED)
+    assert html_lang(tab) == "ms" and tab.locator("#run-title").inner_text().startswith("Larian")
+    assert tab.watch.page_errors == [] and tab.watch.console_errors == []
