@@ -72,6 +72,14 @@ redis.call('HSET', KEYS[2], 'heartbeat_at', ARGV[3])
 return {1, redis.call('HEXISTS', KEYS[2], 'cancel'), redis.call('EXISTS', KEYS[3])}
 """
 
+# Taking the lease takes a queued run out of the queue in the same step (its place is no longer waiting).
+ACQUIRE = """
+-- KEYS: lock, run, queue. ARGV: token, ttl_ms, id
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
+if redis.call('HGET', KEYS[2], 'status') == 'queued' then redis.call('ZREM', KEYS[3], ARGV[3]) end
+return 1
+"""
+
 RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
@@ -88,14 +96,16 @@ _scripts: dict[tuple[int, str], Any] = {}
 def _script(store: RedisStore, name: str):
     key = (id(store.r), name)
     if key not in _scripts:
-        _scripts[key] = store.r.register_script({"fenced": FENCED, "renew": RENEW, "release": RELEASE}[name])
+        _scripts[key] = store.r.register_script({"fenced": FENCED, "renew": RENEW, "release": RELEASE,
+                                                       "acquire": ACQUIRE}[name])
     return _scripts[key]
 
 
 def acquire(store: RedisStore, id: str, node: str | None = None) -> Lease | None:
     """The run's lease if nobody holds it, renewed by a thread until released; else None."""
     token = f"{HOST}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
-    if not store.r.set(lock_key(id), token, nx=True, px=int(store.timing.lease_s * 1000)):
+    if not _script(store, "acquire")(keys=[lock_key(id), run_key(id), QUEUE],
+                                     args=[token, int(store.timing.lease_s * 1000), id]):
         return None
     return Lease(store, id, token, node)
 

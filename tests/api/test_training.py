@@ -1,7 +1,9 @@
-"""Training through the API, on a real server with real worker processes (scripts/liveserver.py).
+"""Training through the API, on a real server with real worker processes (scripts/liveserver.py), on both
+stores: the runs folder with the server's own trainer processes (the embedded default), and Redis with a
+Celery worker (`python -m app.worker`; tests/scale/services.py starts redis-server and the worker).
 
 A run is a pure function of its request (one id, one training however many ask); it trains in a worker
-process and reports through its files (app/training/store.py); cancel, a killed server and a resume leave it
+process and reports through its store (app/training/store.py); cancel, a killed server and a resume leave it
 consistent; the event stream resumes where a client left it; bad settings are readable 422s; each
 client and the server have a stated number of runs.
 """
@@ -24,10 +26,14 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 import liveserver  # noqa: E402  (scripts/ is not a package)
+from tests.scale import services  # noqa: E402
 
 QUICK = {"recipe": "nasi-lemak", "steps": 40, "eval_interval": 10}  # trains in about a second
-LONG = {"recipe": "induction", "steps": 5000, "eval_interval": 50}  # long enough to stop or kill mid-run
+LONG = {"recipe": "nasi-lemak", "steps": 20000, "eval_interval": 50}  # long enough to stop or kill mid-run
 WAIT_S = 120
+
+
+PICKUP_S = 12  # the Redis mode's pickup time here: a cancel is seen within a heartbeat (0.7 s)
 
 
 @pytest.fixture
@@ -35,10 +41,46 @@ def runs_dir(tmp_path) -> Path:
     return tmp_path / "runs"
 
 
+@pytest.fixture(scope="module")
+def redis_stack():
+    """redis-server and one Celery worker (one training process), for every Redis-mode test of this module:
+    each test uses seeds of its own and leaves no run queued or training."""
+    with services.redis_server() as redis_server, \
+            services.worker(redis_server.url, train_pickup_s=PICKUP_S) as worker:
+        yield redis_server, worker
+
+
+@pytest.fixture(params=["folder", "redis"])
+def store(request) -> str:
+    return request.param
+
+
 @pytest.fixture
-def server(runs_dir):
-    with liveserver.live_server(env={"EXPLORER_RUNS_DIR": str(runs_dir), "EXPLORER_ACCESS_LOG": "false"}) as s:
+def start(store, runs_dir, request):
+    """start(**settings): a live server on this test's store, with these settings (EXPLORER_<NAME>)."""
+    def start_server(**settings):
+        env = {"EXPLORER_ACCESS_LOG": "false"} | {f"EXPLORER_{k.upper()}": str(v) for k, v in settings.items()}
+        if store == "folder":
+            return liveserver.live_server(env=env | {"EXPLORER_RUNS_DIR": str(runs_dir)})
+        redis_server, _ = request.getfixturevalue("redis_stack")
+        return liveserver.live_server(env=env | {"EXPLORER_REDIS_URL": redis_server.url,
+                                                 "EXPLORER_TRAIN_PICKUP_S": str(PICKUP_S)})
+    return start_server
+
+
+@pytest.fixture
+def server(start):
+    with start() as s:
         yield s
+
+
+def trainings(store: str, request, runs_dir: Path, id: str) -> int:
+    """How many times the run was started: its trainer's log (folder), its stream's `running` events (Redis)."""
+    if store == "folder":
+        return (runs_dir / id / "trainer.log").is_file() + 0
+    redis_server, _ = request.getfixturevalue("redis_stack")
+    events = redis_server.client().xrange(f"explorer:run:{id}:events")
+    return sum(fields[b"event"] == b"run" and json.loads(fields[b"data"])["status"] == "running" for _, fields in events)
 
 
 def wait(client: httpx.Client, id: str, until=("done", "failed", "cancelled", "interrupted"), timeout=WAIT_S) -> dict:
@@ -51,7 +93,7 @@ def wait(client: httpx.Client, id: str, until=("done", "failed", "cancelled", "i
         time.sleep(0.2)
 
 
-def test_a_run_trains_in_a_worker_and_becomes_a_model(server, runs_dir):
+def test_a_run_trains_in_a_worker_and_becomes_a_model(store, server, runs_dir):
     with httpx.Client(base_url=server.url, timeout=60) as c:
         r = c.post("/api/v1/train", json=QUICK)
         assert r.status_code == 202, r.text
@@ -77,10 +119,11 @@ def test_a_run_trains_in_a_worker_and_becomes_a_model(server, runs_dir):
         # the same request is the same run, done already
         again = c.post("/api/v1/train", json=QUICK).json()
         assert again["id"] == id and again["status"] == "done" and not again["queued"]
+    if store == "folder":
         assert (runs_dir / id / "state.json").is_file() and not list(runs_dir.glob(".new-*"))
 
 
-def test_thirty_identical_requests_make_one_run_and_one_training(server, runs_dir):
+def test_thirty_identical_requests_make_one_run_and_one_training(store, server, runs_dir, request):
     with httpx.Client(base_url=server.url, timeout=60) as c:
         with concurrent.futures.ThreadPoolExecutor(30) as pool:
             answers = list(pool.map(lambda _: c.post("/api/v1/train", json=QUICK | {"seed": 7}), range(30)))
@@ -90,9 +133,11 @@ def test_thirty_identical_requests_make_one_run_and_one_training(server, runs_di
         assert sum(a.json()["queued"] for a in answers) == 1  # exactly one of them created it
         id = ids.pop()
         wait(c, id)
-    assert [p.name for p in runs_dir.iterdir() if not p.name.startswith(".")] == [id]
-    log = (runs_dir / id / "trainer.log").read_text()
-    assert (runs_dir / id / "state.json").is_file() and log.count("Traceback") == 0
+    assert trainings(store, request, runs_dir, id) == 1
+    if store == "folder":
+        assert [p.name for p in runs_dir.iterdir() if not p.name.startswith(".")] == [id]
+        log = (runs_dir / id / "trainer.log").read_text()
+        assert (runs_dir / id / "state.json").is_file() and log.count("Traceback") == 0
 
 
 def test_cancel_keeps_a_consistent_run_and_a_repeat_resumes_it(server):
@@ -152,9 +197,9 @@ def parse_events(lines):
             event[key] = value
 
 
-def test_a_killed_server_leaves_finished_runs_intact_and_the_cut_one_interrupted(runs_dir):
-    env = {"EXPLORER_RUNS_DIR": str(runs_dir), "EXPLORER_ACCESS_LOG": "false"}
-    with liveserver.live_server(env=env) as first, httpx.Client(base_url=first.url, timeout=60) as c:
+def test_a_killed_server_leaves_finished_runs_intact_and_the_cut_one_interrupted(store, start):
+    """(With Redis a Celery worker trains the run, not the server: the run goes on without it.)"""
+    with start() as first, httpx.Client(base_url=first.url, timeout=60) as c:
         done_id = c.post("/api/v1/train", json=QUICK | {"seed": 11}).json()["id"]
         wait(c, done_id)
         cut_id = c.post("/api/v1/train", json=LONG | {"seed": 11}).json()["id"]
@@ -164,10 +209,15 @@ def test_a_killed_server_leaves_finished_runs_intact_and_the_cut_one_interrupted
             time.sleep(0.1)
         os.kill(first.pid, signal.SIGKILL)  # no shutdown: the trainer dies with it
         time.sleep(1)
-    with liveserver.live_server(env=env) as second, httpx.Client(base_url=second.url, timeout=60) as c:
+    with start() as second, httpx.Client(base_url=second.url, timeout=60) as c:
         done = c.get(f"/api/v1/runs/{done_id}").json()
         assert done["status"] == "done" and done["step"] == QUICK["steps"]
         cut = c.get(f"/api/v1/runs/{cut_id}").json()
+        if store == "redis":
+            assert cut["status"] == "running" and cut["worker"] is not None and cut["step"] >= 60
+            c.delete(f"/api/v1/runs/{cut_id}")
+            assert wait(c, cut_id)["status"] == "cancelled"
+            return
         assert cut["status"] == "interrupted" and cut["resumable"]
         assert c.post("/api/v1/train", json=LONG | {"seed": 11, "steps": LONG["steps"]}).json()["queued"]
         resumed = wait(c, cut_id, until=("running",))
@@ -190,12 +240,11 @@ def test_bad_settings_are_readable_422s(client, body, says):
 
 
 @pytest.mark.parametrize("per_client, total, status", [(2, 10, 429), (10, 2, 503)])
-def test_each_client_and_the_server_have_a_limit(runs_dir, per_client, total, status):
-    env = {"EXPLORER_RUNS_DIR": str(runs_dir), "EXPLORER_ACCESS_LOG": "false", "EXPLORER_TRAIN_WORKERS": "1",
-           "EXPLORER_TRAIN_MAX_PER_CLIENT": str(per_client), "EXPLORER_TRAIN_MAX_RUNS": str(total)}
-    with liveserver.live_server(env=env) as s, httpx.Client(base_url=s.url, timeout=60) as c:
-        ids = [c.post("/api/v1/train", json=LONG | {"seed": seed}).json()["id"] for seed in (1, 2)]
-        third = c.post("/api/v1/train", json=LONG | {"seed": 3})
+def test_each_client_and_the_server_have_a_limit(start, per_client, total, status):
+    with start(train_workers=1, train_max_per_client=per_client, train_max_runs=total) as s, \
+            httpx.Client(base_url=s.url, timeout=60) as c:
+        ids = [c.post("/api/v1/train", json=LONG | {"seed": seed + 100 * total}).json()["id"] for seed in (1, 2)]
+        third = c.post("/api/v1/train", json=LONG | {"seed": 3 + 100 * total})
         assert third.status_code == status and int(third.headers["retry-after"]) > 0
         assert "2 run" in third.json()["detail"][0]["msg"]
         wait(c, ids[0], until=("running",))
@@ -214,13 +263,18 @@ def test_training_off_says_so(client_with, runs_dir):
     assert c.get("/train").status_code == 200  # the page still opens, and says why when Start is pressed
 
 
-def test_the_runs_folder_keeps_within_its_size(client_with, runs_dir):
+def test_the_runs_folder_keeps_within_its_size(store, start, runs_dir, request):
     """EXPLORER_RUNS_MAX_MB: starting a run deletes the oldest finished ones beyond the cap."""
-    c = client_with(runs_dir=runs_dir, runs_max_mb=1)
-    first = c.post("/api/v1/train", json=QUICK | {"seed": 21}).json()["id"]
-    wait(c, first)
-    (runs_dir / first / "padding").write_bytes(b"\0" * 2**20)  # the folder is now over 1 MB
-    second = c.post("/api/v1/train", json=QUICK | {"seed": 22}).json()["id"]
-    assert not (runs_dir / first).exists() and c.get(f"/api/v1/runs/{first}").status_code == 404
-    wait(c, second)
-    assert c.get(f"/api/v1/runs/{second}").json()["status"] == "done"
+    with start(runs_max_mb=1) as s, httpx.Client(base_url=s.url, timeout=60) as c:
+        first = c.post("/api/v1/train", json=QUICK | {"seed": 21}).json()["id"]
+        wait(c, first)
+        if store == "folder":
+            (runs_dir / first / "padding").write_bytes(b"\0" * 2**20)  # the folder is now over 1 MB
+        else:
+            request.getfixturevalue("redis_stack")[0].client().hset(f"explorer:run:{first}", "padding", b"\0" * 2**20)
+        second = c.post("/api/v1/train", json=QUICK | {"seed": 22}).json()["id"]
+        assert c.get(f"/api/v1/runs/{first}").status_code == 404
+        if store == "folder":
+            assert not (runs_dir / first).exists()
+        wait(c, second)
+        assert c.get(f"/api/v1/runs/{second}").json()["status"] == "done"
