@@ -21,14 +21,15 @@ from typing import Any, Literal
 
 from core import POSITION_SCHEMES
 from core.config import ATTENTION_DIRS
+from core.i18n import N_
 
 MAX_SEED = 2**32 - 1  # NumPy's RandomState, which the spec's np.random.seed uses, takes seeds below 2³²
 
 Group = Literal["attention", "size"]
 # The form's fieldsets, in order: (legend, hint). attention: how a model computes with the same weights;
 # size: which weights it has (its shape, and the seed they are drawn from).
-GROUPS: dict[str, tuple[str, str | None]] = {"attention": ("Attention", None),
-                                             "size": ("Model shape", "(new random weights)")}
+GROUPS: dict[str, tuple[str, str | None]] = {"attention": (N_("Attention"), None),
+                                             "size": (N_("Model shape"), N_("(new random weights)"))}
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class Knob:
     name: str  # the request field, the URL parameter and the form control
     type: type  # bool, int, float, or str (one of `choices`)
     group: Group
-    label: str  # the form's label
+    label: str  # the form's label, in English, marked for the catalogue (the form translates it)
     help: str | None = None  # the API's description
     hint: str | None = None  # after the form's label
     config: str | None = None  # the TransformerConfig field it sets; None: not a config field (the seed)
@@ -74,20 +75,21 @@ class Knob:
 
 
 KNOBS: tuple[Knob, ...] = (
-    Knob("causal", bool, "attention", "Causal mask", help="null: the model's default", hint="(hide the future)",
+    Knob("causal", bool, "attention", N_("Causal mask"), help="null: the model's default", hint=N_("(hide the future)"),
          config="attention_dir", config_values=ATTENTION_DIRS, trained_weights=True),
-    Knob("scale", bool, "attention", "Scale by 1/√d_head", help="divide scores by √d_head; null: the model's default",
-         config="use_attn_scale", trained_weights=True),
-    Knob("temperature", float, "attention", "Softmax temperature", help="attention softmax temperature (scores ÷ it)",
-         config="attn_temperature", low=0, low_exclusive=True, high=100, trained_weights=True),
-    Knob("positional_embedding_type", str, "attention", "Positions", config="positional_embedding_type",
+    Knob("scale", bool, "attention", N_("Scale by 1/√d_head"),
+         help="divide scores by √d_head; null: the model's default", config="use_attn_scale", trained_weights=True),
+    Knob("temperature", float, "attention", N_("Softmax temperature"),
+         help="attention softmax temperature (scores ÷ it)", config="attn_temperature", low=0, low_exclusive=True,
+         high=100, trained_weights=True),
+    Knob("positional_embedding_type", str, "attention", N_("Positions"), config="positional_embedding_type",
          choices=POSITION_SCHEMES),
     # The API lists the sizes as heads, layers, width; the form as heads, width, layers, then the seed.
-    Knob("n_heads", int, "size", "Heads", help="must divide d_model", config="n_heads", low=1, limit="max_heads",
+    Knob("n_heads", int, "size", N_("Heads"), help="must divide d_model", config="n_heads", low=1, limit="max_heads",
          form_order=1),
-    Knob("n_layers", int, "size", "Layers", config="n_layers", low=1, limit="max_layers", form_order=3),
-    Knob("d_model", int, "size", "Width d_model", config="d_model", low=1, limit="max_d_model", form_order=2),
-    Knob("seed", int, "size", "Seed", help="weights' seed; null: the model's default", model_default="default_seed",
+    Knob("n_layers", int, "size", N_("Layers"), config="n_layers", low=1, limit="max_layers", form_order=3),
+    Knob("d_model", int, "size", N_("Width d_model"), config="d_model", low=1, limit="max_d_model", form_order=2),
+    Knob("seed", int, "size", N_("Seed"), help="weights' seed; null: the model's default", model_default="default_seed",
          low=0, high=MAX_SEED, form_order=4),
 )
 

@@ -20,6 +20,7 @@ from fastapi.responses import HTMLResponse
 from app.pages import figures, web
 from app.api import requests
 from app.deps import ServiceDep
+from app.http.language import _, ngettext
 from app.service.results import AttentionStages, ExplorerView
 
 router = APIRouter(tags=["pages"], include_in_schema=False)
@@ -36,32 +37,37 @@ def _config_line(v: ExplorerView) -> str:
     divisor = (f"√{cfg.d_head}" if cfg.use_attn_scale else "1") + (
         f" × {cfg.attn_temperature:g}" if cfg.attn_temperature != 1 else "")
     kv = cfg.n_key_value_heads
-    heads = (f"{cfg.n_heads} heads" if kv == cfg.n_heads else
-             f"{cfg.n_heads} query heads share {kv} K/V head{'s' if kv != 1 else ''}")
-    return (f"{v.model}: {len(v.tokens)} tokens · d_model {cfg.d_model} · {heads} × d_head "
-            f"{cfg.d_head} · {cfg.n_layers} layer{'s' if cfg.n_layers != 1 else ''} · d_mlp {cfg.d_mlp} · "
-            f"{cfg.positional_embedding_type} positions · {'causal' if cfg.causal else 'bidirectional'} · "
-            f"scores ÷ {divisor} · seed {v.seed}")
+    heads = (_("{n} heads").format(n=cfg.n_heads) if kv == cfg.n_heads else
+             ngettext("{n} query heads share {kv} K/V head", "{n} query heads share {kv} K/V heads", kv).format(
+                 n=cfg.n_heads, kv=kv))
+    return " · ".join([
+        _("{model}: {n} tokens").format(model=v.model, n=len(v.tokens)), f"d_model {cfg.d_model}",
+        f"{heads} × d_head {cfg.d_head}",
+        ngettext("{n} layer", "{n} layers", cfg.n_layers).format(n=cfg.n_layers), f"d_mlp {cfg.d_mlp}",
+        _("{scheme} positions").format(scheme=cfg.positional_embedding_type),
+        _("causal") if cfg.causal else _("bidirectional"), _("scores ÷ {divisor}").format(divisor=divisor),
+        _("seed {seed}").format(seed=v.seed)])
 
 
 def _stage_figures(st: AttentionStages, v: ExplorerView, where: str, only_weights: bool = False) -> list[dict]:
     cfg = v.config
     top = figures.score_range(st.raw, st.scaled, st.masked)  # one colour range, so scaling shows
     divisor = ("√d_head = √" + f"{cfg.d_head} = {math.sqrt(cfg.d_head):.3g}") if cfg.use_attn_scale \
-        else "1 (scaling is off)"
+        else _("1 (scaling is off)")
     if cfg.attn_temperature != 1:
-        divisor += f", then ÷ the temperature {cfg.attn_temperature:g}"
-    mask_caption = ("The causal mask sets every key after the query to −∞ (hatched): a token cannot see the "
-                    "future." if cfg.causal else
-                    "No mask: every token may look at every token. Turn on the causal mask to hide the future.")
+        divisor += _(", then ÷ the temperature {t:g}").format(t=cfg.attn_temperature)
+    mask_caption = (_("The causal mask sets every key after the query to −∞ (hatched): a token cannot see the "
+                      "future.") if cfg.causal else
+                    _("No mask: every token may look at every token. Turn on the causal mask to hide the future."))
     specs = [
-        ("raw", "1 · Raw scores  Q Kᵀ", st.raw, "scores", None,
-         "How well each query matches each key: a dot product. Orange is positive, purple negative."),
-        ("scaled", "2 · Scaled", st.scaled, "scores", None, f"Every score divided by {divisor}, "
-         "so the softmax does not saturate as d_head grows. Same colour range as stage 1."),
-        ("masked", "3 · Masked", st.masked, "scores", st.mask, mask_caption),
-        ("weights", "4 · Softmax weights", st.weights, "weights", st.mask,
-         "Each row exponentiated and normalised: weights are ≥ 0 and each row sums to 1."),
+        ("raw", _("1 · Raw scores  Q Kᵀ"), st.raw, "scores", None,
+         _("How well each query matches each key: a dot product. Orange is positive, purple negative.")),
+        ("scaled", _("2 · Scaled"), st.scaled, "scores", None,
+         _("Every score divided by {divisor}, so the softmax does not saturate as d_head grows. Same colour range "
+           "as stage 1.").format(divisor=divisor)),
+        ("masked", _("3 · Masked"), st.masked, "scores", st.mask, mask_caption),
+        ("weights", _("4 · Softmax weights"), st.weights, "weights", st.mask,
+         _("Each row exponentiated and normalised: weights are ≥ 0 and each row sums to 1.")),
     ]
     if only_weights:
         specs = specs[-1:]
@@ -76,9 +82,9 @@ def _compare_figures(v: ExplorerView, where: str) -> list[dict]:
     """The chosen head with and without the causal mask, the masked one first."""
     pair = sorted([(v.config.causal, v.stages), (not v.config.causal, v.other_stages)], key=lambda p: not p[0])
     return [{"key": "causal" if is_causal else "bidirectional",
-             "title": "With the causal mask" if is_causal else "Without the mask (bidirectional)",
-             "caption": ("Each token mixes only itself and earlier tokens; rows are renormalised."
-                         if is_causal else "Each token mixes every token, later ones included."),
+             "title": _("With the causal mask") if is_causal else _("Without the mask (bidirectional)"),
+             "caption": (_("Each token mixes only itself and earlier tokens; rows are renormalised.")
+                         if is_causal else _("Each token mixes every token, later ones included.")),
              "figure": figures.attention_heatmap(st.weights, v.tokens, kind="weights",
                                                  mask=st.mask if is_causal else None,
                                                  export_name=f"{where}-weights-"
@@ -108,7 +114,7 @@ def view_context(v: ExplorerView, ablated: set[tuple[int, int]], all_stages: boo
         next_figure = figures.probability_bars([t.token for t in v.top_k], [t.prob for t in v.top_k])
     rollout = None
     if v.rollout is not None:
-        rollout = figures.attention_heatmap(v.rollout, v.tokens, kind="weights", value_name="rollout",
+        rollout = figures.attention_heatmap(v.rollout, v.tokens, kind="weights", value_name=_("rollout"),
                                             export_name=f"rollout-through-layer{layer}")
     norms = v.residual
     on_request = len(v.tokens) >= STAGES_ON_REQUEST_TOKENS
@@ -124,7 +130,7 @@ def view_context(v: ExplorerView, ablated: set[tuple[int, int]], all_stages: boo
         "residual_figure": figures.stage_heatmap(norms.stream, v.tokens, [_short(n) for n in norms.stream_names],
                                                  value_name="‖x‖", export_name="residual-stream-norms"),
         "writes_figure": figures.stage_heatmap(norms.writes, v.tokens, norms.writes_names,
-                                               value_name="‖added‖", export_name="sublayer-output-norms"),
+                                               value_name=_("‖added‖"), export_name="sublayer-output-norms"),
         "next_figure": next_figure,
         "shapes": [{"name": r.name, "axes": r.axes, "shape": web.shape(r.dims), "layer_start": r.layer_start}
                    for r in v.shapes],
@@ -156,9 +162,10 @@ def explorer(request: Request, svc: ServiceDep) -> HTMLResponse:
             error = web.error_message(exc)
     context = {
         "controls": c, "view": view, "error": error, "models": list(models.values()),
-        "model_description": model.description, "accepted": set(model.toggles),
-        "text_hint": ("the model reads it one character at a time" if model.kind == "toy"
-                      else "split into tokens by the model's own tokeniser"),
+        "accepted": set(model.toggles),
+        "text_hint": (_("the model reads it one character at a time") if model.kind == "toy"
+                      else _("split into tokens by the model's own tokeniser")),
+        "model_description": _(model.description) if model.description else model.description,
         "limits": web.page_limits(svc.settings), "classroom": c.classroom,
         "token_limit": svc.limits.explorer_token_limit(model), "knob_fieldsets": web.knob_fieldsets(svc.settings),
         "nav": "explorer", "form_id": "explorer", "inspect_links": web.inspect_links(parsed),

@@ -85,10 +85,10 @@ def figure_json(fig: dict) -> Markup:
     return Markup(text)
 
 
-def language_switch(request: Request) -> list[dict]:
-    """The header's BM / EN links: this page in each language (static/js/language.js points them at the
-    address bar's URL when htmx has moved it on)."""
-    here = str(request.url.path) + ("?" + request.url.query if request.url.query else "")
+def language_switch(request: Request, here: str | None = None) -> list[dict]:
+    """The header's BM / EN links: this page (`here`, its canonical URL, else the request's) in each
+    language (static/js/language.js points them at the address bar's URL when htmx has moved it on)."""
+    here = here or str(request.url.path) + ("?" + request.url.query if request.url.query else "")
     return [{"code": code, "label": code.replace("ms", "bm").upper(), "name": name,
              "url": language.switched(here, code), "current": code == language.current()}
             for code, name in language.LANGUAGES.items()]
@@ -125,6 +125,7 @@ def render(request: Request, template: str, context: dict[str, Any], *, block: s
     """The page, or for htmx its `block` with `url` pushed to the address bar; `status` (422) when `error`.
     compress=False asks the gzip middleware to leave the body as it is (Cache-Control: no-transform)."""
     history_restore = request.headers.get("hx-history-restore-request") == "true"
+    context = context if url is None else {"here": url, **context}  # the header's language switch
     status = status if error and not history_restore else 200
     headers = {"Vary": "HX-Request"} | ({} if compress else {"Cache-Control": "no-transform"})
     if is_fragment(request):
@@ -246,10 +247,11 @@ def knob_fieldsets(settings: Settings) -> list[dict]:
     def kind(k: knobs.Knob) -> str:
         return "check" if k.type is bool else "select" if k.choices else "number" if k.type in (int, float) else "text"
 
-    controls = [KnobControl(k.name, k.label, k.hint, kind(k), k.group, k.low, k.upper(settings),
+    controls = [KnobControl(k.name, _(k.label), k.hint and _(k.hint), kind(k), k.group, k.low, k.upper(settings),
                             "0.1" if k.type is float else "1", "decimal" if k.type is float else "numeric", k.choices)
                 for k in knobs.on_form()]
-    return [{"group": group, "legend": legend, "hint": hint, "controls": [c for c in controls if c.group == group]}
+    return [{"group": group, "legend": _(legend), "hint": hint and _(hint),
+             "controls": [c for c in controls if c.group == group]}
             for group, (legend, hint) in knobs.GROUPS.items()]
 
 
