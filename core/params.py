@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from .config import TransformerConfig
 from .errors import InputError
+from .i18n import N_, _
 
 # Bytes per element of the dtypes a KV cache is commonly stored in.
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
@@ -24,8 +25,18 @@ class ParamEntry:
     shape: tuple[int, ...]
     per_layer: bool  # one copy in every block
     counted: bool  # False for arrays that exist but add no parameters (tied, or buffers)
-    note: str = ""
+    template: str = ""  # what it is, in English (marked for the catalogue), with {names} from `args`
     copies: int = 1  # n_layers for a per-layer array, else 1
+    args: tuple[tuple[str, object], ...] = ()
+
+    @property
+    def note(self) -> str:
+        """What it is, in English (as the API states it)."""
+        return self.template.format(**dict(self.args))
+
+    def said(self) -> str:
+        """What it is, in the reader's language (core/i18n.py)."""
+        return _(self.template).format(**dict(self.args)) if self.template else ""
 
     @property
     def size(self) -> int:
@@ -43,73 +54,90 @@ class ParamEntry:
         return self.elements if self.counted else 0
 
 
+# A norm's arrays, said whole (a translation orders the words its own way): (where, norm type, which).
+NORM_NOTES = {
+    ("", "LN", "gain"): N_("layer norm gain"), ("", "LN", "bias"): N_("layer norm bias"),
+    ("", "RMS", "gain"): N_("RMS norm gain"), ("", "RMS", "bias"): N_("RMS norm bias"),
+    ("embedding", "LN", "gain"): N_("embedding layer norm gain"),
+    ("embedding", "LN", "bias"): N_("embedding layer norm bias"),
+    ("embedding", "RMS", "gain"): N_("embedding RMS norm gain"),
+    ("embedding", "RMS", "bias"): N_("embedding RMS norm bias"),
+    ("final", "LN", "gain"): N_("final layer norm gain"), ("final", "LN", "bias"): N_("final layer norm bias"),
+    ("final", "RMS", "gain"): N_("final RMS norm gain"), ("final", "RMS", "bias"): N_("final RMS norm bias"),
+}
+
+
 def param_entries(cfg: TransformerConfig) -> list[ParamEntry]:
     """Every array of a model built from `cfg`, counted or not, in the order they are used."""
     d, h, kv, dh, dm, V = cfg.d_model, cfg.n_heads, cfg.n_key_value_heads, cfg.d_head, cfg.d_mlp, cfg.d_vocab
-    norm_name = {"LN": "layer norm", "RMS": "RMS norm"}.get(cfg.normalization_type)  # None: no parameters
+    norm_type = cfg.normalization_type if cfg.normalization_type in ("LN", "RMS") else None  # None: no parameters
 
     def norm(prefix: str, per_layer: bool, what: str = "") -> list[ParamEntry]:
-        if norm_name is None:
+        if norm_type is None:
             return []
-        gain = [ParamEntry(f"{prefix}.w", (d,), per_layer, True, f"{what}{norm_name} gain")]
-        bias = [ParamEntry(f"{prefix}.b", (d,), per_layer, True, f"{what}{norm_name} bias")]
+        gain = [ParamEntry(f"{prefix}.w", (d,), per_layer, True, NORM_NOTES[what, norm_type, "gain"])]
+        bias = [ParamEntry(f"{prefix}.b", (d,), per_layer, True, NORM_NOTES[what, norm_type, "bias"])]
         return gain + bias if cfg.normalization_type == "LN" else gain
 
-    e: list[ParamEntry] = [ParamEntry("embed.W_E", (V, d), False, True, "token table")]
+    e: list[ParamEntry] = [ParamEntry("embed.W_E", (V, d), False, True, N_("token table"))]
     if cfg.positional_embedding_type == "learned":
-        e.append(ParamEntry("pos_embed.W_pos", (cfg.n_ctx, d), False, True, "learned position table"))
+        e.append(ParamEntry("pos_embed.W_pos", (cfg.n_ctx, d), False, True, N_("learned position table")))
     else:
-        e.append(ParamEntry("pos_embed", (0,), False, False,
-                            f"{cfg.positional_embedding_type} positions have no parameters"))
+        e.append(ParamEntry("pos_embed", (0,), False, False, N_("{scheme} positions have no parameters"),
+                            args=(("scheme", cfg.positional_embedding_type),)))
     if cfg.n_token_types:
-        e.append(ParamEntry("token_type_embed.W_token_type", (cfg.n_token_types, d), False, True, "segment table"))
+        e.append(ParamEntry("token_type_embed.W_token_type", (cfg.n_token_types, d), False, True,
+                            N_("segment table")))
     if cfg.block_type == "post_norm":
-        e += norm("ln_embed", False, "embedding ")
+        e += norm("ln_embed", False, "embedding")
     sublayers = (("attn", "blocks.{l}.ln1"),) + (() if cfg.attn_only else (("mlp", "blocks.{l}.ln2"),))
     for sub, norm_prefix in sublayers:
         e += norm(norm_prefix, True)
         if sub == "attn":
             if kv == h:
                 e.append(ParamEntry("blocks.{l}.attn.W_QKV", (d, 3 * h * dh), True, True,
-                                    "queries, keys, values of all heads"))
+                                    N_("queries, keys, values of all heads")))
                 if cfg.qkv_bias:
-                    e.append(ParamEntry("blocks.{l}.attn.b_QKV", (3 * h * dh,), True, True, "their biases"))
+                    e.append(ParamEntry("blocks.{l}.attn.b_QKV", (3 * h * dh,), True, True, N_("their biases")))
             else:
-                e += [ParamEntry("blocks.{l}.attn.W_Q", (d, h * dh), True, True, "queries of all heads"),
+                e += [ParamEntry("blocks.{l}.attn.W_Q", (d, h * dh), True, True, N_("queries of all heads")),
                       ParamEntry("blocks.{l}.attn.W_K", (d, kv * dh), True, True,
-                                 f"keys of the {kv} key/value heads (grouped-query attention)"),
-                      ParamEntry("blocks.{l}.attn.W_V", (d, kv * dh), True, True, "their values")]
+                                 N_("keys of the {kv} key/value heads (grouped-query attention)"), args=(("kv", kv),)),
+                      ParamEntry("blocks.{l}.attn.W_V", (d, kv * dh), True, True, N_("their values"))]
                 if cfg.qkv_bias:
-                    e += [ParamEntry(f"blocks.{{l}}.attn.b_{m}", (n * dh,), True, True, "its bias")
+                    e += [ParamEntry(f"blocks.{{l}}.attn.b_{m}", (n * dh,), True, True, N_("its bias"))
                           for m, n in (("Q", h), ("K", kv), ("V", kv))]
             if cfg.use_qk_norm:
-                e += [ParamEntry(f"blocks.{{l}}.attn.{m}_norm.w", (dh,), True, True,
-                                 f"RMS norm gain of every head's {what}") for m, what in (("q", "query"), ("k", "key"))]
-            e.append(ParamEntry("blocks.{l}.attn.W_O", (h * dh, d), True, True, "output projection"))
+                e += [ParamEntry(f"blocks.{{l}}.attn.{m}_norm.w", (dh,), True, True, what)
+                      for m, what in (("q", N_("RMS norm gain of every head's query")),
+                                      ("k", N_("RMS norm gain of every head's key")))]
+            e.append(ParamEntry("blocks.{l}.attn.W_O", (h * dh, d), True, True, N_("output projection")))
             if cfg.attn_out_bias:
-                e.append(ParamEntry("blocks.{l}.attn.b_O", (d,), True, True, "its bias"))
+                e.append(ParamEntry("blocks.{l}.attn.b_O", (d,), True, True, N_("its bias")))
             if cfg.causal:
                 e.append(ParamEntry("blocks.{l}.attn.mask", (cfg.n_ctx, cfg.n_ctx), True, False,
-                                    "causal mask: a constant, not learned (GPT-2 checkpoints store it as attn.bias)"))
+                                    N_("causal mask: a constant, not learned (GPT-2 checkpoints store it as "
+                                      "attn.bias)")))
         else:
             if cfg.gated_mlp:
-                e.append(ParamEntry("blocks.{l}.mlp.W_gate", (d, dm), True, True, "MLP gate projection"))
+                e.append(ParamEntry("blocks.{l}.mlp.W_gate", (d, dm), True, True, N_("MLP gate projection")))
                 if cfg.mlp_bias:
-                    e.append(ParamEntry("blocks.{l}.mlp.b_gate", (dm,), True, True, "its bias"))
-            e.append(ParamEntry("blocks.{l}.mlp.W_in", (d, dm), True, True, "MLP up-projection"))
+                    e.append(ParamEntry("blocks.{l}.mlp.b_gate", (dm,), True, True, N_("its bias")))
+            e.append(ParamEntry("blocks.{l}.mlp.W_in", (d, dm), True, True, N_("MLP up-projection")))
             if cfg.mlp_bias:
-                e.append(ParamEntry("blocks.{l}.mlp.b_in", (dm,), True, True, "its bias"))
-            e.append(ParamEntry("blocks.{l}.mlp.W_out", (dm, d), True, True, "MLP down-projection"))
+                e.append(ParamEntry("blocks.{l}.mlp.b_in", (dm,), True, True, N_("its bias")))
+            e.append(ParamEntry("blocks.{l}.mlp.W_out", (dm, d), True, True, N_("MLP down-projection")))
             if cfg.mlp_bias:
-                e.append(ParamEntry("blocks.{l}.mlp.b_out", (d,), True, True, "its bias"))
+                e.append(ParamEntry("blocks.{l}.mlp.b_out", (d,), True, True, N_("its bias")))
     if cfg.block_type == "pre_norm":
-        e += norm("ln_final", False, "final ")
+        e += norm("ln_final", False, "final")
     if cfg.tied_embeddings:
-        e.append(ParamEntry("unembed.W_U", (d, V), False, False, "tied: the token table transposed, no new parameters"))
+        e.append(ParamEntry("unembed.W_U", (d, V), False, False,
+                            N_("tied: the token table transposed, no new parameters")))
     else:
-        e.append(ParamEntry("unembed.W_U", (d, V), False, True, "output layer"))
+        e.append(ParamEntry("unembed.W_U", (d, V), False, True, N_("output layer")))
         if cfg.unembed_bias:
-            e.append(ParamEntry("unembed.b_U", (V,), False, True, "output bias"))
+            e.append(ParamEntry("unembed.b_U", (V,), False, True, N_("output bias")))
     return [dataclasses.replace(x, copies=cfg.n_layers) if x.per_layer else x for x in e]
 
 

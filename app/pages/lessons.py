@@ -231,8 +231,8 @@ def view_positions(svc: Service, q: requests.PositionsQuery) -> dict:
 
 
 def _breakdown_figure(groups, export_name: str) -> dict:
-    return figures.component_bars([g.name for g in groups], [g.size for g in groups], [g.counted for g in groups],
-                                  [g.note for g in groups], export_name=export_name)
+    return figures.component_bars([_(g.name) for g in groups], [g.size for g in groups], [g.counted for g in groups],
+                                  [_(g.note) for g in groups], export_name=export_name)
 
 
 def view_params_lesson(svc: Service, q: ParamsLessonQuery) -> dict:
@@ -286,7 +286,7 @@ def view_calculator(svc: Service, q: CalculatorQuery) -> dict:
                r.lengths, r.kv_by_dtype[dtype])
               for dtype, size in requests.DTYPE_BYTES.items()]
     entries = [{"name": e.name, "shape": web.shape(e.shape), "copies": e.copies, "counted": e.counted,
-                "total": f"{e.elements:,}", "note": e.note} for e in count.entries]
+                "total": f"{e.elements:,}", "note": e.said()} for e in count.entries]
     return {
         "cfg": cfg, "embeddings": f"{count.embeddings:,}", "per_block": f"{count.per_block:,}",
         "total": f"{count.total:,}", "entries": entries, "float32_weights": human_bytes(r.weights_bytes),

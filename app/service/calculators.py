@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 
 from core import PRESETS, TransformerConfig
+from core.i18n import N_
 from core.params import DTYPE_BYTES, KVCacheSize, ParamCount, count_params, gpt_params, kv_cache_bytes
 
 @dataclass(frozen=True)
@@ -174,20 +175,20 @@ def param_groups(count: ParamCount) -> list[ParamGroup]:
     for e in count.entries:
         leaf = e.name.rsplit(".", 1)[-1]
         if not e.counted:
-            name = "unembedding (tied)" if e.name.startswith("unembed") else (
-                "causal mask buffers" if leaf == "mask" else e.name)
+            name = N_("unembedding (tied)") if e.name.startswith("unembed") else (
+                N_("causal mask buffers") if leaf == "mask" else e.name)
         elif e.name.startswith("embed"):
-            name = "token table"
+            name = N_("token table")
         elif e.name.startswith(("pos_embed", "token_type_embed")):
-            name = "position table" if e.name.startswith("pos_embed") else "segment table"
+            name = N_("position table") if e.name.startswith("pos_embed") else N_("segment table")
         elif ".ln" in e.name or e.name.startswith(("ln_final", "ln_embed")):
-            name = "layer norms (gain + bias)"
+            name = N_("layer norms (gain + bias)")
         elif ".attn." in e.name:
-            name = "attention biases" if leaf.startswith("b_") else "attention weights"
+            name = N_("attention biases") if leaf.startswith("b_") else N_("attention weights")
         elif ".mlp." in e.name:
-            name = "MLP biases" if leaf.startswith("b_") else "MLP weights"
+            name = N_("MLP biases") if leaf.startswith("b_") else N_("MLP weights")
         else:
-            name = "unembedding" + (" bias" if leaf.startswith("b_") else "")
+            name = N_("unembedding bias") if leaf.startswith("b_") else N_("unembedding")
         g = groups.setdefault(name, [0, e.counted, e.note])
         g[0] += e.size * e.copies
     return [ParamGroup(name, size, counted, note) for name, (size, counted, note) in groups.items() if size]

@@ -20,13 +20,12 @@ from tests.test_catalogue import TECHNICAL, catalogue
 from .figure_data import load_figure
 
 LESSONS = ["attention", "scaling", "causal", "multihead", "positions", "params", "forward"]
-ALL_PAGES = (["/", "/?view=compare&rollout=1&ablate=0.1", "/lessons", "/params", "/params?preset=llama-3-8b", "/glossary", "/train", "/train?recipe=text"]
+ALL_PAGES = (["/", "/?view=compare&rollout=1&ablate=0.1", "/lessons", "/params", "/params?preset=tinyllama-1.1b", "/glossary", "/train", "/train?recipe=text"]
              + [f"/lessons/{name}" for name in LESSONS] + [f"/inspect?view={view}" for view in INSPECT_VIEWS])
 # Pages whose words are not all in the catalogue yet, and what they still show in English.
 PENDING = {
     "/": "the model's description (app/models/catalog.py, the trained models' cards)",
     "/?view=compare&rollout=1&ablate=0.1": "the model's description (app/models/catalog.py, the trained models' cards)",
-    "/params": "the arrays' notes (core/params.py)", "/params?preset=llama-3-8b": "the arrays' notes (core/params.py)",
     "/train": "the form's labels (core/recipes.py)", "/train?recipe=text": "the form's labels (core/recipes.py)",
 }
 PAGES = [p for p in ALL_PAGES if p not in PENDING]
