@@ -13,6 +13,7 @@ import numpy as np
 
 from .errors import InputError
 from .functional import softmax, softmax_backward
+from .threads import SERIAL, Team
 
 
 class AttentionResult(NamedTuple):
@@ -82,6 +83,7 @@ def scaled_dot_product_attention(
     keep: bool = True,
     window: int | None = None,
     out: np.ndarray | None = None,  # [..., query_pos, d_v], where to write the output
+    team: Team = SERIAL,
 ) -> AttentionResult:
     """softmax(Q Kᵀ / √d_k + mask) V, returning scores, weights and output.
 
@@ -95,6 +97,8 @@ def scaled_dot_product_attention(
     Grouped-query attention needs no copies: give q as [n_kv_heads, group, query_pos, d_head] and
     k, v as [n_kv_heads, 1, key_pos, d_head], and the matrix products broadcast each key head
     over its group of query heads.
+    team (core/threads.py): the query blocks, by groups of the first leading axis (heads), are shared
+    among its threads; each block's numbers are the same on any thread.
     """
     if temperature <= 0 or not math.isfinite(temperature):
         raise InputError(f"temperature must be a positive finite number, got {temperature}")
@@ -109,29 +113,56 @@ def scaled_dot_product_attention(
     if keep:
         scores = np.empty((*lead, n_query, n_key), dtype=np.result_type(q, k))
         weights = np.empty_like(scores)
-    for start in range(0, n_query, QUERY_BLOCK):
-        stop = min(start + QUERY_BLOCK, n_query)
+
+    spare: list[np.ndarray] = []  # scores nobody keeps: memory for a block's, handed from piece to piece
+
+    def attend(piece: tuple[slice, int, int]) -> None:
+        heads, start, stop = piece  # heads: a range of the first leading axis (all of it when serial)
+        part = lambda a: a[heads] if a.ndim == len(lead) + 2 and a.shape[0] > 1 else a  # noqa: E731
+        rows = stop - start
         # Keys this block's queries may see: with a KV cache the queries are the last n_query
         # positions, so query i sits at position n_key - n_query + i and sees keys up to it.
         seen = max(1, n_key - n_query + stop) if causal else n_key
         # ...and, in a local layer, none before the first query's window.
         first = 0 if window is None else max(0, n_key - n_query + start - window + 1)
-        s = np.matmul(q[..., start:stop, :], k_t[..., first:seen],
-                      out=None if scores is None else scores[..., start:stop, first:seen])  # [..., block, seen - first]
+        if keep:
+            s = part(scores)[..., start:stop, first:seen]
+        else:
+            memory = spare.pop() if spare else np.empty((*block_lead, QUERY_BLOCK, n_key), np.result_type(q, k))
+            s = (memory[:heads.stop - heads.start] if split else memory)[..., :rows, :seen - first]
+        np.matmul(part(q)[..., start:stop, :], part(k_t)[..., first:seen], out=s)  # [..., block, seen - first]
         s /= divisor
         if causal:  # the keys [first, seen) as seen from the block's queries, the last of n_key - first keys
-            np.copyto(s, -np.inf, where=causal_mask(stop - start, seen - first))
+            if seen - first >= rows:  # the future lies among the block's last `rows` keys: mask only those
+                np.copyto(s[..., -rows:], -np.inf, where=causal_mask(rows))
+            else:
+                np.copyto(s, -np.inf, where=causal_mask(rows, seen - first))
         if window is not None:
-            np.copyto(s, -np.inf, where=local_mask(stop - start, seen - first, window))
+            np.copyto(s, -np.inf, where=local_mask(rows, seen - first, window))
         if keep:
-            scores[..., start:stop, seen:] = -np.inf  # keys after the block's last query
-            weights[..., start:stop, seen:] = 0.0
-            scores[..., start:stop, :first] = -np.inf  # keys before the block's window
-            weights[..., start:stop, :first] = 0.0
-            w = softmax(s, out=weights[..., start:stop, first:seen])
+            part(scores)[..., start:stop, seen:] = -np.inf  # keys after the block's last query
+            part(weights)[..., start:stop, seen:] = 0.0
+            part(scores)[..., start:stop, :first] = -np.inf  # keys before the block's window
+            part(weights)[..., start:stop, :first] = 0.0
+            w = softmax(s, out=part(weights)[..., start:stop, first:seen])
         else:
             w = softmax(s, out=s)  # nobody keeps the scores: overwrite them with the weights
-        np.matmul(w, v[..., first:seen, :], out=output[..., start:stop, :])
+        np.matmul(w, part(v)[..., first:seen, :], out=part(output)[..., start:stop, :])
+        if not keep:
+            spare.append(memory)
+
+    blocks = [(start, min(start + QUERY_BLOCK, n_query)) for start in range(0, n_query, QUERY_BLOCK)]
+    split = team.width > 1 and bool(lead) and lead[0] > 1
+    if split:  # about as many head groups as threads, whole heads each
+        count = min(lead[0], team.width)
+        groups = [slice(lead[0] * i // count, lead[0] * (i + 1) // count) for i in range(count)]
+        block_lead = (max(g.stop - g.start for g in groups), *lead[1:])
+    else:
+        groups, block_lead = [slice(None)], lead
+    pieces = [(g, start, stop) for start, stop in blocks for g in groups]
+    if causal and team.width > 1:  # the longest rows first, so that no thread is left with one at the end
+        pieces.reverse()
+    team.each(attend, pieces)
     return AttentionResult(scores, weights, output)
 
 

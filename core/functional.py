@@ -31,17 +31,19 @@ def softmax(z: np.ndarray, axis: int = -1, out: np.ndarray | None = None) -> np.
 
 
 def layer_norm(
-    x: np.ndarray, w: np.ndarray | None = None, b: np.ndarray | None = None, eps: float = 1e-5
+    x: np.ndarray, w: np.ndarray | None = None, b: np.ndarray | None = None, eps: float = 1e-5,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:  # [..., d] -> [..., d]
-    """Normalise each vector to mean 0 and variance 1, then apply gain `w` and bias `b`.
+    """Normalise each vector to mean 0 and variance 1, then apply gain `w` and bias `b`; written into
+    `out` if given.
 
     With `w` and `b` omitted this is the spec's scale-free layer norm (gain 1, bias 0),
     which TransformerLens calls "LNPre".
     """
     mu = x.mean(axis=-1, keepdims=True)
-    centred = x - mu
+    centred = np.subtract(x, mu, out=out)
     var = np.mean(centred * centred, axis=-1, keepdims=True)
-    out = centred / np.sqrt(var + eps)
+    out = np.divide(centred, np.sqrt(var + eps), out=centred)
     if w is not None:
         out *= w
     if b is not None:
@@ -49,14 +51,16 @@ def layer_norm(
     return out
 
 
-def rms_norm(x: np.ndarray, w: np.ndarray | None = None, eps: float = 1e-6) -> np.ndarray:  # [..., d] -> [..., d]
-    """Divide each vector by its root mean square, then apply gain `w` (Zhang & Sennrich, 2019).
+def rms_norm(x: np.ndarray, w: np.ndarray | None = None, eps: float = 1e-6,
+             out: np.ndarray | None = None) -> np.ndarray:  # [..., d] -> [..., d]
+    """Divide each vector by its root mean square, then apply gain `w` (Zhang & Sennrich, 2019);
+    written into `out` if given.
 
     Unlike layer_norm it neither centres the vector nor adds a bias: Llama, Mistral and Qwen
     normalise this way. With `w` omitted this is TransformerLens' "RMSPre".
     """
     ms = np.mean(x * x, axis=-1, keepdims=True)
-    out = x / np.sqrt(ms + eps)
+    out = np.divide(x, np.sqrt(ms + eps), out=out)
     if w is not None:
         out *= w
     return out
@@ -65,9 +69,11 @@ def rms_norm(x: np.ndarray, w: np.ndarray | None = None, eps: float = 1e-6) -> n
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
-def gelu_new(x: np.ndarray) -> np.ndarray:
+# Each activation writes into `out` when given (a slice of an array the model allocated for all rows).
+
+def gelu_new(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """GELU in GPT-2's tanh form: 0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))."""
-    inner = x * x
+    inner = np.multiply(x, x, out=out)
     inner *= 0.044715 * x
     inner += x
     inner *= _SQRT_2_OVER_PI
@@ -99,21 +105,21 @@ def erf(x: np.ndarray) -> np.ndarray:
     return sign * (1.0 - poly * np.exp(-a * a))
 
 
-def gelu(x: np.ndarray) -> np.ndarray:
+def gelu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """Exact GELU, x Φ(x) = 0.5 x (1 + erf(x / √2)), as BERT uses it."""
-    return 0.5 * x * (1.0 + erf(x * (1.0 / math.sqrt(2.0))))
+    return np.multiply(0.5 * x, 1.0 + erf(x * (1.0 / math.sqrt(2.0))), out=out)
 
 
-def relu(x: np.ndarray) -> np.ndarray:
-    return np.maximum(x, 0)
+def relu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    return np.maximum(x, 0, out=out)
 
 
-def silu(x: np.ndarray) -> np.ndarray:
+def silu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """x σ(x) = x / (1 + e^(-x)), the "swish" that Llama's gated MLP (SwiGLU) applies to its gate.
 
     For x below about -88 (float32) e^(-x) overflows to inf and the quotient is its limit, -0.
     """
-    out = np.negative(x)
+    out = np.negative(x, out=out)
     with np.errstate(over="ignore"):  # the overflow to inf is the right answer, not an error
         np.exp(out, out=out)
     out += 1.0

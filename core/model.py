@@ -23,11 +23,12 @@ from typing import Literal
 
 import numpy as np
 
-from .attention import merge_heads, scaled_dot_product_attention, split_heads
+from .attention import scaled_dot_product_attention, split_heads
 from .config import TransformerConfig
 from .errors import InputError
 from .functional import ACTIVATIONS, layer_norm, rms_norm, softmax
 from .positions import rotary, sinusoidal
+from .threads import SERIAL, Team, team_for
 
 Params = dict
 Ablation = Literal["zero", "mean"]
@@ -224,11 +225,17 @@ class _Recorder:
     BLOCK_BYTES = 32 << 20
     HUGE_PAGE = 2 << 20
     SMALL_BYTES = 64 << 10  # below this an activation comes from the heap as usual
+    # Activations that are dead before the next layer makes its own (nothing else points at them: the KV
+    # cache holds the keys and values, the next layer reads hook_resid_post). Not kept, one array of each
+    # serves every layer, so a long pass does not ask the kernel for fresh pages layer after layer.
+    REUSED = frozenset({"attn.hook_rot_q", "attn.hook_z", "hook_attn_out", "hook_resid_mid", "mlp.hook_pre",
+                        "mlp.hook_pre_linear", "mlp.hook_post", "hook_mlp_out"})
 
     def __init__(self, names: Iterable[str] | None):
         self.wanted = None if names is None else set(names)
         self.cache: dict[str, np.ndarray] = {}
         self._block, self._used = np.empty(0, np.uint8), 0
+        self._reused: dict[tuple, np.ndarray] = {}
 
     def wants(self, name: str) -> bool:
         return self.wanted is None or name in self.wanted
@@ -236,8 +243,16 @@ class _Recorder:
     def empty(self, name: str, shape: tuple[int, ...], dtype) -> np.ndarray:
         dtype = np.dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
-        if not self.wants(name) or not self.SMALL_BYTES <= nbytes <= self.BLOCK_BYTES // 2:
-            return np.empty(shape, dtype)  # a temporary (freed memory is reused), small, or big enough alone
+        if not self.wants(name):
+            role = name.split(".", 2)[-1] if name.startswith("blocks.") else None
+            if role not in self.REUSED:
+                return np.empty(shape, dtype)  # a temporary (freed memory is reused)
+            key = (role, shape, dtype)
+            if key not in self._reused:
+                self._reused[key] = np.empty(shape, dtype)
+            return self._reused[key]
+        if not self.SMALL_BYTES <= nbytes <= self.BLOCK_BYTES // 2:
+            return np.empty(shape, dtype)  # small, or big enough alone
         if self._used + nbytes > self._block.size:
             self._block = np.empty(self.BLOCK_BYTES + self.HUGE_PAGE, np.uint8)
             self._used = -self._block.ctypes.data % self.HUGE_PAGE  # start on a huge-page boundary
@@ -257,12 +272,32 @@ def _empty(hook, name: str, shape: tuple[int, ...], dtype) -> np.ndarray:
     return alloc(name, shape, dtype) if alloc else np.empty(shape, dtype)
 
 
-def norm(x: np.ndarray, ln: Mapping, cfg: TransformerConfig) -> np.ndarray:
+def norm(x: np.ndarray, ln: Mapping, cfg: TransformerConfig, team: Team = SERIAL) -> np.ndarray:
     """The model's norm: layer norm with gain and bias for "LN", scale-free for "LNPre" (an empty
-    dict); RMS norm with a gain for "RMS", without for "RMSPre"."""
+    dict); RMS norm with a gain for "RMS", without for "RMSPre". Row by row, so the team shares the rows."""
+    out = np.empty(x.shape, x.dtype)
     if cfg.normalization_type in ("RMS", "RMSPre"):
-        return rms_norm(x, ln.get("w"), cfg.eps)
-    return layer_norm(x, ln.get("w"), ln.get("b"), cfg.eps)
+        team.rows(lambda s: rms_norm(x[s], ln.get("w"), cfg.eps, out=out[s]), x.shape[0])
+    else:
+        team.rows(lambda s: layer_norm(x[s], ln.get("w"), ln.get("b"), cfg.eps, out=out[s]), x.shape[0])
+    return out
+
+
+def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, out: np.ndarray, team: Team = SERIAL) -> np.ndarray:
+    """x @ w + b written into out, the team sharing the rows.  # [pos, d_in], [d_in, d_out] -> [pos, d_out]"""
+    def rows(s: slice) -> None:
+        np.matmul(x[s], w, out=out[s])
+        if b is not None:
+            out[s] += b
+
+    team.rows(rows, x.shape[0])
+    return out
+
+
+def add(x: np.ndarray, y: np.ndarray, out: np.ndarray, team: Team = SERIAL) -> np.ndarray:
+    """x + y written into out (the residual stream's sums), the team sharing the rows."""
+    team.rows(lambda s: np.add(x[s], y[s], out=out[s]), x.shape[0])
+    return out
 
 
 @dataclass(frozen=True)
@@ -293,29 +328,38 @@ class KVCache:
 
 
 def project_qkv(x: np.ndarray, attn: Mapping, cfg: TransformerConfig, empty: Callable | None = None,
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # [pos, d_model] -> q, k, v
+                team: Team = SERIAL) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # [pos, d_model] -> q, k, v
     """Queries [n_heads, pos, d_head], keys and values [n_key_value_heads, pos, d_head], from
-    whichever layout the weights are stored in (see the module docstring); views, not copies.
+    whichever layout the weights are stored in (see the module docstring), every head in one product
+    (or one each for Q, K and V); views of it, not copies.
     empty(shape, dtype) gives the memory for a fused projection (a recorder keeps it; see _empty)."""
     empty = empty or np.empty
-    h, kv, dh = cfg.n_heads, cfg.n_key_value_heads, cfg.d_head
+    h, kv, dh, n = cfg.n_heads, cfg.n_key_value_heads, cfg.d_head, x.shape[0]
     W = attn.get("W_QKV")
     if W is not None and W.ndim == 4:  # GPT-NeoX: [d_model, n_heads, 3, d_head]
-        qkv = x @ W.reshape(W.shape[0], -1)  # [pos, n_heads * 3 * d_head]; the reshape is a view
-        if "b_QKV" in attn:
-            qkv += attn["b_QKV"].reshape(-1)
-        qkv = qkv.reshape(x.shape[0], h, 3, dh)
+        W = W.reshape(W.shape[0], -1)  # [d_model, n_heads * 3 * d_head]; the reshape is a view
+        b = attn["b_QKV"].reshape(-1) if "b_QKV" in attn else None
+        qkv = linear(x, W, b, np.empty((n, W.shape[1]), np.result_type(x, W)), team).reshape(n, h, 3, dh)
         return tuple(qkv[:, :, i].swapaxes(0, 1) for i in range(3))  # each [n_heads, pos, d_head]
     if W is not None:  # columns [Q heads | K heads | V heads]
-        qkv = np.matmul(x, W, out=empty((x.shape[0], W.shape[1]), np.result_type(x, W)))
+        qkv = linear(x, W, attn.get("b_QKV"), empty((n, W.shape[1]), np.result_type(x, W)), team)
         # [pos, (n_heads + 2 n_key_value_heads) * d_head]
-        if "b_QKV" in attn:
-            qkv += attn["b_QKV"]
         parts = qkv[:, :h * dh], qkv[:, h * dh:(h + kv) * dh], qkv[:, (h + kv) * dh:]
     else:
-        parts = tuple(x @ attn[f"W_{m}"] + attn[f"b_{m}"] if f"b_{m}" in attn else x @ attn[f"W_{m}"]
+        parts = tuple(linear(x, attn[f"W_{m}"], attn.get(f"b_{m}"),
+                             np.empty((n, attn[f"W_{m}"].shape[1]), np.result_type(x, attn[f"W_{m}"])), team)
                       for m in "QKV")
     return split_heads(parts[0], h), split_heads(parts[1], kv), split_heads(parts[2], kv)
+
+
+def _rotate(m: np.ndarray, positions: np.ndarray, cfg: TransformerConfig, out: np.ndarray,
+            team: Team = SERIAL) -> np.ndarray:
+    """The model's rotary turn of queries or keys m [heads, pos, d_head], written into out
+    [pos, heads, d_head] (the hook's layout); returns out as [heads, pos, d_head], a view."""
+    turned = out.swapaxes(0, 1)
+    turn = dict(rotary_dim=cfg.rotary_dim, base=cfg.rotary_base, adjacent_pairs=cfg.rotary_adjacent_pairs)
+    team.rows(lambda s: rotary(m[:, s], positions[s], out=turned[:, s], **turn), m.shape[1])
+    return turned
 
 
 def attention_block(
@@ -327,18 +371,21 @@ def attention_block(
     ablate: Mapping[int, Ablation] | None = None,
     past: tuple[np.ndarray, np.ndarray] | None = None,  # this layer's cached K, V [n_kv_heads, past, d_head]
     window: int | None = None,  # a local layer's span in tokens (None: a global layer)
+    team: Team = SERIAL,
 ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:  # -> [pos, d_model], (K, V) including this pass
-    q, k, v = project_qkv(x, attn, cfg, empty=lambda shape, dtype: _empty(hook, f"{prefix}attn.hook_q", shape, dtype))
+    q, k, v = project_qkv(x, attn, cfg, empty=lambda shape, dtype: _empty(hook, f"{prefix}attn.hook_q", shape, dtype),
+                          team=team)
     # q [n_heads, pos, d_head], K and V [n_key_value_heads, pos, d_head]
     if "q_norm" in attn:  # Qwen3: each head's query and key RMS-normalised before rotary
         q, k = rms_norm(q, attn["q_norm"]["w"], cfg.eps), rms_norm(k, attn["k_norm"]["w"], cfg.eps)
     for name, m in (("q", q), ("k", k), ("v", v)):
         hook(f"{prefix}attn.hook_{name}", m.swapaxes(0, 1))  # stored as [pos, head_index, d_head]
     start = 0 if past is None else past[0].shape[1]  # the new tokens' first position
+    n_q = x.shape[0]
     if cfg.positional_embedding_type == "rotary":
-        positions = np.arange(start, start + x.shape[0])
-        turn = dict(rotary_dim=cfg.rotary_dim, base=cfg.rotary_base, adjacent_pairs=cfg.rotary_adjacent_pairs)
-        q, k = rotary(q, positions, **turn), rotary(k, positions, **turn)
+        positions = np.arange(start, start + n_q)
+        q, k = (_rotate(m, positions, cfg, _empty(hook, f"{prefix}attn.hook_rot_{name}", m.swapaxes(0, 1).shape,
+                                                  m.dtype), team) for name, m in (("q", q), ("k", k)))
         hook(f"{prefix}attn.hook_rot_q", q.swapaxes(0, 1))
         hook(f"{prefix}attn.hook_rot_k", k.swapaxes(0, 1))
     if past is not None:  # the new queries see every cached key, then their own
@@ -349,88 +396,93 @@ def attention_block(
     keep = wants is None or wants(f"{prefix}attn.hook_attn_scores") or wants(f"{prefix}attn.hook_pattern")
     # Grouped-query attention: query heads [n_kv_heads, group, pos, d_head] against K, V
     # [n_kv_heads, 1, pos, d_head], broadcast over each group (a view; no key is copied).
-    n_kv, n_q = cfg.n_key_value_heads, q.shape[1]
-    z = _empty(hook, f"{prefix}attn.hook_z", (cfg.n_heads, n_q, v.shape[-1]), np.result_type(q, k, v))
+    n_kv, group, d_v = cfg.n_key_value_heads, cfg.group_size, v.shape[-1]
+    # z is kept as the hook shows it, [pos, head_index, d_head]: its rows side by side are W_O's input
+    z = _empty(hook, f"{prefix}attn.hook_z", (n_q, cfg.n_heads, d_v), np.result_type(q, k, v))
     scores, pattern, _ = scaled_dot_product_attention(
-        q.reshape(n_kv, cfg.group_size, n_q, cfg.d_head), k[:, None], v[:, None], causal=cfg.causal,
+        q.reshape(n_kv, group, n_q, cfg.d_head), k[:, None], v[:, None], causal=cfg.causal,
         scale=cfg.use_attn_scale, temperature=cfg.attn_temperature, keep=keep, window=window,
-        out=z.reshape(n_kv, cfg.group_size, n_q, v.shape[-1]),  # a view: z's head = kv_head * group + i
-    )  # [n_kv, group, query_pos, key_pos] twice (None unless kept); z [n_heads, pos, d_head] written in place
+        out=z.reshape(n_q, n_kv, group, d_v).transpose(1, 2, 0, 3),  # a view: z's head = kv_head * group + i
+        team=team,
+    )  # [n_kv, group, query_pos, key_pos] twice (None unless kept); z written in place
     if keep:
         hook(f"{prefix}attn.hook_attn_scores", scores.reshape(cfg.n_heads, n_q, -1))
         hook(f"{prefix}attn.hook_pattern", pattern.reshape(cfg.n_heads, n_q, -1))
     for head, how in (ablate or {}).items():
-        z[head] = z[head].mean(axis=0) if how == "mean" else 0.0  # this head writes nothing (or its mean)
-    hook(f"{prefix}attn.hook_z", z.swapaxes(0, 1))
+        z[:, head] = z[:, head].mean(axis=0) if how == "mean" else 0.0  # this head writes nothing (or its mean)
+    hook(f"{prefix}attn.hook_z", z)
     W_O = attn["W_O"]
-    out = np.matmul(merge_heads(z), W_O, out=_empty(hook, f"{prefix}hook_attn_out", (x.shape[0], W_O.shape[1]),
-                                                     np.result_type(z, W_O)))  # [pos, d_model]
-    if "b_O" in attn:
-        out += attn["b_O"]
+    out = linear(z.reshape(n_q, -1), W_O, attn.get("b_O"),  # the heads' outputs concatenated: a view
+                 _empty(hook, f"{prefix}hook_attn_out", (n_q, W_O.shape[1]), np.result_type(z, W_O)), team)
     return out, (k, v)
 
 
-def mlp_block(x: np.ndarray, mlp: Mapping, cfg: TransformerConfig, hook, prefix: str) -> np.ndarray:
+def mlp_block(x: np.ndarray, mlp: Mapping, cfg: TransformerConfig, hook, prefix: str,
+              team: Team = SERIAL) -> np.ndarray:
     """act(x W_in + b_in) W_out + b_out; gated (SwiGLU): (act(x W_gate + b_gate) * (x W_in + b_in)) W_out + b_out."""
     act = ACTIVATIONS[cfg.act_fn]
     W_in, W_out = mlp["W_in"], mlp["W_out"]
+    n, dtype = x.shape[0], np.result_type(x, W_in)
+    post = _empty(hook, f"{prefix}mlp.hook_post", (n, W_in.shape[1]), dtype)  # [pos, d_mlp]
     if "W_gate" in mlp:
-        gate = x @ mlp["W_gate"]  # [pos, d_mlp]
-        if "b_gate" in mlp:
-            gate += mlp["b_gate"]
+        gate = linear(x, mlp["W_gate"], mlp.get("b_gate"), _empty(hook, f"{prefix}mlp.hook_pre", post.shape, dtype),
+                      team)  # [pos, d_mlp]
         hook(f"{prefix}mlp.hook_pre", gate)
-        linear = x @ W_in  # [pos, d_mlp]
-        if "b_in" in mlp:
-            linear += mlp["b_in"]
-        hook(f"{prefix}mlp.hook_pre_linear", linear)
-        post = act(gate)
-        post *= linear
-        post = hook(f"{prefix}mlp.hook_post", post)
+        up = linear(x, W_in, mlp.get("b_in"), _empty(hook, f"{prefix}mlp.hook_pre_linear", post.shape, dtype), team)
+        hook(f"{prefix}mlp.hook_pre_linear", up)
+
+        def gated(s: slice) -> None:
+            act(gate[s], out=post[s])
+            post[s] *= up[s]
+
+        team.rows(gated, n)
     else:
-        pre = np.matmul(x, W_in, out=_empty(hook, f"{prefix}mlp.hook_pre", (x.shape[0], W_in.shape[1]),
-                                            np.result_type(x, W_in)))  # [pos, d_mlp]
-        if "b_in" in mlp:
-            pre += mlp["b_in"]
+        pre = linear(x, W_in, mlp.get("b_in"), _empty(hook, f"{prefix}mlp.hook_pre", post.shape, dtype), team)
         hook(f"{prefix}mlp.hook_pre", pre)
-        post = hook(f"{prefix}mlp.hook_post", act(pre))
-    out = np.matmul(post, W_out, out=_empty(hook, f"{prefix}hook_mlp_out", (x.shape[0], W_out.shape[1]),
-                                            np.result_type(post, W_out)))  # [pos, d_model]
-    if "b_out" in mlp:
-        out += mlp["b_out"]
-    return out
+        team.rows(lambda s: act(pre[s], out=post[s]), n)
+    post = hook(f"{prefix}mlp.hook_post", post)
+    return linear(post, W_out, mlp.get("b_out"), _empty(hook, f"{prefix}hook_mlp_out", (n, W_out.shape[1]),
+                                                        np.result_type(post, W_out)), team)  # [pos, d_model]
 
 
-def transformer_block(x, block: Mapping, cfg: TransformerConfig, hook, layer: int, ablate=None, past=None
-                      ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+def transformer_block(x, block: Mapping, cfg: TransformerConfig, hook, layer: int, ablate=None, past=None,
+                      team: Team = SERIAL) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
     """Pre-norm (GPT-2): x + attn(ln1(x)), then + mlp(ln2(x)).
     Parallel (GPT-NeoX): x + attn(ln1(x)) + mlp(ln2(x)), both reading the block's input x;
     hook_resid_mid is then x + attn(ln1(x)), a partial sum that the MLP does not read.
     Post-norm (BERT): ln1(x + attn(x)), then ln2(x + mlp(x)); hook_resid_mid and
     hook_resid_post are then the normalised hidden states the next sub-layer receives.
-    Returns the block's output and this layer's keys and values (with `past`'s before them)."""
+    Returns the block's output and this layer's keys and values (with `past`'s before them).
+    team (core/threads.py): shares each step's rows, or attention's blocks, among its threads."""
     p = f"blocks.{layer}."
     hook(p + "hook_resid_pre", x)
     window = cfg.window(layer)
+    pre = cfg.block_type == "pre_norm"
+
+    def plus(y: np.ndarray, name: str | None = None) -> np.ndarray:  # x + y, where the hook `name` keeps it
+        dtype = np.result_type(x, y)
+        return add(x, y, np.empty(x.shape, dtype) if name is None else _empty(hook, p + name, x.shape, dtype), team)
+
     if cfg.attn_only:  # no MLP: the attention sub-layer is the whole block
-        pre = cfg.block_type == "pre_norm"
-        attn_out, kv = attention_block(norm(x, block["ln1"], cfg) if pre else x, block["attn"], cfg, hook, p, ablate,
-                                       past, window)
+        attn_out, kv = attention_block(norm(x, block["ln1"], cfg, team) if pre else x, block["attn"], cfg, hook, p,
+                                       ablate, past, window, team)
         attn_out = hook(p + "hook_attn_out", attn_out)
-        return hook(p + "hook_resid_post", x + attn_out if pre else norm(x + attn_out, block["ln1"], cfg)), kv
-    if cfg.block_type == "pre_norm":
-        attn_out, kv = attention_block(norm(x, block["ln1"], cfg), block["attn"], cfg, hook, p, ablate, past, window)
+        post = plus(attn_out, "hook_resid_post") if pre else norm(plus(attn_out), block["ln1"], cfg, team)
+        return hook(p + "hook_resid_post", post), kv
+    if pre:
+        attn_out, kv = attention_block(norm(x, block["ln1"], cfg, team), block["attn"], cfg, hook, p, ablate, past,
+                                       window, team)
         mlp_in = x  # parallel: the MLP reads the block's input too
-        mid = _empty(hook, p + "hook_resid_mid", x.shape, np.result_type(x, attn_out))
-        x = hook(p + "hook_resid_mid", np.add(x, hook(p + "hook_attn_out", attn_out), out=mid))
+        x = hook(p + "hook_resid_mid", plus(hook(p + "hook_attn_out", attn_out), "hook_resid_mid"))
         if not cfg.parallel_attn_mlp:
             mlp_in = x
-        mlp_out = hook(p + "hook_mlp_out", mlp_block(norm(mlp_in, block["ln2"], cfg), block["mlp"], cfg, hook, p))
-        post = _empty(hook, p + "hook_resid_post", x.shape, np.result_type(x, mlp_out))
-        return hook(p + "hook_resid_post", np.add(x, mlp_out, out=post)), kv
-    attn_out, kv = attention_block(x, block["attn"], cfg, hook, p, ablate, past, window)
-    x = hook(p + "hook_resid_mid", norm(x + hook(p + "hook_attn_out", attn_out), block["ln1"], cfg))
-    mlp_out = hook(p + "hook_mlp_out", mlp_block(x, block["mlp"], cfg, hook, p))
-    return hook(p + "hook_resid_post", norm(x + mlp_out, block["ln2"], cfg)), kv
+        mlp_out = hook(p + "hook_mlp_out", mlp_block(norm(mlp_in, block["ln2"], cfg, team), block["mlp"], cfg, hook,
+                                                     p, team))
+        return hook(p + "hook_resid_post", plus(mlp_out, "hook_resid_post")), kv
+    attn_out, kv = attention_block(x, block["attn"], cfg, hook, p, ablate, past, window, team)
+    x = hook(p + "hook_resid_mid", norm(plus(hook(p + "hook_attn_out", attn_out)), block["ln1"], cfg, team))
+    mlp_out = hook(p + "hook_mlp_out", mlp_block(x, block["mlp"], cfg, hook, p, team))
+    return hook(p + "hook_resid_post", norm(plus(mlp_out), block["ln2"], cfg, team)), kv
 
 
 def check_tokens(tokens: np.ndarray, cfg: TransformerConfig, start: int = 0) -> np.ndarray:
@@ -508,22 +560,28 @@ def forward(
     tokens = check_tokens(tokens, cfg, start)
     hook = _Recorder(names)
     by_layer = ablation_by_layer(ablate, cfg)
-    x = embed(params, cfg, tokens, hook, token_types, start)
-    keys, values = [], []
-    for layer, block in enumerate(params["blocks"]):
-        past = None if past_kv is None else (past_kv.keys[layer], past_kv.values[layer])
-        x, (k, v) = transformer_block(x, block, cfg, hook, layer, by_layer.get(layer), past)
-        keys.append(k)
-        values.append(v)
-    if cfg.block_type == "pre_norm":
-        x = hook("ln_final.hook_normalized", norm(x, params["ln_final"], cfg))
-    kv = KVCache(tuple(keys), tuple(values))
-    if not logits:
-        return None, hook.cache, kv
-    W_U, b_U = unembedding(params)
-    out = x @ W_U  # [pos, d_vocab]
-    if b_U is not None:
-        out += b_U
+    with team_for(tokens.size) as team:  # a long text on a BLAS of several threads: a team shares each step
+        x = embed(params, cfg, tokens, hook, token_types, start)
+        keys, values = [], []
+        for layer, block in enumerate(params["blocks"]):
+            past = None if past_kv is None else (past_kv.keys[layer], past_kv.values[layer])
+            x, (k, v) = transformer_block(x, block, cfg, hook, layer, by_layer.get(layer), past, team)
+            keys.append(k)
+            values.append(v)
+        if cfg.block_type == "pre_norm":
+            x = hook("ln_final.hook_normalized", norm(x, params["ln_final"], cfg, team))
+        kv = KVCache(tuple(keys), tuple(values))
+        if not logits:
+            return None, hook.cache, kv
+        W_U, b_U = unembedding(params)
+        out = np.empty((x.shape[0], W_U.shape[1]), np.result_type(x, W_U))  # [pos, d_vocab]
+
+        def columns(c: slice) -> None:  # the team shares the vocabulary: W_U is read once, x is small
+            np.matmul(x, W_U[:, c], out=out[:, c])
+            if b_U is not None:
+                out[:, c] += b_U[c]
+
+        team.each(columns, team.ranges(W_U.shape[1], smallest=1024))
     return out, hook.cache, kv
 
 

@@ -56,7 +56,7 @@ def apply_rotary(x: np.ndarray, positions: np.ndarray | None = None, base: float
 
 
 def rotary(x: np.ndarray, positions: np.ndarray, *, rotary_dim: int | None = None, base: float = ROPE_BASE,
-           adjacent_pairs: bool = True) -> np.ndarray:
+           adjacent_pairs: bool = True, out: np.ndarray | None = None) -> np.ndarray:
     """Rotary embeddings as every family applies them: a base, a partial dimension and a pair layout.
 
     x: [..., pos, d_head]. Only the first `rotary_dim` dimensions are rotated (GPT-NeoX rotates a
@@ -64,7 +64,7 @@ def rotary(x: np.ndarray, positions: np.ndarray, *, rotary_dim: int | None = Non
     p · base^(-2i/rotary_dim). adjacent_pairs=True pairs dimensions (2i, 2i+1), as RoFormer and
     apply_rotary do; False pairs dimension i with i + rotary_dim/2, the "rotate half" layout of
     GPT-NeoX and Llama. Both are the same rotation up to a fixed permutation of W_Q's and W_K's
-    columns, so a checkpoint must be run in the layout it was trained in.
+    columns, so a checkpoint must be run in the layout it was trained in. Written into `out` if given.
     """
     d_head = x.shape[-1]
     rotary_dim = d_head if rotary_dim is None else rotary_dim
@@ -72,7 +72,7 @@ def rotary(x: np.ndarray, positions: np.ndarray, *, rotary_dim: int | None = Non
         raise InputError(f"rotary_dim={rotary_dim} must be even and between 2 and d_head={d_head}")
     angles = rotary_angles(positions, rotary_dim, base)  # [pos, rotary_dim/2]
     cos, sin = np.cos(angles).astype(x.dtype), np.sin(angles).astype(x.dtype)
-    out = np.empty_like(x)
+    out = np.empty_like(x) if out is None else out
     out[..., rotary_dim:] = x[..., rotary_dim:]  # the dimensions rotary leaves alone (none when full)
     if adjacent_pairs:  # pair i is (2i, 2i + 1)
         first, second = slice(0, rotary_dim, 2), slice(1, rotary_dim, 2)
