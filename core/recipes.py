@@ -34,6 +34,7 @@ import numpy as np
 
 from .config import TransformerConfig
 from .errors import InputError
+from .i18n import N_
 from .model import Params, init_params, iter_arrays
 
 UNK = "[UNK]"  # id 0 of the character vocabularies that have one: any character they do not know
@@ -86,20 +87,20 @@ class TrainSettings:
     them in this order."""
 
     recipe: str
-    steps: int = setting(help="optimiser steps", label="Steps", ge=1, le=MAX_STEPS)
+    steps: int = setting(help="optimiser steps", label=N_("Steps"), ge=1, le=MAX_STEPS)
     # initial weights, data order, held-out data and probe all derive from the seed
-    seed: int = setting(0, help="weights, data order and probe derive from it", label="Seed", ge=0, le=2**32 - 1)
-    n_layers: int = setting(2, label="Layers", ge=1, le=MAX_LAYERS)
-    n_heads: int = setting(4, help="must divide d_model", label="Heads", ge=1, le=MAX_HEADS)
-    d_model: int = setting(64, label="Width d_model", ge=1, le=MAX_D_MODEL)
+    seed: int = setting(0, help="weights, data order and probe derive from it", label=N_("Seed"), ge=0, le=2**32 - 1)
+    n_layers: int = setting(2, label=N_("Layers"), ge=1, le=MAX_LAYERS)
+    n_heads: int = setting(4, help="must divide d_model", label=N_("Heads"), ge=1, le=MAX_HEADS)
+    d_model: int = setting(64, label=N_("Width d_model"), ge=1, le=MAX_D_MODEL)
     d_mlp: int | None = setting(None, help="default 4 × d_model", ge=1, le=4 * MAX_D_MODEL)
     attn_only: bool = setting(False, help="blocks without an MLP (the induction recipe's default)",
-                              label="Attention only", hint="(no MLP: the classic setting for induction heads)")
-    lr: float = setting(3e-3, help="peak learning rate (AdamW)", label="Learning rate", gt=0, le=1)
+                              label=N_("Attention only"), hint=N_("(no MLP: the classic setting for induction heads)"))
+    lr: float = setting(3e-3, help="peak learning rate (AdamW)", label=N_("Learning rate"), gt=0, le=1)
     min_lr: float | None = setting(None, help="the cosine decay's floor", api=False)  # None: lr / 10
-    batch_size: int = setting(32, help="sequences per step", label="Batch", ge=1, le=MAX_BATCH)
+    batch_size: int = setting(32, help="sequences per step", label=N_("Batch"), ge=1, le=MAX_BATCH)
     # tokens per sequence: the model's context, n_ctx
-    seq_len: int = setting(32, help="tokens per sequence (the context)", label="Context (tokens)", ge=2,
+    seq_len: int = setting(32, help="tokens per sequence (the context)", label=N_("Context (tokens)"), ge=2,
                            le=MAX_SEQ_LEN)
     warmup: int = setting(0, help="steps of linear warm-up", ge=0, le=MAX_STEPS)
     weight_decay: float = setting(0.01, ge=0, le=1)  # AdamW's decoupled decay, on matrices only

@@ -11,6 +11,7 @@ on every new record, while static/js/train.js moves the progress bar and scrubs 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Request
@@ -229,7 +230,8 @@ def _render(request: Request, svc: Service, recipe: str, given: dict[str, str], 
                "status_names": {key: _(name) for key, name in STATUS_NAMES.items()}, "values": values, "view": view,
                "error": error,
                "recent": recent, "classroom": web.is_on(request.query_params, "classroom"), "nav": "train",
-               "form_id": "train", "form": requests.TRAIN_FORM,
+               "form_id": "train", "form": [dataclasses.replace(c, label=_(c.label), hint=c.hint and _(c.hint))
+                                            for c in requests.TRAIN_FORM],
                "limits": requests.TrainRequest.model_json_schema()["properties"],
                "all_defaults": {r: svc.training.recipe_defaults(r) for r in RECIPES}}
     return web.render(request, "train.html", context, url=_canonical(request.query_params) if view else None,

@@ -26,7 +26,6 @@ ALL_PAGES = (["/", "/?view=compare&rollout=1&ablate=0.1", "/lessons", "/params",
 PENDING = {
     "/": "the model's description (app/models/catalog.py, the trained models' cards)",
     "/?view=compare&rollout=1&ablate=0.1": "the model's description (app/models/catalog.py, the trained models' cards)",
-    "/train": "the form's labels (core/recipes.py)", "/train?recipe=text": "the form's labels (core/recipes.py)",
 }
 PAGES = [p for p in ALL_PAGES if p not in PENDING]
 HX = {"HX-Request": "true"}
@@ -151,8 +150,8 @@ class _Visible(HTMLParser):
 ENGLISH = _english_vocabulary()
 
 
-# Model names are names, in any language (the trained "induction" model, "toy").
-NAMES = {"toy", "induction", "python", "docs", "spec", "forward", "all", "minilm"}
+# Model and recipe names are names, in any language (the trained "induction" model, "toy", the "text" recipe).
+NAMES = {"toy", "induction", "python", "docs", "spec", "forward", "all", "minilm", "text"}
 
 
 def english_left(text: str) -> list[str]:
