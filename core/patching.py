@@ -258,6 +258,13 @@ def patched_resid(params: Params, cfg: TransformerConfig, base: ActivationCache,
             z_new = source[b + "attn.hook_pattern"][head][rows] @ v
         delta = np.zeros((n - start, W_O.shape[1]), dtype=np.result_type(z_new, W_O))
         delta[:len(z_new)] = (z_new - z_base) @ W_O
+        if cfg.attn_only or cfg.parallel_attn_mlp:
+            # Nothing in this block reads its attention's output (no MLP, or one that reads the block's input):
+            # its output is the unpatched run's plus the change, and the run resumes at the next layer.
+            x = base[b + "hook_resid_post"][start:] + delta
+            if layer + 1 == cfg.n_layers:
+                return x[-1]
+            return resume(params, cfg, base, layer + 1, start, x, {}, frozen_from if frozen else None)
         edits[b + "hook_attn_out"] = _add(delta)
     return resume(params, cfg, base, layer, start, x, edits, frozen_from if frozen else None)
 
