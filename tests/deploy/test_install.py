@@ -43,7 +43,7 @@ pytestmark = pytest.mark.slow
 # GET routes the OpenAPI schema does not list (pages and docs); the others come from /openapi.json.
 # Lessons and Inspect views are found from the pages' own links. test_every_route_is_requested
 # checks that together they reach every route of the app.
-PAGES = ["/", "/docs", "/params", "/lessons", "/train", "/glossary"]
+PAGES = ["/", "/docs", "/params", "/lessons", "/train", "/glossary", "/generate", "/circuits"]
 
 
 def _route_templates(routes, prefix: str = "") -> list[tuple[str, str]]:
