@@ -13,7 +13,7 @@ from threadpoolctl import threadpool_limits
 
 from app import __version__
 from app.deps import apply_settings
-from app.http import errors
+from app.http import errors, metrics
 from app.http.bodylimit import BodySizeLimitMiddleware, UrlLengthLimitMiddleware
 from app.http.language import LanguageMiddleware
 from app.models.catalog import build_catalog
@@ -102,6 +102,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if s.access_log:
         configure_access_log(s.log_level)
         app.add_middleware(AccessLogMiddleware)
+    metrics.install(app, s)  # EXPLORER_METRICS: /metrics, and the outermost middleware that counts every answer
     app.mount("/static", CachedStaticFiles(directory=STATIC_DIR), name="static")
     return app
 

@@ -134,7 +134,8 @@ def _train_leased(store: RedisStore, id: str, lease) -> str:
     if stored == "running":  # cut short: its worker died (the lease expired)
         [beat, progress] = store._fields(id, "heartbeat_at", "progress")
         gap = time.time() - float(beat) if beat else None
-        writer.cut_short = {"id": id, "lost_at_step": json.loads(progress)["step"] if progress else None,
+        lost_at = max(json.loads(progress)["step"] if progress else 0, store.state(id).get("step", 0))
+        writer.cut_short = {"id": id, "lost_at_step": lost_at,
                             "lost_worker": _parse(store, id, "worker"), "worker": worker, "gap_s": gap}
         log.info("run %s: taking it up after %s s without a worker, from its snapshot", id,
                  "?" if gap is None else f"{gap:.1f}")

@@ -212,11 +212,57 @@ def worker(redis_url: str, *, cwd: Path = REPO, pythonpath: str | None = None, w
 
 # ------------------------------------------------------------------ app replicas and Caddy
 
-def replica(redis_url: str, **settings):
-    """An app server process (uvicorn, scripts/liveserver.py) on the Redis store."""
-    env = {"EXPLORER_REDIS_URL": redis_url, "EXPLORER_ACCESS_LOG": "false"}
+@dataclass
+class Replica:
+    """An app server process (uvicorn, as scripts/liveserver.py starts it) on the Redis store."""
+
+    url: str
+    proc: subprocess.Popen
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def hostport(self) -> str:
+        return self.url.removeprefix("http://")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def kill(self) -> None:
+        """SIGKILL: the replica's machine lost."""
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+
+@contextlib.contextmanager
+def replica(redis_url: str, *, port: int | None = None, **settings) -> Iterator[Replica]:
+    """A replica with these settings (EXPLORER_<NAME>=value), answering /healthz when yielded."""
+    port = port or free_port()
+    env = {**os.environ, "EXPLORER_REDIS_URL": redis_url, "EXPLORER_ACCESS_LOG": "false"}
     env |= {f"EXPLORER_{k.upper()}": str(v) for k, v in settings.items()}
-    return liveserver.live_server(env=env, startup_timeout_s=START_TIMEOUT_S)
+    log = tempfile.NamedTemporaryFile(prefix="explorer-replica-", suffix=".log", delete=False)
+    proc = subprocess.Popen([PYTHON, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port),
+                             "--log-level", "warning", "--no-access-log", "--http", liveserver.HTTP_PROTOCOL],
+                            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    r = Replica(f"http://127.0.0.1:{port}", proc, Path(log.name))
+    try:
+        def up() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the replica exited {proc.returncode}:\n{r.log()[-3000:]}")
+            try:
+                return httpx.get(r.url + "/healthz", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(up, START_TIMEOUT_S, "replica answering", every_s=0.1)
+        yield r
+    finally:
+        stop_group(proc, grace_s=15)
+        log.close()
+        r.log_path.unlink(missing_ok=True)
 
 
 @dataclass
