@@ -30,7 +30,11 @@ NICENESS = 10  # below a server's request workers on the same machine
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`python -m app.worker [celery worker options]`; `--check`: exit 0 if a worker of this machine said it
+    was alive within the last three registrations (a container's health check)."""
     s = get_settings()
+    if argv and argv[0] == "--check":
+        return check(s)
     if not s.redis_url:
         print("app.worker: set EXPLORER_REDIS_URL (redis://[:password@]host:port/db) to the Redis the servers use",
               file=sys.stderr)
@@ -76,6 +80,21 @@ def main(argv: list[str] | None = None) -> int:
             "--without-gossip", "--without-mingle", "--without-heartbeat", *(argv or [])]
     app.worker_main(args)
     return 0
+
+
+def check(s) -> int:
+    import json
+    import time
+
+    from app.training.redis_store import HOST, WORKERS, RedisStore
+
+    try:
+        seen = [json.loads(v) for v in RedisStore.from_settings(s).r.hvals(WORKERS)]
+    except Exception as e:  # Redis out of reach: not healthy either
+        print(f"app.worker --check: {e}", file=sys.stderr)
+        return 1
+    alive = [w for w in seen if w["host"] == HOST and w["seen"] > time.time() - 3 * REGISTER_EVERY_S]
+    return 0 if alive else 1
 
 
 if __name__ == "__main__":
