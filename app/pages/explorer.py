@@ -9,18 +9,28 @@ A plain GET answers the full page; an htmx request only the block that changed: 
 every change, "explorer" (controls too) when the model changes. Bad settings render their
 message in place of the figures, with status 422. ARCHITECTURE.md follows one edit of the text box
 through here to the redrawn heatmap.
+
+A painted matrix (IMAGE_MIN_TOKENS tokens or more) travels as its colour levels (app/pages/figures.py);
+its exact values are read when a reader reads them: the same URL with `values=<figure>&rows=<from>-<to>`
+answers those rows as float64 bytes (`explorer_values`), from the matrices the page kept when it drew
+them (`ReadCache`), or by running the view again when they are gone.
 """
 
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
 
+import numpy as np
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, PlainTextResponse, Response
+
 from app.pages import figures, web
 from app.api import requests
 from app.deps import ServiceDep
 from app.http.language import _, ngettext
+from app.service import Service
 from app.service.results import AttentionStages, ExplorerView
 
 router = APIRouter(tags=["pages"], include_in_schema=False)
@@ -30,6 +40,9 @@ TOP_K = 10  # next-token bars shown
 # three scores stages: each is a T × T matrix (1,024 tokens: 5.6 MB of base64 float32), and three
 # of them would be most of the page's bytes and of its first load.
 STAGES_ON_REQUEST_TOKENS = 256
+# The exact values of recent views' painted matrices, kept per server process for their readers (a
+# 1,024-token view's weights are 8 MB): past this, the oldest go, and a read of theirs runs the view again.
+READ_CACHE_BYTES = 128 * 2**20
 
 
 def _config_line(v: ExplorerView) -> str:
@@ -51,7 +64,8 @@ def _config_line(v: ExplorerView) -> str:
 
 def _stage_figures(st: AttentionStages, v: ExplorerView, where: str, only_weights: bool = False) -> list[dict]:
     cfg = v.config
-    top = figures.score_range(st.raw, st.scaled, st.masked)  # one colour range, so scaling shows
+    # one colour range, so scaling shows
+    top = None if only_weights else figures.score_range(st.raw, st.scaled, st.masked)
     divisor = ("√d_head = √" + f"{cfg.d_head} = {math.sqrt(cfg.d_head):.3g}") if cfg.use_attn_scale \
         else _("1 (scaling is off)")
     if cfg.attn_temperature != 1:
@@ -74,7 +88,7 @@ def _stage_figures(st: AttentionStages, v: ExplorerView, where: str, only_weight
     return [{"key": key, "title": title, "caption": caption,
              "figure": figures.attention_heatmap(matrix, v.tokens, kind=kind, mask=mask,
                                                  zmax=top if kind == "scores" else None,
-                                                 export_name=f"{where}-{key}")}
+                                                 export_name=f"{where}-{key}", read=f"stage-{key}")}
             for key, title, matrix, kind, mask, caption in specs]
 
 
@@ -88,7 +102,8 @@ def _compare_figures(v: ExplorerView, where: str) -> list[dict]:
              "figure": figures.attention_heatmap(st.weights, v.tokens, kind="weights",
                                                  mask=st.mask if is_causal else None,
                                                  export_name=f"{where}-weights-"
-                                                             f"{'causal' if is_causal else 'bidirectional'}")}
+                                                             f"{'causal' if is_causal else 'bidirectional'}",
+                                                 read="compare-causal" if is_causal else "compare-bidirectional")}
             for is_causal, st in pair]
 
 
@@ -102,9 +117,8 @@ def view_context(v: ExplorerView, ablated: set[tuple[int, int]], all_stages: boo
     with all_stages (STAGES_ON_REQUEST_TOKENS)."""
     layer, head = v.layer, v.head
     where = f"layer{layer}-head{head}"
-    head_figures = [figures.attention_heatmap(v.patterns[h], v.tokens, kind="weights", mask=v.stages.mask,
-                                              small=True, export_name=f"layer{layer}-head{h}-weights")
-                    for h in range(v.config.n_heads)]
+    names = [f"layer{layer}-head{h}-weights" for h in range(v.config.n_heads)]
+    head_figures = figures.head_thumbnails(v.patterns, v.tokens, mask=v.stages.mask, export_names=names)
     next_figure = None
     if v.ablation_effect is not None and v.ablation_effect.changes:
         changes = v.ablation_effect.changes
@@ -115,7 +129,7 @@ def view_context(v: ExplorerView, ablated: set[tuple[int, int]], all_stages: boo
     rollout = None
     if v.rollout is not None:
         rollout = figures.attention_heatmap(v.rollout, v.tokens, kind="weights", value_name=_("rollout"),
-                                            export_name=f"rollout-through-layer{layer}")
+                                            export_name=f"rollout-through-layer{layer}", read="rollout")
     norms = v.residual
     on_request = len(v.tokens) >= STAGES_ON_REQUEST_TOKENS
     stages = _stage_figures(v.stages, v, where, only_weights=on_request and not all_stages)
@@ -137,31 +151,106 @@ def view_context(v: ExplorerView, ablated: set[tuple[int, int]], all_stages: boo
     }
 
 
+def readable(v: ExplorerView, all_stages: bool) -> dict[str, np.ndarray]:
+    """The matrices behind the view's painted figures, by the key their export says ("read"), as the
+    figures hold them: [query_pos, key_pos], masked scores -inf. None below IMAGE_MIN_TOKENS, where the
+    page holds every value."""
+    if len(v.tokens) < figures.IMAGE_MIN_TOKENS:
+        return {}
+    st = v.stages
+    stages = {"raw": st.raw, "scaled": st.scaled, "masked": st.masked, "weights": st.weights}
+    if len(v.tokens) >= STAGES_ON_REQUEST_TOKENS and not all_stages:
+        stages = {"weights": st.weights}
+    out = {f"stage-{key}": m for key, m in stages.items()}
+    if v.other_stages is not None:
+        out["compare-causal" if v.config.causal else "compare-bidirectional"] = st.weights
+        out["compare-bidirectional" if v.config.causal else "compare-causal"] = v.other_stages.weights
+    if v.rollout is not None:
+        out["rollout"] = v.rollout
+    return out
+
+
+def head_levels(v: ExplorerView) -> dict[str, np.ndarray]:
+    """The colour levels of the layer's other heads, by "head-<h>", where their thumbnails are pooled
+    (more than THUMB_MAX_CELLS tokens): a click on one repaints the weights from these at once."""
+    if len(v.tokens) <= figures.THUMB_MAX_CELLS:
+        return {}
+    return {f"head-{h}": figures.weights_levels(v.patterns[h], v.stages.mask)
+            for h in range(v.config.n_heads) if h != v.head}
+
+
+class ReadCache:
+    """The painted matrices of the latest views this process drew, by their canonical URL, so that
+    reading a cell (hover, the selected cell, a download) does not run the model again. Oldest out first,
+    within READ_CACHE_BYTES; thread-safe (routes run in FastAPI's threadpool)."""
+
+    def __init__(self, budget: int = READ_CACHE_BYTES):
+        self.budget = budget
+        self._views: OrderedDict[str, dict[str, np.ndarray]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def put(self, url: str, matrices: dict[str, np.ndarray]) -> None:
+        size = sum(m.nbytes for m in matrices.values())
+        if not matrices or size > self.budget:
+            return
+        with self._lock:
+            self._views[url] = matrices
+            self._views.move_to_end(url)
+            while sum(m.nbytes for ms in self._views.values() for m in ms.values()) > self.budget:
+                self._views.popitem(last=False)
+
+    def get(self, url: str) -> dict[str, np.ndarray] | None:
+        with self._lock:
+            found = self._views.get(url)
+            if found is not None:
+                self._views.move_to_end(url)
+            return found
+
+
+def read_cache(request: Request) -> ReadCache:
+    """This app's cache (one per app: a test's other app, with other models, has its own)."""
+    state = request.app.state
+    if getattr(state, "explorer_reads", None) is None:
+        state.explorer_reads = ReadCache()
+    return state.explorer_reads
+
+
+def _run(request: Request, svc: Service, parsed: web.Parsed) -> tuple[ExplorerView | None, str | None]:
+    """The explorer's view of a parsed state, or why it cannot run."""
+    c = parsed.controls
+    model = svc.views.models()[c.model]
+    if parsed.errors:
+        return None, "; ".join(parsed.errors)
+    # heads that no longer exist (fewer layers or heads now) are dropped, as layer and head are clamped
+    n_layers = parsed.given.get("n_layers", model.cfg.n_layers)
+    n_heads = parsed.given.get("n_heads", model.cfg.n_heads)
+    c.ablate = tuple((layer, head) for layer, head in c.ablate if layer < n_layers and head < n_heads)
+    try:
+        spec = requests.AblatingRequest(**parsed.request()).spec()
+        v = svc.views.explorer(spec, c.layer, c.head, compare=c.compare, rollout=c.rollout,
+                               top_k=0 if model.is_encoder else TOP_K)
+    except web.PAGE_ERRORS as exc:
+        return None, web.error_message(exc)
+    c.layer, c.head = v.layer, v.head  # what is shown is what the URL will say
+    read_cache(request).put(web.explorer_query(parsed), readable(v, c.all_stages) | head_levels(v))
+    return v, None
+
+
 @router.get("/", response_class=HTMLResponse, summary="The explorer")
-def explorer(request: Request, svc: ServiceDep) -> HTMLResponse:
+def explorer(request: Request, svc: ServiceDep) -> Response:
+    if "values" in request.query_params or "levels" in request.query_params:
+        return explorer_values(request, svc)
     model_changed = web.is_fragment(request) and request.headers.get("hx-trigger-name") == "model"
     models = svc.views.models()
     parsed = web.parse_explorer(request.query_params, models, preferred=svc.settings.default_model,
-                               model_changed=model_changed)
+                                model_changed=model_changed)
     c = parsed.controls
     model = models[c.model]
-    error = "; ".join(parsed.errors) or None
-    view = None
-    if error is None:
-        # heads that no longer exist (fewer layers or heads now) are dropped, as layer and head are clamped
-        n_layers = parsed.given.get("n_layers", model.cfg.n_layers)
-        n_heads = parsed.given.get("n_heads", model.cfg.n_heads)
-        c.ablate = tuple((layer, head) for layer, head in c.ablate if layer < n_layers and head < n_heads)
-        try:
-            spec = requests.AblatingRequest(**parsed.request()).spec()
-            v = svc.views.explorer(spec, c.layer, c.head, compare=c.compare, rollout=c.rollout,
-                             top_k=0 if model.is_encoder else TOP_K)
-            c.layer, c.head = v.layer, v.head  # what is shown is what the URL will say
-            view = view_context(v, set(c.ablate), c.all_stages)
-        except web.PAGE_ERRORS as exc:
-            error = web.error_message(exc)
+    v, error = _run(request, svc, parsed)
+    url = web.explorer_query(parsed)
     context = {
-        "controls": c, "view": view, "error": error, "models": list(models.values()),
+        "controls": c, "view": None if v is None else view_context(v, set(c.ablate), c.all_stages),
+        "values_url": url, "error": error, "models": list(models.values()),
         "accepted": set(model.toggles),
         "text_hint": (_("the model reads it one character at a time") if model.kind == "toy"
                       else _("split into tokens by the model's own tokeniser")),
@@ -170,6 +259,53 @@ def explorer(request: Request, svc: ServiceDep) -> HTMLResponse:
         "token_limit": svc.limits.explorer_token_limit(model), "knob_fieldsets": web.knob_fieldsets(svc.settings),
         "nav": "explorer", "form_id": "explorer", "inspect_links": web.inspect_links(parsed),
     }
+    # gzip (app/http/compression.py, level 1): a painted matrix's levels are bytes of base64 that
+    # mostly repeat (a long text's 1,024-token answer: 4 MB as written, under 1 MB as sent)
     return web.render(request, "explorer.html", context, block="explorer" if model_changed else "results",
-                      url=web.explorer_query(parsed), error=error,
-                      compress=False)  # packed figure data: gzip would cost more time than it saves
+                      url=url, error=error)
+
+
+def _rows(text: str | None, n: int) -> tuple[int, int] | None:
+    """"from-to" (to excluded) within [0, n], or None."""
+    start, dash, stop = (text or "").partition("-")
+    if not (dash and start.isdigit() and stop.isdigit()) or not 0 <= int(start) < int(stop) <= n:
+        return None
+    return int(start), int(stop)
+
+
+def explorer_values(request: Request, svc: ServiceDep) -> Response:
+    """What a reader reads of a painted figure, from the explorer's URL with
+    - `values=<its export's read key>&rows=<from>-<to>`: those rows' exact values, float64, little-endian,
+      row-major, [rows, key_pos], a masked score NaN (the figure's own values: the API's, every bit);
+    - `levels=head-<h>`: the colour levels of another head of the layer, as its weights figure would
+      carry them (export "levels").
+    From the cache, else by running the view again."""
+    query = request.query_params
+    parsed = web.parse_explorer(query, svc.views.models(), preferred=svc.settings.default_model)
+    kept = read_cache(request).get(web.explorer_query(parsed))
+    if kept is None:
+        v, error = _run(request, svc, parsed)
+        if error is not None:
+            return PlainTextResponse(error, status_code=422)
+        kept = readable(v, parsed.controls.all_stages) | head_levels(v)
+    if "levels" in query:
+        key = query["levels"]
+        levels = kept.get(key) if key.startswith("head-") else None
+        if levels is None:
+            return PlainTextResponse(f"levels={key!r}: no other head's levels in this view (a head of its layer "
+                                     "other than the one shown, when the text is long)", status_code=422)
+        return Response(levels.tobytes(), media_type="application/octet-stream", headers={"Cache-Control": "no-store"})
+    key = query["values"]
+    matrix = kept.get(key) if not key.startswith("head-") else None
+    if matrix is None:
+        return PlainTextResponse(f"values={key!r}: this view paints no such matrix; it paints "
+                                 f"{', '.join(k for k in kept if not k.startswith('head-')) or 'none'}",
+                                 status_code=422)
+    rows = _rows(query.get("rows"), matrix.shape[0])
+    if rows is None:
+        return PlainTextResponse(f"rows={query.get('rows')!r} is not from-to within 0-{matrix.shape[0]}, "
+                                 "e.g. rows=0-8", status_code=422)
+    part = np.array(matrix[rows[0]:rows[1]], dtype="<f8")
+    part[~np.isfinite(part)] = np.nan  # a masked score: no value
+    return Response(part.tobytes(), media_type="application/octet-stream",
+                    headers={"Cache-Control": "no-store", "X-Shape": f"{rows[1] - rows[0]},{matrix.shape[1]}"})

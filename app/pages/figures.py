@@ -22,10 +22,14 @@ then writes itself (Plotly would measure each of them, most of a heatmap's drawi
 
 Long inputs (up to the API's 1,024 tokens): an attention matrix of IMAGE_MIN_TOKENS tokens or more
 carries export "draw": "image", and explorer.js paints it as an image (one pixel per cell) instead
-of Plotly's per-cell heatmap; from FLOAT32_MIN_TOKENS its values travel as float32 (half the bytes;
-7 significant digits, where hover shows 4 decimals); a thumbnail of more than THUMB_MAX_CELLS
-tokens is max-pooled to at most that many cells a side, so a sink or a diagonal of one token still
-shows at 120 pixels. A painted matrix's masked cells travel as data, export "mask" (`_mask_data`).
+of Plotly's per-cell heatmap. Its masked cells travel as data, export "mask" (`_mask_data`). On the
+explorer, where the page answers a matrix's exact values when they are read (`read=`: a hover, the
+selected cell, a download; app/pages/explorer.py), and for a thumbnail, which is never read, a
+painted matrix travels as its colour levels only (`_levels`: a byte for each cell the mask leaves,
+the nearest of the 256 colours explorer-image.js paints). A thumbnail of more than THUMB_MAX_CELLS
+tokens is max-pooled to at most that many cells a side (`head_thumbnails`), so a sink or a diagonal
+of one token still shows at 120 pixels. Elsewhere a painted matrix's values travel (float32 from
+FLOAT32_MIN_TOKENS: half the bytes; 7 significant digits, where hover shows 4 decimals).
 """
 
 from __future__ import annotations
@@ -56,7 +60,8 @@ MASKED_NAME = N_("masked (score −∞, weight 0)")
 # where a per-cell heatmap costs Plotly most and shows least.
 IMAGE_MIN_TOKENS = 64
 FLOAT32_MIN_TOKENS = 256  # 1,024² float64 values are 11 MB of base64; float32 5.6 MB
-THUMB_MAX_CELLS = 128  # a thumbnail is ~120 px wide: more cells than pixels only cost bytes
+THUMB_MAX_CELLS = 128  # a thumbnail is ~120 px wide: a longer text's is max-pooled to at most this a side
+LEVELS = 256  # the colours a painted matrix is drawn in: explorer-image.js's colour table
 
 KEY_AXIS = N_("key token (column)")
 QUERY_AXIS = N_("query token (row)")
@@ -109,31 +114,68 @@ def _finite_or_none(matrix: np.ndarray) -> np.ndarray:
     return m
 
 
+def _block_reduce(a: np.ndarray, f: int, op) -> np.ndarray:
+    """op (a NumPy ufunc of two arrays) over every f × f block of the last two axes: [..., rows·f, cols·f]
+    -> [..., rows, cols], folding strided slices into one (a reduction over reshaped block axes is
+    several times slower)."""
+    cols = a[..., 0::f].copy()
+    for j in range(1, f):
+        op(cols, a[..., j::f], out=cols)
+    out = cols[..., 0::f, :].copy()
+    for i in range(1, f):
+        op(out, cols[..., i::f, :], out=out)
+    return out
+
+
 def _max_pool(matrix: np.ndarray, mask: np.ndarray | None, size: int) -> tuple[np.ndarray, np.ndarray | None]:
-    """[T, T] -> [ceil(T/f), ceil(T/f)] with f = ceil(T/size): each cell the largest value of its f × f
-    block (NaN only where the whole block is), each block masked only where all its cells are. The
-    largest, not the mean: one strong key (a sink, a previous-token diagonal) stays as dark as it is."""
-    f = -(-matrix.shape[0] // size)
-    rows, cols = -(-matrix.shape[0] // f), -(-matrix.shape[1] // f)
-    padded = np.full((rows * f, cols * f), -np.inf)  # -inf: "no value", below every value
-    padded[:matrix.shape[0], :matrix.shape[1]] = np.where(np.isnan(matrix), -np.inf, matrix)
-    pooled = padded.reshape(rows, f, cols, f).max(axis=(1, 3))
-    pooled[pooled == -np.inf] = np.nan  # an all-NaN block stays NaN
-    if mask is None:
-        return pooled, None
-    full = np.ones((rows * f, cols * f), dtype=bool)
-    full[:mask.shape[0], :mask.shape[1]] = mask
-    return pooled, full.reshape(rows, f, cols, f).all(axis=(1, 3))
+    """[..., T, T] -> [..., ceil(T/f), ceil(T/f)] with f = ceil(T/size): each cell the largest value of its
+    f × f block (NaN only where the whole block is); the mask [T, T] pooled alike, each block masked only
+    where all its cells are. The largest, not the mean: one strong key (a sink, a previous-token
+    diagonal) stays as dark as it is."""
+    n0, n1 = matrix.shape[-2:]
+    f = -(-n0 // size)
+    rows, cols = -(-n0 // f), -(-n1 // f)
+    if (rows * f, cols * f) != (n0, n1):  # the last blocks are partly outside: no value, masked
+        padded = np.full(matrix.shape[:-2] + (rows * f, cols * f), np.nan)
+        padded[..., :n0, :n1] = matrix
+        matrix = padded
+        if mask is not None:
+            full = np.ones((rows * f, cols * f), dtype=bool)
+            full[:n0, :n1] = mask
+            mask = full
+    pooled = _block_reduce(matrix, f, np.fmax)  # fmax: NaN only where both are
+    return pooled, None if mask is None else _block_reduce(mask, f, np.logical_and)
+
+
+def _levels(matrix: np.ndarray, keep: np.ndarray, zmin: float, zmax: float) -> np.ndarray:
+    """The colour level of every kept cell, row-major (uint8 [n_kept]): the nearest of LEVELS steps from
+    zmin to zmax (half up), clamped to the ends. explorer-image.js paints level k in its colour table's
+    k-th colour, the table Plotly's heatmap would interpolate (its code says how): the same picture as
+    painting the values, in a byte a cell."""
+    scale = (LEVELS - 1) / ((zmax - zmin) or 1)
+    k = (matrix[keep] - zmin) * scale
+    np.floor(k + 0.5, out=k)
+    return np.clip(k, 0, LEVELS - 1, out=k).astype(np.uint8)
+
+
+def weights_levels(weights: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+    """The levels a painted weights heatmap of these weights carries (export "levels", zmin 0, zmax 1):
+    a head the explorer may show next, sent when it is picked."""
+    keep = np.isfinite(weights) if mask is None else np.isfinite(weights) & ~np.asarray(mask, dtype=bool)
+    return _levels(weights, keep, 0.0, 1.0)
 
 
 def _mask_runs(mask: np.ndarray) -> np.ndarray:
     """[runs, 3]: (query row, first masked key, the key after the last) for each run of masked keys
     in a row, row-major. A causal mask over T tokens is T - 1 runs, a sliding window at most 2 a row."""
     m = np.asarray(mask, dtype=bool)
-    edges = np.diff(np.pad(m, ((0, 0), (1, 1))).astype(np.int8), axis=1)  # +1 where a run starts, -1 after it ends
-    rows, starts = np.nonzero(edges == 1)
-    _, stops = np.nonzero(edges == -1)  # row-major order, so the k-th stop closes the k-th start
-    return np.stack([rows, starts, stops], axis=1)
+    rows, cols = m.shape
+    padded = np.zeros((rows, cols + 2), dtype=np.int8)  # a 0 either side of each row: runs end in their row
+    padded[:, 1:-1] = m
+    flat = padded.ravel()
+    edges = np.flatnonzero(flat[1:] != flat[:-1])  # a run starts after an even edge and stops after the next
+    row, start = np.divmod(edges[0::2], cols + 2)
+    return np.stack([row, start, edges[1::2] - row * (cols + 2)], axis=1)
 
 
 def _mask_data(mask: np.ndarray) -> dict:
@@ -143,22 +185,22 @@ def _mask_data(mask: np.ndarray) -> dict:
     return {"runs": _mask_runs(mask), "bgcolor": MASK_FILL["bgcolor"], "fgcolor": MASK_FILL["fgcolor"]}
 
 
-def _mask_overlay(mask: np.ndarray) -> dict | None:
+def _mask_overlay(mask: np.ndarray, shapes: bool = True) -> dict:
     """One scatter trace whose filled rectangles cover the masked cells, hatched grey.
 
     Cells are merged into one rectangle per run of masked cells in a row (`_mask_runs`), so a
     causal mask over T tokens is T - 1 rectangles, not T²/2. Each rectangle is 5 corners and a NaN
-    break (null in JSON). For a painted matrix explorer.js draws only its legend entry (the cells
-    are painted from export "mask").
+    break (null in JSON). shapes=False: no rectangles, only the legend entry (a painted matrix's
+    masked cells are painted from export "mask").
     """
-    m = np.asarray(mask, dtype=bool)
-    if not m.any():
-        return None
-    rows, starts, stops = _mask_runs(m).T
-    x0, x1, y0, y1 = starts - 0.5, stops - 0.5, rows - 0.5, rows + 0.5
-    nan = np.full_like(x0, np.nan)
-    xs = np.stack([x0, x1, x1, x0, x0, nan], axis=1).ravel()
-    ys = np.stack([y0, y0, y1, y1, y0, nan], axis=1).ravel()
+    if shapes:
+        rows, starts, stops = _mask_runs(np.asarray(mask, dtype=bool)).T
+        x0, x1, y0, y1 = starts - 0.5, stops - 0.5, rows - 0.5, rows + 0.5
+        nan = np.full_like(x0, np.nan)
+        xs = np.stack([x0, x1, x1, x0, x0, nan], axis=1).ravel()
+        ys = np.stack([y0, y0, y1, y1, y0, nan], axis=1).ravel()
+    else:
+        xs = ys = np.empty(0)
     return {
         "type": "scatter", "mode": "lines", "x": xs, "y": ys, "fill": "toself",
         "fillcolor": MASK_FILL["bgcolor"], "fillpattern": MASK_FILL, "line": {"width": 0.5, "color": "#737373"},
@@ -175,7 +217,7 @@ MAX_LABEL_PX = 200
 
 
 def _label_px(tokens: Sequence[str]) -> int:
-    longest = max((len(visible(t)) for t in tokens), default=1)
+    longest = max((len(visible(t)) for t in set(tokens)), default=1)  # a long text repeats its tokens
     return min(MAX_LABEL_PX, CHAR_PX * longest + 10)
 
 
@@ -207,23 +249,17 @@ def attention_heatmap(
     value_name: str | None = None,
     export_name: str = "attention",
     small: bool = False,  # a thumbnail: no labels, no colour bar, no hover
+    read: str | None = None,  # where the page answers its exact values (export "read"): levels when painted
 ) -> dict:
     """One attention matrix as a heatmap with the tokens on both axes."""
     m = np.asarray(matrix, dtype=float)
-    if m.ndim != 2 or m.shape[0] != len(tokens) or m.shape[1] != len(tokens):
-        raise ValueError(f"expected a [{len(tokens)}, {len(tokens)}] matrix, got shape {m.shape}")
-    labels = [token_label(t) for t in tokens]
-    value_name = value_name or (_("score") if kind == "scores" else _("weight"))
     n = len(tokens)
+    if m.ndim != 2 or m.shape[0] != n or m.shape[1] != n:
+        raise ValueError(f"expected a [{n}, {n}] matrix, got shape {m.shape}")
+    value_name = value_name or (_("score") if kind == "scores" else _("weight"))
     image = n >= IMAGE_MIN_TOKENS
-    z = _finite_or_none(m)  # [query_pos, key_pos]
-    pooled = small and n > THUMB_MAX_CELLS
-    if pooled:
-        z, mask = _max_pool(z, None if mask is None else np.asarray(mask, dtype=bool), THUMB_MAX_CELLS)
-    if n >= FLOAT32_MIN_TOKENS:
-        z = z.astype(np.float32)  # app/pages/web.py packs it as "f4"
-    gap = 1 if small and not image else 0  # gaps between a thumbnail's cells, while cells are pixels wide
-    trace: dict = {"type": "heatmap", "z": z, "hoverongaps": False, "xgap": gap, "ygap": gap}
+    levels = image and (small or read is not None)  # the values are read elsewhere, or never
+    trace: dict = {"type": "heatmap", "hoverongaps": False}
     if kind == "scores":
         top = zmax if zmax is not None else score_range(m)
         trace.update(colorscale=SCORES_COLORSCALE, zmin=-top, zmax=top, zmid=0)
@@ -231,46 +267,86 @@ def attention_heatmap(
         trace.update(colorscale=WEIGHTS_COLORSCALE, zmin=0.0, zmax=1.0)
     else:
         raise ValueError(f"kind must be 'scores' or 'weights', got {kind!r}")
+    masked = None if mask is None else np.asarray(mask, dtype=bool)
+    if masked is not None and not masked.any():
+        masked = None
+    export: dict = {"name": export_name, "kind": "matrix"}
+    if levels:
+        finite = np.isfinite(m)
+        keep = finite if masked is None else finite & ~masked
+        export["levels"] = _levels(m, keep, trace["zmin"], trace["zmax"])  # app/pages/web.py packs it as "u1"
+        export["shape"] = [n, n]
+        if not (keep if masked is None else keep | masked).all():  # a cell without a value, not masked
+            export["gaps"] = _mask_runs(~keep if masked is None else ~keep & ~masked)
+    else:
+        z = _finite_or_none(m)  # [query_pos, key_pos]
+        trace["z"] = z.astype(np.float32) if n >= FLOAT32_MIN_TOKENS else z  # web.py packs it as "f4"
+    gap = 1 if small and not image else 0  # gaps between a thumbnail's cells, while cells are pixels wide
+    trace.update(xgap=gap, ygap=gap)
     if small:
         trace.update(showscale=False, hoverinfo="skip")
     else:
         trace["hovertemplate"] = f"%{{text}}<br>{escape(value_name)} = %{{z:.4f}}<extra></extra>"
         trace["colorbar"] = _colorbar(value_name, len=0.9)
     data = [trace]
-    overlay = _mask_overlay(mask) if mask is not None else None
-    if overlay is not None:
+    # The mask's hatched overlay: Plotly draws it over a per-cell heatmap; a painted matrix's masked cells
+    # are painted from export "mask", and Plotly draws only the overlay's legend entry (no shapes sent).
+    if masked is not None and not (image and small):
+        overlay = _mask_overlay(masked, shapes=not image)
         if small:
             overlay.update(showlegend=False, hoverinfo="skip", hoveron="points")
         data.append(overlay)
-    cells = z.shape[0]  # n, or a pooled thumbnail's blocks
+    if image and masked is not None:
+        export["mask"] = _mask_data(masked)
+    if small:  # a thumbnail: no labels (nor the tokens for a download: it has none)
+        axis = {"showticklabels": False, "showgrid": False, "zeroline": False, "ticks": ""}
+        xaxis, yaxis = dict(axis), dict(axis)
+    else:
+        labels = [token_label(t) for t in tokens]
+        xaxis, yaxis = _token_axis(_(KEY_AXIS), labels, small=False), _token_axis(_(QUERY_AXIS), labels, small=False)
+        export.update(x=list(tokens), y=list(tokens), x_title=KEY_AXIS, y_title=QUERY_AXIS, value=value_name,
+                      cell_text=_("query {i} {y} → key {j} {x}"))
+        if current() != DEFAULT:  # the readout's other words (static/js/explorer-cells.js has them in English)
+            export["words"] = {"masked": _("masked (no value)"),
+                               "largest": _("this row's largest {value}: key {j} {x}")}
     layout = _base_layout(
-        xaxis={**_token_axis(_(KEY_AXIS), labels, small=small), "range": [-0.5, cells - 0.5]},
-        yaxis={**_token_axis(_(QUERY_AXIS), labels, small=small), "autorange": None,
-               "range": [cells - 0.5, -0.5], "scaleanchor": "x", "constrain": "domain"},
-        showlegend=overlay is not None and not small,
+        xaxis={**xaxis, "range": [-0.5, n - 0.5]},
+        yaxis={**yaxis, "autorange": None, "range": [n - 0.5, -0.5], "scaleanchor": "x", "constrain": "domain"},
+        showlegend=masked is not None and not small,
         # above the plot, right-aligned: below it would collide with the key axis' title
         legend={"orientation": "h", "x": 1, "y": 1.0, "yanchor": "bottom", "xanchor": "right",
                 "font": {"size": 12}},
     )
-    export = {"name": export_name, "kind": "matrix", "x": list(tokens), "y": list(tokens),
-              "x_title": KEY_AXIS, "y_title": QUERY_AXIS, "value": value_name,
-              "cell_text": _("query {i} {y} → key {j} {x}")}
-    if current() != DEFAULT:  # the readout's other words (static/js/explorer-cells.js has them in English)
-        export["words"] = {"masked": _("masked (no value)"), "largest": _("this row's largest {value}: key {j} {x}")}
     if image:
         export["draw"] = "image"
-        if overlay is not None:
-            export["mask"] = _mask_data(mask)
-    if pooled:
-        export["pooled"] = -(-n // THUMB_MAX_CELLS)  # tokens a side of each cell
+    if levels and read is not None and not small:
+        export["read"] = read
     if small:
         layout["margin"] = {"l": 2, "r": 2, "t": 2, "b": 2}
     else:
         layout["margin"], layout["xaxis"]["tickangle"] = _token_margins(tokens)
         export["label_px"] = {"x": layout["margin"]["b"] - AXIS_TITLE_PX, "y": layout["margin"]["l"] - AXIS_TITLE_PX}
-        if overlay is not None:
+        if masked is not None:
             layout["margin"]["t"] = 34  # room for the "masked" legend above the plot
     return {"data": data, "layout": layout, "export": export}
+
+
+def head_thumbnails(patterns: np.ndarray, tokens: Sequence[str], *, mask: np.ndarray | None,
+                    export_names: Sequence[str]) -> list[dict]:
+    """A layer's heads as thumbnails ([head_index, query_pos, key_pos] weights): attention_heatmap(small=True)
+    each, a long text's pooled for every head at once (and its mask once)."""
+    n = len(tokens)
+    if n <= THUMB_MAX_CELLS:
+        return [attention_heatmap(p, tokens, kind="weights", mask=mask, small=True, export_name=name)
+                for p, name in zip(patterns, export_names)]
+    pooled, pooled_mask = _max_pool(np.asarray(patterns, dtype=float), mask, THUMB_MAX_CELLS)
+    cells = pooled.shape[-1]  # at least IMAGE_MIN_TOKENS: more than THUMB_MAX_CELLS / 2
+    out = []
+    for p, name in zip(pooled, export_names):
+        fig = attention_heatmap(p, [""] * cells, kind="weights", mask=pooled_mask, small=True, export_name=name)
+        fig["export"]["pooled"] = -(-n // THUMB_MAX_CELLS)  # tokens a side of each cell
+        out.append(fig)
+    return out
 
 
 def score_range(*matrices: np.ndarray) -> float:

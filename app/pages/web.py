@@ -53,15 +53,15 @@ if TYPE_CHECKING:
 def _packed(value):
     """orjson's fallback for what figure dicts hold besides JSON types: a 2-D array (a heatmap's z)
     as Plotly's typed-array spec, base64 of its float64 bytes (every bit of every number, a third
-    of the characters of JSON, and decoded by the browser without parsing numbers); any other
-    array as a list (NaN as null); NumPy scalars as numbers. A float32 matrix (app/pages/figures.py, long
-    inputs) goes as "f4", its own bytes. static/js/explorer.js `unpack` reads both."""
+    of the characters of JSON, and decoded by the browser without parsing numbers); a uint8 array (a
+    painted matrix's colour levels, app/pages/figures.py) the same way, as "u1"; any other array as a
+    list (NaN as null); NumPy scalars as numbers. A float32 matrix (app/pages/figures.py, long inputs)
+    goes as "f4", its own bytes. static/js/explorer-figures.js `unpack` reads them all."""
     if isinstance(value, np.ndarray):
-        if value.ndim == 2 and value.dtype.kind == "f":
-            rows, cols = value.shape
-            dtype = "f4" if value.dtype == np.float32 else "f8"  # float32: app/pages/figures.py's long inputs
+        if value.dtype == np.uint8 or (value.ndim == 2 and value.dtype.kind == "f"):
+            dtype = "u1" if value.dtype == np.uint8 else "f4" if value.dtype == np.float32 else "f8"
             data = np.ascontiguousarray(value, "<" + dtype).tobytes()
-            return {"dtype": dtype, "bdata": base64.b64encode(data).decode(), "shape": f"{rows},{cols}"}
+            return {"dtype": dtype, "bdata": base64.b64encode(data).decode(), "shape": ",".join(map(str, value.shape))}
         return value.tolist()
     if isinstance(value, np.generic):
         return value.item()

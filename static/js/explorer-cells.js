@@ -1,28 +1,43 @@
 // The selected cell, in words: a heatmap with hover text can be focused; arrow keys (Home/End,
 // PageUp/PageDown for the first and last row) move its selected cell, a click selects the cell
 // under the pointer, and the figure's live region says "query i a → key j b: weight 0.42" and
-// where that query looks most.
+// where that query looks most. A painted matrix sent as colour levels has its values read from the
+// server (explorer-values.js): the words say "…" until they come, then the exact value.
 import * as P from "./plotly-adapter.js";
-import {fillCell, cellParts} from "./explorer-figures.js";
+import {fillCell, cellParts, matrixShape} from "./explorer-figures.js";
+import {isRead, knownRow} from "./explorer-values.js";
+
+// Row i's values as the reader reads them: the figure's own, or a painted matrix's read from the
+// server (null while they come, undefined if they cannot be read).
+export function rowValues(el, figure, i) {
+  const z = figure.data[0].z;
+  if (z) return z[i];
+  return isRead(figure) ? knownRow(el, figure, i) : undefined;
+}
+
+// words: the readout's words in the page's language, where it is not English (app/pages/figures.py)
+function valueWords(figure, row, j) {
+  const words = figure.export.words || {};
+  if (row === null) return "…";
+  if (row === undefined) return words.unavailable || "(not available)";
+  return Number.isNaN(row[j]) ? (words.masked || "masked (no value)") : row[j].toFixed(2);
+}
 
 export function cellWords(el, figure, i, j) {
-  const trace = figure.data[0];
   const layout = figure.layout || {};
   const text = fillCell(cellParts(figure.export.cell_text), i, layout.yaxis.ticktext[i], j, layout.xaxis.ticktext[j]);
-  const value = trace.z[i][j];
   const name = figure.export.value || "value";
   const label = document.createElement("span");
   label.innerHTML = text;  // the labels are escaped by the server (app/pages/figures.py): decode entities only
-  // words: the readout's words in the page's language, where it is not English (app/pages/figures.py)
-  const words = figure.export.words || {};
-  return label.textContent + ": " + name + " " + (Number.isNaN(value) ? (words.masked || "masked (no value)") : value.toFixed(2));
+  return label.textContent + ": " + name + " " + valueWords(figure, rowValues(el, figure, i), j);
 }
 
 export function setupCells(el, figure) {
   const pattern = figure.export && figure.export.cell_text;
   const trace = (figure.data || [])[0];
-  if (!pattern || !trace || trace.type !== "heatmap" || !trace.z || !trace.z.length) return;
-  el._cells = {rows: trace.z.length, cols: trace.z[0].length};
+  const shape = matrixShape(figure);
+  if (!pattern || !trace || trace.type !== "heatmap" || !shape[0]) return;
+  el._cells = {rows: shape[0], cols: shape[1]};
   if (!el.hasAttribute("tabindex")) el.setAttribute("tabindex", "0");
   el.setAttribute("aria-roledescription", "heatmap");
   const sel = el._selected;
@@ -35,6 +50,8 @@ export function setupCells(el, figure) {
       if (!p || p.data.type !== "heatmap") return;
       selectCell(el, p.pointIndex[0], p.pointIndex[1]);
     });
+    // the values of a painted matrix have come: say them
+    el.addEventListener("explorer:values", function () { if (el._selected) showSelected(el); });
   }
 }
 
@@ -71,13 +88,14 @@ function showSelected(el) {
   // outside a zoomed window the cell is not drawn: no marker (the readout still names it)
   box.hidden = Math.max(x0, x1) < area.left || Math.min(x0, x1) > area.left + area.width ||
     Math.max(y0, y1) < area.top || Math.min(y0, y1) > area.top + area.height;
-  liveRegion(el).textContent = cellWords(el, el._explorerShown, sel.i, sel.j) + rowPeak(el._explorerShown, sel.i);
+  liveRegion(el).textContent = cellWords(el, el._explorerShown, sel.i, sel.j) + rowPeak(el, el._explorerShown, sel.i);
 }
 
 // Where the selected query looks most: its row's largest value and key (in a long text, the
-// cell a reader would otherwise hunt for).
-function rowPeak(figure, i) {
-  const row = figure.data[0].z[i];
+// cell a reader would otherwise hunt for); nothing until the row's values are known.
+function rowPeak(el, figure, i) {
+  const row = rowValues(el, figure, i);
+  if (!row) return "";
   let best = -1;
   for (let j = 0; j < row.length; j++) if (!Number.isNaN(row[j]) && (best < 0 || row[j] > row[best])) best = j;
   if (best < 0) return "";

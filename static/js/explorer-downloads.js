@@ -1,7 +1,10 @@
 // Downloads: buttons with `data-download="json"|"csv"` inside a `.figure` card download the data
 // behind that card's figure, with the raw (unescaped) labels the server put in its `export`;
-// PNG export is Plotly's own modebar button.
+// PNG export is Plotly's own modebar button. A painted matrix that came as colour levels is
+// downloaded with its exact values, read from the server when the button is pressed
+// (explorer-values.js): every bit the API gives, never the drawing's levels.
 import {readFigure} from "./explorer-figures.js";
+import {isRead, allRows} from "./explorer-values.js";
 
 // A heatmap's rows as plain arrays, NaN (no value: masked) as null: what downloads hold.
 function plainRows(z) {
@@ -17,13 +20,13 @@ function csvCell(value) {
 }
 
 // The data behind a figure, with the raw (unescaped) labels the server put in `export`.
-function exportTable(figure) {
+async function exportTable(el, figure) {
   const ex = figure.export || {};
   const trace = (figure.data || [])[0] || {};
   if (ex.kind === "matrix") {
     return {
       name: ex.name, x_title: ex.x_title, y_title: ex.y_title, value: ex.value,
-      x: ex.x, y: ex.y, values: plainRows(trace.z),
+      x: ex.x, y: ex.y, values: plainRows(isRead(figure) ? await allRows(el, figure) : trace.z),
     };
   }
   if (ex.kind === "bars") {
@@ -73,10 +76,12 @@ document.addEventListener("click", function (evt) {
   const el = card && card.querySelector("[data-figure]");
   if (!el) return;
   evt.preventDefault();
-  const table = exportTable(readFigure(el));
-  if (button.getAttribute("data-download") === "csv") {
-    save(table.name + ".csv", "text/csv", toCsv(table));
-  } else {
-    save(table.name + ".json", "application/json", JSON.stringify(table, null, 1));
-  }
+  const csv = button.getAttribute("data-download") === "csv";
+  button.setAttribute("aria-busy", "true");
+  exportTable(el, readFigure(el)).then(function (table) {
+    if (csv) save(table.name + ".csv", "text/csv", toCsv(table));
+    else save(table.name + ".json", "application/json", JSON.stringify(table, null, 1));
+  }, function (err) {
+    console.warn("download: the figure's values could not be read (" + err.message + ")");
+  }).finally(function () { button.removeAttribute("aria-busy"); });
 });

@@ -13,6 +13,7 @@ import {paintImage} from "./explorer-image.js";
 import {setupImage, syncZoomButton} from "./explorer-zoom.js";
 import {drawLabels} from "./explorer-labels.js";
 import {setupCells} from "./explorer-cells.js";
+import {headLevels} from "./explorer-values.js";
 
 // Draw `figure` (default: the element's own) into el; "explorer:drawn" fires once it is drawn.
 export function draw(el, figure) {
@@ -145,17 +146,40 @@ export function drawAll(root) {
   drawLater(later);
 }
 
-// A head picked: the selected head's weights heatmap shows its pattern at once from the head's
-// thumbnail (the same numbers, app/pages/explorer.py) while the server prepares the rest.
+// A head picked: the selected head's weights heatmap shows its pattern at once, while the server
+// prepares the rest (the other stages, the URL): from the head's thumbnail (the same numbers,
+// app/pages/explorer.py), or, where the thumbnail is pooled (a long text), from that head's colour
+// levels read from the server (explorer-values.js; the view it read them from is cached there).
+// Listening in the capture phase, so that read leaves before htmx sends the form.
+let picked = 0;
 document.addEventListener("change", function (evt) {
   const input = evt.target;
   if (!input.matches || !input.matches("input[type=radio][name=head]")) return;
   const thumb = document.querySelector("[data-plot-key='thumb-" + input.value + "']");
   const weights = document.querySelector("#stage-weights [data-figure]");
   if (!thumb || !weights || !P.isDrawn(weights)) return;
-  const figure = Object.assign({}, readFigure(weights));
-  const z = readFigure(thumb).data[0].z;
-  if (z.length !== figure.data[0].z.length) return;  // a pooled thumbnail (long inputs): wait for the server
-  figure.data = figure.data.map(function (trace, i) { return i === 0 ? Object.assign({}, trace, {z: z}) : trace; });
-  draw(weights, figure);
-});
+  const shown = readFigure(weights);
+  const head = readFigure(thumb);
+  const mine = ++picked;
+  // still the figure this pick started from, and no head picked since
+  const current = function () { return mine === picked && weights._explorerFigure === shown; };
+  if (!shown.export.levels) {
+    const z = head.data[0].z;
+    if (!z || z.length !== shown.data[0].z.length) return;  // a pooled thumbnail: wait for the server
+    draw(weights, Object.assign({}, shown, {data: shown.data.map(function (trace, i) {
+      return i === 0 ? Object.assign({}, trace, {z: z}) : trace;
+    })}));
+    return;
+  }
+  // its levels; its values are read once the server's answer names the new head ("read" dropped)
+  const withLevels = function (levels) {
+    return Object.assign({}, shown, {export: Object.assign({}, shown.export, {levels: levels, read: null})});
+  };
+  if (head.export.levels && !head.export.pooled) {
+    draw(weights, withLevels(head.export.levels));
+    return;
+  }
+  headLevels(weights, input.value).then(function (levels) {
+    if (current()) draw(weights, withLevels(levels));
+  }, function () { /* the server's answer draws it */ });
+}, true);

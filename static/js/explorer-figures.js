@@ -76,6 +76,14 @@ export function isImage(figure) {
   return !!(figure && figure.export && figure.export.draw === "image");
 }
 
+// [rows, columns] of a heatmap's matrix: its values' (z), or a painted matrix's (export.shape, when
+// it came as colour levels).
+export function matrixShape(figure) {
+  const z = figure.data && figure.data[0] && figure.data[0].z;
+  if (z && z.length) return [z.length, z[0].length];
+  return (figure.export && figure.export.shape) || [0, 0];
+}
+
 // THE place where a figure becomes Plotly traces. An image figure's cells are not a trace
 // (paintImage draws them, masked cells from export.mask): Plotly gets its colour bar, and of
 // its other traces (the mask's overlay) their legend entries only.

@@ -1,6 +1,7 @@
 // Long inputs: an attention matrix the server marks export.draw = "image" (64 tokens or more,
 // app/pages/figures.py) is painted as an image, one pixel per cell, into a canvas that lies under
 // Plotly's (see-through) SVG, exactly over its plot area; Plotly draws the axes and colour bar.
+// On the explorer such a matrix comes as its colour levels (a byte a cell); elsewhere as its values.
 import * as P from "./plotly-adapter.js";
 
 function rgb(hex) {  // "#rrggbb" -> [r, g, b]
@@ -42,17 +43,22 @@ function maskedCells(mask, rows, cols) {
 
 const THUMB_MASK = "#eeeeee";  // a thumbnail's masked cells: plain and light, so the pattern shows
 
-// The figure's matrix as a bitmap, one pixel per cell. Masked cells (and cells with no value)
-// are hatched in the mask's colours, export.mask's bgcolor with an fgcolor cell every 4th
-// diagonal (app/pages/figures.py MASK_FILL); in a thumbnail plain light grey. Without mask data
+// The figure's matrix as a bitmap, one pixel per cell: from its colour levels (export.levels, one
+// byte for each cell that is neither masked nor a gap, row-major: app/pages/figures.py `_levels`),
+// else from its values (z), level k = the nearest of the table's 256 steps. Masked cells (and cells
+// with no value) are hatched in the mask's colours, export.mask's bgcolor with an fgcolor cell every
+// 4th diagonal (app/pages/figures.py MASK_FILL); in a thumbnail plain light grey. Without mask data
 // a cell with no value is a gap, as Plotly draws it. Kept per matrix, so a redraw at another zoom
 // only copies it.
 const bitmaps = new WeakMap();
 function matrixBitmap(figure, thumb) {
   const heat = figure.data[0];
+  const ex = figure.export || {};
+  const levels = ex.levels;
   const z = heat.z;
-  if (bitmaps.has(z)) return bitmaps.get(z);
-  const rows = z.length, cols = z[0].length;
+  const source = levels || z;
+  if (bitmaps.has(source)) return bitmaps.get(source);
+  const rows = levels ? ex.shape[0] : z.length, cols = levels ? ex.shape[1] : z[0].length;
   const canvas = document.createElement("canvas");
   canvas.width = cols;
   canvas.height = rows;
@@ -64,25 +70,35 @@ function matrixBitmap(figure, thumb) {
   const table = colourTable(heat.colorscale);
   const lut = new Uint32Array(256);
   for (let k = 0; k < 256; k++) lut[k] = rgba(table[3 * k], table[3 * k + 1], table[3 * k + 2]);
-  const mask = figure.export && figure.export.mask;
+  const mask = ex.mask;
   const hatch = !mask ? [0, 0] : (thumb ? [THUMB_MASK, THUMB_MASK] : [mask.bgcolor, mask.fgcolor])
     .map(function (hex) { return rgba.apply(null, rgb(hex)); });  // [paper, hatch]; 0: see-through
-  const lo = heat.zmin, scale = 255 / ((heat.zmax - heat.zmin) || 1);
   const masked = maskedCells(mask, rows, cols);
-  for (let i = 0, o = 0; i < rows; i++) {
-    const row = z[i];
-    for (let j = 0; j < cols; j++, o++) {
-      const v = row[j];
-      if (v !== v || (masked !== null && masked[o])) {  // NaN: no value
-        px[o] = hatch[(i + j) % 4 === 0 ? 1 : 0];
-      } else {
-        const k = (v - lo) * scale;  // the nearest of 256 steps (round half up)
-        px[o] = lut[k <= 0 ? 0 : k >= 255 ? 255 : (k + 0.5) | 0];
+  if (levels) {
+    const gaps = maskedCells(ex.gaps && {runs: ex.gaps}, rows, cols);
+    for (let o = 0, k = 0, i = 0; i < rows; i++) {
+      for (let j = 0; j < cols; j++, o++) {
+        if ((masked !== null && masked[o]) || (gaps !== null && gaps[o])) px[o] = hatch[(i + j) % 4 === 0 ? 1 : 0];
+        else px[o] = lut[levels[k++]];
+      }
+    }
+  } else {
+    const lo = heat.zmin, scale = 255 / ((heat.zmax - heat.zmin) || 1);
+    for (let i = 0, o = 0; i < rows; i++) {
+      const row = z[i];
+      for (let j = 0; j < cols; j++, o++) {
+        const v = row[j];
+        if (v !== v || (masked !== null && masked[o])) {  // NaN: no value
+          px[o] = hatch[(i + j) % 4 === 0 ? 1 : 0];
+        } else {
+          const k = (v - lo) * scale;  // the nearest of 256 steps (round half up)
+          px[o] = lut[k <= 0 ? 0 : k >= 255 ? 255 : (k + 0.5) | 0];
+        }
       }
     }
   }
   ctx.putImageData(image, 0, 0);
-  bitmaps.set(z, canvas);
+  bitmaps.set(source, canvas);
   return canvas;
 }
 
@@ -100,7 +116,7 @@ export function paintImage(el, figure) {
     holder.prepend(canvas);  // under the SVG layers
   }
   const ratio = window.devicePixelRatio || 1;
-  const z = figure.data[0].z;
+  const z = figure.export.levels || figure.data[0].z;  // what is painted (levels, or values)
   const area = P.plotArea(el);
   const xr = P.axisRange(el, "x"), yr = P.axisRange(el, "y");
   const key = [area.left, area.top, area.width, area.height, ratio, xr.join(), yr.join()].join();

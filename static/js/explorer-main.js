@@ -8,6 +8,8 @@
 //   explorer-image.js      long inputs: a matrix painted as an image under Plotly's axes
 //   explorer-zoom.js       drag-zoom and its way back, the cell under the pointer, hover
 //   explorer-labels.js     token labels written beside the axes
+//   explorer-values.js     a painted matrix's exact values (and another head's levels), read from the
+//                          server when they are read
 //   explorer-cells.js      the selected cell (keyboard, click) read out in a live region
 //   explorer-draw.js       Plotly.react, decorations, plots kept across htmx swaps
 //   explorer-downloads.js  JSON and CSV downloads of a figure's data

@@ -34,15 +34,22 @@ function cellHover(evt) {
   const el = evt.currentTarget;
   const cell = evt.buttons ? null : cellAt(el, evt);  // no hover while dragging a zoom box
   const box = hoverBox(el);
+  el._hovered = cell && {i: cell.i, j: cell.j, x: evt.clientX, y: evt.clientY};
   if (!cell) {
     box.hidden = true;
     return;
   }
+  showHover(el);
+}
+
+// The hovered cell in words, beside the pointer on the side with room; again when its values come.
+function showHover(el) {
+  const cell = el._hovered, box = hoverBox(el);
+  if (!cell || !el._explorerShown) return;
   box.textContent = cellWords(el, el._explorerShown, cell.i, cell.j);
   const bounds = el.getBoundingClientRect();
-  const x = evt.clientX - bounds.left, y = evt.clientY - bounds.top;
+  const x = cell.x - bounds.left, y = cell.y - bounds.top;
   box.hidden = false;
-  // beside the pointer, on the side with room
   box.style.left = (x > bounds.width / 2 ? x - box.offsetWidth - 12 : x + 12) + "px";
   box.style.top = Math.max(0, y - box.offsetHeight - 8) + "px";
 }
@@ -51,7 +58,8 @@ export function setupImage(el) {
   if (el._imageHandlers) return;
   el._imageHandlers = true;
   el.addEventListener("mousemove", function (evt) { if (isImage(el._explorerShown)) cellHover(evt); });
-  el.addEventListener("mouseleave", function () { hoverBox(el).hidden = true; });
+  el.addEventListener("mouseleave", function () { el._hovered = null; hoverBox(el).hidden = true; });
+  el.addEventListener("explorer:values", function () { if (el._hovered && !hoverBox(el).hidden) showHover(el); });
   // a click (not the end of a zoom drag) selects the cell under the pointer
   el.addEventListener("mousedown", function (evt) { el._downAt = [evt.clientX, evt.clientY]; });
   el.addEventListener("click", function (evt) {

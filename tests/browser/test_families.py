@@ -72,7 +72,7 @@ PAINTED = """() => {
   const el = document.querySelector('#stage-weights .plot');
   const canvas = el.querySelector('canvas.matrix-image');
   const area = PlotlyAdapter.plotArea(el), ratio = canvas.width / area.width;
-  const n = el._explorerShown.data[0].z.length;
+  const n = el._explorerShown.export.shape[0];  // painted from its colour levels (app/pages/figures.py)
   const data = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
   const at = (letter, k) => Math.floor((PlotlyAdapter.dataToPixel(el, letter, k) - area[letter === 'x' ? 'left' : 'top']) * ratio);
   const rgb = [];

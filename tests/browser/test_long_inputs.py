@@ -1,23 +1,28 @@
 """Long texts in the explorer, in a real browser against a real server: 128 and 1,024 tokens.
 
-From IMAGE_MIN_TOKENS on, an attention matrix is painted by explorer.js into a canvas under Plotly's
-axes. These tests read what the page holds and what it painted, and check them against the JSON
-API's numbers and against the colour scale computed here: the figure drawn equals the API's pattern,
-a drag zooms into a window of queries × keys and "Reset zoom" goes back, the token labels never
-overlap (their boxes are measured), hover and the selected cell say the cell's tokens and value, and
-the text box's limit still answers in place past 1,024 tokens.
+From IMAGE_MIN_TOKENS on, an attention matrix travels as its colour levels and is painted by explorer.js
+into a canvas under Plotly's axes; its exact values are read from the server when they are read. These
+tests read what the page holds and what it painted, and check them against the JSON API's numbers and
+against the colour scale computed here: the levels held are the API's pattern's, a drag zooms into a
+window of queries × keys and "Reset zoom" goes back, the token labels never overlap (their boxes are
+measured), hover and the selected cell say the cell's tokens and the API's value to the digits they print,
+the downloads hold the API's numbers (every bit), a click on a head repaints its whole pattern, and the
+text box's limit still answers in place past 1,024 tokens.
 """
 
 from __future__ import annotations
 
 import base64
+import csv
+import json
 import math
+from decimal import ROUND_HALF_UP, Decimal
 from urllib.parse import urlencode
 
 import numpy as np
 import pytest
 
-from app.pages.figures import IMAGE_MIN_TOKENS, MASK_FILL, WEIGHTS_COLORSCALE, token_label
+from app.pages.figures import IMAGE_MIN_TOKENS, MASK_FILL, THUMB_MAX_CELLS, WEIGHTS_COLORSCALE, token_label, weights_levels
 from app.settings import get_settings
 
 pytestmark = pytest.mark.browser
@@ -34,15 +39,14 @@ def long_text(n: int) -> str:
 # JSON API returns (its max_hook_values); with 4 heads it would refuse them.
 CASES = {128: {"model": "toy"}, 1024: {"model": "toy", "n_heads": "2"}}
 
-# The weights figure as the page holds it: its matrix as base64 of its own bytes (float64 or float32)
-# and the drawn axes' windows.
+# The weights figure as the page holds it: its colour levels (base64 of the bytes), its shape and the
+# drawn axes' windows.
 HELD = """() => {
   const el = document.querySelector('#stage-weights .plot');
-  const f = el._explorerShown, z = f.data[0].z, full = el._fullLayout;
-  const bytes = new Uint8Array(z[0].buffer, z[0].byteOffset - 0, z.length * z[0].byteLength);
+  const f = el._explorerShown, full = el._fullLayout, levels = f.export.levels;
   let s = '';
-  for (let i = 0; i < bytes.length; i += 32768) s += String.fromCharCode.apply(null, bytes.subarray(i, i + 32768));
-  return {b64: btoa(s), bits: z[0].BYTES_PER_ELEMENT * 8, rows: z.length, draw: f.export.draw,
+  for (let i = 0; i < levels.length; i += 32768) s += String.fromCharCode.apply(null, levels.subarray(i, i + 32768));
+  return {b64: btoa(s), shape: f.export.shape, draw: f.export.draw, values: !!f.data[0].z,
           x: full.xaxis.range.slice(), y: full.yaxis.range.slice(),
           canvas: !!el.querySelector('canvas.matrix-image'), traces: el.data.map(t => t.type)};
 }"""
@@ -71,19 +75,29 @@ PIXELS = """(cells) => {
 }"""
 
 
-def api_pattern(page, live_server, params: dict, text: str) -> np.ndarray:
-    """Layer 0's pattern, head 0, from the JSON API (float64): [query_pos, key_pos]."""
-    body = {"model": params["model"], "text": text, "hooks": ["blocks.0.attn.hook_pattern"], "top_k": 0}
+def api_pattern(page, live_server, params: dict, text: str, head: int = 0,
+                hook: str = "blocks.0.attn.hook_pattern") -> np.ndarray:
+    """Layer 0's pattern (or another hook of its), one head, from the JSON API (float64, null as nan):
+    [query_pos, key_pos]."""
+    body = {"model": params["model"], "text": text, "hooks": [hook], "top_k": 0}
     if "n_heads" in params:
         body["n_heads"] = int(params["n_heads"])
     r = page.request.post(live_server + "/api/v1/run", data=body, timeout=120_000)
     assert r.status == 200, r.text()[:300]
-    return np.array(r.json()["hooks"]["blocks.0.attn.hook_pattern"][0], dtype=np.float64)
+    return np.array(r.json()["hooks"][hook][head], dtype=np.float64)
 
 
-def held_matrix(held: dict) -> np.ndarray:
-    dtype = "<f4" if held["bits"] == 32 else "<f8"
-    return np.frombuffer(base64.b64decode(held["b64"]), dtype=dtype).reshape(held["rows"], -1).astype(np.float64)
+def shown(value: float) -> str:
+    """A weight as the page prints it (JavaScript's toFixed(2): the nearest, a tie upwards; weights are >= 0)."""
+    return str(Decimal(value).quantize(Decimal("0.01"), ROUND_HALF_UP))
+
+
+def held_levels(held: dict) -> list[int]:
+    return list(base64.b64decode(held["b64"]))
+
+
+def causal(n: int) -> np.ndarray:
+    return np.triu(np.ones((n, n), dtype=bool), 1)  # the toy is causal
 
 
 def expected_colour(value: float | None, i: int, j: int) -> tuple[int, int, int]:
@@ -137,13 +151,12 @@ def test_the_painted_weights_are_the_apis_pattern_and_zoom_goes_there_and_back(p
     assert n >= IMAGE_MIN_TOKENS
     text, params = open_long(page, live_server, n)
     held = page.evaluate(HELD)
-    assert held["draw"] == "image" and held["canvas"]
+    assert held["draw"] == "image" and held["canvas"] and not held["values"]  # levels only: values are read
     assert "heatmap" not in held["traces"]  # no per-cell Plotly heatmap at this size
     api = api_pattern(page, live_server, params, text)
-    page_z = held_matrix(held)
-    assert page_z.shape == api.shape == (n, n)
-    # float64 kept exactly at 128 tokens; float32 (7 significant digits) at 1,024
-    np.testing.assert_allclose(page_z, api, rtol=0, atol=0 if held["bits"] == 64 else 1e-7)
+    assert held["shape"] == [n, n] and api.shape == (n, n)
+    # the levels the page paints are the API's pattern's, byte for byte (the cells the mask leaves)
+    assert held_levels(held) == weights_levels(api, causal(n)).tolist()
     assert held["x"] == [-0.5, n - 0.5] and held["y"] == [n - 0.5, -0.5]
     assert_labels_apart(page.evaluate(LABEL_BOXES, "stage-weights"), at_least=8)
     reset = page.locator("#stage-weights [data-zoom-reset]")
@@ -188,7 +201,7 @@ def test_the_painted_weights_are_the_apis_pattern_and_zoom_goes_there_and_back(p
     assert rows == list(range(int(np.ceil(lo_y)), int(np.floor(hi_y)) + 1))
     assert_labels_apart(boxes, at_least=5)
 
-    # hover says the cell's tokens and its weight, from the page's own numbers
+    # hover says the cell's tokens and its weight: the API's value, read from the server, to the digits shown
     i, j = cells[len(cells) // 2]
     g = page.evaluate(GEOMETRY)
     xa = page.evaluate("(j) => { const a = document.querySelector('#stage-weights .plot')._fullLayout.xaxis;"
@@ -199,14 +212,14 @@ def test_the_painted_weights_are_the_apis_pattern_and_zoom_goes_there_and_back(p
     hover = page.locator("#stage-weights .cell-hover")
     hover.wait_for(state="visible")
     words = f"query {i} {token_label(text[i])} → key {j} {token_label(text[j])}: weight "
-    value = f"{page_z[i, j]:.2f}"  # the weights stage: a masked cell weighs 0.00
+    value = shown(api[i, j])  # the weights stage: a masked cell weighs 0.00
     page.wait_for_function("(t) => document.querySelector('#stage-weights .cell-hover').textContent === t",
                            arg=words + value, timeout=3000)
     # a click selects it: the readout below the figure says the same
     page.mouse.click(g["left"] + xa, g["top"] + ya)
     # ... and where this query looks most: its row's largest weight (the first, on a tie)
-    peak = int(np.argmax(page_z[i]))
-    readout = words + value + f" · this row's largest weight: key {peak} {token_label(text[peak])} ({page_z[i, peak]:.2f})"
+    peak = int(np.argmax(api[i]))
+    readout = words + value + f" · this row's largest weight: key {peak} {token_label(text[peak])} ({shown(api[i, peak])})"
     page.wait_for_function("(t) => document.querySelector('#stage-weights .cell-readout').textContent === t",
                            arg=readout, timeout=3000)
 
@@ -256,11 +269,65 @@ def test_at_1024_tokens_the_thumbnails_show_the_pattern_and_the_scores_stages_co
       for (let k = 0; k < d.length; k += 4) seen.add(d[k] + ',' + d[k + 1] + ',' + d[k + 2]);
       return seen.size; })""")
     assert len(colours) == 2 and min(colours) > 10, colours
+    assert page.evaluate("() => [...document.querySelectorAll('.plot-thumb')].map(el => el._explorerShown.export.shape[0])"
+                         ) == [THUMB_MAX_CELLS] * 2
     assert page.locator("#stage-raw").count() == 0  # only the weights until asked
     page.locator("#all-stages").check()
     page.wait_for_function("() => { const el = document.querySelector('#stage-raw .plot');"
                            " return el && el.querySelector('canvas.matrix-image'); }", timeout=120_000)
     assert "stages=1" in page.url
+    assert page.watch.page_errors == []
+
+
+def test_the_downloads_hold_the_apis_numbers_every_bit(page, live_server):
+    """The levels paint; a download reads the values: the CSV and JSON of the weights and the masked scores
+    are the API's float64 numbers (a masked score empty in the CSV, null in the JSON)."""
+    text, params = open_long(page, live_server, 128)
+    for stage, hook in (("weights", "blocks.0.attn.hook_pattern"), ("masked", "blocks.0.attn.hook_attn_scores")):
+        api = api_pattern(page, live_server, params, text, hook=hook)
+        card = page.locator(f"#stage-{stage}")
+        with page.expect_download() as got:
+            card.locator("[data-download=csv]").click()
+        with open(got.value.path(), newline="", encoding="utf-8") as f:
+            rows = list(csv.reader(f))
+        assert len(rows) == 129 and rows[0][0] == "query token (row) \\ key token (column)"
+        values = np.array([[float(c) if c else np.nan for c in row[1:]] for row in rows[1:]])
+        np.testing.assert_array_equal(values, api)  # every bit; nan where masked, on both sides
+        with page.expect_download() as got:
+            card.locator("[data-download=json]").click()
+        table = json.loads(open(got.value.path(), encoding="utf-8").read())
+        np.testing.assert_array_equal(np.array(table["values"], dtype=np.float64), api)
+        assert table["x"] == list(text) and table["value"] == ("weight" if stage == "weights" else "score")
+    assert page.watch.page_errors == [] and page.watch.console_errors == []
+
+
+def test_at_1024_tokens_a_click_on_a_head_paints_its_whole_pattern_before_the_page_comes(page, live_server):
+    """Pooled thumbnails are not enough: a click on a head reads that head's levels at once and paints its
+    whole matrix, while the page's own answer (held back here) is still on its way."""
+    text, params = open_long(page, live_server, 1024)
+    held_back = []
+
+    def hold(route):
+        if route.request.headers.get("hx-request") == "true":
+            held_back.append(route)  # answered below, once the head is painted
+        else:
+            route.continue_()
+
+    page.route(lambda url: "/?" in url, hold)
+    page.locator("label[for=head-1]").click()
+    want = weights_levels(api_pattern(page, live_server, params, text, head=1), causal(1024)).tolist()
+    page.wait_for_function("(n) => { const f = document.querySelector('#stage-weights .plot')._explorerShown;"
+                           " return f.export.levels.length === n && f.export.read === null; }",
+                           arg=len(want), timeout=30_000)
+    assert held_levels(page.evaluate(HELD)) == want
+    assert "head 0" in page.locator("#attn-title").inner_text()  # the page's answer has not come
+    assert len(held_back) == 1
+    page.unroute(lambda url: "/?" in url)
+    held_back[0].continue_()
+    page.wait_for_function("() => document.querySelector('#attn-title').textContent.includes('head 1')", timeout=60_000)
+    page.wait_for_function("() => document.querySelector('#stage-weights .plot')._explorerShown.export.read",
+                           timeout=60_000)
+    assert held_levels(page.evaluate(HELD)) == want
     assert page.watch.page_errors == []
 
 
@@ -274,5 +341,5 @@ def test_past_the_limit_the_text_box_says_so_in_place_and_comes_back(page, live_
     assert "Up to 1,024 tokens." in page.locator("#text-help").inner_text()
     page.locator("#text").fill(long_text(100))
     page.wait_for_function("() => { const el = document.querySelector('#stage-weights .plot');"
-                           " return el && el._explorerShown && el._explorerShown.data[0].z.length === 100; }")
+                           " return el && el._explorerShown && el._explorerShown.export.shape[0] === 100; }")
     assert page.watch.page_errors == []

@@ -1,6 +1,7 @@
 """Reading a page's figures as the browser does: the JSON in a `data-figure` attribute, with every
 packed array (Plotly's typed-array spec that app/pages/web.py writes for heatmap matrices: base64 of
-float64 bytes, float32 for long inputs) turned back into nested lists, NaN as None, as JSON would have carried them."""
+float64 bytes, float32 for long inputs, bytes for a painted matrix's colour levels) turned back into
+nested lists, NaN as None, as JSON would have carried them."""
 
 from __future__ import annotations
 
@@ -17,10 +18,12 @@ def unpack(value):
     if isinstance(value, dict):
         if set(value) == {"dtype", "bdata", "shape"}:
             shape = tuple(int(n) for n in value["shape"].split(","))
-            # full precision; float32 only for long inputs' matrices (app/pages/figures.py FLOAT32_MIN_TOKENS,
-            # their pooled thumbnails too)
-            assert value["dtype"] in ("f8", "f4"), value["dtype"]
+            # full precision; float32 only for long inputs' matrices off the explorer (app/pages/figures.py
+            # FLOAT32_MIN_TOKENS); a painted matrix's colour levels as bytes ("u1", whole numbers 0-255)
+            assert value["dtype"] in ("f8", "f4", "u1"), value["dtype"]
             array = np.frombuffer(base64.b64decode(value["bdata"]), dtype="<" + value["dtype"]).reshape(shape)
+            if value["dtype"] == "u1":
+                return array.tolist()
             array = array.astype(np.float64)
             return np.where(np.isnan(array), None, array.astype(object)).tolist()
         return {k: unpack(v) for k, v in value.items()}
