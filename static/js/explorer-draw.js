@@ -102,14 +102,22 @@ export function keepPlots(target) {
   });
 }
 
-// `to` takes `from`'s attributes, and only those (tabindex and the like, added here, stay).
+// `to` takes `from`'s attributes, and only those (tabindex and the like, added here, stay), and
+// keeps the class Plotly gave it: taking it away and back would re-style the plot's whole SVG twice
+// (Plotly's style rules all start with .js-plotly-plot), most of an update's style work.
 const OWN_ATTRIBUTES = ["tabindex", "aria-roledescription"];
+const OWN_CLASSES = ["js-plotly-plot"];
 export function copyAttributes(from, to) {
   for (const attr of Array.from(to.attributes)) {
     if (!from.hasAttribute(attr.name) && OWN_ATTRIBUTES.indexOf(attr.name) < 0) to.removeAttribute(attr.name);
   }
   for (const attr of Array.from(from.attributes)) {
-    if (to.getAttribute(attr.name) !== attr.value) to.setAttribute(attr.name, attr.value);
+    let value = attr.value;
+    if (attr.name === "class") {
+      const own = OWN_CLASSES.filter(function (c) { return to.classList.contains(c) && !from.classList.contains(c); });
+      if (own.length) value = (value + " " + own.join(" ")).trim();
+    }
+    if (to.getAttribute(attr.name) !== value) to.setAttribute(attr.name, value);
   }
 }
 

@@ -105,17 +105,33 @@ document.addEventListener("htmx:beforeSwap", function (evt) {
   if (evt.detail.shouldSwap && evt.detail.target && !morph) keepPlots(evt.detail.target);
 });
 
+// old's children become next's: a child equal to the one at its place stays, another is replaced,
+// the rest appended or removed.
+function mergeByPosition(old, next) {
+  const want = Array.from(next.childNodes);
+  const have = Array.from(old.childNodes);
+  for (let k = 0; k < want.length; k++) {
+    if (k >= have.length) {
+      old.append(...want.slice(k));
+      break;
+    }
+    if (!have[k].isEqualNode(want[k])) have[k].replaceWith(want[k]);
+  }
+  for (let k = want.length; k < have.length; k++) have[k].remove();
+}
+
 // A morphing swap (idiomorph, hx-swap="morph") keeps every element that is still there: a drawn
 // plot takes its successor's attributes (its new figure data) and keeps its drawing, which
 // drawAll then updates; its own children (Plotly's SVG, the labels) are not touched.
 if (window.Idiomorph) {
   Idiomorph.defaults.callbacks.beforeNodeMorphed = function (old, next) {
-    // A long list (a long text's token chips, data-morph-whole) is taken whole when it changed:
-    // idiomorph matching a thousand unlabelled siblings one by one takes ~0.5 s.
+    // A long list (a long text's token chips, data-morph-whole) is merged position by position:
+    // idiomorph matching a thousand unlabelled siblings one by one takes ~0.5 s, and replacing them
+    // all would lay out a thousand chips again for a key typed at the end.
     if (old.nodeType === 1 && next.nodeType === 1 && old.hasAttribute("data-morph-whole")) {
       if (!old.isEqualNode(next)) {
         copyAttributes(next, old);
-        old.replaceChildren(...next.childNodes);
+        mergeByPosition(old, next);
       }
       return false;
     }
@@ -126,6 +142,12 @@ if (window.Idiomorph) {
     return false;
   };
 }
+
+// A head's card looks switched off as soon as its "ablate" box is ticked (the server's answer says so too).
+document.addEventListener("change", function (evt) {
+  const box = evt.target;
+  if (box.matches && box.matches(".head input[name=ablate]")) box.closest(".head").classList.toggle("ablated", box.checked);
+});
 
 // Text and number boxes send their own request on input; the "change" they fire on blur would
 // send the same values again through the form, so it stops here.
