@@ -6,11 +6,13 @@ taken after a warm-up, and each comparison is printed as a ratio to a peer measu
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -112,11 +114,115 @@ def machine() -> str:
 
 
 def header(name: str) -> None:
-    print(f"## {name}\n\n{machine()}\n", flush=True)
+    print(f"## {name}\n\n{machine()}\n\nload average at the start: {load_average()}\n", flush=True)
 
 
 def run_main(main: Callable[[list[str]], int]) -> None:
     sys.exit(main(sys.argv[1:]))
+
+
+# ---------------------------------------------------------------------------- OpenBLAS kernels
+
+# OpenBLAS picks a kernel for the CPU it finds: SkylakeX (AVX-512) on the Xeons and Zen 4 EPYCs, Haswell
+# (AVX2) on the Zen 2/3 EPYC of the CI machine. A speed-up measured on one can be a slow-down on the other,
+# so the core benchmarks measure both, each in a process of its own: OpenBLAS reads OPENBLAS_CORETYPE once,
+# when NumPy loads it. ("native": the variable unset, OpenBLAS's own choice.)
+KERNELS = ("native", "Haswell")
+
+
+def kernel_env(kernel: str) -> dict[str, str]:
+    """This process's environment with OpenBLAS forced to `kernel` ("native": not forced)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+    if kernel != "native":
+        env["OPENBLAS_CORETYPE"] = kernel
+    return env
+
+
+def under_kernels(module: str, argv: Sequence[str], kernels: Sequence[str]) -> dict[str, dict]:
+    """`python -m bench.<module> <argv> --child-json FILE` once per kernel, one after the other, its output
+    printed here as it comes; returns {kernel: the JSON the run wrote} (a run that failed is left out)."""
+    results = {}
+    for kernel in kernels:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "result.json"
+            print(f"---- OpenBLAS kernel: {kernel} ----\n", flush=True)
+            proc = subprocess.Popen([sys.executable, "-m", f"bench.{module}", *argv, "--child-json", str(out)],
+                                    cwd=ROOT, env=kernel_env(kernel), stdout=subprocess.PIPE, text=True)
+            for line in proc.stdout:
+                print(line, end="", flush=True)  # through this process's stdout: bench.run keeps a copy
+            if proc.wait() == 0 and out.is_file():
+                results[kernel] = json.loads(out.read_text())
+            else:
+                print(f"(the run under the {kernel} kernel failed: exit {proc.returncode})\n")
+    return results
+
+
+def without_option(argv: Sequence[str], option: str) -> list[str]:
+    """argv less `option` and the values that follow it (a run of one kernel is not given --kernels)."""
+    out, skipping = [], False
+    for a in argv:
+        if a == option:
+            skipping = True
+        elif not (skipping and not a.startswith("--")):
+            skipping = False
+            out.append(a)
+    return out
+
+
+class Gemm:
+    """The machine's float32 matrix-multiply rate through NumPy's BLAS: one n x n product, on the threads
+    the BLAS has when it is measured.
+
+    Measured between the passes it is compared with, not once up front, so that the load other programs
+    put on this shared machine weighs on the reference rate as it weighs on the passes.
+    """
+
+    def __init__(self, n: int = 2048):
+        import numpy as np
+
+        rng = np.random.default_rng(0)
+        self.n = n
+        self.a, self.b = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
+        self.out = np.empty((n, n), dtype=np.float32)
+        self.rates: list[float] = []
+        for _ in range(3):  # warm-up
+            self.measure()
+        self.rates.clear()
+
+    def measure(self) -> float:
+        import numpy as np
+
+        seconds = timed(lambda: np.matmul(self.a, self.b, out=self.out), repeat=1, warmup=0)[0]
+        self.rates.append(2 * self.n**3 / seconds)
+        return self.rates[-1]
+
+
+def visible_pairs(n: int) -> int:
+    """(query, key) pairs a causal mask lets through: n(n + 1)/2."""
+    return n * (n + 1) // 2
+
+
+def forward_flops(cfg, n: int) -> int:
+    """Floating-point operations (2 per multiply-add) of the matrix products of a forward pass over n tokens
+    of the decoder cfg describes: Q, K, V and O projections (grouped-query attention's fewer K and V heads),
+    the attention, the MLP (three products when gated), the unembedding. Attention counts QKᵀ and
+    pattern @ V over the visible pairs of a causal mask only, the work both sides do: core's blocked
+    attention skips the blocks no query can see, and so does PyTorch's SDPA kernel. Elementwise work
+    (norms, activations, softmax) is a few per cent of this at these sizes and not counted."""
+    d, dm, dh = cfg.d_model, cfg.d_mlp, cfg.d_head
+    heads, kv = cfg.n_heads, cfg.n_key_value_heads
+    projections = 2 * n * d * (heads + 2 * kv) * dh + 2 * n * heads * dh * d
+    pairs = visible_pairs(n) if cfg.causal else n * n
+    attention = 2 * 2 * pairs * heads * dh
+    mlp = 0 if cfg.attn_only else 2 * n * d * dm * (3 if cfg.gated_mlp else 2)
+    return cfg.n_layers * (projections + attention + mlp) + 2 * n * d * cfg.d_vocab
+
+
+def load_average() -> str:
+    try:
+        return " / ".join(f"{x:.1f}" for x in os.getloadavg()) + " (1, 5, 15 min)"
+    except OSError:
+        return "?"
 
 
 # ---------------------------------------------------------------------------- a real server

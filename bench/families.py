@@ -1,12 +1,14 @@
 """Other families: a SmolLM2-135M-shaped Llama in core against PyTorch, and what a second worker
 process costs when the weights are memory-mapped.
 
-1. Speed. Random weights with SmolLM2-135M's shape (30 layers, 9 query heads sharing 3 key/value
+1. Speed, under each OpenBLAS kernel in turn (bench.common.KERNELS), each in a process of its own.
+   Random weights with SmolLM2-135M's shape (30 layers, 9 query heads sharing 3 key/value
    heads, d_model 576, SwiGLU 1536, vocabulary 49152, tied), written once as a float32 Hugging Face
    checkpoint by transformers and read by core.checkpoints (memory-mapped), so both sides run the
-   same numbers (the logits are compared). One forward pass at 128 and 512 tokens, medians,
+   same numbers (the logits are compared). One forward pass at 128, 512 and 1,024 tokens, medians,
    alternating sides, same thread count: core vs transformers' LlamaForCausalLM (its default
-   attention, SDPA). Also the explorer's use: core keeping every activation.
+   attention, SDPA), and each side's share of the machine's float32 GEMM rate measured between them
+   (bench.common.Gemm, forward_flops). Also the explorer's use: core keeping every activation.
 2. The explorer's view, end to end: the same checkpoint in EXPLORER_MODELS_DIR of a real server
    (scripts/liveserver.py: uvicorn, the app's default settings, one BLAS thread), its page asked for
    as htmx asks on each edit, with a 128-token text; and the JSON /api/v1/run (top-k only). Median
@@ -18,7 +20,7 @@ process costs when the weights are memory-mapped.
    it loads and runs. For comparison, a worker that copies the weights into its own memory (what
    loading without mmap does).
 
-    bench/.env/bin/python -m bench.families [--tokens 128 512] [--repeat 5] [--skip-memory]
+    bench/.env/bin/python -m bench.families [--tokens 128 512 1024] [--repeat 5] [--kernels native Haswell] [--skip-memory]
     .venv/bin/python -m bench.families --explorer-only   # part 2 alone, without torch (the checkpoint exists)
 """
 
@@ -34,7 +36,8 @@ import time
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from bench.common import OUT, ROOT, blas_info, header, median, run_main, table, verdict, wall_and_cpu
+from bench.common import (KERNELS, OUT, ROOT, Gemm, blas_info, forward_flops, header, load_average, median, run_main,
+                          table, under_kernels, verdict, wall_and_cpu, without_option)
 from core import PRESETS, run_with_cache
 
 CFG = PRESETS["smollm2-135m"]
@@ -78,10 +81,12 @@ def load_core():
 
 # ---------------------------------------------------------------------------- speed
 
-def speed(args) -> tuple[list, list, dict]:
+def speed(args) -> dict:
+    """Core vs torch under the kernel this process's OpenBLAS runs: prints its tables, returns its figures."""
     import torch
     from transformers import LlamaForCausalLM
 
+    header("Other families: SmolLM2-135M-shaped Llama (random weights, float32), forward pass")
     threads = args.threads or blas_info()["blas_threads"]
     threadpool_limits(threads, user_api="blas")
     torch.set_num_threads(threads)
@@ -103,24 +108,46 @@ def speed(args) -> tuple[list, list, dict]:
     print(f"max |logits core - logits torch| at {n0} tokens: {diff:.2e}\n")
     if not diff < 1e-2:
         raise SystemExit("the two models disagree: the comparison would be meaningless")
+    gemm = Gemm()
     rows, cache_rows, results = [], [], {}
     for n in args.tokens:
         core_forward(n), torch_forward(n)  # warm-up
-        core_t, torch_t = [], []
+        core_t, torch_t, rates = [], [], []
         for _ in range(args.repeat):  # alternate, so drifting machine load hits both alike
+            rates.append(gemm.measure())
             core_t.append(wall_and_cpu(lambda n=n: core_forward(n)))
             torch_t.append(wall_and_cpu(lambda n=n: torch_forward(n)))
-        c, t = median([w for w, _ in core_t]), median([w for w, _ in torch_t])
+        c, t, rate = median([w for w, _ in core_t]), median([w for w, _ in torch_t]), median(rates)
         c_cpu, t_cpu = median([u for _, u in core_t]), median([u for _, u in torch_t])
-        rows.append([n, f"{c * 1e3:.0f}", f"{t * 1e3:.0f}", f"{c / t:.2f}", f"{c_cpu / t_cpu:.2f}"])
+        flops = forward_flops(CFG, n)
+        rows.append([n, f"{c * 1e3:.0f}", f"{t * 1e3:.0f}", f"{c / t:.2f}", f"{c_cpu / t_cpu:.2f}", f"{flops / 1e9:.1f}",
+                     f"{rate / 1e9:.1f}", f"{flops / c / rate:.0%}", f"{flops / t / rate:.0%}"])
         explorer = median([wall_and_cpu(lambda n=n: core_forward(n, names=None))[0]
                            for _ in range(max(2, args.repeat // 2))])
         cache_rows.append([n, f"{explorer * 1e3:.0f}"])
         results[n] = {"core_s": c, "torch_s": t, "ratio": c / t, "cpu_ratio": c_cpu / t_cpu,
-                      "all_activations_s": explorer}
+                      "all_activations_s": explorer, "gflop": flops / 1e9, "gemm_gflops": rate / 1e9,
+                      "core_gemm_fraction": flops / c / rate, "torch_gemm_fraction": flops / t / rate}
         print(f"  {n} tokens: core {c * 1e3:.0f} ms, torch {t * 1e3:.0f} ms, every activation {explorer * 1e3:.0f} ms",
               flush=True)
-    return rows, cache_rows, results
+    print()
+    print(table(f"Forward pass, logits only (median of {args.repeat}, after a warm-up; GFLOP counts the causal "
+                f"half of attention)", ["tokens", "core ms", "torch ms", "core / torch", "(CPU time)", "GFLOP",
+                                        "GEMM GFLOP/s", "core % of GEMM", "torch % of GEMM"], rows))
+    print(table("Core keeping every activation (the explorer's run)", ["tokens", "core ms"], cache_rows))
+    print(speed_budgets(results, blas_info()["kernel"]))
+    print(f"load average at the end: {load_average()}\n")
+    return {"kernel": blas_info()["kernel"], "threads": threads, "speed": results}
+
+
+def speed_budgets(results: dict, kernel: str) -> str:
+    worst = max(r["ratio"] for r in results.values())
+    lines = [f"[{kernel}] budget core/torch <= {RATIO_BUDGET}: worst {worst:.2f} -> {verdict(worst <= RATIO_BUDGET)}"]
+    if 128 in results:
+        t = results[128]["all_activations_s"]
+        lines.append(f"[{kernel}] budget 128-token run keeping every activation <= {EXPLORER_BUDGET_S} s: "
+                     f"{t:.2f} s -> {verdict(t <= EXPLORER_BUDGET_S)}")
+    return "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------------------- the explorer's view
@@ -292,12 +319,15 @@ def memory() -> tuple[list, dict]:
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tokens", type=int, nargs="+", default=[128, 512])
+    ap.add_argument("--tokens", type=int, nargs="+", default=[128, 512, 1024])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0, help="threads for both sides (0: NumPy's BLAS default)")
+    ap.add_argument("--kernels", nargs="+", default=list(KERNELS),
+                    help="OpenBLAS kernels for the speed part, each in a process of its own ('native': the CPU's own)")
     ap.add_argument("--skip-memory", action="store_true")
     ap.add_argument("--explorer-only", action="store_true",
                     help="only the explorer's view through a live server (needs the checkpoint, not torch)")
+    ap.add_argument("--child-json", help=argparse.SUPPRESS)  # one kernel's speed part, started by under_kernels
     args = ap.parse_args(argv)
     if args.explorer_only:
         header("Other families: the explorer's view of a SmolLM2-135M-shaped model")
@@ -311,21 +341,26 @@ def main(argv: list[str]) -> int:
     import transformers
 
     transformers.logging.disable_progress_bar()
-    header("Other families: SmolLM2-135M-shaped Llama (random weights, float32)")
+    if args.child_json:
+        with open(args.child_json, "w") as f:
+            json.dump(speed(args), f)
+        return 0
     write_checkpoint()
-    rows, cache_rows, results = speed(args)
-    print()
-    print(table(f"Forward pass, logits only (median of {args.repeat}, after a warm-up)",
-                ["tokens", "core ms", "torch ms", "core / torch", "(CPU time)"], rows))
-    print(table("Core keeping every activation (the explorer's run)", ["tokens", "core ms"], cache_rows))
-    worst = max(r["ratio"] for r in results.values())
-    print(f"budget core/torch <= {RATIO_BUDGET}: worst {worst:.2f} -> {verdict(worst <= RATIO_BUDGET)}")
-    if 128 in results:
-        t = results[128]["all_activations_s"]
-        print(f"budget 128-token run keeping every activation <= {EXPLORER_BUDGET_S} s: {t:.2f} s -> "
-              f"{verdict(t <= EXPLORER_BUDGET_S)}")
-    report = {"speed": results}
-    print()
+    speed_argv = without_option(without_option(without_option(argv, "--kernels"), "--skip-memory"), "--explorer-only")
+    runs = under_kernels("families", speed_argv, args.kernels)
+    rows = []
+    for kernel, run in runs.items():
+        for n, r in sorted(run["speed"].items(), key=lambda kv: int(kv[0])):
+            rows.append([f"{kernel} ({run['kernel']})", n, f"{r['core_s'] * 1e3:.0f}", f"{r['torch_s'] * 1e3:.0f}",
+                         f"{r['ratio']:.2f}", f"{r['core_gemm_fraction']:.0%}", f"{r['torch_gemm_fraction']:.0%}",
+                         f"{r['all_activations_s'] * 1e3:.0f}"])
+    print(table("Both kernels side by side (logits only)", ["kernel", "tokens", "core ms", "torch ms", "core / torch",
+                                                            "core % of GEMM", "torch % of GEMM",
+                                                            "core, every activation ms"], rows))
+    for run in runs.values():
+        print(speed_budgets({int(n): r for n, r in run["speed"].items()}, run["kernel"]))
+    report = {"by_kernel": runs}
+    header("Other families: the explorer's view and worker memory (SmolLM2-135M-shaped, float32)")
     report["explorer"] = report_explorer(args)
     if not args.skip_memory:
         mem_rows, mem = memory()
@@ -340,7 +375,7 @@ def main(argv: list[str]) -> int:
         report["memory"] = mem
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "families.json").write_text(json.dumps(report, indent=1))
-    return 0
+    return 0 if len(runs) == len(args.kernels) else 1
 
 
 if __name__ == "__main__":

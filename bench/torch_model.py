@@ -13,6 +13,7 @@ Needs torch, so it is imported only from the fixture and benchmark environments.
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import torch
@@ -109,14 +110,27 @@ def make_optimizer(p, *, lr: float, betas, eps: float, weight_decay: float, **kw
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=betas, eps=eps, **kwargs)
 
 
-def train_step(p, cfg, opt, tokens, targets, lr: float, max_norm: float) -> float:
-    """One step: loss, backward, clip by global norm, AdamW at this learning rate. Returns the loss."""
+def train_step(p, cfg, opt, tokens, targets, lr: float, max_norm: float, phases: dict | None = None) -> float:
+    """One step: loss, backward, clip by global norm, AdamW at this learning rate. Returns the loss.
+    phases: if given, each phase's seconds are added to it ("forward", "backward", "optimizer")."""
+    clock = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        if phases is not None:
+            now = time.perf_counter()
+            phases[name] = phases.get(name, 0.0) + now - clock
+            clock = now
+
     for group in opt.param_groups:
         group["lr"] = lr
     opt.zero_grad(set_to_none=True)
     value = loss(p, cfg, tokens, targets)
+    lap("forward")
     value.backward()
+    lap("backward")
     if 0 < max_norm < math.inf:
         torch.nn.utils.clip_grad_norm_(leaves(p), max_norm)
     opt.step()
-    return float(value)
+    lap("optimizer")
+    return float(value.detach())

@@ -101,8 +101,11 @@ def blas_threads() -> int:
 
 
 def _helpers(width: int) -> ThreadPoolExecutor:
+    """The team's other width - 1 threads, made once per process and width."""
     global _pool, _pool_owner
     if _pool_owner != (os.getpid(), width - 1):
+        if _pool is not None and _pool_owner[0] == os.getpid():
+            _pool.shutdown(wait=False)  # idle: its threads end
         _pool = ThreadPoolExecutor(width - 1, thread_name_prefix="core-team")
         _pool_owner = (os.getpid(), width - 1)
     return _pool
