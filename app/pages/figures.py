@@ -114,16 +114,19 @@ def _finite_or_none(matrix: np.ndarray) -> np.ndarray:
     return m
 
 
-def _block_reduce(a: np.ndarray, f: int, op) -> np.ndarray:
-    """op (a NumPy ufunc of two arrays) over every f × f block of the last two axes: [..., rows·f, cols·f]
-    -> [..., rows, cols], folding strided slices into one (a reduction over reshaped block axes is
-    several times slower)."""
-    cols = a[..., 0::f].copy()
-    for j in range(1, f):
-        op(cols, a[..., j::f], out=cols)
-    out = cols[..., 0::f, :].copy()
+def _block_reduce(a: np.ndarray, f: int, op, chunk: int = 64) -> np.ndarray:
+    """op (a NumPy ufunc of two arrays) over every f × f block: [rows·f, cols·f] -> [rows, cols], folding
+    strided slices into one (a reduction over reshaped block axes is several times slower), `chunk` rows
+    at a time: f passes over a slice that stays in the cache, not over the whole matrix from memory."""
+    cols = np.empty((a.shape[0], -(-a.shape[1] // f)), dtype=a.dtype)
+    for r in range(0, a.shape[0], chunk):
+        part, into = a[r:r + chunk], cols[r:r + chunk]
+        np.copyto(into, part[:, 0::f])
+        for j in range(1, f):
+            op(into, part[:, j::f], out=into)
+    out = cols[0::f].copy()
     for i in range(1, f):
-        op(out, cols[..., i::f, :], out=out)
+        op(out, cols[i::f], out=out)
     return out
 
 
@@ -143,7 +146,11 @@ def _max_pool(matrix: np.ndarray, mask: np.ndarray | None, size: int) -> tuple[n
             full = np.ones((rows * f, cols * f), dtype=bool)
             full[:n0, :n1] = mask
             mask = full
-    pooled = _block_reduce(matrix, f, np.fmax)  # fmax: NaN only where both are
+    # fmax: NaN only where both are. A matrix at a time: all of a layer's heads at once leave the cache
+    # at each pass over them, several times slower.
+    pooled = (_block_reduce(matrix, f, np.fmax) if matrix.ndim == 2 else
+              np.stack([_block_reduce(m, f, np.fmax) for m in matrix.reshape(-1, rows * f, cols * f)])
+              .reshape(matrix.shape[:-2] + (rows, cols)))
     return pooled, None if mask is None else _block_reduce(mask, f, np.logical_and)
 
 

@@ -158,8 +158,13 @@ export function drawAll(root) {
 // prepares the rest (the other stages, the URL): from the head's thumbnail (the same numbers,
 // app/pages/explorer.py), or, where the thumbnail is pooled (a long text), from that head's colour
 // levels read from the server (explorer-values.js; the view it read them from is cached there).
-// Listening in the capture phase, so that read leaves before htmx sends the form.
+// Listening in the capture phase, so that read leaves first; the form's request waits for the paint
+// (headBeingRead, explorer-main.js), so on a small server the two never share its cores.
 let picked = 0;
+let reading = null;
+export function headBeingRead() {
+  return reading;
+}
 document.addEventListener("change", function (evt) {
   const input = evt.target;
   if (!input.matches || !input.matches("input[type=radio][name=head]")) return;
@@ -187,7 +192,9 @@ document.addEventListener("change", function (evt) {
     draw(weights, withLevels(head.export.levels));
     return;
   }
-  headLevels(weights, input.value).then(function (levels) {
-    if (current()) draw(weights, withLevels(levels));
-  }, function () { /* the server's answer draws it */ });
+  const read = reading = headLevels(weights, input.value).then(function (levels) {
+    if (current()) return draw(weights, withLevels(levels));
+  }, function () { /* the server's answer draws it */ }).finally(function () {
+    if (reading === read) reading = null;
+  });
 }, true);

@@ -19,7 +19,7 @@
 // start(), and draws what htmx loads from then on (load()).
 import * as P from "./plotly-adapter.js";
 import {isClassroom} from "./explorer-figures.js";
-import {draw, drawAll, keepPlots, copyAttributes} from "./explorer-draw.js";
+import {draw, drawAll, keepPlots, copyAttributes, headBeingRead} from "./explorer-draw.js";
 import "./explorer-downloads.js";
 
 // ------------------------------------------------------------------ classroom size
@@ -91,6 +91,18 @@ document.addEventListener("htmx:sendError", showRequestError);
 
 let triggered = 0;
 document.addEventListener("htmx:confirm", function () { triggered += 1; });
+
+// A head picked in a long text: its whole pattern is being read and painted (explorer-draw.js); the
+// form's request goes once that is on screen (or after HEAD_WAIT_MS), not beside it.
+const HEAD_WAIT_MS = 400;
+document.addEventListener("htmx:confirm", function (evt) {
+  const reading = headBeingRead();
+  const cause = evt.detail && evt.detail.triggeringEvent;
+  if (!reading || !cause || !cause.target || !cause.target.matches || !cause.target.matches("input[name=head]")) return;
+  evt.preventDefault();
+  const go = function () { evt.detail.issueRequest(true); };
+  Promise.race([reading, new Promise(function (resolve) { setTimeout(resolve, HEAD_WAIT_MS); })]).then(go, go);
+});
 document.addEventListener("htmx:beforeRequest", function (evt) {
   if (evt.detail.xhr) evt.detail.xhr._explorerSeq = triggered;
 });
@@ -188,7 +200,6 @@ let started = false;
 export function start(roots) {
   if (started) return;
   started = true;
-  document.querySelectorAll("[data-debounce-ms]").forEach(function (box) { box._explorerSent = box.value; });
   document.addEventListener("htmx:beforeCleanupElement", function (evt) {
     const el = evt.target;
     if (!el.hasAttribute || !el.hasAttribute("data-figure")) return;
@@ -207,5 +218,21 @@ export function start(roots) {
 // What htmx loaded (htmx.onLoad: the page's body, then each swapped-in part) is drawn.
 export function load(root) {
   syncClassroom();
+  syncTyped(root);
   drawAll(root);
+}
+
+// A text box's text as the page was drawn with it has been sent; text typed before these modules
+// came (a long page loads for a while) is sent now, once htmx has taken the box in.
+function syncTyped(root) {
+  const boxes = root.matches && root.matches("[data-debounce-ms]") ? [root] : [];
+  if (root.querySelectorAll) boxes.push(...root.querySelectorAll("[data-debounce-ms]"));
+  boxes.forEach(function (box) {
+    if (box._explorerSent !== undefined) return;
+    box._explorerSent = box.defaultValue;
+    if (box.value !== box.defaultValue) {
+      box._explorerSent = box.value;
+      htmx.trigger(box, "explorer:edit");
+    }
+  });
 }
