@@ -237,13 +237,16 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, cfg: TransformerConfi
         mask = local_mask(n_pos, n_pos, window) if mask is None else mask | local_mask(n_pos, n_pos, window)
     pattern = np.empty((n_batch, n_heads, n_pos, n_pos), dtype=np.result_type(q, k))
     z = np.empty((n_batch, n_heads, n_pos, v.shape[-1]), dtype=np.result_type(pattern, v))
+    # The mask as -inf and 0 to add: the same scores as writing -inf where it is True (a finite score plus 0
+    # is itself), in one plain pass instead of a masked copy, the slowest step of this loop.
+    minus_inf = None if mask is None else np.where(mask, -np.inf, 0.0).astype(pattern.dtype)
     block = max(1, BATCH_BLOCK_SCORES // (n_heads * n_pos * n_pos))  # sequences per block
     for i in range(0, n_batch, block):
         b = slice(i, i + block)
         s = np.matmul(q[b], np.swapaxes(k[b], -1, -2), out=pattern[b])  # [block, n_heads, query_pos, key_pos]
         s /= divisor
-        if mask is not None:
-            np.copyto(s, -np.inf, where=mask)
+        if minus_inf is not None:
+            s += minus_inf
         softmax(s, out=s)
         np.matmul(s, v[b], out=z[b])
     return pattern, z

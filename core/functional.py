@@ -207,7 +207,9 @@ def gelu_new_backward(dy: np.ndarray, x: np.ndarray, y: np.ndarray | None = None
         np.tanh(one_plus_t, out=one_plus_t)
         one_plus_t += 1.0
     else:
-        one_plus_t = np.divide(y, x, out=np.full_like(x, 0.5), where=x != 0)  # 0.5 (1 + tanh u); 0.5 at x = 0
+        with np.errstate(divide="ignore", invalid="ignore"):  # 0/0 where x = 0, set just below
+            one_plus_t = np.divide(y, x)  # 0.5 (1 + tanh u)
+        one_plus_t[x == 0] = 0.5  # its limit at x = 0
         one_plus_t *= 2.0
     du = x * x
     du *= 3 * 0.044715 * _SQRT_2_OVER_PI
