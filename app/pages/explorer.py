@@ -18,6 +18,7 @@ them (`ReadCache`), or by running the view again when they are gone.
 
 from __future__ import annotations
 
+import gzip
 import math
 import threading
 from collections import OrderedDict
@@ -294,7 +295,7 @@ def explorer_values(request: Request, svc: ServiceDep) -> Response:
         if levels is None:
             return PlainTextResponse(f"levels={key!r}: no other head's levels in this view (a head of its layer "
                                      "other than the one shown, when the text is long)", status_code=422)
-        return Response(levels.tobytes(), media_type="application/octet-stream", headers={"Cache-Control": "no-store"})
+        return _binary(request, levels.tobytes())
     key = query["values"]
     matrix = kept.get(key) if not key.startswith("head-") else None
     if matrix is None:
@@ -307,5 +308,17 @@ def explorer_values(request: Request, svc: ServiceDep) -> Response:
                                  "e.g. rows=0-8", status_code=422)
     part = np.array(matrix[rows[0]:rows[1]], dtype="<f8")
     part[~np.isfinite(part)] = np.nan  # a masked score: no value
-    return Response(part.tobytes(), media_type="application/octet-stream",
-                    headers={"Cache-Control": "no-store", "X-Shape": f"{rows[1] - rows[0]},{matrix.shape[1]}"})
+    return _binary(request, part.tobytes(), {"X-Shape": f"{rows[1] - rows[0]},{matrix.shape[1]}"})
+
+
+GZIP_MIN_BYTES = 256 * 1024  # a hover's rows go as they are; a head's levels or a download's rows shrink
+
+
+def _binary(request: Request, body: bytes, headers: dict[str, str] | None = None) -> Response:
+    """Bytes for explorer-values.js, gzip-compressed (level 1, as app/http/compression.py compresses pages,
+    which leaves octet-streams alone) when big and the client takes it: a head's levels are mostly 0."""
+    headers = {"Cache-Control": "no-store"} | (headers or {})
+    if len(body) >= GZIP_MIN_BYTES and "gzip" in request.headers.get("accept-encoding", ""):
+        body = gzip.compress(body, 1)
+        headers |= {"Content-Encoding": "gzip", "Vary": "Accept-Encoding"}
+    return Response(body, media_type="application/octet-stream", headers=headers)

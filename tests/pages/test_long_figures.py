@@ -156,6 +156,11 @@ def test_a_1024_token_update_is_under_its_byte_budget_as_sent(client):
     assert weights["shape"] == [1024, 1024] and len(weights["levels"]) == 1024 * 1025 // 2 and weights["read"]
     for h in range(4):
         assert cards[f"thumb-{h}"]["export"]["shape"] == [figures.THUMB_MAX_CELLS] * 2
+    # a click on another head reads its levels: gzip too (they are mostly 0)
+    url = html.unescape(re.search(r'data-values="([^"]*)"', r.text).group(1))
+    head = client.get(url + "&levels=head-1", headers={"Accept-Encoding": "gzip"})
+    assert head.headers["content-encoding"] == "gzip" and len(head.content) == 1024 * 1025 // 2
+    assert head.num_bytes_downloaded < len(head.content) / 2
     assert 1024 >= STAGES_ON_REQUEST_TOKENS
     r = update(client, stages="1")
     assert all(f'data-plot-key="stage-{k}"' in r.text for k in ("raw", "scaled", "masked", "weights"))
