@@ -61,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     @signals.worker_ready.connect(weak=False)
     def ready(**_) -> None:
         register_worker(store, node, s.train_workers, __version__)
+        for id in store.waiting():  # a second message is harmless: a run trains once (jobs.py)
+            jobs.submit(store, id)
         threading.Thread(target=register_forever, name="register", daemon=True).start()
 
     @signals.worker_shutting_down.connect(weak=False)

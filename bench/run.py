@@ -2,7 +2,7 @@
 written to bench/out/latest.md, from which BENCHMARKS.md's tables are copied.
 
     bench/.env/bin/python -m bench.run [core_vs_torch training training_live api_load browser long_inputs memory families classroom
-                                        generate patching]
+                                        generate patching scale]
 """
 
 from __future__ import annotations
@@ -13,12 +13,13 @@ import sys
 import time
 
 from bench import (api_load, browser, classroom, core_vs_torch, families, generate, long_inputs, memory, patching,
-                   training, training_live)
+                   scale, training, training_live)
 from bench.common import OUT
 
 BENCHMARKS = {"core_vs_torch": core_vs_torch, "training": training, "training_live": training_live,
               "api_load": api_load, "browser": browser, "long_inputs": long_inputs, "memory": memory,
-              "families": families, "classroom": classroom, "generate": generate, "patching": patching}
+              "families": families, "classroom": classroom, "generate": generate, "patching": patching,
+              "scale": scale}
 
 
 class _Tee(io.TextIOBase):

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 
 import redis
@@ -37,21 +38,22 @@ from app import __version__
 from app.settings import get_settings
 from app.training.redis_store import HOST, RedisStore, Timing, lock_key
 from app.training.redis_writer import LeaseLost, RedisWriter, acquire, fenced
-from app.training.store import FINISHED, is_training_run_id
+from app.training.store import FINISHED, StoreUnavailable, is_training_run_id
 
 log = logging.getLogger("app.training.jobs")
 
 TASK = "explorer.train"
 QUEUE = "explorer-training"
+REDIS_AWAY = (redis.ConnectionError, redis.TimeoutError, StoreUnavailable)
 REDIS_BACK_WAIT_S = 300  # how long a trainer that lost Redis waits for it to come back, to say "interrupted"
 
 celery = Celery("explorer", set_as_current=False)
 
 
-def configure(redis_url: str, timing: Timing) -> Celery:
-    """The one Celery app, on this broker, with the timeouts the pickup time sets."""
+def configure(redis_url: str, timing: Timing, app: Celery = celery) -> Celery:
+    """A Celery app (the worker's own, by default) on this broker, with the timeouts the pickup time sets."""
     t = timing
-    celery.conf.update(
+    app.conf.update(
         broker_url=redis_url,
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,  # a worker outlives a Redis restart
@@ -70,14 +72,20 @@ def configure(redis_url: str, timing: Timing) -> Celery:
         worker_enable_remote_control=False, worker_send_task_events=False, task_send_sent_event=False,
         worker_hijack_root_logger=False,
     )
-    return celery
+    return app
+
+
+_senders: dict[str, Celery] = {}  # a sending app per broker (a process may reach more than one: the tests)
+_senders_lock = threading.Lock()
 
 
 def submit(store: RedisStore, id: str) -> None:
     """Send the run's task (from a replica, or a worker putting a run back)."""
-    if celery.conf.broker_url != store.url:
-        configure(store.url, store.timing)
-    celery.send_task(TASK, args=[id, __version__], queue=QUEUE)
+    with _senders_lock:
+        if store.url not in _senders:
+            _senders[store.url] = configure(store.url, store.timing, Celery("explorer-sender", set_as_current=False))
+        sender = _senders[store.url]
+    sender.send_task(TASK, args=[id, __version__], queue=QUEUE)
 
 
 def version_tuple(version: str) -> tuple[int, ...]:
@@ -144,13 +152,16 @@ def _train_leased(store: RedisStore, id: str, lease) -> str:
         status = train(writer, lease.should_stop, lambda: lease.cancelled)
     except (LeaseLost, Reject):
         raise
-    except (redis.ConnectionError, redis.TimeoutError):
+    except REDIS_AWAY:
         log.exception("run %s: Redis went away mid-run", id)
         return _after_redis_loss(store, id, lease)
     except Exception as exc:  # a bug, or a settings problem found late: the run says so
         log.exception("run %s failed", id)
-        writer.write_state(store.state(id) | {"status": "failed", "error": f"{type(exc).__name__}: {exc}",
-                                              "finished_at": time.time()})
+        try:
+            writer.write_state(store.state(id) | {"status": "failed", "error": f"{type(exc).__name__}: {exc}",
+                                                  "finished_at": time.time()})
+        except REDIS_AWAY:
+            return _after_redis_loss(store, id, lease)
         return "failed"
     if status == "interrupted" and lease.stopping:  # this worker is shutting down: another takes it up
         writer.write_state(store.state(id) | {"status": "queued"})
@@ -190,7 +201,7 @@ def _after_redis_loss(store: RedisStore, id: str, lease) -> str:
                      events=[("run", {"status": "interrupted"})], mode="finish", client=client)
         log.info("run %s: marked interrupted after Redis came back", id)
         return "interrupted"
-    except (redis.RedisError, LeaseLost):
+    except (redis.RedisError, StoreUnavailable, LeaseLost):
         log.exception("run %s: could not mark it interrupted", id)
         return "lost"
     finally:

@@ -365,6 +365,18 @@ class RedisStore(TrainingStore):
         return {"runs": counts, "queue": int(self.r.zcard(QUEUE)), "workers": sum(w["processes"] for w in alive),
                 "worker_nodes": len(alive)}
 
+    def waiting(self) -> list[str]:
+        """Runs queued, or cut short, that nobody trains: what a worker sends again when it starts, in case
+        their messages were lost (a replica that died before sending, a Redis that lost its last second)."""
+        ids = self.ids()
+        pipe = self.r.pipeline(transaction=False)
+        for id in ids:
+            pipe.hget(run_key(id), "status")
+            pipe.exists(lock_key(id))
+        answers = pipe.execute()
+        return [id for id, stored, locked in zip(ids, answers[::2], answers[1::2])
+                if stored in (b"queued", b"running") and not locked]
+
     def model_folder(self, id: str) -> Path | None:
         """The run's weights in this machine's cache (read from Redis once, named by their hash)."""
         try:

@@ -139,7 +139,9 @@ def test_a_page_following_a_run_through_caddy_survives_its_replica(stack, browse
         assert run["status"] == "done"
         # the page reconnected through Caddy to B, saying where it was, and was answered
         resumed = [when for when, last in asked if when > killed_at and last]
-        assert resumed, f"no reconnect with Last-Event-ID after the kill: {asked}"
+        assert resumed, ("no reconnect with Last-Event-ID after the kill: asked "
+                         f"{[(round(w - killed_at, 2), last) for w, last in asked]}, answered "
+                         f"{[(round(w - killed_at, 2), st) for w, st in answered]}")
         assert any(when > resumed[0] and status == 200 for when, status in answered)
         # and misses no record: the loss curves (training, held-out) have every record's step
         steps = page.evaluate("""() => { const el = document.querySelector('#train-loss .plot');
