@@ -71,16 +71,11 @@ def _stage_figures(st: AttentionStages, v: ExplorerView, where: str, only_weight
         else _("1 (scaling is off)")
     if cfg.attn_temperature != 1:
         divisor += _(", then ÷ the temperature {t:g}").format(t=cfg.attn_temperature)
-    mask_caption = (_("The causal mask sets every key after the query to −∞ (hatched): a token cannot see the "
-                      "future.") if cfg.causal else
-                    _("No mask: every token may look at every token. Turn on the causal mask to hide the future."))
     specs = [
         ("raw", _("1 · Raw scores  Q Kᵀ"), st.raw, "scores", None,
          _("How well each query matches each key: a dot product. Orange is positive, purple negative.")),
-        ("scaled", _("2 · Scaled"), st.scaled, "scores", None,
-         _("Every score divided by {divisor}, so the softmax does not saturate as d_head grows. Same colour range "
-           "as stage 1.").format(divisor=divisor)),
-        ("masked", _("3 · Masked"), st.masked, "scores", st.mask, mask_caption),
+        ("scaled", _("2 · Scaled"), st.scaled, "scores", None, _scaling_caption(cfg, divisor)),
+        ("masked", _("3 · Masked"), st.masked, "scores", st.mask, _mask_caption(v)),
         ("weights", _("4 · Softmax weights"), st.weights, "weights", st.mask,
          _("Each row exponentiated and normalised: weights are ≥ 0 and each row sums to 1.")),
     ]
@@ -91,6 +86,83 @@ def _stage_figures(st: AttentionStages, v: ExplorerView, where: str, only_weight
                                                  zmax=top if kind == "scores" else None,
                                                  export_name=f"{where}-{key}", read=f"stage-{key}")}
             for key, title, matrix, kind, mask, caption in specs]
+
+
+# ------------------------------------------------------------------ words that fit the model shown
+
+def _scaling_caption(cfg, divisor: str) -> str:
+    """Stage 2: what the scores are divided by, and why; when they are not (scaling switched off, or a model
+    that never scales, GPT-Neo), what that means."""
+    if cfg.use_attn_scale:
+        return _("Every score divided by {divisor}, so the softmax does not saturate as d_head grows. Same colour "
+                 "range as stage 1.").format(divisor=divisor)
+    if cfg.attn_temperature != 1:
+        return _("Scores are not divided by √d_head here, only by the temperature {t:g}. Same colour range as "
+                 "stage 1.").format(t=cfg.attn_temperature)
+    return _("Scores are not divided by √d_head here: this stage equals stage 1, and the softmax saturates sooner as "
+             "d_head grows.")
+
+
+def _mask_caption(v: ExplorerView) -> str:
+    """Stage 3: which keys the mask hides for the layer shown (the future; a local layer's window too), or
+    why nothing is hidden (the mask switched off, or an encoder, which has none to switch on)."""
+    cfg = v.config
+    window = cfg.window(v.layer)
+    if cfg.causal and window is not None:
+        return _("The mask sets to −∞ (hatched) every key after the query and, in this local layer, every key more "
+                 "than {back} tokens back: a token sees itself and the {back} before it.").format(back=window - 1)
+    if cfg.causal:
+        return _("The causal mask sets every key after the query to −∞ (hatched): a token cannot see the future.")
+    if "causal" not in v.prepared.model.toggles:
+        return _("No mask: this model reads the whole text at once, every token looking at every token, the later "
+                 "ones included.")
+    return _("No mask: every token may look at every token. Turn on the causal mask to hide the future.")
+
+
+def _next_caption(v: ExplorerView) -> str:
+    """Under the next-token bars: what the weights behind them are (random, trained here, a checkpoint's)."""
+    model = v.prepared.model
+    if model.draws_weights:
+        kind = _("Random weights: these preferences are noise, not knowledge (a uniform guess would give each of the "
+                 "{n} tokens {p:.3f}); every language model starts from weights like these.").format(
+                     n=v.config.d_vocab, p=1 / v.config.d_vocab)
+    elif model.kind == "trained":
+        kind = _("Weights trained by core.train: the bars are what this model learned to expect after such a text.")
+    else:
+        kind = _("Pretrained weights, loaded from a checkpoint: the bars are what this model expects after the text.")
+    if v.ablation_effect is not None and v.ablation_effect.changes:
+        return _("Hatched grey: the prediction without the ablation; blue: with it.") + " " + kind
+    return kind
+
+
+def _residual_captions(cfg) -> tuple[str, str]:
+    """The residual stream's two figures: what each column of the stream is, and what each sub-layer writes,
+    as this model's blocks compute them (pre-norm, parallel, post-norm, attention only)."""
+    if cfg.attn_only:
+        stream = _("Every column is the stream at one point: the token embedding, then for each layer its input "
+                   "(pre = resid_pre) and after attention adds to it (post = resid_post); this model's blocks have no "
+                   "MLP.")
+        writes = _("Each attention sub-layer adds to the stream (these blocks have no MLP); this is the size of what "
+                   "it adds to each token.")
+    elif cfg.block_type == "post_norm":
+        stream = _("Every column is the stream at one point: the token embedding, then for each layer its input "
+                   "(pre = resid_pre), attention's output added and normalised (mid = resid_mid), and the MLP's "
+                   "output added and normalised (post = resid_post).")
+        writes = _("Each attention and MLP sub-layer adds to the stream, and a layer norm then rescales the sum; this "
+                   "is the size of what each adds to each token, before the norm.")
+    elif cfg.parallel_attn_mlp:
+        stream = _("Every column is the stream at one point: the token embedding, then for each layer its input "
+                   "(pre = resid_pre), attention's output added to it (mid = resid_mid, a partial sum: the MLP reads "
+                   "the input too) and the MLP's output added as well (post = resid_post).")
+        writes = _("Attention and the MLP both read a layer's input and add to the stream side by side; this is the "
+                   "size of what each adds to each token.")
+    else:
+        stream = _("Every column is the stream at one point: the token embedding, then for each layer its input "
+                   "(pre = resid_pre), after attention adds to it (mid = resid_mid) and after the MLP adds to it "
+                   "(post = resid_post).")
+        writes = _("Each attention and MLP sub-layer only adds to the stream; this is the size of what it adds to "
+                   "each token.")
+    return stream, writes
 
 
 def _compare_figures(v: ExplorerView, where: str) -> list[dict]:
@@ -134,6 +206,7 @@ def view_context(v: ExplorerView, ablated: set[tuple[int, int]], all_stages: boo
     norms = v.residual
     on_request = len(v.tokens) >= STAGES_ON_REQUEST_TOKENS
     stages = _stage_figures(v.stages, v, where, only_weights=on_request and not all_stages)
+    residual_caption, writes_caption = _residual_captions(v.config)
     return {
         "ablated": ablated, "ablation": v.ablation_effect, "rollout_figure": rollout,
         "model_name": v.model, "tokens": v.tokens, "token_labels": [figures.visible(t) for t in v.tokens],
@@ -146,7 +219,11 @@ def view_context(v: ExplorerView, ablated: set[tuple[int, int]], all_stages: boo
                                                  value_name="‖x‖", export_name="residual-stream-norms"),
         "writes_figure": figures.stage_heatmap(norms.writes, v.tokens, norms.writes_names,
                                                value_name=_("‖added‖"), export_name="sublayer-output-norms"),
-        "next_figure": next_figure,
+        "next_figure": next_figure, "next_caption": _next_caption(v),
+        "residual_caption": residual_caption, "writes_caption": writes_caption,
+        "heads_hint": (_("— softmax weights; pick one to see its weights (tick “All four stages” for its scores too), "
+                         "or ablate it to see what depends on it") if on_request and not all_stages else
+                       _("— softmax weights; pick one to see its four stages, or ablate it to see what depends on it")),
         "shapes": [{"name": r.name, "axes": r.axes, "shape": web.shape(r.dims), "layer_start": r.layer_start}
                    for r in v.shapes],
     }
