@@ -3,7 +3,10 @@ explorer page: time per update, bytes sent, and where the server says no (413/42
 
     bench/.env/bin/python -m bench.long_inputs [--repeat 5]
 
-Sizes are the body as sent (gzip when the server compresses: `wire`) and as decoded (`JSON`).
+Sizes are the body as sent (gzip when the server compresses: `wire`) and as decoded (`JSON`). The
+explorer's reads come after its update (the same URL with `values=` or `levels=`, as the page asks
+for them): a hover's block of rows of the weights' exact values, a download's every row, another
+head's colour levels (a click on its thumbnail), each answered from the matrices the update kept.
 """
 
 from __future__ import annotations
@@ -59,6 +62,13 @@ def main(argv: list[str]) -> int:
          {"model": "toy", "text": text(lim["explorer_max_tokens"])}, {"HX-Request": "true"}),
         (f"explorer page update (htmx), {lim['explorer_max_tokens']} tokens, all four stages", "GET", "/",
          {"model": "toy", "text": text(lim["explorer_max_tokens"]), "stages": "1"}, {"HX-Request": "true"}),
+        (f"explorer: the weights' exact values, 8 rows (a hover), {lim['explorer_max_tokens']} tokens", "GET", "/",
+         {"model": "toy", "text": text(lim["explorer_max_tokens"]), "values": "stage-weights", "rows": "512-520"}, {}),
+        (f"explorer: every value of the weights (a download), {lim['explorer_max_tokens']} tokens", "GET", "/",
+         {"model": "toy", "text": text(lim["explorer_max_tokens"]), "values": "stage-weights",
+          "rows": f"0-{lim['explorer_max_tokens']}"}, {}),
+        (f"explorer: head 1's colour levels (a click on it), {lim['explorer_max_tokens']} tokens", "GET", "/",
+         {"model": "toy", "text": text(lim["explorer_max_tokens"]), "levels": "head-1"}, {}),
         (f"explorer whole page, {lim['explorer_max_tokens']} tokens", "GET", "/",
          {"model": "toy", "text": text(lim["explorer_max_tokens"])}, {}),
         (f"explorer page update (htmx), {lim['explorer_max_tokens'] + 1} tokens", "GET", "/",

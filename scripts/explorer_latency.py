@@ -11,6 +11,9 @@ characters) it measures, as a learner meets them:
   box's typing debounce as the page applies it (`data-debounce-ms`: a key after a pause is sent at
   once, keys in quick succession wait for a pause), the request, the server's run and figures, the
   swap and Plotly's drawing;
+- of which the server: the same edit's update request, from sent to its first byte (the browser's
+  Resource Timing, over loopback): the server's time beside the page's, in the same run; and its
+  bytes as sent (gzip when the server compressed them);
 - edit -> every figure: the same edit until every figure of the page has been redrawn;
 - a burst: five keys 40 ms apart, timed from the last key (the debounce's wait is then included);
 - switching head (a click on a head's thumbnail) and layer (a click on a layer chip) -> the weights
@@ -20,8 +23,10 @@ characters) it measures, as a learner meets them:
   figure drawn.
 
 A heatmap is "drawn with N rows" when the figure it shows holds N rows: from 64 tokens explorer.js
-paints the matrix itself (app/pages/figures.py IMAGE_MIN_TOKENS), so the figure is read from the element's
-`_explorerShown`, not from Plotly's traces.
+paints the matrix itself (app/pages/figures.py IMAGE_MIN_TOKENS) from its colour levels, so the figure
+is read from the element's `_explorerShown` (its matrix's shape, and a hash of what it paints), not
+from Plotly's traces. A switch is done when the weights heatmap paints the new head's whole matrix
+(a pooled thumbnail would not count).
 
 Each figure is a median over repetitions separated by a pause (so the page is idle again). Measured,
 not asserted: `make bench BENCH=browser` prints the same table beside its budgets.
@@ -43,8 +48,17 @@ from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 SETTLE_MS = 600  # after each action, the page finishes drawing and idles before the next one
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
-# The figure a heatmap element shows: its matrix, as drawn by Plotly or painted by explorer.js.
-SHOWN_Z = "(el => el._explorerShown && el._explorerShown.data[0].z)"
+# The figure a heatmap element shows: its matrix's rows, and a hash of what it draws (its values, as
+# Plotly draws them, or its colour levels, as explorer.js paints them).
+SHOWN_ROWS = """(el => { const f = el._explorerShown; if (!f) return 0;
+  return f.data[0].z ? f.data[0].z.length : f.export.shape[0]; })"""
+SHOWN_HASH = """(el => { const f = el._explorerShown; if (!f) return null;
+  const z = f.data[0].z;
+  if (z) return JSON.stringify(Array.from(z[z.length - 1]));
+  const a = f.export.levels;
+  let h = 0;
+  for (let k = 0; k < a.length; k++) h = (Math.imul(h, 31) + a[k]) | 0;
+  return h; })"""
 
 # Installed before each page's scripts: when the weights heatmap and then every figure are first drawn.
 LOAD_WATCH = """
@@ -71,6 +85,7 @@ window.__explorerWatch = async function (act, first, settle) {
   const onDrawn = (evt) => { if (firstAt === null && evt.target === weights() && first(evt.target)) firstAt = -1; };
   document.addEventListener('htmx:beforeRequest', onSend);
   document.addEventListener('explorer:drawn', onDrawn);
+  performance.clearResourceTimings();
   const t0 = performance.now();
   await act();
   let t1 = null, tAll = null;
@@ -81,8 +96,14 @@ window.__explorerWatch = async function (act, first, settle) {
   }
   document.removeEventListener('htmx:beforeRequest', onSend);
   document.removeEventListener('explorer:drawn', onDrawn);
+  // the page's update (htmx's request): the server's time (request sent -> first byte, over loopback)
+  // and its bytes as sent (gzip when the server compressed it)
+  const update = performance.getEntriesByType('resource')
+    .filter(r => r.initiatorType === 'xmlhttprequest' && r.startTime >= t0)[0];
   await new Promise(r => setTimeout(r, settle));
-  return {first: t1 - t0, all: tAll === null ? null : tAll - t0, sent: sent === null ? null : sent - t0};
+  return {first: t1 - t0, all: tAll === null ? null : tAll - t0, sent: sent === null ? null : sent - t0,
+          server: update ? update.responseStart - update.requestStart : null,
+          bytes: update ? update.encodedBodySize : null};
 };
 }"""
 
@@ -92,7 +113,7 @@ EDIT = """async ([text, settle]) => {
   return await window.__explorerWatch(async () => {
     box.value = text;
     box.dispatchEvent(new Event('input', {bubbles: true}));
-  }, el => (""" + SHOWN_Z + """(el) || []).length === rows, settle);
+  }, el => """ + SHOWN_ROWS + """(el) === rows, settle);
 }"""
 
 BURST = """async ([text, keys, gap, settle]) => {
@@ -108,19 +129,19 @@ BURST = """async ([text, keys, gap, settle]) => {
   return await window.__explorerWatch(async () => {
     box.value += keys[keys.length - 1];
     box.dispatchEvent(new Event('input', {bubbles: true}));
-  }, el => (""" + SHOWN_Z + """(el) || []).length === rows, settle);
+  }, el => """ + SHOWN_ROWS + """(el) === rows, settle);
 }"""
 
-# A click on a head thumbnail or a layer chip; done when the weights heatmap shows that head's
-# pattern (its first row differs from the one drawn before) and, for a layer, the title says so.
+# A click on a head thumbnail or a layer chip; done when the weights heatmap shows that head's whole
+# pattern (as many rows as before, and another matrix) and, for a layer, the title says so.
 SWITCH = """async ([forId, settle]) => {
-  const shown = """ + SHOWN_Z + """;
-  const lastRow = el => { const z = shown(el); return JSON.stringify(Array.from(z[z.length - 1])); };
-  const before = lastRow(document.querySelector('#stage-weights [data-figure]'));
+  const rows = """ + SHOWN_ROWS + """, hash = """ + SHOWN_HASH + """;
+  const weights = document.querySelector('#stage-weights [data-figure]');
+  const before = hash(weights), n = rows(weights);
   const layer = forId.startsWith('layer-') ? forId.slice(6) : null;
   return await window.__explorerWatch(async () => {
     document.querySelector('label[for=' + forId + ']').click();
-  }, p => lastRow(p) !== before
+  }, p => rows(p) === n && hash(p) !== before
        && (layer === null || document.querySelector('#attn-title').textContent.includes('layer ' + layer)), settle);
 }"""
 
@@ -163,7 +184,8 @@ def measure(page, url: str, tokens: int, edits: int, switches: int) -> dict[str,
     page.evaluate(WATCH)
     page.evaluate(EDIT, [text_of(tokens), SETTLE_MS])  # warm-up
     page.evaluate(EDIT, [text_of(tokens - 1), SETTLE_MS])
-    out: dict[str, list[float]] = {"edit_first": [], "edit_all": [], "burst_first": [], "head": [], "layer": [],
+    out: dict[str, list[float]] = {"edit_first": [], "edit_all": [], "edit_server": [], "edit_bytes": [],
+                                   "burst_first": [], "head": [], "layer": [],
                                    "load_first": load_first, "load_all": load_all}
     for i in range(edits):
         # alternate n and n - 1 characters, a different last letter each time
@@ -171,6 +193,8 @@ def measure(page, url: str, tokens: int, edits: int, switches: int) -> dict[str,
         r = page.evaluate(EDIT, [text, SETTLE_MS])
         out["edit_first"].append(r["first"])
         out["edit_all"].append(r["all"])
+        out["edit_server"].append(r["server"])
+        out["edit_bytes"].append(r["bytes"])
         page.evaluate(EDIT, [text_of(tokens - 1), SETTLE_MS])
     for i in range(max(1, edits // 4)):
         r = page.evaluate(BURST, [text_of(tokens - 5), list(LETTERS[i % 20: i % 20 + 5]), 40, SETTLE_MS])
@@ -198,7 +222,9 @@ def run(tokens: list[int], edits: int, switches: int) -> dict[int, dict[str, lis
     return results
 
 
-ROWS = [("edit_first", "edit -> first heatmap redrawn"), ("edit_all", "edit -> every figure redrawn"),
+ROWS = [("edit_first", "edit -> first heatmap redrawn"),
+        ("edit_server", "  of which the server (update sent -> its first byte)"),
+        ("edit_all", "edit -> every figure redrawn"),
         ("burst_first", "last key of a burst (5 keys, 40 ms apart) -> first heatmap"),
         ("head", "switch head -> its heatmap redrawn"), ("layer", "switch layer -> its heatmap redrawn"),
         ("load_first", "first load -> weights heatmap drawn"), ("load_all", "first load -> every figure drawn")]
@@ -212,6 +238,9 @@ def summary(results: dict[int, dict[str, list[float]]]) -> list[list[str]]:
             xs = [x for x in r[key] if x is not None]
             cells.append(f"{statistics.median(xs):.0f} ({min(xs):.0f}-{max(xs):.0f})" if xs else "-")
         rows.append(cells)
+    sizes = [[x for x in r["edit_bytes"] if x is not None] for r in results.values()]
+    rows.append(["bytes of one update as sent (KB)"] + [f"{statistics.median(xs) / 1024:.0f}" if xs else "-"
+                                                        for xs in sizes])
     return rows
 
 
