@@ -77,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     def lower_priority(**_) -> None:
         os.nice(NICENESS)
 
+    # Only the project's own task: Celery's built-in ones (canvas helpers, result cleanup) are never sent
+    # here, so a message naming one is refused as unregistered, like any other name.
+    for name in [name for name in app.tasks if name != jobs.TASK]:
+        app.tasks.unregister(name)
     args = ["worker", f"--hostname={node}", f"--concurrency={s.train_workers}", "--pool=prefork",
             f"--loglevel={s.log_level.upper()}", f"--queues={jobs.QUEUE}", "--prefetch-multiplier=1",
             "--without-gossip", "--without-mingle", "--without-heartbeat", *(argv or [])]

@@ -9,7 +9,8 @@ redis-server and caddy, Celery workers, app replicas; tests/scale/services.py st
 3. The explorer for a class of 60 (Locust, bench/locustfile.py as bench/classroom.py plays it) through
    Caddy over two replicas, beside the same class on one process (`python -m app`, as `make serve`).
 
-    bench/.env/bin/python -m bench.scale [--runs 6] [--steps 200] [--clients 60] [--students 60] [--minutes 1]
+    bench/.env/bin/python -m bench.scale [--runs 4] [--steps 150] [--repeat 3] [--clients 60] [--students 60]
+                                         [--minutes 1] [--skip runs events class]
 
 BENCHMARKS.md and README ("A whole school: several machines") quote its tables.
 """
@@ -94,18 +95,23 @@ async def follow(url: str, id: str, seen: list[tuple[int, float]], ready: asynci
 
 
 async def delays(base: str, direct: str, redis_url: str, clients: int, seed: int) -> list[float]:
-    """Seconds from each record's stream entry (written by the worker) to each client's reading of it."""
+    """Seconds from each record's stream entry (written by the worker) to each client's reading of it. The
+    run waits in the queue behind another (the worker's one process is busy) until every client listens."""
     import redis
 
     async with httpx.AsyncClient(timeout=60) as c:
+        blocker = (await c.post(f"{direct}/api/v1/train", json={"recipe": "nasi-lemak", "steps": 100_000,
+                                                                   "seed": seed})).json()["id"]
+        while (await c.get(f"{direct}/api/v1/runs/{blocker}")).json()["status"] != "running":
+            await asyncio.sleep(0.1)
         body = {"recipe": "nasi-lemak", "steps": 2000, "eval_interval": 20, "seed": seed}
-        id = (await c.post(f"{direct}/api/v1/train", json=body)).json()["id"]  # records sent before a client
-        # listens come in its first `run` event instead, and are not counted
-    seen: list[tuple[int, float]] = []
-    ready, n = asyncio.Event(), [0, clients]
-    tasks = [asyncio.create_task(follow(base, id, seen, ready, n)) for _ in range(clients)]
-    await asyncio.wait_for(ready.wait(), 60)
-    await asyncio.wait_for(asyncio.gather(*tasks), 300)
+        id = (await c.post(f"{direct}/api/v1/train", json=body)).json()["id"]
+        seen: list[tuple[int, float]] = []
+        ready, n = asyncio.Event(), [0, clients]
+        tasks = [asyncio.create_task(follow(base, id, seen, ready, n)) for _ in range(clients)]
+        await asyncio.wait_for(ready.wait(), 60)
+        await c.delete(f"{direct}/api/v1/runs/{blocker}")  # the measured run starts
+        await asyncio.wait_for(asyncio.gather(*tasks), 300)
     written = {}
     for entry_id, fields in redis.Redis.from_url(redis_url).xrange(f"explorer:run:{id}:events"):
         if fields[b"event"] == b"record":
@@ -114,7 +120,7 @@ async def delays(base: str, direct: str, redis_url: str, clients: int, seed: int
 
 
 def sse_delays(redis: services.RedisServer, clients: int) -> dict[str, list[float]]:
-    url = redis.url.rsplit("/", 1)[0] + "/7"
+    url = redis.url.rsplit("/", 1)[0] + "/14"
     with services.replica(url) as a, services.replica(url) as b, services.caddy([a.hostport, b.hostport]) as proxy, \
             services.worker(url):
         through = asyncio.run(delays(proxy.url, a.url, url, clients, seed=7001))
@@ -139,7 +145,7 @@ def play_class(host: str, students: int, seconds: int) -> dict:
 
 def classes(redis: services.RedisServer, students: int, seconds: int) -> list[list]:
     rows = []
-    url = redis.url.rsplit("/", 1)[0] + "/8"
+    url = redis.url.rsplit("/", 1)[0] + "/15"
     with services.replica(url, access_log="true") as a, services.replica(url, access_log="true") as b, \
             services.caddy([a.hostport, b.hostport]) as proxy:
         total = play_class(proxy.url, students, seconds)
@@ -162,9 +168,10 @@ def class_row(name: str, students: int, seconds: int, total: dict, served: list)
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=6, help="runs queued at once for each number of processes")
-    ap.add_argument("--steps", type=int, default=200, help="steps of each induction run")
+    ap.add_argument("--runs", type=int, default=4, help="runs queued at once for each number of processes")
+    ap.add_argument("--steps", type=int, default=150, help="steps of each induction run")
     ap.add_argument("--processes", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--repeat", type=int, default=3, help="batches per side and number of processes (medians)")
     ap.add_argument("--clients", type=int, default=60, help="event-stream clients following one run")
     ap.add_argument("--students", type=int, default=60)
     ap.add_argument("--minutes", type=float, default=1.0, help="how long each class plays")
@@ -176,14 +183,21 @@ def main(argv: list[str]) -> int:
         if "runs" not in args.skip:
             rows = []
             for i, n in enumerate(args.processes):
-                celery_s = throughput_redis(redis, n, args.runs, args.steps, db=1 + i)
-                folder_s = throughput_folder(n, args.runs, args.steps, seed0=500 + 100 * i)
-                rows.append([n, args.runs, f"{60 * args.runs / celery_s:.1f}", f"{60 * args.runs / folder_s:.1f}",
-                             f"{folder_s / celery_s:.2f}", f"{celery_s:.1f}", f"{folder_s:.1f}"])
-                out.setdefault("runs", []).append({"processes": n, "celery_s": celery_s, "folder_s": folder_s})
+                celery, folder = [], []
+                for r in range(args.repeat):  # the two sides alternate, so the machine's load falls on both
+                    sides = [("celery", celery), ("folder", folder)][:: 1 if r % 2 == 0 else -1]
+                    for side, times in sides:
+                        db = 1 + i * args.repeat + r
+                        times.append(throughput_redis(redis, n, args.runs, args.steps, db=db) if side == "celery"
+                                     else throughput_folder(n, args.runs, args.steps, seed0=10_000 * db))
+                c, f = median(celery), median(folder)
+                rows.append([n, args.runs, f"{60 * args.runs / c:.1f}", f"{60 * args.runs / f:.1f}", f"{f / c:.2f}",
+                             " ".join(f"{t:.0f}" for t in celery), " ".join(f"{t:.0f}" for t in folder)])
+                out.setdefault("runs", []).append({"processes": n, "celery_s": celery, "folder_s": folder})
             print(table(f"Runs finished per minute: {args.runs} induction runs of {args.steps} steps (distinct seeds) "
-                        "queued at once", ["training processes", "runs", "Celery + Redis runs/min",
-                                           "embedded (runs folder) runs/min", "ratio", "Celery s", "embedded s"], rows))
+                        f"queued at once; medians of {args.repeat}",
+                        ["training processes", "runs", "Celery + Redis runs/min", "embedded (runs folder) runs/min",
+                         "ratio", "Celery s (each)", "embedded s (each)"], rows))
         if "events" not in args.skip:
             d = sse_delays(redis, args.clients)
             out["events"] = {k: [percentile(v, q) for q in (50, 95, 100)] for k, v in d.items()}

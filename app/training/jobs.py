@@ -150,7 +150,7 @@ def _train_leased(store: RedisStore, id: str, lease) -> str:
     writer.begin(worker)
     try:
         status = train(writer, lease.should_stop, lambda: lease.cancelled)
-    except (LeaseLost, Reject):
+    except LeaseLost:
         raise
     except REDIS_AWAY:
         log.exception("run %s: Redis went away mid-run", id)
@@ -196,9 +196,9 @@ def _after_redis_loss(store: RedisStore, id: str, lease) -> str:
         if not mine and not store.r.set(lock_key(id), lease.token, nx=True, px=int(store.timing.lease_s * 1000)):
             return "taken up elsewhere"
         client = store.request(id)["client"]
-        fenced(store, id, lease.token, set={"status": "interrupted", "error": "Redis was unreachable mid-run: start "
-                                           "the same run again to continue from its last snapshot"},
-                     events=[("run", {"status": "interrupted"})], mode="finish", client=client)
+        error = "Redis was unreachable mid-run: start the same run again to continue from its last snapshot"
+        fenced(store, id, lease.token, set={"status": "interrupted", "error": error},
+               events=[("run", {"status": "interrupted"})], mode="finish", client=client)
         log.info("run %s: marked interrupted after Redis came back", id)
         return "interrupted"
     except (redis.RedisError, StoreUnavailable, LeaseLost):

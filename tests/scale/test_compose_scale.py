@@ -32,7 +32,7 @@ def test_caddy_is_the_only_way_in(compose):
     services_ = compose["services"]
     assert set(services_) == {"proxy", "app1", "app2", "app3", "worker1", "worker2", "redis"}
     published = {name for name, s in services_.items() if s.get("ports")}
-    assert published == {"proxy"} and services_["proxy"]["ports"] == ["8000:80"]
+    assert published == {"proxy"} and services_["proxy"]["ports"] == ["${PUBLISHED_PORT:-8000}:80"]
     assert "./deploy/Caddyfile:/etc/caddy/Caddyfile:ro" in services_["proxy"]["volumes"]
     apps = [f"{name}:{env(services_[name])['EXPLORER_PORT']}" for name in ("app1", "app2", "app3")]
     assert env(services_["proxy"])["PROXY_UPSTREAMS"].split() == apps
@@ -40,6 +40,7 @@ def test_caddy_is_the_only_way_in(compose):
 
 def test_redis_takes_a_password_from_an_uncommitted_env_file_and_keeps_an_append_only_file(compose):
     redis = compose["services"]["redis"]
+    assert redis["user"] == "redis"  # not root
     command = " ".join(redis["command"])
     assert "--requirepass \"$$REDIS_PASSWORD\"" in command and "--appendonly yes" in command
     assert "--maxmemory-policy noeviction" in command

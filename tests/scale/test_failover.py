@@ -79,6 +79,7 @@ def test_a_lost_worker_is_replaced_and_the_run_ends_bit_for_bit(stack, lost, see
         taken = wait(c, id, until=("running", "done"), timeout=PICKUP_S + 30,
                      check=lambda r: r["worker"] is not None and r["worker"]["pid"] != pid or r["status"] == "done")
         picked_up_s = time.monotonic() - lost_at
+        print(f"{lost} lost: run {id} taken up after {picked_up_s:.1f} s (pickup time {PICKUP_S} s)")
         assert picked_up_s <= PICKUP_S, f"taken up after {picked_up_s:.1f} s, more than {PICKUP_S} s"
         if lost == "machine":
             assert taken["status"] == "done" or taken["worker"]["pid"] in workers[1 - workers.index(machine)].pids()

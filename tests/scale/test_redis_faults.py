@@ -114,3 +114,22 @@ def test_a_worker_on_an_older_version_refuses_the_run(redis_with_password):
             assert store.info(id).status == "queued" and "Traceback" not in stale.log()
         with services.worker(redis.url, train_pickup_s=PICKUP_S):  # a current worker takes it
             services.wait_until(lambda: store.info(id).status == "done", 60, "trained by the current worker")
+
+
+def test_a_worker_takes_only_its_own_task_and_only_json(redis_with_password):
+    """Whoever reaches the broker cannot make a worker run code: a task name that is not the project's (one
+    of Celery's own built-in tasks included) is refused as unregistered, a pickled message is refused
+    unread, and neither runs."""
+    from celery import Celery
+
+    from app.training.jobs import QUEUE, TASK
+
+    redis = redis_with_password
+    with services.worker(redis.url) as worker:
+        intruder = Celery("intruder", broker=redis.url, set_as_current=False)
+        intruder.send_task("celery.accumulate", args=[1, 2], queue=QUEUE)
+        intruder.send_task("app.training.jobs.anything", args=[], queue=QUEUE)
+        intruder.send_task(TASK, args=["nasi-lemak-000000000000", __version__], queue=QUEUE, serializer="pickle")
+        services.wait_until(lambda: worker.log().count("Received unregistered task") == 2
+                            and "untrusted content of type pickle" in worker.log(), 30, "the worker refusing them")
+        assert "succeeded" not in worker.log() and worker.proc.poll() is None
