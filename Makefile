@@ -117,11 +117,13 @@ fixtures: setup
 # (OPENBLAS_CORETYPE=Haswell make trained-models). Another kernel, ARM or macOS's Accelerate changes
 # the last bits, and a long run drifts from there (tests/core/nasi_lemak_reproduction.py: how far).
 # python-docs also needs the same CPython (its corpus is that Python's pydoc topics, whose SHA-256 its
-# config.json records). About 10 minutes on one core.
+# config.json records); so does python-docs-induction, the same text with a passage repeated in every
+# training sequence (--repeats 1.0), where an induction head forms. About 25 minutes on one core.
 trained-models: setup
 	$(PY) -m core.train nasi-lemak --quiet --out core/trained/nasi-lemak
 	$(PY) -m core.train induction --seq-len 64 --steps 2000 --quiet --out core/trained/induction
 	$(PY) -m core.train text --quiet --out core/trained/python-docs
+	$(PY) -m core.train text --repeats 1.0 --min-lr 0.003 --eval-interval 250 --quiet --out core/trained/python-docs-induction
 
 # Regenerate requirements.lock from a clean environment (needs the registries).
 lock:

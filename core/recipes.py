@@ -112,6 +112,10 @@ class TrainSettings:
     # the text recipe's corpus; None: Python's documentation (the command line reads it from --text-file)
     text: str | None = setting(None, help="the text recipe's corpus; null: Python's documentation", cli=False)
     dtype: str = setting("float32", choices=DTYPES, api=False)
+    # the text recipe: the share of training sequences in which a passage comes again further on, as a text
+    # quoting itself (what teaches an induction head on natural text: core/trained/python-docs-induction)
+    repeats: float = setting(0.0, help="text recipe: the share of training sequences that repeat a passage of "
+                                       "themselves further on (0: the text as it is)", ge=0, le=1, api=False)
 
     def replace(self, **changes) -> TrainSettings:
         return dataclasses.replace(self, **changes)
@@ -120,6 +124,8 @@ class TrainSettings:
         d = dataclasses.asdict(self)
         if d["text"] is not None:  # a whole corpus is not a setting to print: its size and hash stand for it
             d["text"] = f"<{len(self.text):,} characters, sha256 {text_hash(self.text)[:16]}>"
+        if not d["repeats"]:  # the text as it is: a card says so as it did before the setting existed
+            del d["repeats"]
         return d
 
     @property
@@ -226,6 +232,10 @@ def check(s: TrainSettings) -> None:
         raise InputError(f"dtype={s.dtype!r} is not one of {', '.join(DTYPES)}")
     if s.text is not None and s.recipe != "text":
         raise InputError(f"a text is what the text recipe trains on; the {s.recipe} recipe makes its own data")
+    _number("repeats", s.repeats, 0.0, 1.0, " (a share of the training sequences)")
+    if s.repeats and s.recipe != "text":
+        raise InputError(f"repeats mixes repeated passages into the text recipe's data; the {s.recipe} recipe "
+                         "makes its own")
 
 
 # ---------------------------------------------------------------------------- recipes
@@ -480,8 +490,19 @@ class Text(Recipe):
         return ids[starts + np.arange(n)]
 
     def batch(self, rng: np.random.Generator) -> np.ndarray:
-        """Random windows of the text (its first nine tenths)."""
-        return self._windows(self.train_ids, rng)
+        """Random windows of the text (its first nine tenths); with `repeats`, that share of them has a passage
+        (k in [MIN_REPEAT, seq_len // 2] characters) copied over a later stretch of the same window."""
+        rows = self._windows(self.train_ids, rng)
+        if not self.settings.repeats:
+            return rows  # and the data stream is drawn exactly as without the setting
+        B, n = rows.shape
+        k = rng.integers(MIN_REPEAT, n // 2 + 1, size=(B, 1))
+        second = rng.integers(k, n - k + 1)  # where the copy starts
+        first = rng.integers(0, second - k + 1)  # where the passage it copies starts, before it
+        chosen = rng.random((B, 1)) < self.settings.repeats
+        pos = np.arange(n)[None, :]
+        in_copy = chosen & (pos >= second) & (pos < second + k)
+        return np.take_along_axis(rows, np.where(in_copy, pos - (second - first), pos), axis=1)
 
     @cached_property
     def held_out(self) -> np.ndarray:

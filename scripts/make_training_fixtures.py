@@ -123,6 +123,9 @@ TRAINED_TEXTS = {
     "nasi-lemak": ["nasi ", "makan nasi lemak"],  # within its context of 16
     "python-docs": ["The for statement is used to iterate over the elements of a sequence.",
                     "def f(x):\n    return x + 1  # café"],
+    "python-docs-induction": ["The for statement is used to iterate over the elements of a sequence. "
+                              "The for statement is used to iterate over the elements of a sequence.",
+                              "Ali makan nasi lemak di kedai. Ali makan nasi lemak di kedai."],
 }
 
 

@@ -17,9 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core import run_with_cache, run_with_kv_cache
+from core import InputError, run_with_cache, run_with_kv_cache
 from core.analysis import lens_points
 from core.checkpoints import load_checkpoint, trained_models
+from core.recipes import make_recipe, settings
 
 from . import nasi_lemak_reproduction as nasi
 
@@ -28,8 +29,8 @@ MODELS = trained_models()
 REPEATED = "Ali makan nasi lemak. Ali makan nasi lemak."  # the learner's repeated sentence
 
 
-def test_the_three_models_ship():
-    assert set(MODELS) == {"induction", "nasi-lemak", "python-docs"}
+def test_the_four_models_ship():
+    assert set(MODELS) == {"induction", "nasi-lemak", "python-docs", "python-docs-induction"}
     total = sum(f.stat().st_size for folder in MODELS.values() for f in folder.iterdir())
     assert total < 4_000_000  # a few MB at most, in the wheel
 
@@ -63,6 +64,33 @@ def test_the_python_docs_model_has_a_previous_token_head():
     text = "The for statement is used to iterate over the elements of a sequence."
     scores = run_with_cache(ckpt.params, ckpt.cfg, np.array(ckpt.tokenizer.encode(text).ids), logits=False)[1].head_detector_scores()
     assert scores["previous_token"].max() > 0.5
+
+
+@pytest.mark.parametrize("sentence", ["The for statement is used to iterate over the elements of a sequence.",
+                                      "Ali makan nasi lemak di kedai."])
+def test_python_docs_induction_has_both_heads_on_a_repeated_sentence(sentence):
+    """Trained on Python's documentation with repeated passages mixed in (its card: repeats 1.0), it has a
+    previous-token head in layer 0 and an induction head in layer 1, each scoring at least 0.4 on a sentence said
+    twice (python-docs, the same text without repeats, reaches 0.14 as an induction head)."""
+    ckpt = load_checkpoint(MODELS["python-docs-induction"])
+    assert json.loads((MODELS["python-docs-induction"] / "config.json").read_text())["transformer_explorer"][
+        "settings"]["repeats"] == 1.0
+    ids = ckpt.tokenizer.encode(f"{sentence} {sentence}").ids[: ckpt.cfg.n_ctx]
+    scores = run_with_cache(ckpt.params, ckpt.cfg, np.array(ids), logits=False)[1].head_detector_scores()
+    assert scores["previous_token"][0].max() >= 0.4
+    assert scores["induction"][1].max() >= 0.4
+
+
+def test_the_text_recipes_repeats_copy_a_passage_further_on_and_leave_the_text_alone_without():
+    plain, repeated = (make_recipe(settings("text", steps=10, repeats=r)) for r in (0.0, 1.0))
+    rng = lambda: np.random.default_rng(7)  # noqa: E731
+    windows = plain._windows(plain.train_ids, rng())
+    np.testing.assert_array_equal(plain.batch(rng()), windows)  # no repeats: the data stream as before
+    rows = repeated.batch(rng())
+    np.testing.assert_array_equal(rows[:, 0], windows[:, 0])  # the same windows, with a passage copied into each
+    assert (rows != windows).any(axis=1).sum() >= len(rows) - 1  # (a copy may land on the same letters)
+    with pytest.raises(InputError, match="repeats mixes repeated passages into the text recipe's data"):
+        settings("induction", repeats=0.5)
 
 
 def test_nasi_lemak_predicts_l_after_nasi():
