@@ -4,6 +4,7 @@ docker-compose.yml runs it, then check it from outside as a user would.
     python scripts/image_test.py                 # build with the engine found, then check
     python scripts/image_test.py --no-build      # check the image already built
     python scripts/image_test.py --engine docker # choose: docker or podman
+    python scripts/image_test.py --no-scale      # without bringing up compose.scale.yml
 
 The engine is podman if it is installed (../shared/tools/local-docker.sh installs it where Docker
 Hub is unreachable; through podman's Docker API some settings are lost), else docker if `docker
@@ -17,14 +18,18 @@ shipped in the image) and a POST /api/v1/run of every listed model; the server r
 uid with a gid that /etc/group names; the root filesystem and the models folder are read-only; the
 image's HEALTHCHECK passes; SIGTERM ends it with exit code 0 within the grace period; it starts
 again after that stop (as `docker compose restart` does) and serves. The training check's place is
-TRAINING below. Prints one line per check and exits 1 if any failed.
+TRAINING below. Then the whole-school stack, compose.scale.yml as it is (SCALE below; --no-scale skips it).
+Prints one line per check and exits 1 if any failed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import secrets
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -369,6 +374,136 @@ def training_after_restart(smoke: Smoke, state: dict) -> str:
     return f"{id} still done; its model predicts {body['top_k'][0]['token']!r} after 'nasi '"
 
 
+# ------------------------------------------------------------------ SCALE
+# compose.scale.yml brought up as it is (podman-compose, or docker compose), from a folder holding a copy
+# of it and of deploy/Caddyfile with the fixture checkpoint as ./models, a fresh REDIS_PASSWORD and a free
+# PUBLISHED_PORT, on the image built above; checked from outside through Caddy, then taken down with its
+# volume. Caddy in front of three replicas, two workers and Redis: the pages and a training run, whose
+# model a replica reads back from Redis; Redis published nowhere and asking for its password; /metrics
+# refused at the proxy; the workers healthy by their own check; a replica killed and the stack still serving.
+SCALE_FILE = "compose.scale.yml"
+SCALE_START_S = 240  # seven containers on a busy 2-core machine
+
+
+class ScaleStack:
+    def __init__(self, engine: Engine, root: Path, models_dir: Path):
+        self.engine, self.root = engine, root
+        self.name = f"explorer-scale-test-{int(time.time())}"
+        (root / "deploy").mkdir()
+        shutil.copy(REPO / SCALE_FILE, root / SCALE_FILE)
+        shutil.copy(REPO / "deploy" / "Caddyfile", root / "deploy" / "Caddyfile")
+        shutil.copytree(models_dir, root / "models")
+        self.port = free_port()
+        self.password = secrets.token_hex(16)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.services = yaml.safe_load((root / SCALE_FILE).read_text())["services"]
+
+    def compose(self, *args: str, timeout: float = SCALE_START_S) -> subprocess.CompletedProcess:
+        command = ["podman-compose"] if self.engine.name == "podman" else ["docker", "compose"]
+        env = os.environ | {"REDIS_PASSWORD": self.password, "PUBLISHED_PORT": str(self.port)}
+        result = subprocess.run([*command, "-p", self.name, "-f", str(self.root / SCALE_FILE), *args], cwd=self.root,
+                                env=env, capture_output=True, text=True, timeout=timeout)
+        if result.returncode != 0:
+            raise CheckFailed(f"{' '.join(command)} {' '.join(args)}: exit {result.returncode}: "
+                              f"{(result.stderr or result.stdout)[-1500:]}")
+        return result
+
+    def container(self, service: str) -> str:
+        """The container Compose made for a service (podman-compose and docker compose name them differently)."""
+        names = self.engine.run("ps", "--all", "--format", "{{.Names}}").stdout.split()
+        found = [n for n in names if n.startswith(self.name) and n.rstrip("0123456789").rstrip("-_").endswith(service)]
+        if len(found) != 1:
+            raise CheckFailed(f"no single container for {service}: {found}")
+        return found[0]
+
+    def up(self) -> str:
+        self.compose("up", "-d")
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < SCALE_START_S:
+            try:
+                if http(self.url + "/readyz")[0] == 200:
+                    return f"{self.url} (Caddy) ready after {time.monotonic() - t0:.0f} s"
+            except OSError:
+                pass
+            time.sleep(1)
+        raise CheckFailed(f"no ready replica behind Caddy within {SCALE_START_S} s:\n"
+                          f"{self.engine.run('logs', '--tail=20', self.container('app1'), check=False).stderr}")
+
+    def down(self) -> None:
+        names = [n for n in self.engine.run("ps", "--all", "--format", "{{.Names}}").stdout.split()
+                 if n.startswith(self.name)]
+        anonymous = [m["Name"] for n in names for m in self.engine.inspect("container", n).get("Mounts", [])
+                     if m.get("Type") == "volume" and m.get("Name") and not m["Name"].startswith(self.name)]
+        try:
+            self.compose("down", "-v", timeout=120)
+        except (CheckFailed, subprocess.TimeoutExpired) as e:
+            print(f"      (compose down: {e})")
+        for volume in anonymous:  # left by `down -v` under podman-compose
+            self.engine.run("volume", "rm", "--force", volume, check=False)
+
+    def pages_and_training(self) -> str:
+        for path, mark in [("/", b"htmx"), ("/train", b"train"), ("/api/v1/models", b'"models"')]:
+            code, raw = http(self.url + path)
+            assert code == 200 and mark in raw.lower(), f"GET {path} through Caddy: {code}"
+        accepted = get_json(self.url, "/api/v1/train", TRAIN_REQUEST, status=202)
+        id = accepted["id"]
+        deadline = time.monotonic() + TRAIN_TIMEOUT_S
+        while (run := get_json(self.url, f"/api/v1/runs/{id}"))["status"] in ("queued", "running"):
+            if time.monotonic() > deadline:
+                raise CheckFailed(f"run {id} still {run['status']} after {TRAIN_TIMEOUT_S} s")
+            time.sleep(1)
+        assert run["status"] == "done" and run["model"] == id, run
+        answers = {json.dumps(get_json(self.url, "/api/v1/run", {"model": id, "text": "nasi ", "top_k": 1})["top_k"])
+                   for _ in range(6)}  # asked of several replicas: each reads the weights from Redis once
+        assert len(answers) == 1, answers
+        return f"{id} trained by a worker; its model answers alike through Caddy: {answers.pop()}"
+
+    def redis_closed(self) -> str:
+        redis = self.container("redis")
+        assert not self.engine.run("port", redis, check=False).stdout.strip(), "Redis is published on the host"
+        refused = self.engine.run("exec", redis, "redis-cli", "ping", check=False).stdout.strip()
+        assert "NOAUTH" in refused, f"redis-cli ping without the password: {refused!r}"
+        code, _ = http(self.url + "/metrics")
+        assert code == 404, f"/metrics through Caddy: {code}"
+        return "Redis has no host port and refuses commands without its password; Caddy refuses /metrics"
+
+    def workers_healthy(self) -> str:
+        for service in ("worker1", "worker2"):
+            r = self.engine.run("exec", self.container(service), "python", "-m", "app.worker", "--check", check=False)
+            assert r.returncode == 0, f"{service}: python -m app.worker --check exited {r.returncode}: {r.stderr}"
+        return "python -m app.worker --check passes in both worker containers"
+
+    def replica_lost(self) -> str:
+        self.engine.run("kill", self.container("app1"))
+        codes = [http(self.url + "/api/v1/runs")[0] for _ in range(12)]
+        assert codes == [200] * 12, codes
+        return "app1 killed; 12 requests through Caddy all answered 200"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scale_checks(engine: Engine, models_dir: Path, failures: list[str]) -> int:
+    """Bring up compose.scale.yml and check it; returns the checks passed (failures appended)."""
+    with tempfile.TemporaryDirectory(prefix="explorer-scale-test-") as tmp:
+        stack = ScaleStack(engine, Path(tmp), models_dir)
+        checker = Smoke(engine, None, models_dir)  # for its check() printer
+        try:
+            checker.check("scale: compose.scale.yml up (Caddy, 3 replicas, 2 workers, Redis)", stack.up)
+            if not checker.failures:
+                checker.check("scale: pages and a training run through Caddy", stack.pages_and_training)
+                checker.check("scale: Redis closed, /metrics not served", stack.redis_closed)
+                checker.check("scale: workers healthy", stack.workers_healthy)
+                checker.check("scale: a replica lost", stack.replica_lost)
+        finally:
+            stack.down()
+        failures += checker.failures
+        return checker.passed
+
+
 # ------------------------------------------------------------------ main
 
 def models_folder(root: Path) -> Path:
@@ -385,6 +520,7 @@ def main() -> int:
     ap.add_argument("--engine", choices=["docker", "podman"], help="default: podman if installed, else docker")
     ap.add_argument("--no-build", action="store_true", help="check the image already built")
     ap.add_argument("--keep", action="store_true", help="leave the container for a look (rm it yourself)")
+    ap.add_argument("--no-scale", action="store_true", help=f"skip bringing up {SCALE_FILE}")
     args = ap.parse_args()
 
     engine = Engine(pick_engine(args.engine))
@@ -427,6 +563,8 @@ def main() -> int:
                 print(f"      kept container {smoke.container} ({smoke.url})")
             else:
                 smoke.remove()
+        if not args.no_scale:
+            smoke.passed += scale_checks(engine, smoke.models_dir, smoke.failures)
     total = time.monotonic() - t_all
     print(f"image-test: {smoke.passed} passed, {len(smoke.failures)} failed; checks "
           f"{time.monotonic() - t_checks:.0f} s, all {total:.0f} s")
