@@ -168,9 +168,10 @@ redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[8], '*', 'event', 'run', 'data',
 return {1, 0}
 """
 
+# A trainer that has just written its run's last status may still hold the lease for a moment: the run is
+# queued all the same, and its next delivery waits for the lease.
 REQUEUE = """
 -- KEYS: run, lock, queue, active, client, events. ARGV: id, created_at, per_client, total, now, maxlen
-if redis.call('EXISTS', KEYS[2]) == 1 then return {0, 0} end
 local status = redis.call('HGET', KEYS[1], 'status')
 if status ~= 'cancelled' and status ~= 'interrupted' and status ~= 'failed' then return {0, 0} end
 local per, total = tonumber(ARGV[3]), tonumber(ARGV[4])

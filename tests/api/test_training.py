@@ -68,8 +68,19 @@ def start(store, runs_dir, request):
     return start_server
 
 
+@pytest.fixture(scope="module")
+def redis_replica(redis_stack):
+    """One replica on the module's Redis for the tests that need no settings of their own."""
+    with liveserver.live_server(env={"EXPLORER_ACCESS_LOG": "false", "EXPLORER_REDIS_URL": redis_stack[0].url,
+                                     "EXPLORER_TRAIN_PICKUP_S": str(PICKUP_S)}) as s:
+        yield s
+
+
 @pytest.fixture
-def server(start):
+def server(store, start, request):
+    if store == "redis":
+        yield request.getfixturevalue("redis_replica")
+        return
     with start() as s:
         yield s
 
