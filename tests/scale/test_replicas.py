@@ -99,7 +99,9 @@ def test_a_page_following_a_run_through_caddy_survives_its_replica(stack, browse
     page.set_default_timeout(30_000)
     # What Chromium sends on the wire (DevTools' Network domain): when each event stream was asked for, and
     # its Last-Event-ID; and when each was answered
-    asked: list[tuple[float, str | None]] = []
+    # (Chromium may report a request's headers on the wire before the request itself: both are kept by
+    # request id and joined once the run is over)
+    on_wire: dict[str, tuple[float, str | None]] = {}
     answered: list[tuple[float, int]] = []
     streams: set[str] = set()
     devtools = page.context.new_cdp_session(page)
@@ -109,13 +111,12 @@ def test_a_page_following_a_run_through_caddy_survives_its_replica(stack, browse
         if "/events" in params["request"]["url"]:
             streams.add(params["requestId"])
 
-    def on_wire(params) -> None:
-        if params["requestId"] in streams:
-            headers = {k.lower(): v for k, v in params["headers"].items()}
-            asked.append((time.monotonic(), headers.get("last-event-id")))
+    def headers_sent(params) -> None:
+        headers = {k.lower(): v for k, v in params["headers"].items()}
+        on_wire.setdefault(params["requestId"], (time.monotonic(), headers.get("last-event-id")))
 
     devtools.on("Network.requestWillBeSent", sent)
-    devtools.on("Network.requestWillBeSentExtraInfo", on_wire)
+    devtools.on("Network.requestWillBeSentExtraInfo", headers_sent)
     page.on("response", lambda r: answered.append((time.monotonic(), r.status)) if "/events" in r.url else None)
     try:
         id = httpx.post(proxy.url + "/api/v1/train", json=FOLLOWED | {"seed": 71}, timeout=30).json()["id"]
@@ -138,6 +139,7 @@ def test_a_page_following_a_run_through_caddy_survives_its_replica(stack, browse
             run = c.get(f"/api/v1/runs/{id}").json()
         assert run["status"] == "done"
         # the page reconnected through Caddy to B, saying where it was, and was answered
+        asked = sorted((on_wire[r] for r in streams if r in on_wire), key=lambda t: t[0])
         resumed = [when for when, last in asked if when > killed_at and last]
         assert resumed, ("no reconnect with Last-Event-ID after the kill: asked "
                          f"{[(round(w - killed_at, 2), last) for w, last in asked]}, answered "
