@@ -230,7 +230,9 @@ def walk(model: Model, state: CircuitsState, pre: Prefill, sections: dict) -> di
     link = lambda **kw: "/circuits?" + urlencode(base | kw)  # noqa: E731
     return {"previous": label(previous), "induction": label(induction), "k": float(row[previous[0] * H + previous[1]]),
             "baseline": v.baseline, "cell": cell,
-            "steps": [link(layer=previous[0], head=previous[1]), link(layer=induction[0], head=induction[1]),
+            # the first link asks about a query in the first half, whose key the previous-token head finds
+            "steps": [link(layer=previous[0], head=previous[1], query=len(state.clean) // 4),
+                      link(layer=induction[0], head=induction[1]),
                       link(layer=induction[0], head=induction[1], target="attn_head", direction="noise")]}
 
 

@@ -198,6 +198,10 @@ def test_the_page_shows_the_apis_numbers_and_the_walk(client):
     assert f"falls to\n          <strong>{r['grid'][0][2]:.2f}</strong>" in page
     assert 'id="patching-recomputed"' in page and 'id="patching-frozen"' in page and 'data-pick="heads"' in page
     assert "query side: the token&#39;s embedding × key side: L0H2&#39;s output" in page
+    # the walk's first step: L0H2 at a query of the first half looks at the token just before, by position
+    step = client.get("/circuits", params={"model": "induction", "layer": 0, "head": 2, "query": 11}).text
+    assert "Query 11 “x” → key 10 “q”" in step
+    assert "query side: the position embedding × key side: the position embedding" in step
 
 
 def test_the_page_says_its_errors_in_place(client):
