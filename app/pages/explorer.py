@@ -22,6 +22,7 @@ import gzip
 import math
 import threading
 from collections import OrderedDict
+from urllib.parse import urlencode
 
 import numpy as np
 from fastapi import APIRouter, Request
@@ -30,6 +31,7 @@ from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 from app.pages import figures, web
 from app.api import requests
 from app.deps import ServiceDep
+from app.http import language
 from app.http.language import _, ngettext
 from app.service import Service
 from app.service.results import AttentionStages, ExplorerView
@@ -192,11 +194,15 @@ def view_context(v: ExplorerView, ablated: set[tuple[int, int]], all_stages: boo
     where = f"layer{layer}-head{head}"
     names = [f"layer{layer}-head{h}-weights" for h in range(v.config.n_heads)]
     head_figures = figures.head_thumbnails(v.patterns, v.tokens, mask=v.stages.mask, export_names=names)
-    next_figure = None
+    next_figure = frozen_figure = None
     if v.ablation_effect is not None and v.ablation_effect.changes:
         changes = v.ablation_effect.changes
         next_figure = figures.probability_change_bars([t.token for t in changes], [t.baseline_prob for t in changes],
                                                       [t.prob for t in changes])
+        if v.frozen_ablation is not None:  # the same tokens with every later attention pattern frozen
+            frozen_figure = figures.probability_change_bars(
+                [t.token for t in v.frozen_ablation], [t.baseline_prob for t in v.frozen_ablation],
+                [t.prob for t in v.frozen_ablation], export_name="next-token-ablation-frozen")
     elif v.top_k:
         next_figure = figures.probability_bars([t.token for t in v.top_k], [t.prob for t in v.top_k])
     rollout = None
@@ -220,6 +226,10 @@ def view_context(v: ExplorerView, ablated: set[tuple[int, int]], all_stages: boo
         "writes_figure": figures.stage_heatmap(norms.writes, v.tokens, norms.writes_names,
                                                value_name=_("‖added‖"), export_name="sublayer-output-norms"),
         "next_figure": next_figure, "next_caption": _next_caption(v),
+        "frozen_figure": frozen_figure, "frozen_ablation": v.frozen_ablation,
+        # the chosen head on the circuits page (/circuits: why it attends, what it writes, what patching it does)
+        "circuits_url": (language.localized("/circuits?" + urlencode({"model": v.model, "layer": layer, "head": head}))
+                         if v.config.block_type == "pre_norm" and not v.prepared.model.is_encoder else None),
         "residual_caption": residual_caption, "writes_caption": writes_caption,
         "heads_hint": (_("— softmax weights; pick one to see its weights (tick “All four stages” for its scores too), "
                          "or ablate it to see what depends on it") if on_request and not all_stages else

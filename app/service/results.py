@@ -115,6 +115,11 @@ class ExplorerView(ModelResult):
     ablation_effect: AblationEffect | None
     rollout: np.ndarray | None  # [query_pos, key_pos] through the chosen layer
     shapes: list[ShapeRow]  # every activation of the run, then the logits
+    # With ablations on a causal pre-norm decoder: the probability of each of ablation_effect's tokens when every
+    # attention pattern from the first ablated layer on keeps its unablated value (core.patching.ablated_logits,
+    # frozen): the ablated heads' direct and value paths only. Beside ablation_effect's (every pattern recomputed),
+    # the difference is what the ablation does through later heads' queries and keys.
+    frozen_ablation: list[ProbabilityChange] | None = None
 
     @property
     def kv_heads(self) -> list[int]:

@@ -20,6 +20,7 @@ from core.analysis import lens_logits
 from core.cache import ActivationCache, stage_hooks
 from core.model import hook_dims, next_token_probs
 from core.params import count_params, forward_work, largest_array
+from core.patching import ablated_logits
 
 
 class ModelViews:
@@ -188,9 +189,16 @@ class ModelViews:
                              f"use a shorter text{', ' + fewer.lstrip(' ') if fewer else ''}")
         decoder = not st.model.is_encoder
         compare = compare and "causal" in st.model.toggles
-        passes = 1 + (bool(st.ablate) and decoder) + compare
+        # ablations on a causal pre-norm decoder: the prediction with later attention frozen too (one more pass)
+        frozen = bool(st.ablate) and decoder and cfg.causal and cfg.block_type == "pre_norm"
+        passes = 1 + (bool(st.ablate) and decoder) + compare + frozen
         p = self.load(st, self._pass_work(cfg, n, decoder) * passes, cfg.d_vocab if decoder else 0)
         cache, top, effect = self._run_predicting(p, hooks, top_k, decoder)
+        frozen_ablation = None
+        if frozen and effect is not None:
+            probs = next_token_probs(ablated_logits(p.params, cfg, p.ids, p.ablate, frozen=True)[None])  # [d_vocab]
+            frozen_ablation = [ProbabilityChange(c.token, c.id, c.baseline_prob, float(probs[c.id]),
+                                                 float(probs[c.id]) - c.baseline_prob) for c in effect.changes]
         other = None
         if compare:  # the same weights with the mask flipped: attention toggles never change them
             flipped = cfg.replace(attention_dir="bidirectional" if cfg.causal else "causal")
@@ -200,7 +208,7 @@ class ModelViews:
         return ExplorerView(
             p, layer, head, cache.attention_stages(layer, head), cache[f"blocks.{layer}.attn.hook_pattern"], other,
             cache.residual_norms(), top, effect, cache.rollout()[layer] if rollout else None,
-            self._shape_rows(cfg, n, decoder))
+            self._shape_rows(cfg, n, decoder), frozen_ablation)
 
     @staticmethod
     def _shape_rows(cfg: TransformerConfig, n: int, decoder: bool) -> list[ShapeRow]:

@@ -8,6 +8,8 @@ for the same numbers and for its errors in place.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -215,3 +217,44 @@ def test_the_page_says_its_errors_in_place(client):
     assert fragment.headers["HX-Push-Url"].endswith("layer=1&head=3")
     whole = client.get("/circuits?model=toy", headers={"HX-Request": "true", "HX-Target": "circuits"})
     assert whole.text.lstrip().startswith('<form id="circuits"')
+
+
+# ------------------------------------------------------------------ the explorer: ablation frozen or recomputed, the link
+
+def test_the_explorers_ablation_shows_later_attention_recomputed_and_frozen_side_by_side(client):
+    """Ablating L0H2 (the previous-token head) on the induction example: with later attention recomputed the
+    repeat's prediction collapses; with every later pattern frozen most of it stays, since L0H2 acts through
+    layer 1's attention. Both bar charts hold core's numbers (forward with the ablation, ablated_logits frozen)."""
+    from core.model import next_token_probs
+    from core.patching import ablated_logits
+    from tests.pages.figure_data import cards
+
+    _, cfg, params, tok = induction_model()
+    text = INDUCTION_PREFILL.clean
+    page = client.get("/", params={"model": "induction", "text": text, "ablate": "0.2", "layer": 0, "head": 2}).text
+    figs = cards(page)
+    tokens = ids(tok, text)
+    before = next_token_probs(forward(params, cfg, tokens)[0])
+    recomputed = next_token_probs(forward(params, cfg, tokens, ablate={(0, 2): "zero"})[0])
+    frozen = next_token_probs(ablated_logits(params, cfg, tokens, {(0, 2): "zero"}, frozen=True)[None])
+    top = [tok.encode(t).ids[0] for t in figs["next-token"]["export"]["x"]]
+    assert figs["next-token-frozen"]["export"]["x"] == figs["next-token"]["export"]["x"]  # the same tokens
+    for card, probs in (("next-token", recomputed), ("next-token-frozen", frozen)):
+        without, with_ = figs[card]["data"]
+        np.testing.assert_allclose(without["x"], before[top], atol=1e-6)
+        np.testing.assert_allclose(with_["x"], probs[top], atol=1e-6)
+    answer = tok.encode(INDUCTION_PREFILL.answer).ids[0]
+    assert top[0] == answer and recomputed[answer] < 0.5 * before[answer] < frozen[answer]
+    effect = re.search(r'<span id="ablation-frozen">(.*?)</span>', page, re.S).group(1)
+    assert f"<strong>{frozen[answer]:.4f}</strong>" in effect
+    # the head picker's link to this head's circuits
+    assert '<a href="/circuits?model=induction&amp;layer=0&amp;head=2" id="head-circuits">' in page
+
+
+def test_the_explorer_links_no_circuits_and_freezes_nothing_where_they_cannot_run(client):
+    encoder = client.get("/", params={"model": "all-MiniLM-L6-v2", "text": "the cat", "ablate": "0.1"}).text
+    assert 'id="head-circuits"' not in encoder and 'id="next-token-frozen"' not in encoder
+    bidirectional = client.get("/", params={"text": "the cat sat", "causal": 0, "ablate": "0.1"}).text
+    assert 'id="ablation-effect"' in bidirectional and 'id="next-token-frozen"' not in bidirectional
+    plain = client.get("/", params={"text": "the cat sat"}).text
+    assert 'id="head-circuits"' in plain and 'id="next-token-frozen"' not in plain
