@@ -26,6 +26,7 @@ from fastapi.responses import HTMLResponse
 
 from app.api import requests
 from app.deps import ServiceDep
+from app.http.language import N_, _
 from app.pages import figures, web
 from app.service import Model, Service
 from app.service.circuits import DIRECTIONS, METRICS, TARGETS, Prefill
@@ -34,10 +35,12 @@ router = APIRouter(tags=["pages"], include_in_schema=False)
 
 OV_SOURCES = 8  # source tokens the page lists (the text's first distinct ones)
 OV_TOP = 5
-TARGET_LABELS = {"resid_pre": "residual stream before each layer", "resid_mid": "residual stream between attention "
-                 "and MLP", "resid_post": "residual stream after each layer", "mlp_out": "each MLP's output",
-                 "attn_head": "each head's output (every position)", "attn_head_pos": "each head's output, position "
-                 "by position", "pattern": "each head's attention pattern"}
+TARGET_LABELS = {"resid_pre": N_("residual stream before each layer"),
+                 "resid_mid": N_("residual stream between attention and MLP"),
+                 "resid_post": N_("residual stream after each layer"), "mlp_out": N_("each MLP's output"),
+                 "attn_head": N_("each head's output (every position)"),
+                 "attn_head_pos": N_("each head's output, position by position"),
+                 "pattern": N_("each head's attention pattern")}
 HEAD_GRIDS = ("attn_head", "pattern")  # grids whose cells are heads: a click picks the head
 
 
@@ -68,7 +71,7 @@ def parse(query, svc: Service, errors: list[str]) -> tuple[CircuitsState, Prefil
     models = svc.views.models()
     name = web.last(query, "model") or web.default_model(models, svc.settings.default_model)
     if name not in models:
-        errors.append(f"unknown model {name!r}: choose one of {', '.join(models)}")
+        errors.append(_("unknown model {name!r}: choose one of {choices}").format(name=name, choices=", ".join(models)))
         name = web.default_model(models, svc.settings.default_model)
     model = models[name]
     pre = svc.circuits.prefill(name) if not model.error else Prefill(model.default_text, model.default_text, None, None)
@@ -86,7 +89,8 @@ def parse(query, svc: Service, errors: list[str]) -> tuple[CircuitsState, Prefil
                                   ("metric", METRICS, "logit_diff")):
         value = web.last(query, key) or default
         if value not in allowed:
-            errors.append(f"{key}={value!r} is not one of {', '.join(allowed)}")
+            errors.append(_("{key}={value!r} is not one of {choices}").format(key=key, value=value,
+                                                                             choices=", ".join(allowed)))
             value = default
         choices[key] = value
     state = CircuitsState(
@@ -139,9 +143,9 @@ def _positions(tokens: list[str]) -> list[str]:
 
 def patching_figure(view, frozen: bool) -> dict:
     columns = _positions(view.tokens["clean"]) if view.columns[0] == "0" else view.columns
-    fig = figures.value_heatmap(view.grid, x_title="position" if view.columns[0] == "0" else "head",
-                                y_title="head" if view.rows[0].count("H") else "layer",
-                                value_name="normalised metric (0 corrupted, 1 clean)",
+    fig = figures.value_heatmap(view.grid, x_title=_("position") if view.columns[0] == "0" else _("head"),
+                                y_title=_("head") if view.rows[0].count("H") else _("layer"),
+                                value_name=_("normalised metric (0 corrupted, 1 clean)"),
                                 export_name=f"patching-{view.target}-{view.direction}-"
                                             f"{'frozen' if frozen else 'recomputed'}")
     return _labelled(fig, view.rows, columns)
@@ -150,16 +154,17 @@ def patching_figure(view, frozen: bool) -> dict:
 def part_words(label: str) -> str:
     """A part of the residual stream, in words."""
     if label == "embed":
-        return "the token's embedding"
+        return _("the token's embedding")
     if label == "pos_embed":
-        return "the position embedding"
+        return _("the position embedding")
     if label == "bias":
-        return "the biases"
+        return _("the biases")
     if label.endswith(" mlp"):
-        return f"{label.split()[0]}'s MLP"
+        return _("{layer}'s MLP").format(layer=label.split()[0])
     if label.endswith(" bias"):
-        return f"{label.split()[0]}'s {' '.join(label.split()[1:])}"
-    return f"{label}'s output"
+        layer, kind = label.split()[:2]  # "L0 attn bias", "L0 mlp bias" (core/circuits.py)
+        return (_("{layer}'s attention bias") if kind == "attn" else _("{layer}'s MLP bias")).format(layer=layer)
+    return _("{part}'s output").format(part=label)
 
 
 def _spec(state: CircuitsState, text: str | None = None):
@@ -169,8 +174,8 @@ def _spec(state: CircuitsState, text: str | None = None):
 
 def qk_section(svc: Service, state: CircuitsState) -> dict:
     v = svc.circuits.qk_circuit(_spec(state), state.layer, state.head, state.query, state.key)
-    fig = figures.value_heatmap(v.contributions, x_title="key side: what wrote the stream at the key",
-                                y_title="query side", value_name="term of the score",
+    fig = figures.value_heatmap(v.contributions, x_title=_("key side: what wrote the stream at the key"),
+                                y_title=_("query side"), value_name=_("term of the score"),
                                 export_name=f"qk-L{v.layer}H{v.head}-q{v.query}-k{v.key}")
     pairs = [{"query": part_words(p.query_part), "key": part_words(p.key_part), "value": p.contribution,
               "share": p.contribution / v.score if v.score else None} for p in v.top_pairs[:3]]
@@ -194,16 +199,17 @@ def composition_section(svc: Service, state: CircuitsState) -> dict:
     earlier = slice(0, (cfg.n_layers - 1) * H)
     top = float(np.nanmax([np.nanmax(getattr(v, m)) for m in "qkv"]))
     grids = []
-    for mode, words in (("q", "queries"), ("k", "keys"), ("v", "values")):
+    for mode, words in (("q", _("queries")), ("k", _("keys")), ("v", _("values"))):
         m = getattr(v, mode)[later, earlier]
-        fig = figures.value_heatmap(m, x_title="earlier head (writes)", y_title="later head (reads)",
-                                    value_name=f"{mode.upper()}-composition", export_name=f"composition-{mode}")
+        fig = figures.value_heatmap(m, x_title=_("earlier head (writes)"), y_title=_("later head (reads)"),
+                                    value_name=_("{mode}-composition").format(mode=mode.upper()),
+                                    export_name=f"composition-{mode}")
         grids.append({"mode": mode, "words": words,
                       "figure": _sequential(_labelled(fig, v.heads[later], v.heads[earlier]), top)})
     selected = state.layer * H + state.head
     reads = []
     if state.layer >= 1:
-        for mode, words in (("k", "keys"), ("q", "queries"), ("v", "values")):
+        for mode, words in (("k", _("keys")), ("q", _("queries")), ("v", _("values"))):
             row = getattr(v, mode)[selected]
             best = int(np.nanargmax(row))
             reads.append({"mode": mode.upper(), "words": words, "head": v.heads[best], "score": float(row[best])})
@@ -272,7 +278,8 @@ def circuits(request: Request, svc: ServiceDep) -> HTMLResponse:
     models = svc.views.models()
     context = {
         "state": state, "sections": sections, "error": error, "walk": walk(model, state, pre, sections),
-        "models": [m for m in models.values()], "model": model, "targets": TARGETS, "target_labels": TARGET_LABELS,
+        "models": [m for m in models.values()], "model": model, "targets": TARGETS,
+        "target_labels": {k: _(label) for k, label in TARGET_LABELS.items()},
         "directions": DIRECTIONS, "metrics": METRICS, "n_layers": model.cfg.n_layers, "n_heads": model.cfg.n_heads,
         "max_text_chars": svc.settings.max_text_chars, "max_passes": svc.settings.patching_max_passes,
         "nav": "circuits", "form_id": "circuits", "classroom": web.is_on(request.query_params, "classroom"),

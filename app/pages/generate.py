@@ -22,6 +22,7 @@ from fastapi.responses import HTMLResponse
 
 from app.api import requests
 from app.deps import ServiceDep
+from app.http.language import _
 from app.pages import web
 from app.service import Model, Service
 from app.service.generation import GenerateSettings
@@ -34,6 +35,47 @@ NUMBERS = {"max_new_tokens": int, "temperature": float, "top_k": int, "top_p": f
 PICKS = ("step", "layer", "head")  # what is shown: the token (its step), and the layer and head of its strip
 TOP_K_SLIDER = 100  # the top-k slider's greatest value (a model with fewer tokens: its d_vocab)
 PACE_MS = 30  # tokens appear at most this often, so a fast model's text can be read as it grows
+
+
+def script_words() -> dict[str, str]:
+    """What static/js/generate.js writes, in the page's language: {name} placeholders it fills in."""
+    return {
+        "cannot": _("This cannot be written"),
+        "writing": _("Writing…"),
+        "writing_n": _("Writing… {n} of {max} tokens"),
+        "unreachable": _("The server could not be reached. Is it still running?"),
+        "answered": _("The server answered {status}."),
+        "cut_off": _("The stream was cut off before the generation ended."),
+        "reason_stop": _("it reached a stop"),
+        "done_one": _("Done: {n} new token ({reason})."),
+        "done": _("Done: {n} new tokens ({reason})."),
+        "stopped_one": _("Stopped after {n} new token."),
+        "stopped": _("Stopped after {n} new tokens."),
+        "token_label": _("new token {i}: {token}, probability {p}"),
+        "detail_title": _("How new token {i}, “{token}”, was chosen"),
+        "greedy_how": _("Greedy (temperature 0): the most likely token, nothing drawn."),
+        "drawn_how": _("Drawn with u = {u}: its probability after the settings was {p}."),
+        "gave": _("The model gave it probability {p}."),
+        "kept_one": _("The settings kept {n} token, holding {share} of the model's probability."),
+        "kept": _("The settings kept {n} tokens, holding {share} of the model's probability."),
+        "cache": _("KV cache: {bytes} bytes."),
+        "rank": _("rank"), "token": _("token"), "the_model": _("the model"), "after": _("after {stage}"),
+        "stage_repetition_penalty": _("repetition penalty"), "stage_temperature": _("temperature"),
+        "stage_greedy": _("greedy"), "stage_model": _("the model"),
+        "cutoff_one": _("cut-off: {n} token kept; below, cut by {stage}"),
+        "cutoff": _("cut-off: {n} tokens kept; below, cut by {stage}"),
+        "drawn": _("(drawn)"),
+        "key_title": _("key {i}: {token} · weight {w}"),
+        "strip_title": _("Where {head} looked when it chose “{token}”"),
+        "parks": _("It parks {w} on the first token: a sink."),
+        "readout": _("{head}: most weight on key {i} “{token}” ({w})."),
+        "head_label": _("{head}, weight on the first token {w}"),
+        "head_sink": _("{head}, weight on the first token {w}, an attention sink"),
+        "sink": _("sink"),
+        "sinks": _("Attention sinks (over {t} of their weight on the first token): {heads}."),
+        "no_sinks": _("No head puts over {t} of its weight on the first token here."),
+        "off": _("off"),
+    }
 
 
 @dataclass
@@ -51,7 +93,7 @@ class GenerateState:
 def parse(query, models: dict[str, Model], preferred: str, errors: list[str]) -> GenerateState:
     name = web.last(query, "model") or web.default_model(models, preferred)
     if name not in models:
-        errors.append(f"unknown model {name!r}: choose one of {', '.join(models)}")
+        errors.append(_("unknown model {name!r}: choose one of {choices}").format(name=name, choices=", ".join(models)))
         name = web.default_model(models, preferred)
     texts = query.getlist("text")
     text = texts[-1] if texts else models[name].default_text
@@ -130,7 +172,7 @@ def generate_page(request: Request, svc: ServiceDep) -> HTMLResponse:
         "request_json": json.dumps(body) if body else None, "limits": controls(svc, model, state, room),
         "picks": {"step": state.step, "layer": state.layer, "head": state.head}, "pace_ms": PACE_MS,
         "nav": "generate", "form_id": "generate", "classroom": web.is_on(query, "classroom"),
-        "max_text_chars": svc.settings.max_text_chars,
+        "max_text_chars": svc.settings.max_text_chars, "words": script_words(),
     }
     url = canonical(state, web.default_model(models, preferred), models[state.model].default_text)
     return web.render(request, "generate.html", context, url=url, error=error)

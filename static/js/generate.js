@@ -24,8 +24,22 @@
   }
 
   const fmt = (p) => (p >= 0.001 || p === 0 ? p.toFixed(3) : p.toExponential(1));
-  const STAGE_LABEL = {model: "model", repetition_penalty: "repetition penalty", temperature: "temperature",
-                       top_k: "top-k", top_p: "top-p", greedy: "greedy"};
+
+  // The words this script writes, in the page's language (app/pages/generate.py script_words: the page's
+  // data-words), with their {name} placeholders filled in; `n` picks a message's form for one or many.
+  let WORDS = null;
+  function say(key, vars, n) {
+    if (WORDS === null) {
+      const holder = document.querySelector(".generate-page[data-words]");
+      WORDS = holder ? JSON.parse(holder.dataset.words) : {};
+    }
+    const name = n === 1 && WORDS[key + "_one"] !== undefined ? key + "_one" : key;
+    let text = WORDS[name] !== undefined ? WORDS[name] : key;
+    for (const [k, v] of Object.entries(vars || {})) text = text.split("{" + k + "}").join(String(v));
+    return text;
+  }
+  // a step of the distribution's pipeline (the API's stage names; top-k and top-p are said as they are)
+  const stageLabel = (stage) => (stage === "top_k" ? "top-k" : stage === "top_p" ? "top-p" : say("stage_" + stage));
 
   function setUrl(params) {
     const url = new URL(location.href);
@@ -70,7 +84,7 @@
     finishRun();
     box.replaceChildren();
     const panel = el("div", {class: "error-panel", role: "alert", id: "gen-error"});
-    panel.append(el("h2", {id: "gen-text-title"}, "This cannot be written"), el("p", {class: "error"}, message));
+    panel.append(el("h2", {id: "gen-text-title"}, say("cannot")), el("p", {class: "error"}, message));
     box.append(panel);
   }
 
@@ -83,18 +97,18 @@
            wanted: box.dataset.step === "" ? null : Number(box.dataset.step)};
     const mine = run;
     stopButton(true);
-    status("Writing…");
+    status(say("writing"));
     performance.mark("generate:request");
     let response;
     try {
       response = await fetch(box.dataset.api, {method: "POST", body: box.dataset.request, signal: controller.signal,
         headers: {"Content-Type": "application/json", "Accept": "text/event-stream"}});
     } catch (err) {
-      if (run === mine && !controller.signal.aborted) fail("The server could not be reached. Is it still running?");
+      if (run === mine && !controller.signal.aborted) fail(say("unreachable"));
       return;
     }
     if (!response.ok) {
-      let message = "The server answered " + response.status + ".";
+      let message = say("answered", {status: response.status});
       try {
         const body = await response.json();
         message = body.detail.map((d) => d.msg).join("; ");
@@ -118,7 +132,7 @@
         }
       }
     } catch (err) {
-      if (run === mine && !controller.signal.aborted) fail("The stream was cut off before the generation ended.");
+      if (run === mine && !controller.signal.aborted) fail(say("cut_off"));
     }
   }
 
@@ -148,11 +162,11 @@
       run.shown += 1;
       run.lastShown = performance.now();
       if (run.shown === 1) performance.mark("generate:first-token");
-      status("Writing… " + run.shown + " of " + run.start.settings.max_new_tokens + " tokens");
+      status(say("writing_n", {n: run.shown, max: run.start.settings.max_new_tokens}));
       run.timer = setTimeout(function () { run.timer = null; pump(); }, run.pace);
     } else if (run.end) {
-      const reason = run.end.finish_reason === "stop" ? "it reached a stop" : "max_new_tokens";
-      status("Done: " + run.shown + " new token" + (run.shown === 1 ? "" : "s") + " (" + reason + ").");
+      const reason = run.end.finish_reason === "stop" ? say("reason_stop") : "max_new_tokens";
+      status(say("done", {n: run.shown, reason: reason}, run.shown));
       finishRun();
     }
   }
@@ -184,7 +198,7 @@
     run.controller.abort();
     run.stopped = true;
     run.steps.length = run.shown;
-    status("Stopped after " + run.shown + " new token" + (run.shown === 1 ? "" : "s") + ".");
+    status(say("stopped", {n: run.shown}, run.shown));
     finishRun();
   }
 
@@ -201,8 +215,8 @@
     const shade = Math.min(9, Math.floor(step.prob * 10));
     const b = el("button", {type: "button", class: "gen-tok p" + shade + (step.stop ? " stopped" : ""),
                             "data-index": step.index, "aria-pressed": "false",
-                            "aria-label": "new token " + (step.index + 1) + ": " + step.token + ", probability " +
-                                          fmt(step.prob)}, step.token);
+                            "aria-label": say("token_label", {i: step.index + 1, token: step.token,
+                                                                p: fmt(step.prob)})}, step.token);
     out.append(b);
   }
 
@@ -228,14 +242,14 @@
     const panel = document.getElementById("gen-detail");
     panel.hidden = false;
     document.getElementById("gen-detail-title").textContent =
-      "How new token " + (step.index + 1) + ", “" + step.token + "”, was chosen";
+      say("detail_title", {i: step.index + 1, token: step.token});
     const how = step.u === null
-      ? "Greedy (temperature 0): the most likely token, nothing drawn."
-      : "Drawn with u = " + step.u.toFixed(4) + ": its probability after the settings was " + fmt(step.prob_after) + ".";
-    document.getElementById("gen-summary").textContent =
-      "The model gave it probability " + fmt(step.prob) + ". " + how + " The settings kept " + step.kept_count +
-      " token" + (step.kept_count === 1 ? "" : "s") + ", holding " + (100 * step.kept_mass).toFixed(1) +
-      "% of the model's probability. KV cache: " + step.cache_bytes.toLocaleString("en") + " bytes.";
+      ? say("greedy_how")
+      : say("drawn_how", {u: step.u.toFixed(4), p: fmt(step.prob_after)});
+    document.getElementById("gen-summary").textContent = [
+      say("gave", {p: fmt(step.prob)}), how,
+      say("kept", {n: step.kept_count, share: (100 * step.kept_mass).toFixed(1) + "%"}, step.kept_count),
+      say("cache", {bytes: step.cache_bytes.toLocaleString("en")})].join(" ");
     drawTable(step);
     drawHeadPicks(step);
     drawStrip(step);
@@ -247,10 +261,10 @@
     const head = table.tHead;
     head.replaceChildren();
     const row = el("tr");
-    row.append(el("th", {scope: "col"}, "rank"), el("th", {scope: "col"}, "token"));
-    for (const s of step.stages) row.append(el("th", {scope: "col"}, "after " + STAGE_LABEL[s]));
+    row.append(el("th", {scope: "col"}, say("rank")), el("th", {scope: "col"}, say("token")));
+    for (const s of step.stages) row.append(el("th", {scope: "col"}, say("after", {stage: stageLabel(s)})));
     head.append(row);
-    head.rows[0].cells[2].textContent = "the model";
+    head.rows[0].cells[2].textContent = say("the_model");
     const body = table.tBodies[0];
     body.replaceChildren();
     let cutShown = false;
@@ -259,8 +273,7 @@
         cutShown = true;
         const line = el("tr", {class: "cutoff"});
         line.append(el("td", {colspan: String(2 + step.stages.length)},
-                       "cut-off: " + step.kept_count + " token" + (step.kept_count === 1 ? "" : "s") +
-                       " kept; below, cut by " + STAGE_LABEL[c.cut_by]));
+                       say("cutoff", {n: step.kept_count, stage: stageLabel(c.cut_by)}, step.kept_count)));
         body.append(line);
       }
       const drawn = c.id === step.id;
@@ -268,7 +281,7 @@
       tr.append(el("td", {class: "num"}, String(c.rank + 1)));
       const tok = el("td");
       tok.append(el("span", {class: "tok"}, c.token));
-      if (drawn) tok.append(el("span", {"aria-label": " (drawn)"}, " ★"));
+      if (drawn) tok.append(el("span", {"aria-label": " " + say("drawn")}, " ★"));
       tr.append(tok);
       c.probs.forEach(function (p) {
         const cell = el("td", {class: "num"}, fmt(p));
@@ -309,17 +322,16 @@
     let best = 0;
     row.forEach(function (w, i) {
       const k = el("span", {class: "key" + (i === row.length - 1 ? " query" : ""),
-                            title: "key " + i + ": " + tokens[i] + " · weight " + fmt(w)}, tokens[i]);
+                            title: say("key_title", {i: i, token: tokens[i], w: fmt(w)})}, tokens[i]);
       k.style.background = "rgba(230, 120, 0, " + Math.min(1, w).toFixed(3) + ")";
       strip.append(k);
       if (w > row[best]) best = i;
     });
     document.getElementById("gen-strip-title").textContent =
-      "Where " + headLabel(run.layer, run.head) + " looked when it chose “" + step.token + "”";
-    const sink = row[0] > run.start.sink_threshold ? " It parks " + fmt(row[0]) + " on the first token: a sink." : "";
+      say("strip_title", {head: headLabel(run.layer, run.head), token: step.token});
+    const sink = row[0] > run.start.sink_threshold ? " " + say("parks", {w: fmt(row[0])}) : "";
     document.getElementById("gen-readout").textContent =
-      headLabel(run.layer, run.head) + ": most weight on key " + best + " “" + tokens[best] + "” (" + fmt(row[best]) +
-      ")." + sink;
+      say("readout", {head: headLabel(run.layer, run.head), i: best, token: tokens[best], w: fmt(row[best])}) + sink;
   }
 
   function drawHeads(step) {
@@ -332,10 +344,10 @@
         const chosen = layer === run.layer && head === run.head;
         const b = el("button", {type: "button", class: "gen-head" + (isSink ? " sink" : ""), "data-layer": layer,
                                 "data-head": head, "aria-pressed": String(chosen),
-                                "aria-label": headLabel(layer, head) + ", weight on the first token " + fmt(row[0]) +
-                                              (isSink ? ", an attention sink" : "")});
+                                "aria-label": say(isSink ? "head_sink" : "head_label",
+                                                  {head: headLabel(layer, head), w: fmt(row[0])})});
         const label = el("span", {"aria-hidden": "true"}, headLabel(layer, head));
-        if (isSink) label.append(el("span", {class: "sink-mark"}, " sink"));
+        if (isSink) label.append(el("span", {class: "sink-mark"}, " " + say("sink")));
         const canvas = el("canvas", {width: String(row.length), height: "1", "aria-hidden": "true"});
         const ctx = canvas.getContext("2d");
         row.forEach(function (w, i) {
@@ -347,9 +359,9 @@
       });
     });
     document.getElementById("gen-sinks").textContent = step.sink_heads.length
-      ? "Attention sinks (over " + run.start.sink_threshold + " of their weight on the first token): " +
-        step.sink_heads.map((s) => headLabel(s.layer, s.head) + " " + fmt(s.weight)).join(", ") + "."
-      : "No head puts over " + run.start.sink_threshold + " of its weight on the first token here.";
+      ? say("sinks", {t: run.start.sink_threshold,
+                      heads: step.sink_heads.map((s) => headLabel(s.layer, s.head) + " " + fmt(s.weight)).join(", ")})
+      : say("no_sinks", {t: run.start.sink_threshold});
   }
 
   function pickHead(layer, head) {
@@ -428,7 +440,7 @@
   // a slider's value beside its label
   function showValue(input) {
     const out = document.querySelector('output[for="' + input.id + '"]');
-    if (out) out.textContent = input.disabled ? "off" : input.value;
+    if (out) out.textContent = input.disabled ? say("off") : input.value;
   }
 
   document.addEventListener("input", function (evt) {

@@ -197,7 +197,7 @@ def test_the_page_shows_the_apis_numbers_and_the_walk(client):
     r = post(client, "patching", **INDUCTION, target="attn_head", direction="noise")
     assert f"clean run <strong>{r['clean_metric']:.4f}</strong>" in page
     assert "A guided walk" in page and "L1H0 reads L0H2 through its keys" in page
-    assert f"falls to\n          <strong>{r['grid'][0][2]:.2f}</strong>" in page
+    assert f"falls to <strong>{r['grid'][0][2]:.2f}</strong>" in page
     assert 'id="patching-recomputed"' in page and 'id="patching-frozen"' in page and 'data-pick="heads"' in page
     assert "query side: the token&#39;s embedding × key side: L0H2&#39;s output" in page
     # the walk's first step: L0H2 at a query of the first half looks at the token just before, by position

@@ -14,8 +14,11 @@ pytestmark = pytest.mark.browser
 
 # The Malay pages translated whole, one of each kind (tests/pages/test_languages.py reads all of them).
 MALAY_PAGES = ["/lessons/attention?lang=ms", "/params?lang=ms", "/glossary?lang=ms", "/train?lang=ms",
-               "/inspect?view=detectors&lang=ms"]
+               "/inspect?view=detectors&lang=ms", "/generate?lang=ms", "/circuits?lang=ms"]
 TRAIN_TIMEOUT_S = 120
+# SETTLED waits for the Write page's status to say it has finished, in English; in Malay too
+SETTLED_MS = SETTLED.replace("(Done|Stopped)", "(Done|Stopped|Selesai|Dihentikan)")
+assert SETTLED_MS != SETTLED
 
 
 def html_lang(page) -> str:
@@ -26,7 +29,7 @@ def html_lang(page) -> str:
 def test_a_malay_page_is_axe_clean_and_fits_a_phone(tab, live_server, path):  # noqa: F811
     tab.set_viewport_size({"width": PHONE["width"], "height": PHONE["height"]})
     tab.goto(live_server + path)
-    tab.wait_for_function(SETTLED)
+    tab.wait_for_function(SETTLED_MS)
     assert html_lang(tab) == "ms"
     sizes = tab.evaluate("() => [document.scrollingElement.scrollWidth, window.innerWidth]")
     assert sizes[0] <= sizes[1], f"{path} is {sizes[0]} px wide in a {sizes[1]} px window"
@@ -93,4 +96,28 @@ def test_switch_to_malay_type_go_back_share_the_url_and_train(tab, context, live
     assert seen <= malay_status, seen  # every status the live updates wrote was Malay
     tab.wait_for_function(SETTLED)
     assert html_lang(tab) == "ms" and tab.locator("#run-title").inner_text().startswith("Larian")
+    assert tab.watch.page_errors == [] and tab.watch.console_errors == []
+
+
+def test_what_the_write_pages_script_writes_is_malay(tab, live_server):  # noqa: F811
+    """static/js/generate.js writes the status, a token's story, its table and the heads' readouts from the page's
+    words (app/pages/generate.py script_words): after a generation and a click, no English is left on the page."""
+    from tests.pages.test_languages import english_left
+
+    tab.goto(live_server + "/generate?model=toy&text=Ali+makan+nasi&max_new_tokens=6&top_k=20&top_p=0.9&seed=3"
+                           "&lang=ms")
+    tab.wait_for_function(SETTLED_MS)
+    assert tab.text_content("#gen-status").startswith("Selesai: 6 token baharu")
+    tab.click("#gen-output button.gen-tok[data-index='2']")
+    tab.wait_for_function("() => document.querySelector('#gen-detail-title').textContent.includes('token baharu 3')")
+    header = tab.eval_on_selector_all("#gen-dist thead th", "els => els.map(e => e.textContent)")
+    assert header == ["tempat", "token", "model", "selepas top-k", "selepas top-p"]
+    assert tab.text_content("#gen-summary").startswith("Model memberinya kebarangkalian")
+    assert tab.get_attribute("#gen-output button.gen-tok[data-index='2']", "aria-label").startswith("token baharu 3: ")
+    assert english_left(tab.content()) == []
+    tab.fill("#gen-max", "3")
+    tab.click("#gen-go")
+    tab.wait_for_function("() => /^Selesai: 3 token baharu/.test(document.querySelector('#gen-status').textContent)")
+    assert html_lang(tab) == "ms" and "lang=ms" in tab.url
+    assert english_left(tab.content()) == []
     assert tab.watch.page_errors == [] and tab.watch.console_errors == []

@@ -21,7 +21,10 @@ from .figure_data import load_figure
 
 LESSONS = ["attention", "scaling", "causal", "multihead", "positions", "params", "forward"]
 ALL_PAGES = (["/", "/?view=compare&rollout=1&ablate=0.1", "/lessons", "/params", "/params?preset=tinyllama-1.1b", "/glossary", "/train", "/train?recipe=text"]
-             + [f"/lessons/{name}" for name in LESSONS] + [f"/inspect?view={view}" for view in INSPECT_VIEWS])
+             + [f"/lessons/{name}" for name in LESSONS] + [f"/inspect?view={view}" for view in INSPECT_VIEWS]
+             + ["/generate", "/generate?model=nasi-lemak&top_k=5&repetition_penalty=1.2&stop=.", "/circuits",
+                "/circuits?target=attn_head_pos&direction=denoise&metric=prob&layer=1&head=1&query=3",
+                "/circuits?model=toy&target=resid_mid"])
 # Pages whose words are not all in the catalogue yet, and what they still show in English.
 PENDING = {
     "/": "the model's description (app/models/catalog.py, the trained models' cards)",
@@ -205,7 +208,7 @@ def _numbers(text: str) -> list[str]:
     return sorted(re.findall(r"[−-]?\d+(?:,\d{3})*(?:\.\d+)?(?:e[+-]?\d+)?", body))
 
 
-@pytest.mark.parametrize("path", [f"/lessons/{name}" for name in LESSONS] + ["/params"])
+@pytest.mark.parametrize("path", [f"/lessons/{name}" for name in LESSONS] + ["/params", "/circuits"])
 def test_a_lesson_prints_the_same_numbers_in_both_languages(web, path):
     english, malay = web.get(path).text, web.get(in_malay(path)).text
     assert _numbers(malay) == _numbers(english)
