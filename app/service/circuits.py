@@ -64,17 +64,28 @@ INDUCTION_PREFILL = Prefill(*induction_example(string.ascii_lowercase, 24, seed=
                             direction="noise")
 # The spec's vocabulary (" aeiklmns") has no room for a shifted text: "kasi " (same letters) predicts no "l".
 SPEC_PREFILL = Prefill("nasi ", "kasi ", "l", None)
+# python-docs-induction (natural text, both heads): a docs sentence said again up to "over the e", and the same
+# with the first copy's letters shifted. Only the first copy says "l" comes next ("x" is the corrupted run's
+# guess: "the ex..."); noising the stream at the first copy's "e" in layer 0, or its "l" in layer 1 (where the
+# previous-token head has written "e came before me"), takes the lead away (tests/api/test_circuits.py).
+DOCS_SENTENCE = "The for statement is used to iterate over the elements of a sequence."
+DOCS_INDUCTION_PREFILL = Prefill(f"{DOCS_SENTENCE} {DOCS_SENTENCE[:47]}",
+                                 f"{_shift(DOCS_SENTENCE)} {DOCS_SENTENCE[:47]}", "l", "x", target="resid_pre",
+                                 direction="noise")
 
 
 def prefill(model: Model) -> Prefill:
     """What the patching view opens on for this model: the induction example on an induction model; the spec's
-    phrase on its models; else the default text twice, the first copy's letters shifted in the corrupted one
-    (so only the copy says what comes next), answer and wrong left to the model."""
+    phrase on its models; a repeated docs sentence on python-docs-induction; else the default text twice, the
+    first copy's letters shifted in the corrupted one (so only the copy says what comes next), answer and wrong
+    left to the model."""
     recipe = pretrained.trained_recipe(model.loader.spec) if model.loader is not None else None
     if recipe == "induction":
         return INDUCTION_PREFILL
     if recipe == "nasi-lemak" or model.name == "spec-forward":
         return SPEC_PREFILL
+    if model.name == "python-docs-induction":
+        return DOCS_INDUCTION_PREFILL
     text = model.default_text.strip() or "the cat sat on the mat"
     words = text.split()
     tail = " ".join(words[:-1]) if len(words) > 1 else text[:-1]

@@ -183,11 +183,37 @@ def test_circuits_refuse_what_they_cannot_read(client):
 
 def test_every_shipped_decoder_has_a_prefill_that_runs(client):
     catalog = build_catalog(get_settings())
-    for name in ("toy", "spec-forward", "induction", "nasi-lemak", "python-docs"):
+    for name in ("toy", "spec-forward", "induction", "nasi-lemak", "python-docs", "python-docs-induction"):
         p = prefill(catalog[name])
         r = post(client, "patching", model=name, clean=p.clean, corrupted=p.corrupted, answer=p.answer,
                  wrong=p.wrong, target=p.target, direction=p.direction)
         assert r["clean_metric"] != r["corrupted_metric"], name
+
+
+def test_python_docs_induction_continues_a_docs_sentence_through_both_heads(client):
+    """The natural-text model's prefill: a docs sentence said again up to "over the e". The clean run predicts the
+    first copy's "l"; noising the stream where the first copy's "e" is read (layer 0, position 46) or where its
+    "l" holds "e came before me" (layer 1, position 47) takes the lead away, as does noising the previous-token
+    head L0H3 or the induction head L1H0; with later attention frozen, L0H3's patch does little (it acts through
+    L1H0's keys), and L1H0's score at the last token is mostly "my token" × "L0H3's output at the key"."""
+    from core.circuits import qk_decomposition
+    from core import run_with_cache
+
+    p = prefill(build_catalog(get_settings())["python-docs-induction"])
+    r = post(client, "patching", model="python-docs-induction", clean=p.clean, corrupted=p.corrupted, answer=p.answer,
+             wrong=p.wrong, target=p.target, direction=p.direction)
+    assert r["clean_metric"] > 3 > -3 > r["corrupted_metric"] and len(r["tokens"]["clean"]) == 117
+    assert r["tokens"]["clean"][46:48] == ["e", "l"] and r["grid"][0][46] < 0.5 and r["grid"][1][47] < 0.5
+    assert np.median(r["grid"]) > 0.9  # elsewhere a single position's stream hardly matters
+    heads = {frozen: post(client, "patching", model="python-docs-induction", clean=p.clean, corrupted=p.corrupted,
+                          answer=p.answer, wrong=p.wrong, target="attn_head", direction="noise",
+                          frozen_attention=frozen)["grid"] for frozen in (False, True)}
+    assert heads[False][0][3] < 0.5 and heads[False][1][0] < 0.5 and heads[True][0][3] > 0.75
+    model = build_catalog(get_settings())["python-docs-induction"]
+    params, tok = model.load_params(model.cfg, 0, None), model.tokenizer
+    _, cache = run_with_cache(params, model.cfg, ids(tok, p.clean))
+    assert int(np.argmax(cache["blocks.1.attn.hook_pattern"][0, -1])) == 47
+    assert qk_decomposition(cache, 1, 0, 116, 47).top_pairs(1)[0][:2] == ("embed", "L0H3")
 
 
 # ------------------------------------------------------------------ the page
