@@ -54,7 +54,9 @@ PatchingRequest = create_model(
     wrong=(str | None, Field(None, min_length=1, max_length=200, description=(
         "the token the metric compares the answer with; null: the corrupted run's most likely next token (the "
         "clean run's next best when that is the answer)"))),
-    target=(Target, Field("resid_pre", description=TARGET_HELP)),
+    target=(Target, Field("resid_pre", json_schema_extra=requests.stating(
+        TARGET_HELP.replace("{", "{{").replace("}", "}}") + ". A sweep makes one patched run per cell: at most "
+        "{patching_max_passes:,} on this server, counted before anything runs (422 naming how many were asked)"))),
     direction=(Direction, Field("denoise", description=(
         "denoise: the corrupted run with one activation from the clean run (how much does it restore?); noise: the "
         "clean run with one activation from the corrupted run (how much does the behaviour depend on it?)"))),

@@ -36,7 +36,8 @@ _DECODERS = ("Causal pre-norm decoders only: an encoder (all-MiniLM-L6-v2) or a 
                          "one position, at that position (the earlier ones' keys and values are the unpatched "
                          "run's). With `frozen_attention`, every later attention pattern keeps its unpatched value. "
                          "The sweep's patched runs are counted before anything runs (at most the server's "
-                         "patching_max_passes, GET /openapi.json's settings; 422 naming how many were asked). "
+                         "patching_max_passes, stated under `target`; 422 naming how many were asked), and so is its "
+                         "work (multiply-adds, against the server's cost limits). "
                          + _DECODERS)
 def patching(req: PatchingRequest, svc: ServiceDep) -> FastJSONResponse:
     [view] = svc.circuits.patching(req.spec(), req.corrupted, req.answer, req.wrong, req.target, req.direction,

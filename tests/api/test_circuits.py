@@ -131,6 +131,13 @@ def test_the_limits_are_the_settings_and_refuse_before_anything_runs(client_with
         limited.post("/api/v1/analysis/patching", json={"model": "toy", "clean": "the cat", "corrupted": "the dog"}))
     schema = limited.get("/openapi.json").json()
     assert "patching_max_passes" in schema["paths"]["/api/v1/analysis/patching"]["post"]["description"]
+    target = schema["components"]["schemas"]["PatchingRequest"]["properties"]["target"]["description"]
+    assert "at most 10 on this server" in target and "rows L{layer}H{head}" in target  # the setting in effect
+    properties = schema["components"]["schemas"]["PatchingRequest"]["properties"]
+    assert properties["clean"]["maxLength"] == properties["corrupted"]["maxLength"] == get_settings().max_text_chars
+    assert properties["answer"]["anyOf"][0]["maxLength"] == 200
+    assert "at most 2)" in few.get("/openapi.json").json()["components"]["schemas"]["OVCircuitRequest"]["properties"][
+        "text"]["description"]
 
 
 # ------------------------------------------------------------------ circuits
