@@ -291,3 +291,25 @@ def test_the_explorer_links_no_circuits_and_freezes_nothing_where_they_cannot_ru
     assert 'id="ablation-effect"' in bidirectional and 'id="next-token-frozen"' not in bidirectional
     plain = client.get("/", params={"text": "the cat sat"}).text
     assert 'id="head-circuits"' in plain and 'id="next-token-frozen"' not in plain
+
+
+@pytest.mark.parametrize("query, status, message", [
+    ({"model": "induction", "answer": "ab"}, 422, "answer &#39;ab&#39; is 2 tokens for &#39;induction&#39;"),
+    ({"model": "nasi-lemak", "clean": "nasi ", "corrupted": "kasi ", "answer": "l", "wrong": "x"}, 422,
+     "wrong &#39;x&#39; is not a token of &#39;nasi-lemak&#39;"),
+    ({"model": "toy", "clean": "a" * 700, "corrupted": "b" * 700, "target": "attn_head_pos"}, 422,
+     "this sweep asks for 11,200 patched runs (2 layers × 4 heads × 700 positions × 2 (frozen and not)), more than "
+     "this server&#39;s limit of 4,096"),
+    ({"model": "all-MiniLM-L6-v2"}, 422, "is an encoder, which predicts no next token"),
+    ({"model": "induction", "query": 99}, 200, "query=99 is outside the text&#39;s 47 tokens"),
+    ({"model": "induction", "query": 2, "key": 5}, 200, "key position 5 is after the query: the causal mask hides it"),
+])
+def test_the_page_says_each_bad_input_in_place(client, query, status, message):
+    """Each problem in the section it concerns (role=alert), the rest of the page still there: the sweep's own
+    problems answer 422, a QK position the sweep does not use answers 200 with the sweep drawn."""
+    r = client.get("/circuits", params=query)
+    assert r.status_code == status
+    errors = re.findall(r'<p class="error"[^>]*role="alert"[^>]*>(.*?)</p>', r.text, re.S)
+    assert any(message in e for e in errors), errors
+    assert 'id="c-clean"' in r.text and 'id="qk"' in r.text  # the form and the sections stay
+    assert ('id="patching-recomputed"' in r.text) == (status == 200)
