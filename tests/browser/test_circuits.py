@@ -99,3 +99,35 @@ def test_a_bad_setting_is_said_in_place_and_the_model_switch_brings_its_own_text
     assert page.locator("#c-model").input_value() == "toy" and "makan" in page.locator("#c-corrupted").input_value()
     # the browser logs the 422 the error came with (htmx swaps it in place); nothing else
     assert not page.watch.page_errors and all("status of 422" in e for e in page.watch.console_errors)
+
+
+BARS = """(id) => {
+  const el = document.querySelector('#' + id + ' .plot');
+  if (!el || !el._fullLayout || !el.data) return null;
+  return el.data.map(t => ({name: t.name, x: Array.from(t.x)}));
+}"""
+
+
+def test_the_explorers_ablation_draws_both_and_its_head_picker_opens_the_heads_circuits(page, live_server):
+    """The explorer on the induction example with L0H2 ablated: the next-token chart with later attention recomputed
+    and the one with it frozen, side by side in the same panel (the repeat's 'a' collapses in the first, not in
+    the second); then the head picker's link opens /circuits on the same model and head."""
+    page.goto(f"{live_server}/?model=induction&text={INDUCTION_PREFILL.clean}&ablate=0.2&layer=0&head=2")
+    charts = {}
+    for card in ("next-token", "next-token-frozen"):
+        page.locator(f"#{card}").scroll_into_view_if_needed()
+        page.wait_for_function(f"() => ({BARS})({card!r}) !== null")
+        charts[card] = {t["name"]: t["x"] for t in page.evaluate(BARS, card)}
+    before = charts["next-token"]["without ablation"]
+    assert charts["next-token-frozen"]["without ablation"] == before
+    assert charts["next-token"]["with ablation"][0] < 0.5 * before[0] < charts["next-token-frozen"]["with ablation"][0]
+    frozen_text = page.locator("#ablation-frozen").text_content()
+    assert f"{charts['next-token-frozen']['with ablation'][0]:.4f}" in frozen_text
+
+    page.locator("#head-circuits").click()
+    page.wait_for_url("**/circuits?*")
+    query = parse_qs(urlparse(page.url).query)
+    assert query["model"] == ["induction"] and query["layer"] == ["0"] and query["head"] == ["2"]
+    assert "L0H2" in page.locator("#qk-title").text_content()
+    drawn(page, "patching-recomputed")
+    assert not page.watch.page_errors and not page.watch.console_errors
