@@ -12,6 +12,7 @@ snapshot and put their runs back in the queue for another worker.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
@@ -27,6 +28,7 @@ from app.settings import get_settings  # noqa: E402
 
 REGISTER_EVERY_S = 5.0  # how often a worker says it is alive (explorer:workers in Redis)
 NICENESS = 10  # below a server's request workers on the same machine
+log = logging.getLogger("app.worker")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,6 +57,10 @@ def main(argv: list[str] | None = None) -> int:
         while not alive.wait(REGISTER_EVERY_S):
             try:
                 register_worker(store, node, s.train_workers, __version__)
+                for id in store.unsent():  # a replica died between creating a run and sending its task
+                    log.warning("run %s was queued more than %.0f s ago and its task never sent: sending it", id,
+                                store.timing.unsent_s)
+                    store.submit(id)
             except Exception:  # Redis away: the broker connection says so in the log
                 pass
 
@@ -62,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     def ready(**_) -> None:
         register_worker(store, node, s.train_workers, __version__)
         for id in store.waiting():  # a second message is harmless: a run trains once (jobs.py)
-            jobs.submit(store, id)
+            store.submit(id)
         threading.Thread(target=register_forever, name="register", daemon=True).start()
 
     @signals.worker_shutting_down.connect(weak=False)

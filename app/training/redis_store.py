@@ -54,6 +54,9 @@ log = logging.getLogger("app.training.redis_store")
 
 PREFIX = "explorer"
 RUNS, QUEUE, ACTIVE, WORKERS = (f"{PREFIX}:runs", f"{PREFIX}:queue", f"{PREFIX}:active", f"{PREFIX}:workers")
+# A replica sends a run's task the moment it creates it: the same request made this long after, when the
+# task was never sent (the broker refused it), sends it then.
+SEND_GRACE_S = 2.0
 STREAM_MAXLEN = 10_000  # events kept per run (about): progress comes ten times a second
 STREAM_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
 PING_EVERY_S = 1.0  # how long a reachability answer is trusted
@@ -120,6 +123,12 @@ class Timing:
     def retry_s(self) -> float:
         return max(0.5, self.lease_s / 2)
 
+    @property
+    def unsent_s(self) -> float:
+        """A run queued this long whose task was never sent (its replica died, or the broker refused it in
+        between) is sent by a worker's sweep."""
+        return self.lease_s
+
 
 def _decode(raw: bytes | None) -> str | None:
     return None if raw is None else raw.decode()
@@ -158,7 +167,7 @@ if per >= 0 then
   local all = redis.call('ZCARD', KEYS[4])
   if all >= total then return {-2, all} end
 end
-redis.call('HSET', KEYS[1], 'request', ARGV[2], 'status', 'queued', 'state', ARGV[4], 'sent_at', ARGV[5])
+redis.call('HSET', KEYS[1], 'request', ARGV[2], 'status', 'queued', 'state', ARGV[4], 'queued_at', ARGV[5])
 if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'text', ARGV[3]) end
 redis.call('ZADD', KEYS[2], ARGV[5], ARGV[1])
 redis.call('ZADD', KEYS[3], ARGV[5], ARGV[1])
@@ -181,8 +190,8 @@ if per >= 0 then
   local all = redis.call('ZCARD', KEYS[4])
   if all >= total then return {-2, all} end
 end
-redis.call('HSET', KEYS[1], 'status', 'queued', 'sent_at', ARGV[5])
-redis.call('HDEL', KEYS[1], 'error', 'cancel')
+redis.call('HSET', KEYS[1], 'status', 'queued', 'queued_at', ARGV[5])
+redis.call('HDEL', KEYS[1], 'error', 'cancel', 'sent')
 redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
 redis.call('ZADD', KEYS[4], ARGV[2], ARGV[1])
 redis.call('SADD', KEYS[5], ARGV[1])
@@ -443,7 +452,7 @@ class RedisStore(TrainingStore):
             keys=[run_key(id), RUNS, QUEUE, ACTIVE, client_key(client), events_key(id)],
             args=[id, dumps(request), s.text or "", dumps(state), repr(now), *_room_args(room), STREAM_MAXLEN])
         _no_room(made, count)
-        if made:
+        if made or self._unsent(id, SEND_GRACE_S):  # the same request again heals a run whose task was never sent
             self.submit(id)
         return id, bool(made)
 
@@ -458,10 +467,30 @@ class RedisStore(TrainingStore):
             self.submit(id)
 
     def submit(self, id: str) -> None:
-        """Queue the run's Celery task (app/training/jobs.py)."""
+        """Queue the run's Celery task (app/training/jobs.py), then mark the run as sent. Between its creation
+        and this mark a run has no task that anyone knows of: a replica that dies there, or a broker that
+        refuses the message, leaves it to the same request made again (create) or to a worker's sweep
+        (`unsent`); a second message is harmless (a run trains once)."""
+        from kombu.exceptions import OperationalError
+
         from app.training.jobs import submit
 
-        submit(self, id)
+        try:
+            submit(self, id)
+        except OperationalError as e:
+            raise StoreUnavailable(self.unreachable(e)) from e
+        self.r.hset(run_key(id), "sent", repr(time.time()))
+
+    def _unsent(self, id: str, older_than_s: float) -> bool:
+        status, sent, queued_at = self._fields(id, "status", "sent", "queued_at")
+        return (status == b"queued" and sent is None and queued_at is not None
+                and time.time() - float(queued_at) > older_than_s)
+
+    @_reaching
+    def unsent(self) -> list[str]:
+        """Runs queued for longer than Timing.unsent_s whose task was never sent: a worker sends them."""
+        ids = [id.decode() for id in self.r.zrange(QUEUE, 0, -1)]
+        return [id for id in ids if self._unsent(id, self.timing.unsent_s) and not self.r.exists(lock_key(id))]
 
     @_reaching
     def request_cancel(self, id: str) -> None:

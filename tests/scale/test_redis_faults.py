@@ -116,6 +116,47 @@ def test_a_worker_on_an_older_version_refuses_the_run(redis_with_password):
             services.wait_until(lambda: store.info(id).status == "done", 60, "trained by the current worker")
 
 
+class DiesBeforeSending(RedisStore):
+    """A replica that creates a run in Redis and dies (or finds the broker refusing) before its task is sent."""
+
+    def submit(self, id: str) -> None:
+        raise RuntimeError("the replica died here")
+
+
+def test_a_run_whose_task_was_never_sent_is_not_lost(redis_with_password):
+    """Between creating a run and sending its task a replica may die: the same request made again sends it
+    (after SEND_GRACE_S), and a run nobody asks for again is sent by a running worker's sweep once it has
+    waited Timing.unsent_s. Either way it trains once."""
+    from app.training.redis_store import SEND_GRACE_S, run_key
+    from app.training.store import training_run_id
+    from app.worker import REGISTER_EVERY_S
+
+    redis = redis_with_password
+    r, timing = redis.client(), Timing(PICKUP_S)
+    dying, store = DiesBeforeSending(redis.url, 2**20, timing), RedisStore(redis.url, 2**20, timing)
+    asked_again, forgotten = (train_settings("nasi-lemak", steps=40, eval_interval=10, seed=s) for s in (96, 97))
+    ids = [training_run_id(s) for s in (asked_again, forgotten)]
+    with pytest.raises(RuntimeError):
+        dying.create(asked_again, "t")
+    assert store.info(ids[0]).status == "queued" and r.hget(run_key(ids[0]), "sent") is None
+    assert store.create(asked_again, "t") == (ids[0], False) and r.hget(run_key(ids[0]), "sent") is None  # too soon
+    time.sleep(SEND_GRACE_S + 0.2)
+    assert store.create(asked_again, "t") == (ids[0], False) and r.hget(run_key(ids[0]), "sent") is not None
+    with services.worker(redis.url, train_pickup_s=PICKUP_S) as w:
+        services.wait_until(lambda: store.info(ids[0]).status == "done", 60, "the run asked for again trained")
+        with pytest.raises(RuntimeError):
+            dying.create(forgotten, "t")  # the worker is running: only its sweep can find this one
+        assert store.unsent() == []  # not before Timing.unsent_s
+        started = time.monotonic()
+        services.wait_until(lambda: f"run {ids[1]} was queued more than" in w.log(),
+                            timing.unsent_s + 2 * REGISTER_EVERY_S + 5, "the worker's sweep sending it")
+        assert time.monotonic() - started < timing.unsent_s + 2 * REGISTER_EVERY_S + 5
+        services.wait_until(lambda: store.info(ids[1]).status == "done", 60, "the forgotten run trained")
+    for id in ids:
+        events = r.xrange(f"explorer:run:{id}:events")
+        assert sum(1 for _, f in events if f[b"event"] == b"run" and b'"running"' in f[b"data"]) == 1  # once
+
+
 def test_a_worker_takes_only_its_own_task_and_only_json(redis_with_password):
     """Whoever reaches the broker cannot make a worker run code: a task name that is not the project's (one
     of Celery's own built-in tasks included) is refused as unregistered, a pickled message is refused
