@@ -15,6 +15,7 @@ import numpy as np
 from .config import TransformerConfig
 from .errors import InputError
 from .model import Params, norm, unembedding
+from .i18n import _
 
 # ------------------------------------------------------------------ residual decomposition
 
@@ -159,7 +160,7 @@ def repeated_random_tokens(d_vocab: int, length: int, n_repeats: int = 2, seed: 
     by induction (look up what followed this token last time).  # -> [length * n_repeats]"""
     for name, value in (("d_vocab", d_vocab), ("length", length), ("n_repeats", n_repeats)):
         if not isinstance(value, (int, np.integer)) or value < 1:
-            raise InputError(f"{name} must be a positive integer, got {value!r}")
+            raise InputError(_("{name} must be a positive integer, got {value!r}").format(name=name, value=value))
     half = np.random.default_rng(seed).integers(0, d_vocab, size=length)
     return np.tile(half, n_repeats)
 
@@ -175,7 +176,8 @@ def attention_rollout(patterns: np.ndarray) -> np.ndarray:
     [n_layers, query_pos, key_pos]; each row of each R_l sums to 1.
     """
     if patterns.ndim != 4 or patterns.shape[-1] != patterns.shape[-2]:
-        raise InputError(f"expected patterns [n_layers, head_index, pos, pos], got shape {patterns.shape}")
+        raise InputError(_("expected patterns [n_layers, head_index, pos, pos], got shape {shape}").format(
+                           shape=patterns.shape))
     mixed = patterns.mean(axis=1) + np.eye(patterns.shape[-1])  # [n_layers, pos, pos]
     mixed /= mixed.sum(axis=-1, keepdims=True)
     rollout = np.empty_like(mixed)

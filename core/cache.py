@@ -27,6 +27,7 @@ from .config import TransformerConfig
 from .errors import InputError
 from .functional import softmax
 from .model import Ablation, KVCache, Params, forward, per_head_weights
+from .i18n import _
 
 
 def run_with_cache(
@@ -146,8 +147,9 @@ class ActivationCache(Mapping):
         Under grouped-query attention the keys are those of the head's key/value head, cfg.kv_head(head)."""
         cfg = self.cfg
         if not (0 <= layer < cfg.n_layers and 0 <= head < cfg.n_heads):
-            raise InputError(f"layer {layer}, head {head} does not exist: the model has {cfg.n_layers} layer(s) "
-                             f"of {cfg.n_heads} head(s), counted from 0")
+            raise InputError(_("layer {layer}, head {head} does not exist: the model has {n_layers} "
+                               "layer(s) of {n_heads} head(s), counted from 0").format(
+                               layer=layer, head=head, n_layers=cfg.n_layers, n_heads=cfg.n_heads))
         q_name, k_name, scores_name, pattern_name = stage_hooks(cfg, layer)
         q = self[q_name][:, head]  # [pos, d_head]
         k = self[k_name][:, cfg.kv_head(head)]  # the key/value head this query head shares with its group
@@ -184,7 +186,7 @@ class ActivationCache(Mapping):
         require_pre_norm(cfg, "the residual-stream decomposition")
         pos, token = check_position(pos, self.tokens.size), check_token(token, cfg)
         if self.logits is None:
-            raise ValueError("decompose_resid needs the logits: run with logits=True")
+            raise ValueError(_("decompose_resid needs the logits: run with logits=True"))
         labels, parts = ["embed"], [self["hook_embed"][pos]]
         for name, label in (("hook_pos_embed", "pos_embed"), ("hook_token_type_embed", "token_type_embed")):
             if name in self:
@@ -220,7 +222,8 @@ class ActivationCache(Mapping):
         cfg = self.cfg
         require_pre_norm(cfg, "the logit lens")
         if not isinstance(k, (int, np.integer)) or not 1 <= k <= cfg.d_vocab:
-            raise InputError(f"k={k!r} must be between 1 and the vocabulary size {cfg.d_vocab}")
+            raise InputError(_("k={k!r} must be between 1 and the vocabulary size {d_vocab}").format(
+                               k=k, d_vocab=cfg.d_vocab))
         points = analysis.lens_points(cfg)
         n = self.tokens.size
         top_ids = np.empty((len(points), n, k), dtype=np.int64)
@@ -259,17 +262,20 @@ def top_k_ids(probs: np.ndarray, k: int) -> np.ndarray:
 
 def require_pre_norm(cfg: TransformerConfig, what: str) -> None:
     if cfg.block_type != "pre_norm":
-        raise InputError(f"{what} needs a pre-norm model (GPT-2 style, with a final layer norm); "
-                         f"this model is {cfg.block_type}, whose residual stream is re-normalised in every block")
+        raise InputError(_("{what} needs a pre-norm model (GPT-2 style, with a final layer norm); "
+                           "this model is {block_type}, whose residual stream is re-normalised in "
+                           "every block").format(what=what, block_type=cfg.block_type))
 
 
 def check_position(pos: int, n: int) -> int:
     if not isinstance(pos, (int, np.integer)) or not -n <= pos < n:
-        raise InputError(f"position {pos!r} is outside the text's {n} tokens (use 0..{n - 1}, or -1 for the last)")
+        raise InputError(_("position {pos!r} is outside the text's {n} tokens (use 0..{last}, or -1 for the "
+                           "last)").format(pos=pos, n=n, last=n - 1))
     return int(pos) % n
 
 
 def check_token(token: int, cfg: TransformerConfig) -> int:
     if not isinstance(token, (int, np.integer)) or not 0 <= token < cfg.d_vocab:
-        raise InputError(f"token id {token!r} is outside the vocabulary 0..{cfg.d_vocab - 1}")
+        raise InputError(_("token id {token!r} is outside the vocabulary 0..{last}").format(
+                           token=token, last=cfg.d_vocab - 1))
     return int(token)

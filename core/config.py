@@ -10,6 +10,7 @@ from typing import Literal
 from .errors import InputError
 from .functional import ACTIVATIONS
 from .positions import POSITION_SCHEMES
+from .i18n import _
 
 # LN: layer norm with gain and bias; LNPre: neither (the spec's toy); RMS: root-mean-square norm with
 # a gain (Llama, Mistral, Qwen); RMSPre: RMS norm without a gain.
@@ -61,18 +62,20 @@ class TransformerConfig:
         for name in ("d_model", "n_layers", "n_heads", "d_vocab", "n_ctx"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
-                raise InputError(f"{name} must be a positive integer, got {value!r}")
+                raise InputError(_("{name} must be a positive integer, got {value!r}").format(name=name, value=value))
         if self.d_head is None:
             if self.d_model % self.n_heads:
                 raise InputError(
-                    f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}: "
-                    f"choose a width that is a multiple of the number of heads"
+                    _("d_model={d_model} is not divisible by n_heads={n_heads}: choose a width that "
+                      "is a multiple of the number of heads").format(
+                      d_model=self.d_model, n_heads=self.n_heads)
                 )
             object.__setattr__(self, "d_head", self.d_model // self.n_heads)
         if self.d_mlp is None:
             object.__setattr__(self, "d_mlp", 4 * self.d_model)
         if not self.attn_only and (not isinstance(self.d_mlp, int) or self.d_mlp < 1):
-            raise InputError(f"d_mlp must be a positive integer, got {self.d_mlp!r} (or set attn_only for no MLP)")
+            raise InputError(_("d_mlp must be a positive integer, got {d_mlp!r} (or set attn_only "
+                               "for no MLP)").format(d_mlp=self.d_mlp))
         _check_choice("act_fn", self.act_fn, tuple(ACTIVATIONS))
         _check_choice("normalization_type", self.normalization_type, NORMALIZATION_TYPES)
         _check_choice("positional_embedding_type", self.positional_embedding_type, POSITION_SCHEMES)
@@ -82,9 +85,12 @@ class TransformerConfig:
             width, what = (self.d_model, "d_model") if self.positional_embedding_type == "sinusoidal" else (
                 self.d_head, "d_head")
             if width % 2:
-                raise InputError(f"{self.positional_embedding_type} positions need an even {what}, got {width}")
+                raise InputError(_("{kind} positions need an even {what}, got {width}").format(
+                                   kind=self.positional_embedding_type, what=what, width=width))
         if not (self.attn_temperature > 0 and math.isfinite(self.attn_temperature)):
-            raise InputError(f"attn_temperature must be a positive finite number, got {self.attn_temperature}")
+            raise InputError(_("attn_temperature must be a positive finite number, got "
+                               "{attn_temperature}").format(
+                               attn_temperature=self.attn_temperature))
         self._check_families()
 
     def _check_families(self) -> None:
@@ -93,44 +99,54 @@ class TransformerConfig:
             object.__setattr__(self, "n_key_value_heads", self.n_heads)
         kv = self.n_key_value_heads
         if not _is_int(kv) or kv < 1:
-            raise InputError(f"n_key_value_heads must be a positive integer, got {kv!r}")
+            raise InputError(_("n_key_value_heads must be a positive integer, got {kv!r}").format(kv=kv))
         if self.n_heads % kv:
-            raise InputError(f"n_heads={self.n_heads} is not divisible by n_key_value_heads={kv}: each key/value "
-                             f"head serves an equal group of query heads, so choose a divisor of {self.n_heads}")
+            raise InputError(_("n_heads={n_heads} is not divisible by n_key_value_heads={kv}: each "
+                               "key/value head serves an equal group of query heads, so choose a "
+                               "divisor of {n_heads}").format(
+                               n_heads=self.n_heads, kv=kv))
         if self.positional_embedding_type == "rotary":
             if self.rotary_dim is None:
                 object.__setattr__(self, "rotary_dim", self.d_head)
             rd = self.rotary_dim
             if not _is_int(rd) or rd < 2 or rd % 2 or rd > self.d_head:
-                raise InputError(f"rotary_dim={rd!r} must be an even number of dimensions between 2 and "
-                                 f"d_head={self.d_head}: rotary turns pairs of a head's dimensions")
+                raise InputError(_("rotary_dim={rd!r} must be an even number of dimensions between 2 "
+                                   "and d_head={d_head}: rotary turns pairs of a head's dimensions").format(
+                                   rd=rd, d_head=self.d_head))
         else:
             object.__setattr__(self, "rotary_dim", None)  # only rotary positions rotate anything
         base = self.rotary_base
         if not (isinstance(base, (int, float)) and base > 1 and math.isfinite(base)):
-            raise InputError(f"rotary_base must be a finite number above 1, got {self.rotary_base!r}")
+            raise InputError(_("rotary_base must be a finite number above 1, got {rotary_base!r}").format(
+                               rotary_base=self.rotary_base))
         if self.window_size is not None and (not _is_int(self.window_size) or self.window_size < 1):
-            raise InputError(f"window_size must be a positive number of tokens, got {self.window_size!r}")
+            raise InputError(_("window_size must be a positive number of tokens, got {window_size!r}").format(
+                               window_size=self.window_size))
         if self.attn_types is not None:
             types = tuple(self.attn_types) if isinstance(self.attn_types, (list, tuple)) else None
             if types is None or len(types) != self.n_layers:
-                raise InputError(f"attn_types needs one entry per layer ({self.n_layers}), got {self.attn_types!r}")
+                raise InputError(_("attn_types needs one entry per layer ({n_layers}), got "
+                                   "{attn_types!r}").format(
+                                   n_layers=self.n_layers, attn_types=self.attn_types))
             for t in types:
                 _check_choice("attn_types entry", t, ATTN_TYPES)
             object.__setattr__(self, "attn_types", types)
             if "local" in types and self.window_size is None:
-                raise InputError("local attention layers need a window_size (how many tokens each one sees)")
+                raise InputError(_("local attention layers need a window_size (how many tokens each "
+                                   "one sees)"))
             if "local" in types and not self.causal:
-                raise InputError("local attention layers see the last window_size tokens: they need causal attention")
+                raise InputError(_("local attention layers see the last window_size tokens: they "
+                                   "need causal attention"))
         if self.parallel_attn_mlp and self.block_type != "pre_norm":
-            raise InputError("parallel_attn_mlp needs a pre-norm block: attention and MLP both read the block's "
-                             "normalised input")
+            raise InputError(_("parallel_attn_mlp needs a pre-norm block: attention and MLP both "
+                               "read the block's normalised input"))
         for name in ("qkv_bias", "attn_out_bias", "mlp_bias", "unembed_bias"):
             value = getattr(self, name)
             if value is None:
                 object.__setattr__(self, name, self.bias)
             elif not isinstance(value, bool):
-                raise InputError(f"{name} must be true, false or null, got {value!r}")
+                raise InputError(_("{name} must be true, false or null, got {value!r}").format(
+                                   name=name, value=value))
 
     def attn_type(self, layer: int) -> str:
         """"global" or "local" for one layer."""
@@ -186,7 +202,8 @@ def _is_int(value: object) -> bool:
 
 def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        raise InputError(f"{name}={value!r} is not one of {', '.join(choices)}")
+        raise InputError(_("{name}={value!r} is not one of {choices}").format(
+                           name=name, value=value, choices=', '.join(choices)))
 
 
 def _llama_like(**sizes) -> TransformerConfig:

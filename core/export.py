@@ -30,6 +30,7 @@ import numpy as np
 from .config import TransformerConfig
 from .errors import InputError
 from .model import Params, unembedding
+from .i18n import _
 
 ACTIVATION_NAMES = {"gelu_new": "gelu_new", "gelu": "gelu", "relu": "relu"}  # core -> transformers
 UNK = "[UNK]"
@@ -39,17 +40,17 @@ def check_exportable(cfg: TransformerConfig) -> None:
     """Raise an InputError naming the setting GPT-2's format cannot express."""
     problems = []
     if cfg.positional_embedding_type != "learned":
-        problems.append(f"{cfg.positional_embedding_type} positions (GPT-2 has a learned table)")
+        problems.append(_("{kind} positions (GPT-2 has a learned table)").format(kind=cfg.positional_embedding_type))
     if cfg.block_type != "pre_norm" or cfg.n_token_types:
-        problems.append("an encoder's layout (GPT-2 is a pre-norm decoder)")
+        problems.append(_("an encoder's layout (GPT-2 is a pre-norm decoder)"))
     if not cfg.causal:
-        problems.append("bidirectional attention (GPT-2 is causal)")
+        problems.append(_("bidirectional attention (GPT-2 is causal)"))
     if not cfg.use_attn_scale or cfg.attn_temperature != 1.0:
-        problems.append("unscaled attention or a temperature (GPT-2 divides by √d_head only)")
+        problems.append(_("unscaled attention or a temperature (GPT-2 divides by √d_head only)"))
     if cfg.n_heads * cfg.d_head != cfg.d_model:
         problems.append("d_head × n_heads ≠ d_model")
     if problems:
-        raise InputError("GPT-2's format cannot hold " + "; ".join(problems))
+        raise InputError(_("GPT-2's format cannot hold {problems}").format(problems="; ".join(problems)))
 
 
 def gpt2_config(cfg: TransformerConfig, metadata: dict | None = None) -> dict:
@@ -106,7 +107,8 @@ def gpt2_tensors(params: Params, cfg: TransformerConfig) -> dict[str, np.ndarray
     if not cfg.tied_embeddings:
         W_U, b_U = unembedding(params)
         if b_U is not None and np.any(b_U):
-            raise InputError("GPT-2's output layer has no bias: train with bias=False or tied embeddings")
+            raise InputError(_("GPT-2's output layer has no bias: train with bias=False or tied "
+                               "embeddings"))
         t["lm_head.weight"] = f32(W_U.T)  # nn.Linear stores [out, in]
     return t
 

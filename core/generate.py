@@ -30,6 +30,7 @@ from .config import TransformerConfig
 from .errors import InputError
 from .model import KVCache, Params, check_tokens, forward
 from .sampling import Sampling, Warped, sample, sampler
+from .i18n import _
 
 SINK_THRESHOLD = 0.5  # a head is an attention sink for a token when over half its weight is on the first token
 
@@ -64,15 +65,21 @@ class GenerationStep:
 def check_generation(cfg: TransformerConfig, n_prompt: int, max_new_tokens: int) -> None:
     """Refuse what this model cannot generate: a bidirectional model, or more tokens than its context."""
     if not cfg.causal:
-        raise InputError("generation needs causal attention: a bidirectional model lets every new token change the "
-                         "earlier positions, so nothing can be cached, and it was not trained to predict the next "
-                         "token. Turn causal back on, or choose a decoder")
+        raise InputError(_("generation needs causal attention: a bidirectional model lets every new "
+                           "token change the earlier positions, so nothing can be cached, and it was "
+                           "not trained to predict the next token. Turn causal back on, or choose a "
+                           "decoder"))
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 0:
-        raise InputError(f"max_new_tokens must be a non-negative whole number, got {max_new_tokens!r}")
+        raise InputError(_("max_new_tokens must be a non-negative whole number, got "
+                           "{max_new_tokens!r}").format(max_new_tokens=max_new_tokens))
     if n_prompt + max_new_tokens > cfg.n_ctx:
-        raise InputError(f"{n_prompt} tokens of text + max_new_tokens={max_new_tokens} exceed the model's context of "
-                         f"n_ctx={cfg.n_ctx} tokens: reduce max_new_tokens to at most {max(cfg.n_ctx - n_prompt, 0)}"
-                         + (" or shorten the text" if n_prompt > 1 else ""))
+        message = (_("{n} tokens of text + max_new_tokens={max_new_tokens} exceed the model's context of "
+                     "n_ctx={n_ctx} tokens: reduce max_new_tokens to at most {most} or shorten the text")
+                   if n_prompt > 1 else
+                   _("{n} tokens of text + max_new_tokens={max_new_tokens} exceed the model's context of "
+                     "n_ctx={n_ctx} tokens: reduce max_new_tokens to at most {most}"))
+        raise InputError(message.format(n=n_prompt, max_new_tokens=max_new_tokens, n_ctx=cfg.n_ctx,
+                                         most=max(cfg.n_ctx - n_prompt, 0)))
 
 
 def read_prompt(params: Params, cfg: TransformerConfig, prompt: np.ndarray) -> KVCache:

@@ -22,6 +22,7 @@ from .model import next_token_probs
 from .params import gpt_params
 from .positions import sinusoidal
 from .tokenizers import CharTokenizer, word_tokens
+from .i18n import _
 
 DEFAULT_TEXT = "Ali makan nasi lemak"
 
@@ -29,7 +30,7 @@ DEFAULT_TEXT = "Ali makan nasi lemak"
 def _check_positive(**values: int) -> None:
     for name, value in values.items():
         if not isinstance(value, (int, np.integer)) or value < 1:
-            raise InputError(f"{name} must be a positive integer, got {value!r}")
+            raise InputError(_("{name} must be a positive integer, got {value!r}").format(name=name, value=value))
 
 
 # ------------------------------------------------------------------ queries, keys, values
@@ -133,8 +134,9 @@ def multihead(text: str = DEFAULT_TEXT, seed: int = 1, d_model: int = 8, n_heads
     """"Multi-head attention": one QKV matrix for all heads, heads as a batch axis."""
     _check_positive(d_model=d_model, n_heads=n_heads)
     if d_model % n_heads:
-        raise InputError(f"d_model={d_model} is not divisible by n_heads={n_heads}: "
-                         f"each head gets d_model / n_heads dimensions")
+        raise InputError(_("d_model={d_model} is not divisible by n_heads={n_heads}: each head gets "
+                           "d_model / n_heads dimensions").format(
+                           d_model=d_model, n_heads=n_heads))
     tokens = word_tokens(text)
     rs = np.random.RandomState(seed)
     X = rs.randn(len(tokens), d_model)
@@ -164,7 +166,8 @@ def positions(n_pos: int = 50, d: int = 16,
     pe = sinusoidal(n_pos, d)
     for i, j in pairs:
         if not (0 <= i < n_pos and 0 <= j < n_pos):
-            raise InputError(f"position pair ({i}, {j}) lies outside 0..{n_pos - 1}: raise n_pos or pick closer pairs")
+            raise InputError(_("position pair ({i}, {j}) lies outside 0..{last}: raise n_pos or pick closer "
+                               "pairs").format(i=i, j=j, last=n_pos - 1))
     return PositionsLesson(pe, [(int(i), int(j), float(pe[i] @ pe[j])) for i, j in pairs])
 
 

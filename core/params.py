@@ -186,10 +186,11 @@ class KVCacheSize:
 def kv_cache_bytes(cfg: TransformerConfig, seq_len: int, batch: int = 1, dtype: str = "float32") -> KVCacheSize:
     """Memory that caching every layer's keys and values of `seq_len` tokens takes."""
     if dtype not in DTYPE_BYTES:
-        raise InputError(f"dtype={dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
+        raise InputError(_("dtype={dtype!r} is not one of {choices}").format(
+                           dtype=dtype, choices=', '.join(DTYPE_BYTES)))
     for name, value in (("seq_len", seq_len), ("batch", batch)):
         if not isinstance(value, int) or value < 1:
-            raise InputError(f"{name} must be a positive integer, got {value!r}")
+            raise InputError(_("{name} must be a positive integer, got {value!r}").format(name=name, value=value))
     size = DTYPE_BYTES[dtype]
     total = 2 * cfg.n_layers * batch * seq_len * cfg.n_key_value_heads * cfg.d_head * size
     return KVCacheSize(total, cfg.n_layers, seq_len, batch, cfg.n_key_value_heads, cfg.d_head, size)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import InputError
+from .i18n import _
 
 POSITION_SCHEMES = ("none", "sinusoidal", "learned", "rotary")
 ROPE_BASE = 10000.0  # the RoFormer paper's base, as for sinusoidal encodings
@@ -21,7 +22,7 @@ def sinusoidal(n_pos: int, d: int) -> np.ndarray:  # -> [n_pos, d]
     because sin a sin b + cos a cos b = cos(a - b).
     """
     if d % 2:
-        raise InputError(f"sinusoidal encodings need an even width, got d={d}")
+        raise InputError(_("sinusoidal encodings need an even width, got d={d}").format(d=d))
     pos = np.arange(n_pos)[:, None]  # [n_pos, 1]
     i = np.arange(0, d, 2)[None, :]  # [1, d/2], the even dimensions
     angle = pos / (10000 ** (i / d))  # [n_pos, d/2]
@@ -33,7 +34,8 @@ def sinusoidal(n_pos: int, d: int) -> np.ndarray:  # -> [n_pos, d]
 def rotary_angles(positions: np.ndarray, d_head: int, base: float = ROPE_BASE) -> np.ndarray:
     """θ_{p,i} = p · base^(-2i/d_head) for each position p and pair i.  # -> [pos, d_head/2]"""
     if d_head % 2:
-        raise InputError(f"rotary embeddings rotate pairs of dimensions: d_head={d_head} must be even")
+        raise InputError(_("rotary embeddings rotate pairs of dimensions: d_head={d_head} must be "
+                           "even").format(d_head=d_head))
     inv_freq = base ** (-np.arange(0, d_head, 2) / d_head)  # [d_head/2]
     return np.asarray(positions, dtype=np.float64)[:, None] * inv_freq[None, :]
 
@@ -69,7 +71,8 @@ def rotary(x: np.ndarray, positions: np.ndarray, *, rotary_dim: int | None = Non
     d_head = x.shape[-1]
     rotary_dim = d_head if rotary_dim is None else rotary_dim
     if rotary_dim % 2 or not 0 < rotary_dim <= d_head:
-        raise InputError(f"rotary_dim={rotary_dim} must be even and between 2 and d_head={d_head}")
+        raise InputError(_("rotary_dim={rotary_dim} must be even and between 2 and d_head={d_head}").format(
+                           rotary_dim=rotary_dim, d_head=d_head))
     angles = rotary_angles(positions, rotary_dim, base)  # [pos, rotary_dim/2]
     cos, sin = np.cos(angles).astype(x.dtype), np.sin(angles).astype(x.dtype)
     out = np.empty_like(x) if out is None else out

@@ -34,7 +34,7 @@ import numpy as np
 
 from .config import TransformerConfig
 from .errors import InputError
-from .i18n import N_
+from .i18n import N_, _
 from .model import Params, init_params, iter_arrays
 
 UNK = "[UNK]"  # id 0 of the character vocabularies that have one: any character they do not know
@@ -168,11 +168,13 @@ DEFAULTS: dict[str, dict] = {
 def settings(recipe: str, **changes) -> TrainSettings:
     """The recipe's defaults with `changes` applied (None values are ignored), checked."""
     if recipe not in DEFAULTS:
-        raise InputError(f"recipe {recipe!r} is not one of {', '.join(DEFAULTS)}")
+        raise InputError(_("recipe {recipe!r} is not one of {choices}").format(
+                           recipe=recipe, choices=', '.join(DEFAULTS)))
     fields = {f.name for f in dataclasses.fields(TrainSettings)} - {"recipe"}
     unknown = sorted(set(changes) - fields)
     if unknown:
-        raise InputError(f"unknown setting {', '.join(unknown)}: the settings are {', '.join(sorted(fields))}")
+        raise InputError(_("unknown setting {unknown}: the settings are {choices}").format(
+                           unknown=', '.join(unknown), choices=', '.join(sorted(fields))))
     given = {k: v for k, v in changes.items() if v is not None}
     values = DEFAULTS[recipe] | given
     steps = values["steps"]
@@ -194,18 +196,20 @@ def text_hash(text: str) -> str:
 
 def _integer(name: str, value, low: int, high: int, hint: str = "") -> None:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not low <= value <= high:
-        raise InputError(f"{name}={value!r} must be an integer from {low:,} to {high:,}{hint}")
+        raise InputError(_("{name}={value!r} must be an integer from {low:,} to {high:,}{hint}").format(
+                           name=name, value=value, low=low, high=high, hint=hint))
 
 
 def _number(name: str, value, low: float, high: float, hint: str = "") -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
             or not low <= value <= high:
-        raise InputError(f"{name}={value!r} must be a number from {low:g} to {high:g}{hint}")
+        raise InputError(_("{name}={value!r} must be a number from {low:g} to {high:g}{hint}").format(
+                           name=name, value=value, low=low, high=high, hint=hint))
 
 
 def check(s: TrainSettings) -> None:
     """The checks every recipe shares; each recipe adds its own in its constructor."""
-    _integer("steps", s.steps, 1, MAX_STEPS, ": a run takes at least one step")
+    _integer("steps", s.steps, 1, MAX_STEPS, _(": a run takes at least one step"))
     _integer("seed", s.seed, 0, 2**32 - 1)
     _integer("batch_size", s.batch_size, 1, MAX_BATCH)
     _integer("seq_len", s.seq_len, 2, MAX_SEQ_LEN)
@@ -214,28 +218,32 @@ def check(s: TrainSettings) -> None:
     _integer("d_model", s.d_model, 1, MAX_D_MODEL)
     if s.d_model % s.n_heads:
         nearest = s.n_heads * max(1, round(s.d_model / s.n_heads))
-        raise InputError(f"d_model={s.d_model} is not divisible by n_heads={s.n_heads}: choose a width that is a "
-                         f"multiple of the number of heads (e.g. d_model={nearest})")
+        raise InputError(_("d_model={d_model} is not divisible by n_heads={n_heads}: choose a width "
+                           "that is a multiple of the number of heads (e.g. d_model={nearest})").format(
+                           d_model=s.d_model, n_heads=s.n_heads, nearest=nearest))
     if s.d_mlp is not None:
         _integer("d_mlp", s.d_mlp, 1, 4 * MAX_D_MODEL)
     if not isinstance(s.attn_only, bool):
-        raise InputError(f"attn_only must be true or false, got {s.attn_only!r}")
-    _number("lr", s.lr, 1e-6, 1.0, " (a learning rate; 1e-3 to 1e-2 suit these small models)")
-    _number("min_lr", s.final_lr, 0.0, s.lr, f" (the floor of the decay: at most lr={s.lr:g})")
-    _integer("warmup", s.warmup, 0, s.steps - 1, f" (warm-up steps, fewer than steps={s.steps})")
+        raise InputError(_("attn_only must be true or false, got {attn_only!r}").format(attn_only=s.attn_only))
+    _number("lr", s.lr, 1e-6, 1.0, _(" (a learning rate; 1e-3 to 1e-2 suit these small models)"))
+    _number("min_lr", s.final_lr, 0.0, s.lr, _(" (the floor of the decay: at most lr={lr:g})").format(lr=s.lr))
+    _integer("warmup", s.warmup, 0, s.steps - 1, _(" (warm-up steps, fewer than steps={steps})").format(steps=s.steps))
     _number("weight_decay", s.weight_decay, 0.0, 1.0)
-    _number("grad_clip", s.grad_clip, 0.0, 1e6, " (0 turns clipping off)")
-    _integer("eval_interval", s.eval_interval, 1, s.steps, f" (steps between records, at most steps={s.steps})")
+    _number("grad_clip", s.grad_clip, 0.0, 1e6, _(" (0 turns clipping off)"))
+    _integer("eval_interval", s.eval_interval, 1, s.steps,
+             _(" (steps between records, at most steps={steps})").format(steps=s.steps))
     if s.snapshot_interval is not None:
         _integer("snapshot_interval", s.snapshot_interval, 1, MAX_STEPS)
     if s.dtype not in DTYPES:
-        raise InputError(f"dtype={s.dtype!r} is not one of {', '.join(DTYPES)}")
+        raise InputError(_("dtype={dtype!r} is not one of {choices}").format(
+                           dtype=s.dtype, choices=', '.join(DTYPES)))
     if s.text is not None and s.recipe != "text":
-        raise InputError(f"a text is what the text recipe trains on; the {s.recipe} recipe makes its own data")
+        raise InputError(_("a text is what the text recipe trains on; the {recipe} recipe makes its "
+                           "own data").format(recipe=s.recipe))
     _number("repeats", s.repeats, 0.0, 1.0, " (a share of the training sequences)")
     if s.repeats and s.recipe != "text":
-        raise InputError(f"repeats mixes repeated passages into the text recipe's data; the {s.recipe} recipe "
-                         "makes its own")
+        raise InputError(_("repeats mixes repeated passages into the text recipe's data; the "
+                           "{recipe} recipe makes its own").format(recipe=s.recipe))
 
 
 # ---------------------------------------------------------------------------- recipes
@@ -339,7 +347,8 @@ class Recipe:
         unk = stoi.get(UNK)
         unknown = sorted({c for c in text if c not in stoi})
         if unknown and unk is None:
-            raise InputError(f"characters {''.join(unknown)!r} are not in the vocabulary {''.join(self.vocab)!r}")
+            raise InputError(_("characters {unknown!r} are not in the vocabulary {vocab!r}").format(
+                               unknown=''.join(unknown), vocab=''.join(self.vocab)))
         return np.array([stoi.get(c, unk) for c in text], dtype=np.int64)
 
     def decode(self, ids) -> str:
@@ -355,8 +364,8 @@ class Induction(Recipe):
     def __init__(self, s: TrainSettings):
         super().__init__(s)
         if s.seq_len < 2 * MIN_REPEAT:
-            raise InputError(f"seq_len={s.seq_len} cannot hold a segment of {MIN_REPEAT} tokens twice: "
-                             f"use seq_len of at least {2 * MIN_REPEAT}")
+            raise InputError(_("seq_len={seq_len} cannot hold a segment of {n} tokens twice: use seq_len of at "
+                               "least {least}").format(seq_len=s.seq_len, n=MIN_REPEAT, least=2 * MIN_REPEAT))
 
     def batch(self, rng: np.random.Generator) -> np.ndarray:
         """Random tokens in which a segment of length k appears twice, with random tokens before, between
@@ -396,12 +405,13 @@ class NasiLemak(Recipe):
         super().__init__(s)
         changed = {k: getattr(s, k) for k, v in self.FIXED.items() if getattr(s, k) != v}
         if changed:
-            raise InputError(f"nasi-lemak trains the spec's own model, whose shape is fixed "
-                             f"({', '.join(f'{k}={v}' for k, v in self.FIXED.items())}): leave out "
-                             f"{', '.join(changed)}")
+            raise InputError(_("nasi-lemak trains the spec's own model, whose shape is fixed ({shape}): leave out "
+                               "{changed}").format(shape=", ".join(f"{k}={v}" for k, v in self.FIXED.items()),
+                                                    changed=", ".join(changed)))
         if s.seq_len < len(NASI_LEMAK_PROMPT) + 1:
-            raise InputError(f"seq_len={s.seq_len} cannot hold {NASI_LEMAK_PROMPT!r} and the letter after it: "
-                             f"use seq_len of at least {len(NASI_LEMAK_PROMPT) + 1}")
+            raise InputError(_("seq_len={seq_len} cannot hold {prompt!r} and the letter after it: use seq_len of at "
+                               "least {least}").format(seq_len=s.seq_len, prompt=NASI_LEMAK_PROMPT,
+                                                      least=len(NASI_LEMAK_PROMPT) + 1))
 
     @cached_property
     def cfg(self) -> TransformerConfig:
@@ -429,7 +439,7 @@ class NasiLemak(Recipe):
         """Phrases in random order, joined by spaces; every sequence starts at a phrase."""
         n = self.settings.seq_len + 1
         rows = []
-        for _ in range(self.settings.batch_size):
+        for _row in range(self.settings.batch_size):
             text = ""
             while len(text) < n:
                 text += NASI_LEMAK_PHRASES[rng.integers(len(NASI_LEMAK_PHRASES))] + " "
@@ -466,18 +476,20 @@ class Text(Recipe):
         super().__init__(s)
         text = python_docs() if s.text is None else s.text
         if not isinstance(text, str):
-            raise InputError("text must be a string")
+            raise InputError(_("text must be a string"))
         if len(text) > TEXT_MAX_CHARS:
-            raise InputError(f"the text has {len(text):,} characters; at most {TEXT_MAX_CHARS:,} are accepted: "
-                             f"shorten it")
+            raise InputError(_("the text has {n:,} characters; at most {most:,} are accepted: shorten it").format(
+                n=len(text), most=TEXT_MAX_CHARS))
         chars = sorted(set(text))
         if len(chars) > TEXT_MAX_VOCAB:
-            raise InputError(f"the text has {len(chars):,} distinct characters; a character model here holds at most "
-                             f"{TEXT_MAX_VOCAB}: use a text in fewer scripts or symbols")
+            raise InputError(_("the text has {n:,} distinct characters; a character model here holds at most "
+                               "{most}: use a text in fewer scripts or symbols").format(n=len(chars),
+                                                                                      most=TEXT_MAX_VOCAB))
         need = math.ceil((s.seq_len + 1) / self.held_out_fraction)
         if len(text) < need:
-            raise InputError(f"the text has {len(text):,} characters; with seq_len={s.seq_len} it needs at least "
-                             f"{need:,} (a tenth is held out and must hold one sequence): lengthen it or lower seq_len")
+            raise InputError(_("the text has {n:,} characters; with seq_len={seq_len} it needs at least {need:,} (a "
+                               "tenth is held out and must hold one sequence): lengthen it or lower seq_len").format(
+                n=len(text), seq_len=s.seq_len, need=need))
         self.text = text
         self.vocab = (UNK, *chars)
         ids = self.encode(text)
@@ -525,7 +537,8 @@ def probe_tokens(s: TrainSettings) -> list[str]:
 
 def make_recipe(s: TrainSettings) -> Recipe:
     if s.recipe not in RECIPES:
-        raise InputError(f"recipe {s.recipe!r} is not one of {', '.join(RECIPES)}")
+        raise InputError(_("recipe {recipe!r} is not one of {choices}").format(
+                           recipe=s.recipe, choices=', '.join(RECIPES)))
     return RECIPES[s.recipe](s)
 
 

@@ -31,6 +31,7 @@ import numpy as np
 
 from .errors import InputError
 from .functional import softmax
+from .i18n import _
 
 
 # ------------------------------------------------------------------ the settings
@@ -47,14 +48,15 @@ class Sampling:
     def __post_init__(self) -> None:
         t, k, p, r = self.temperature, self.top_k, self.top_p, self.repetition_penalty
         if not _is_number(t) or not (math.isfinite(t) and t >= 0):
-            raise InputError(f"temperature must be 0 (greedy) or a positive number, got {t!r}")
+            raise InputError(_("temperature must be 0 (greedy) or a positive number, got {t!r}").format(t=t))
         if k is not None and (isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1):
-            raise InputError(f"top_k must be a whole number of tokens, at least 1 (or null for no top-k), got {k!r}")
+            raise InputError(_("top_k must be a whole number of tokens, at least 1 (or null for no "
+                               "top-k), got {k!r}").format(k=k))
         if not _is_number(p) or not (0 < p <= 1):
-            raise InputError(f"top_p must lie in (0, 1]: the share of probability to keep (1 keeps every token), "
-                             f"got {p!r}")
+            raise InputError(_("top_p must lie in (0, 1]: the share of probability to keep (1 keeps "
+                               "every token), got {p!r}").format(p=p))
         if not _is_number(r) or not (math.isfinite(r) and r > 0):
-            raise InputError(f"repetition_penalty must be a positive number (1: none), got {r!r}")
+            raise InputError(_("repetition_penalty must be a positive number (1: none), got {r!r}").format(r=r))
 
     @property
     def greedy(self) -> bool:
@@ -84,7 +86,7 @@ def _is_number(x) -> bool:
 def sampler(seed: int) -> np.random.Generator:
     """The random stream of one generation: NumPy's PCG64 seeded with `seed` (the same on every machine)."""
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise InputError(f"seed must be a non-negative whole number, got {seed!r}")
+        raise InputError(_("seed must be a non-negative whole number, got {seed!r}").format(seed=seed))
     return np.random.Generator(np.random.PCG64(int(seed)))
 
 
@@ -231,7 +233,7 @@ def warp(logits: np.ndarray, sampling: Sampling, previous: Iterable[int] = ()) -
     """Every stage of `sampling` applied to the logits [d_vocab] in turn (the order of Sampling.stages)."""
     x = np.asarray(logits, dtype=np.float64)
     if x.ndim != 1 or x.size == 0:
-        raise InputError(f"expected one logits vector [d_vocab], got shape {x.shape}")
+        raise InputError(_("expected one logits vector [d_vocab], got shape {shape}").format(shape=x.shape))
     steps = [x]
     for stage in sampling.stages()[1:]:
         last = steps[-1]
@@ -252,7 +254,7 @@ def draw(probs: np.ndarray, u: float) -> int:
     """The token at u in [0, 1): the kept tokens (probability > 0) laid end to end in ranked order, each
     as wide as its probability, and u scaled to their total. # [d_vocab], u -> token id"""
     if not 0 <= u < 1:
-        raise InputError(f"u must lie in [0, 1), got {u!r}")
+        raise InputError(_("u must lie in [0, 1), got {u!r}").format(u=u))
     p = np.asarray(probs, dtype=np.float64)
     kept = ranked(p, int((p > 0).sum()))
     edges = np.cumsum(p[kept])  # where each kept token's interval ends
@@ -268,6 +270,6 @@ def sample(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator | No
     if sampling.greedy:
         return int(np.argmax(warped.final)), warped, None
     if rng is None:
-        raise InputError("sampling needs a random generator: sampler(seed)")
+        raise InputError(_("sampling needs a random generator: sampler(seed)"))
     u = float(rng.random())
     return draw(warped.final, u), warped, u

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 from .errors import InputError
+from .i18n import _
 
 
 class Encoding(NamedTuple):
@@ -25,7 +26,7 @@ def word_tokens(text: str) -> list[str]:
     """Split on spaces, as the spec's "Ali makan nasi lemak" examples do."""
     tokens = text.split()
     if not tokens:
-        raise InputError("the text is empty: type at least one word")
+        raise InputError(_("the text is empty: type at least one word"))
     return tokens
 
 
@@ -38,7 +39,7 @@ class CharTokenizer:
     @classmethod
     def from_text(cls, corpus: str) -> CharTokenizer:
         if not corpus:
-            raise InputError("a character vocabulary needs a non-empty corpus")
+            raise InputError(_("a character vocabulary needs a non-empty corpus"))
         return cls(tuple(sorted(set(corpus))))
 
     @property
@@ -47,12 +48,13 @@ class CharTokenizer:
 
     def encode(self, text: str) -> list[int]:
         if not text:
-            raise InputError("the text is empty: type at least one character")
+            raise InputError(_("the text is empty: type at least one character"))
         stoi = self.stoi
         unknown = sorted({c for c in text if c not in stoi})
         if unknown:
             raise InputError(
-                f"characters {''.join(unknown)!r} are not in the vocabulary {''.join(self.vocab)!r}"
+                _("characters {unknown!r} are not in the vocabulary {vocab!r}").format(
+                  unknown=''.join(unknown), vocab=''.join(self.vocab))
             )
         return [stoi[c] for c in text]
 
@@ -80,7 +82,7 @@ class AsciiTokenizer:
 
     def encode(self, text: str) -> Encoding:
         if not text:
-            raise InputError("the text is empty: type at least one character")
+            raise InputError(_("the text is empty: type at least one character"))
         stoi = {c: i for i, c in enumerate(self.vocab[:-1])}
         return Encoding([stoi.get(c, self.unk_id) for c in text], list(text))
 

@@ -52,6 +52,7 @@ from .optim import AdamW, ParamVector, clip_grad_norm, learning_rate
 from .errors import InputError
 from .recipes import (DEFAULTS, UNK, Induction, TrainSettings, make_recipe, setting_fields, setting_type,
                       settings)
+from .i18n import _
 
 SAMPLE_TOKENS = 96  # longest sample (and never past the model's context)
 
@@ -229,8 +230,9 @@ class Training:
         loss, self.grad_norm = optimisation_step(self.vector, self.optimizer, self.cfg, batch, self.lr(self.step),
                                                  self.settings.grad_clip)
         if not math.isfinite(loss):
-            raise InputError(f"the loss became {loss} at step {self.step + 1}: training diverged; lower the "
-                             f"learning rate (lr={self.settings.lr:g}) or keep gradient clipping on")
+            raise InputError(_("the loss became {loss} at step {step}: training diverged; lower the "
+                               "learning rate (lr={lr:g}) or keep gradient clipping on").format(
+                               loss=loss, step=self.step + 1, lr=self.settings.lr))
         self.step += 1
         self._pending.append(loss)
         return loss
@@ -327,8 +329,8 @@ class Training:
     def resume(cls, snap: Snapshot) -> Training:
         run = cls(snap.settings)
         if snap.params.shape != run.vector.flat.shape:
-            raise InputError(f"the snapshot holds {snap.params.size} parameters, the settings' model "
-                             f"{run.vector.size}: it belongs to another run")
+            raise InputError(_("the snapshot holds {held} parameters, the settings' model {expected}: it belongs to "
+                               "another run").format(held=snap.params.size, expected=run.vector.size))
         run.vector.flat[:] = snap.params
         run.optimizer.state.m[:] = snap.m
         run.optimizer.state.v[:] = snap.v
@@ -407,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = [("model  ", run)]
         if args.control:
             if not isinstance(run.recipe, Induction):
-                raise InputError("--control is the induction recipe's 1-layer control")
+                raise InputError(_("--control is the induction recipe's 1-layer control"))
             runs.append(("control", Training(run.recipe.control())))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)

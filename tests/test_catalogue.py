@@ -247,12 +247,57 @@ def test_a_module_shows_no_text_for_people_outside_the_catalogue(module):
     assert literals == [], f"{module}: pass these through _() (line, words)"
 
 
+# The packages whose error messages reach people (the API's 422/404/503 details, a page's message in place of a
+# figure, a notebook's exception): every module, a new one included, is read for an error built from a literal.
+MESSAGE_PACKAGES = ["core", "app/service", "app/api", "app/training", "app/models"]
+# Modules whose error messages are not in the catalogue yet, and why.
+PENDING_MODULES = {
+    "core/attention.py": "being changed for speed at the same time; its messages are wrapped next",
+    "core/backprop.py": "being changed for speed at the same time; its messages are wrapped next",
+    "core/model.py": "being changed for speed at the same time; its messages are wrapped next",
+    "core/patching.py": "being changed for the circuits issue at the same time; its messages are wrapped next",
+    "core/circuits.py": "being changed for the circuits issue at the same time; its messages are wrapped next",
+    "app/service/circuits.py": "being changed for the circuits issue at the same time; its messages are wrapped next",
+    "app/training/redis_store.py": "being changed at the same time; its messages are wrapped next",
+}
+MESSAGE_MODULES = sorted(p.relative_to(ROOT).as_posix() for pkg in MESSAGE_PACKAGES for p in (ROOT / pkg).rglob("*.py"))
+
+
+def raised_literals(tree: ast.AST) -> list[tuple[int, list[str]]]:
+    """Error messages built from a literal outside a gettext call: the first argument of any InputError,
+    NotFound, Unavailable or ValueError made (raised, returned or kept), and what goes into `errors`."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not node.args:
+            continue
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+        if name in RAISED or name == "append" and isinstance(func.value, ast.Name) and func.value.id == "errors":
+            if words := _literal_words(node.args[0]):
+                found.append((node.lineno, words))
+    return found
+
+
+@pytest.mark.parametrize("module", [m for m in MESSAGE_MODULES if m not in PENDING_MODULES])
+def test_an_error_message_is_in_the_catalogue(module):
+    literals = raised_literals(ast.parse((ROOT / module).read_text(encoding="utf-8")))
+    assert literals == [], f"{module}: say these errors through _() with named placeholders (line, words)"
+
+
+def test_every_pending_module_exists():
+    assert set(PENDING_MODULES) <= set(MESSAGE_MODULES) and "core/config.py" in MESSAGE_MODULES
+
+
 def test_the_literal_checks_find_what_they_look_for():
     """The checks themselves: each kind of place they look at, caught when it is not translated."""
     code = ast.parse('raise InputError(f"d_model={d} is too large")\nerrors.append("not a number")\n'
                      'x = {"title": "Head " + str(h)}\nchart(x_title="position")\nok = {"title": _("Head")}\n'
                      'raise InputError(_("{n} is not a number").format(n=n))')
     assert [line for line, _ in shown_literals(code)] == [1, 2, 3, 4]
+    code = ast.parse('raise NotFound(f"no run {id!r}")\nreturn Unavailable("training is off", retry_after_s=5)\n'
+                     'errors.append("not a number")\nraise InputError(_("{n} is not a number").format(n=n))\n'
+                     'raise InputError(reason)\nraise ValueError("its header is " + kind)')
+    assert [line for line, _ in raised_literals(code)] == [1, 2, 3, 6]
     out, consts = [], []
     _flatten(templates.env.parse('<p title="Hover me">Hello {{ x }}</p>{{ m.text("text", "Words") }}'
                                  '<p>{% trans %}Fine{% endtrans %} {{ _("Fine") }}</p>'), out, consts)

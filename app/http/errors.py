@@ -82,7 +82,8 @@ def _pydantic_message(err: dict) -> str:
     template = PYDANTIC.get(err.get("type", ""))
     if current() == DEFAULT or template is None:
         return msg
-    ctx = {k: str(v) for k, v in err.get("ctx", {}).items()}
+    # a bound as pydantic-core writes it (le=1.0 is "1"), so a number reads the same in every language
+    ctx = {k: str(int(v)) if isinstance(v, float) and v.is_integer() else str(v) for k, v in err.get("ctx", {}).items()}
     if "expected" in ctx:  # "'zero' or 'mean'"
         ctx["expected"] = ctx["expected"].replace(" or ", " " + _("or") + " ")
     try:

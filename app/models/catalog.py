@@ -26,6 +26,7 @@ from core.tokenizers import AsciiTokenizer, CharTokenizer, Encoding, Tokenizer
 from app.models import knobs, pretrained
 from app.training.store import TrainingStore, open_store
 from app.settings import Settings
+from app.http.language import _
 
 # The run's toggles (app/models/knobs.py): a toy takes every one. Trained weights are what they are:
 # only the knobs that change how they attend apply (not their shape, seed or position scheme), and an
@@ -288,10 +289,13 @@ class Catalog(Mapping[str, Model]):
         try:
             return self[name]
         except KeyError:
-            hint = (" (that run has no weights yet: its model appears once it has trained)"
-                    if self.training_runs is not None and self.training_runs.exists(name) else "")
-            raise InputError(f"unknown model {name!r}{hint}: choose one of {', '.join(self._models)} or a "
-                             f"trained run (GET /api/v1/models lists them)") from None
+            if self.training_runs is not None and self.training_runs.exists(name):
+                message = _("unknown model {name!r} (that run has no weights yet: its model appears once it has "
+                            "trained): choose one of {choices} or a trained run (GET /api/v1/models lists them)")
+            else:
+                message = _("unknown model {name!r}: choose one of {choices} or a trained run (GET /api/v1/models "
+                            "lists them)")
+            raise InputError(message.format(name=name, choices=", ".join(self._models))) from None
 
 
 def build_catalog(settings: Settings) -> Catalog:

@@ -28,6 +28,7 @@ from core.checkpoints import (WEIGHTS_FILE, CheckpointError, CheckpointSpec, HFT
 from core.checkpoints.tensors import weight_files
 from core.model import Params
 from core.tokenizers import Encoding
+from app.http.language import _
 
 
 MINILM_NAME = "all-MiniLM-L6-v2"
@@ -134,11 +135,11 @@ class CheckpointLoader:
                 estimate = self._failing_as_error(lambda: upcast_nbytes(self.spec))  # headers only
                 if estimate > self.budget.max_bytes:
                     raise InputError(
-                        f"model {self.name!r} needs about {estimate / 2**20:,.1f} MB of its own memory (its "
-                        f"float16/bfloat16 weights as float32), more than the {self.budget.max_bytes / 2**20:,.1f} "
-                        f"MB allowed for pretrained weights per worker: raise EXPLORER_PRETRAINED_MEMORY_MB, or "
-                        f"convert it to float32 once (python -m core.checkpoints.convert), which is memory-mapped "
-                        f"and shared instead")
+                        _("model {name!r} needs about {mb:,.1f} MB of its own memory (its float16/bfloat16 "
+                          "weights as float32), more than the {limit_mb:,.1f} MB allowed for pretrained weights per "
+                          "worker: raise EXPLORER_PRETRAINED_MEMORY_MB, or convert it to float32 once (python -m "
+                          "core.checkpoints.convert), which is memory-mapped and shared instead").format(
+                            name=self.name, mb=estimate / 2**20, limit_mb=self.budget.max_bytes / 2**20))
                 params = self._failing_as_error(lambda: load_params(self.spec))
                 self.loads += 1
                 self.private_bytes = private_nbytes(params)

@@ -252,7 +252,7 @@ def view_params_lesson(svc: Service, q: ParamsLessonQuery) -> dict:
 
 
 def view_forward(svc: Service, q: requests.ForwardQuery) -> dict:
-    svc.limits.check_drawable(len(q.prompt), "characters", "the prompt")
+    svc.limits.check_drawable(len(q.prompt), prompt=True)
     r = svc.lessons.forward(q.text, q.prompt, q.seed, q.d_model, q.n_heads, q.d_mlp)
     f, tokens, pattern, mask = r.lesson, r.tokens, r.patterns, r.mask  # pattern [head_index, query_pos, key_pos]
     probs = f.next_token_probs

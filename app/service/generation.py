@@ -26,6 +26,7 @@ from app.service.views import ModelViews
 from core import InputError, Sampling, TransformerConfig
 from core.generate import SINK_THRESHOLD, GenerationStep, check_generation, generate
 from core.params import forward_work
+from app.http.language import _
 
 TOP_N = 20  # the candidates a step lists (and the drawn token, wherever it ranks)
 FINISH_REASONS = ("length", "stop")
@@ -198,13 +199,13 @@ class GenerationViews:
     def reason(model: Model, cfg: TransformerConfig) -> str | None:
         """Why this model cannot write, or None."""
         if model.is_encoder:
-            return (f"{model.name!r} is an encoder (BERT-style): it was trained to fill in masked words seeing both "
-                    "ways, not to predict the next token, so it cannot write. Choose a decoder such as 'toy' or a "
-                    "GPT-2, Llama or Qwen checkpoint")
+            return _("{model!r} is an encoder (BERT-style): it was trained to fill in masked words seeing both ways, "
+                     "not to predict the next token, so it cannot write. Choose a decoder such as 'toy' or a GPT-2, "
+                     "Llama or Qwen checkpoint").format(model=model.name)
         if model.make_cfg is not None:  # the spec's model: its position table is drawn to fit each text
-            return (f"{model.name!r} draws its position table with exactly one row per token of the text (as the "
-                    "spec's snippet does), so it has no position left to write into. Choose 'toy' or a trained "
-                    "model such as 'python-docs'")
+            return _("{model!r} draws its position table with exactly one row per token of the text (as the spec's "
+                     "snippet does), so it has no position left to write into. Choose 'toy' or a trained model such "
+                     "as 'python-docs'").format(model=model.name)
         return None
 
     def attention_values(self, cfg: TransformerConfig, n: int, max_new_tokens: int) -> int:
@@ -225,7 +226,7 @@ class GenerationViews:
         st, sampling = self.check(spec, settings)
         cfg, n, m = st.cfg, st.n, settings.max_new_tokens
         p = self.views.load(st, self.work(cfg, n, m), cfg.d_vocab,
-                            "max_new_tokens, the text's length, d_model, n_layers or n_heads")
+                            _("max_new_tokens, the text's length, d_model, n_layers or n_heads"))
         return GenerationRun(p, settings, sampling, end_of_text(st.model), text_decoder(st.model))
 
     def check(self, spec: RunSpec, settings: GenerateSettings) -> tuple[Setup, Sampling]:
@@ -239,20 +240,22 @@ class GenerationViews:
             raise InputError(reason)
         m = settings.max_new_tokens
         if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-            raise InputError(f"max_new_tokens must be a whole number of tokens, at least 1, got {m!r}")
+            raise InputError(_("max_new_tokens must be a whole number of tokens, at least 1, got {m!r}").format(m=m))
         if m > s.generate_max_new_tokens:
-            raise InputError(f"max_new_tokens={m} is more than this server's limit of {s.generate_max_new_tokens} "
-                             "tokens per generation: ask for fewer")
+            raise InputError(_("max_new_tokens={m} is more than this server's limit of {limit} tokens per "
+                               "generation: ask for fewer").format(m=m, limit=s.generate_max_new_tokens))
         check_generation(cfg, n, m)  # the causal mask, and the model's context
         sampling = settings.sampling()  # temperature, top-k, top-p: InputError saying what to change
         if settings.top_k is not None and settings.top_k > cfg.d_vocab:
-            raise InputError(f"top_k={settings.top_k} is more than {model.name!r}'s vocabulary of {cfg.d_vocab} "
-                             "tokens: choose at most that (or null for no top-k)")
+            raise InputError(_("top_k={top_k} is more than {model!r}'s vocabulary of {d_vocab} tokens: choose at "
+                               "most that (or null for no top-k)").format(top_k=settings.top_k, model=model.name,
+                                                                           d_vocab=cfg.d_vocab))
         values = self.attention_values(cfg, n, m)
         if values > s.generate_max_values:
-            raise InputError(f"this generation would return {values:,} attention weights ({cfg.n_layers} layers × "
-                             f"{cfg.n_heads} heads × every key of every step), more than this server's limit of "
-                             f"{s.generate_max_values:,}: reduce max_new_tokens or shorten the text")
+            raise InputError(_("this generation would return {values:,} attention weights ({n_layers} layers × "
+                               "{n_heads} heads × every key of every step), more than this server's limit of "
+                               "{limit:,}: reduce max_new_tokens or shorten the text").format(
+                values=values, n_layers=cfg.n_layers, n_heads=cfg.n_heads, limit=s.generate_max_values))
         return st, sampling
 
     def room(self, spec: RunSpec) -> int:
@@ -262,6 +265,6 @@ class GenerationViews:
 
     def generate(self, spec: RunSpec, settings: GenerateSettings) -> Generation:
         run = self.start(spec, settings)
-        for _ in run:
+        for _step in run:
             pass
         return run.result()

@@ -21,6 +21,7 @@ from core.functional import softmax
 from core.model import KVRun, run_with_kv_cache
 from core.params import forward_work, largest_array
 from core.tokenizers import Encoding
+from app.http.language import _
 
 
 class InspectViews:
@@ -34,24 +35,25 @@ class InspectViews:
         """Why `what` (decomposition, logit lens) cannot run on this model, or None. Both read the residual
         stream through the final layer norm and the unembedding, which only a pre-norm decoder has."""
         if model.is_encoder:
-            return (f"{what} does not apply to {model.name!r}: it is an encoder (BERT-style), which predicts no "
-                    "next token, and post-norm, so it has no final layer norm and unembedding to read the residual "
-                    "stream through. Choose a decoder such as 'toy' (detectors and rollout do work on encoders)")
+            return _("{what} does not apply to {model!r}: it is an encoder (BERT-style), which predicts no next "
+                     "token, and post-norm, so it has no final layer norm and unembedding to read the residual stream "
+                     "through. Choose a decoder such as 'toy' (detectors and rollout do work on encoders)").format(
+                what=what, model=model.name)
         if cfg.block_type != "pre_norm":
-            return (f"{what} needs a pre-norm model (GPT-2 style, with a final layer norm); {model.name!r} is "
-                    "post-norm, whose residual stream is re-normalised in every block")
+            return _("{what} needs a pre-norm model (GPT-2 style, with a final layer norm); {model!r} is post-norm, "
+                     "whose residual stream is re-normalised in every block").format(what=what, model=model.name)
         return None
 
     @staticmethod
     def kv_cache_reason(model: Model, cfg: TransformerConfig) -> str | None:
         """Why stepped generation with a KV cache cannot run on this model and setting, or None."""
         if model.is_encoder:
-            return (f"{model.name!r} is an encoder: it generates nothing, and its bidirectional attention lets every "
-                    "new token change the earlier positions, so nothing could be cached. Choose a decoder such as "
-                    "'toy'")
+            return _("{model!r} is an encoder: it generates nothing, and its bidirectional attention lets every new "
+                     "token change the earlier positions, so nothing could be cached. Choose a decoder such as "
+                     "'toy'").format(model=model.name)
         if not cfg.causal:
-            return ("a KV cache needs the causal mask: without it every new token changes the earlier positions "
-                    "too, so nothing can be reused. Turn causal back on")
+            return _("a KV cache needs the causal mask: without it every new token changes the earlier positions "
+                     "too, so nothing can be reused. Turn causal back on")
         return None
 
     def reason(self, view: str, spec: RunSpec) -> str | None:
@@ -60,9 +62,9 @@ class InspectViews:
         causal = model.cfg.causal if spec.causal is None else spec.causal
         cfg = model.cfg.replace(attention_dir="causal" if causal else "bidirectional")
         if view == "decompose":
-            return self.next_token_reason(model, cfg, "the residual-stream decomposition")
+            return self.next_token_reason(model, cfg, _("the residual-stream decomposition"))
         if view == "lens":
-            return self.next_token_reason(model, cfg, "the logit lens")
+            return self.next_token_reason(model, cfg, _("the logit lens"))
         if view == "kvcache":
             return self.kv_cache_reason(model, cfg)
         return None
@@ -75,12 +77,14 @@ class InspectViews:
     def decompose(self, spec: RunSpec, pos: int, target: int | None, n_targets: int = 10) -> Decomposition:
         """The residual stream at `pos` split into its parts, each part's direct logit for the target token."""
         st = self.views.setup(spec)
-        self._require_next_token(st, "the residual-stream decomposition")
+        self._require_next_token(st, _("the residual-stream decomposition"))
         if not -st.n <= pos < st.n:
-            raise InputError(f"pos={pos} is outside the text's {st.n} tokens: use 0 … {st.n - 1}, or -1 for the last")
+            raise InputError(_("pos={pos} is outside the text's {n} tokens: use 0 … {last}, or -1 for the "
+                               "last").format(pos=pos, n=st.n, last=st.n - 1))
         if target is not None and target >= st.cfg.d_vocab:
-            raise InputError(f"target={target} is not a token id of {st.model.name!r}, whose vocabulary is "
-                             f"0 … {st.cfg.d_vocab - 1}; leave it out to use the model's most likely next token")
+            raise InputError(_("target={target} is not a token id of {model!r}, whose vocabulary is 0 … {last}; leave "
+                               "it out to use the model's most likely next token").format(
+                target=target, model=st.model.name, last=st.cfg.d_vocab - 1))
         n_parts = 3 + st.cfg.n_layers * (st.cfg.n_heads + 3)  # embeddings, then per layer heads, biases, mlp
         p = self.views.load(st, forward_work(st.cfg, st.n), max(n_parts * st.cfg.d_model, st.n * st.cfg.d_vocab))
         logits, cache = run_with_cache(p.params, p.cfg, p.ids, names=decomposition_hooks(p.cfg), ablate=p.ablate)
@@ -114,14 +118,15 @@ class InspectViews:
         model, cfg = st.model, st.cfg
         random_ids = repeated_random_tokens(cfg.d_vocab, random_length, 2, random_seed)
         n_random = random_ids.size
-        self.limits.check_count("the repeated random sequence", n_random, self.limits.settings.max_tokens,
-                                "reduce random_length")
+        self.limits.check_count(_("the repeated random sequence"), n_random, self.limits.settings.max_tokens,
+                                _("reduce random_length"))
         # The random run uses the weights this model has for a text of that length (the same weights,
         # except for spec-forward, whose position table is drawn per prompt length).
         random_cfg = configure(model, spec, n_random)
         if random_cfg.positional_embedding_type == "learned" and n_random > random_cfg.n_ctx:
-            raise InputError(f"the repeated random sequence has {n_random} tokens, more than the context of "
-                             f"{model.name!r}, n_ctx={random_cfg.n_ctx}: reduce random_length")
+            raise InputError(_("the repeated random sequence has {n} tokens, more than the context of {model!r}, "
+                               "n_ctx={n_ctx}: reduce random_length").format(n=n_random, model=model.name,
+                                                                             n_ctx=random_cfg.n_ctx))
         ablate_random = ablation_map(spec.ablate, random_cfg)
         random_tokens = [model.tokenizer.token_str(int(t)) for t in random_ids]
         longest = max(st.n, n_random)
@@ -150,16 +155,17 @@ class InspectViews:
         if reason:
             raise InputError(reason)
         total = n + n_new
-        self.limits.check_count("the text plus the generated tokens", total, s.max_tokens,
-                                "reduce n_new or shorten the text")
+        self.limits.check_count(_("the text plus the generated tokens"), total, s.max_tokens,
+                                _("reduce n_new or shorten the text"))
         if cfg.positional_embedding_type == "learned" and total > cfg.n_ctx:
-            raise InputError(f"{n} tokens of text + n_new={n_new} exceed the context of {model.name!r}, "
-                             f"n_ctx={cfg.n_ctx} learned positions: reduce n_new to at most {max(cfg.n_ctx - n, 0)}")
+            raise InputError(_("{n} tokens of text + n_new={n_new} exceed the context of {model!r}, n_ctx={n_ctx} "
+                               "learned positions: reduce n_new to at most {most}").format(
+                n=n, n_new=n_new, model=model.name, n_ctx=cfg.n_ctx, most=max(cfg.n_ctx - n, 0)))
         # stepping costs about one full pass over all tokens; the check recomputes them all once more
         p = self.views.load(st, 2 * forward_work(cfg, total), 2 * total * cfg.d_vocab,
-                            "n_new, the text's length, d_model, n_layers or n_heads")
+                            _("n_new, the text's length, d_model, n_layers or n_heads"))
         kv: KVRun = run_with_kv_cache(p.params, cfg, p.ids, n_new=n_new)
-        full, _ = run_with_cache(p.params, cfg, kv.tokens, names=())  # [total, d_vocab]
+        full, _kv = run_with_cache(p.params, cfg, kv.tokens, names=())  # [total, d_vocab]
         cached = np.stack([step.logits for step in kv.steps])  # [total, d_vocab]
         diff = np.abs(cached - full).max(axis=-1)  # [total]
         strs = p.tokens + [p.token_str(int(t)) for t in kv.tokens[n:]]
@@ -175,11 +181,12 @@ class InspectViews:
     def _pattern(self, spec: RunSpec, layer: int, head: int) -> ComparedSide:
         st = self.views.setup(spec)
         if layer >= st.cfg.n_layers or head >= st.cfg.n_heads:
-            raise InputError(f"layer {layer}, head {head} does not exist: {st.model.name!r} has {st.cfg.n_layers} "
-                             f"layer(s) of {st.cfg.n_heads} head(s), counted from 0")
+            raise InputError(_("layer {layer}, head {head} does not exist: {model!r} has {n_layers} layer(s) of "
+                               "{n_heads} head(s), counted from 0").format(
+                layer=layer, head=head, model=st.model.name, n_layers=st.cfg.n_layers, n_heads=st.cfg.n_heads))
         p = self.views.load(st, forward_work(st.cfg, st.n, logits=False))
         name = f"blocks.{layer}.attn.hook_pattern"
-        _, cache = run_with_cache(p.params, p.cfg, p.ids, names=[name], ablate=p.ablate, logits=False)
+        _logits, cache = run_with_cache(p.params, p.cfg, p.ids, names=[name], ablate=p.ablate, logits=False)
         return ComparedSide(p, cache[name][head], causal_mask(st.n) if p.cfg.causal else None)
 
     def compare(self, spec: RunSpec, other: Mapping[str, object], layer: int, head: int) -> Comparison:

@@ -14,6 +14,7 @@ from core import InputError, TransformerConfig, lessons
 from core.attention import attention_scale
 from core.params import count_params, forward_work, largest_array
 from core.tokenizers import word_tokens
+from app.http.language import _
 
 def _shapes(**arrays: np.ndarray) -> dict[str, list[int]]:
     return {name: list(a.shape) for name, a in arrays.items()}
@@ -143,14 +144,14 @@ class Lessons:
 
     def _check_words(self, text: str) -> list[str]:
         tokens = word_tokens(text)
-        self.limits.check_count("the text", len(tokens), self.limits.settings.max_tokens, "use a shorter text")
+        self.limits.check_count(_("the text"), len(tokens), self.limits.settings.max_tokens, _("use a shorter text"))
         return tokens
 
     def attention(self, text: str, seed: int, d_model: int, d_k: int, causal: bool, scale: bool
                   ) -> AttentionLessonResult:
         T = len(self._check_words(text))
         self.limits.check_cost(3 * T * d_model * d_k + 2 * T * T * d_k, max(T * T, T * d_model, d_model * d_k),
-                               "the number of words, d_model or d_k")
+                               _("the number of words, d_model or d_k"))
         lesson = lessons.attention(text, seed, d_model, d_k, causal=causal, scale=scale)
         divisor = attention_scale(d_k, scale)
         return AttentionLessonResult(lesson, lesson.raw_scores / divisor, divisor)
@@ -164,14 +165,15 @@ class Lessons:
                 ) -> list[lessons.ScalingRow]:
         # every key entry is drawn and multiplied once; the key array of the widest d is the largest
         self.limits.check_cost(2 * n_queries * n_keys * sum(dims), n_queries * n_keys * max(dims),
-                               "n_queries, n_keys or the dims")
+                               _("n_queries, n_keys or the dims"))
         return lessons.scaling(dims, n_queries, n_keys, seed)
 
     def multihead(self, text: str, seed: int, d_model: int, n_heads: int, causal: bool, scale: bool
                   ) -> MultiheadLessonResult:
         T = len(self._check_words(text))
         self.limits.check_cost(4 * T * d_model * d_model + 2 * T * T * d_model,
-                               max(n_heads * T * T, 3 * d_model * d_model), "the number of words, d_model or n_heads")
+                               max(n_heads * T * T, 3 * d_model * d_model),
+                               _("the number of words, d_model or n_heads"))
         m = lessons.multihead(text, seed, d_model, n_heads, causal=causal, scale=scale)
         return MultiheadLessonResult(m, np.isneginf(m.result.scores[0]) if causal else None)
 
@@ -179,7 +181,7 @@ class Lessons:
                          series: bool = False) -> PositionsLessonResult:
         """With no pairs given, the spec's pairs that fit inside n_pos. With `series`, the dot product of
         each pair's first position with every later one (the page's chart)."""
-        self.limits.check_cost(n_pos * d, n_pos * d, "n_pos or d")
+        self.limits.check_cost(n_pos * d, n_pos * d, _("n_pos or d"))
         if pairs is None:
             pairs = tuple((i, j) for i, j in lessons.SPEC_POSITION_PAIRS if i < n_pos and j < n_pos)
         p = lessons.positions(n_pos, d, pairs)
@@ -192,14 +194,15 @@ class Lessons:
 
     def forward(self, text: str, prompt: str, seed: int, d_model: int, n_heads: int, d_mlp: int
                 ) -> ForwardLessonResult:
-        self.limits.check_count("the prompt", len(prompt), self.limits.settings.max_tokens, "use a shorter prompt")
+        self.limits.check_count(_("the prompt"), len(prompt), self.limits.settings.max_tokens,
+                                _("use a shorter prompt"))
         if not text:
-            raise InputError("the text is empty: its characters are the vocabulary, so type at least one")
+            raise InputError(_("the text is empty: its characters are the vocabulary, so type at least one"))
         # the config the lesson will build, to price it first (and to explain d_model/n_heads errors)
         cfg = self.catalog.get_model("spec-forward").cfg.replace(
             d_model=d_model, n_heads=n_heads, d_mlp=d_mlp, d_vocab=len(set(text)), n_ctx=max(len(prompt), 1))
         self.limits.check_cost(count_params(cfg).total + forward_work(cfg, len(prompt)),
-                               largest_array(cfg, len(prompt)), "the prompt, d_model, n_heads or d_mlp")
+                               largest_array(cfg, len(prompt)), _("the prompt, d_model, n_heads or d_mlp"))
         f = lessons.forward(text, prompt, seed, d_model, n_heads, d_mlp)
         return ForwardLessonResult(f, f.cache["blocks.0.attn.hook_pattern"],
                                    np.isneginf(f.cache["blocks.0.attn.hook_attn_scores"][0]))

@@ -12,6 +12,7 @@ from app.settings import Settings
 from core import InputError, TransformerConfig
 from core.cache import pattern_hooks, residual_hooks, stage_hooks
 from core.model import hook_dims
+from app.http.language import _
 
 
 def _fmt(n: int | float) -> str:
@@ -60,24 +61,34 @@ class Limits:
         s = self.settings
         limit = s.max_pretrained_work if pretrained else s.max_work
         if work > limit:
-            raise InputError(f"this request needs about {_fmt(work)} multiply-adds, more than this server's limit "
-                             f"of {_fmt(limit)}{' for a pretrained model' if pretrained else ''}: reduce {reduce}")
+            message = (_("this request needs about {work} multiply-adds, more than this server's limit of {limit} "
+                         "for a pretrained model: reduce {reduce}") if pretrained else
+                       _("this request needs about {work} multiply-adds, more than this server's limit of {limit}: "
+                         "reduce {reduce}"))
+            raise InputError(message.format(work=_fmt(work), limit=_fmt(limit), reduce=reduce))
         if largest > s.max_elements:
-            raise InputError(f"this request needs an array of {_fmt(largest)} numbers, more than this server's "
-                             f"limit of {_fmt(s.max_elements)}: reduce {reduce}")
+            raise InputError(_("this request needs an array of {largest} numbers, more than this server's limit of "
+                               "{limit}: reduce {reduce}").format(largest=_fmt(largest), limit=_fmt(s.max_elements),
+                                                                 reduce=reduce))
 
     @staticmethod
     def check_count(what: str, n: int, limit: int, hint: str) -> None:
         if n > limit:
-            raise InputError(f"{what} has {n:,} tokens, more than the limit of {limit:,}: {hint}")
+            # what and hint: said through _() by the caller ("the text", "use a shorter text")
+            raise InputError(_("{what} has {n:,} tokens, more than the limit of {limit:,}: {hint}").format(
+                what=what, n=n, limit=limit, hint=hint))
 
-    def check_drawable(self, n: int, what: str = "words", of: str = "the text") -> None:
+    def check_drawable(self, n: int, prompt: bool = False) -> None:
         """A lesson page lays out T × T tables; beyond lesson_max_tokens they stop being legible
-        (the JSON API still takes up to max_tokens)."""
+        (the JSON API still takes up to max_tokens). `prompt`: count the prompt's characters, not the
+        text's words."""
         s = self.settings
         if n > s.lesson_max_tokens:
-            raise InputError(f"{of} has {n} {what}; this page draws up to {s.lesson_max_tokens} "
-                             f"(the API takes up to {s.max_tokens}): shorten it")
+            message = (_("the prompt has {n} characters; this page draws up to {limit} (the API takes up to "
+                         "{api_limit}): shorten it") if prompt else
+                       _("the text has {n} words; this page draws up to {limit} (the API takes up to {api_limit}): "
+                         "shorten it"))
+            raise InputError(message.format(n=n, limit=s.lesson_max_tokens, api_limit=s.max_tokens))
 
     def explorer_token_limit(self, model: Model) -> int:
         """Tokens the explorer draws for this model: explorer_max_tokens, or the model's context
@@ -92,4 +103,5 @@ class Limits:
 
     def check_hook_values(self, values: int, advice: str) -> None:
         if values > self.settings.max_hook_values:
-            raise InputError(f"{advice.format(values=f'{values:,}', limit=f'{self.settings.max_hook_values:,}')}")
+            # advice: a message through _() with {values} and {limit} (app/service/inspect.py, views.py)
+            raise InputError(advice.format(values=f"{values:,}", limit=f"{self.settings.max_hook_values:,}"))

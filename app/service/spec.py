@@ -17,6 +17,7 @@ from app.models.catalog import Model
 from core import InputError, TransformerConfig
 from core.model import Params
 from core.tokenizers import Encoding
+from app.http.language import _
 
 
 Method = Literal["zero", "mean"]
@@ -100,13 +101,17 @@ class Prepared:
 def check_toggles(model: Model, given: dict[str, object]) -> None:
     refused = [k for k, v in given.items() if v is not None and k not in model.toggles]
     if "causal" in refused and not model.is_encoder and "local" in (model.cfg.attn_types or ()):
-        raise InputError(f"model {model.name!r} does not accept causal: its local (sliding-window) attention layers "
-                         f"see only the last {model.cfg.window_size} tokens before each query, which is defined "
-                         f"under the causal mask only; it takes {', '.join(model.toggles)}")
+        raise InputError(_("model {model!r} does not accept causal: its local (sliding-window) attention layers see "
+                           "only the last {window_size} tokens before each query, which is defined under the causal "
+                           "mask only; it takes {toggles}").format(
+            model=model.name, window_size=model.cfg.window_size, toggles=", ".join(model.toggles)))
     if refused:
-        raise InputError(f"model {model.name!r} does not accept {', '.join(refused)}: it takes "
-                         f"{', '.join(model.toggles) or 'no toggles'}"
-                         + ("; the 'toy' model accepts every toggle" if model.name != "toy" else ""))
+        message = (_("model {model!r} does not accept {refused}: it takes {toggles}") if model.toggles else
+                   _("model {model!r} does not accept {refused}: it takes no toggles"))
+        if model.name != "toy":
+            message += _("; the 'toy' model accepts every toggle")
+        raise InputError(message.format(model=model.name, refused=", ".join(refused),
+                                        toggles=", ".join(model.toggles)))
 
 
 def configure(model: Model, spec: RunSpec, n_tokens: int) -> TransformerConfig:
@@ -125,9 +130,11 @@ def ablation_map(ablate: tuple[AblatedHead, ...], cfg: TransformerConfig) -> dic
     out: dict[tuple[int, int], Method] = {}
     for a in ablate:
         if a.layer >= cfg.n_layers or a.head >= cfg.n_heads:
-            raise InputError(f"ablate: layer {a.layer} head {a.head} does not exist: this model has "
-                             f"{cfg.n_layers} layer(s) of {cfg.n_heads} head(s), counted from 0")
+            raise InputError(_("ablate: layer {layer} head {head} does not exist: this model has "
+                               "{n_layers} layer(s) of {n_heads} head(s), counted from 0").format(
+                layer=a.layer, head=a.head, n_layers=cfg.n_layers, n_heads=cfg.n_heads))
         if (a.layer, a.head) in out:
-            raise InputError(f"ablate: layer {a.layer} head {a.head} is listed twice: list each head once")
+            raise InputError(_("ablate: layer {layer} head {head} is listed twice: list each head once").format(
+                layer=a.layer, head=a.head))
         out[(a.layer, a.head)] = a.method
     return out

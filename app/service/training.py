@@ -23,6 +23,7 @@ from app.training.store import NoRoom, Room, StoreUnavailable, TrainingRunInfo, 
 from core import InputError
 from core.recipes import probe_tokens as recipe_probe_tokens
 from core.recipes import settings as train_settings
+from app.http.language import _
 
 @dataclass(frozen=True)
 class TrainingPatterns:
@@ -62,7 +63,7 @@ class TrainingService:
     def _store(self) -> TrainingStore:
         store = self.catalog.training_runs
         if store is None:
-            raise Unavailable("training is off on this server (EXPLORER_TRAIN_WORKERS=0)", retry_after_s=None)
+            raise Unavailable(_("training is off on this server (EXPLORER_TRAIN_WORKERS=0)"), retry_after_s=None)
         if store.error:
             raise Unavailable(store.error, retry_after_s=5 if store.kind == "redis" else None)
         return store
@@ -106,7 +107,7 @@ class TrainingService:
     def get(self, id: str) -> TrainingRunInfo:
         store = self._store()
         if not store.exists(id):
-            raise NotFound(f"there is no run {id!r} on this server: GET /api/v1/runs lists them")
+            raise NotFound(_("there is no run {id!r} on this server: GET /api/v1/runs lists them").format(id=id))
         return store.info(id, store.queue())
 
     @_reachable
@@ -123,8 +124,10 @@ class TrainingService:
         info = self.get(id)
         patterns = self._store().patterns(id, step)
         if patterns is None:
-            raise NotFound(f"run {id!r} has no patterns at step {step}: its snapshot steps are "
-                           f"{info.snapshots or 'none yet'}")
+            raise NotFound((_("run {id!r} has no patterns at step {step}: its snapshot steps are {steps}")
+                            if info.snapshots else
+                            _("run {id!r} has no patterns at step {step}: it has no snapshot yet")).format(
+                id=id, step=step, steps=info.snapshots))
         return TrainingPatterns(id, step, self.probe_tokens(id), patterns)
 
     @_reachable
@@ -136,8 +139,9 @@ class TrainingService:
         settings = store.settings(id)
         n_layers, n_heads = settings.n_layers, settings.n_heads
         if not (0 <= layer < n_layers and 0 <= head < n_heads):
-            raise InputError(f"layer {layer}, head {head} does not exist: the run's model has {n_layers} layer(s) "
-                             f"of {n_heads} head(s), counted from 0")
+            raise InputError(_("layer {layer}, head {head} does not exist: the run's model has "
+                               "{n_layers} layer(s) of {n_heads} head(s), counted from 0").format(
+                               layer=layer, head=head, n_layers=n_layers, n_heads=n_heads))
         return HeadHistory(info.snapshots, self.probe_tokens(id), [p[layer][head] for p in patterns if p])
 
     @staticmethod
@@ -157,7 +161,8 @@ class TrainingService:
         self.get(id)
         folder = self._store().model_folder(id)
         if folder is None:
-            raise NotFound(f"run {id!r} has no weights yet: they are written when it finishes or is stopped")
+            raise NotFound(_("run {id!r} has no weights yet: they are written when it finishes or is stopped").format(
+                id=id))
         buffer = io.BytesIO()
         with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
             for path in sorted(folder.iterdir()):
@@ -173,14 +178,14 @@ class TrainingService:
         new record, the progress (step and loss) when it moved, and the whole run again when the status
         changes."""
         if not self._store().exists(id):
-            raise NotFound(f"there is no run {id!r} on this server: GET /api/v1/runs lists them")
+            raise NotFound(_("there is no run {id!r} on this server: GET /api/v1/runs lists them").format(id=id))
         return self._store().changes(id, since)
 
 
 def _refusal(full: NoRoom) -> Unavailable:
     if full.scope == "client":
-        return Unavailable(f"you already have {full.count} run(s) queued or training, the most one client may "
-                           f"have: wait for one to finish, or stop one (DELETE /api/v1/runs/{{id}})",
-                           retry_after_s=30, status_code=429)
-    return Unavailable(f"this server has {full.count} runs queued or training, its limit: try again "
-                       "when one has finished", retry_after_s=30, status_code=503)
+        return Unavailable(_("you already have {count} run(s) queued or training, the most one client may have: "
+                             "wait for one to finish, or stop one (DELETE /api/v1/runs/{{id}})").format(
+            count=full.count), retry_after_s=30, status_code=429)
+    return Unavailable(_("this server has {count} runs queued or training, its limit: try again when one has "
+                         "finished").format(count=full.count), retry_after_s=30, status_code=503)

@@ -21,6 +21,7 @@ from core.cache import ActivationCache, stage_hooks
 from core.model import hook_dims, next_token_probs
 from core.params import count_params, forward_work, largest_array
 from core.patching import ablated_logits
+from app.http.language import _
 
 
 class ModelViews:
@@ -40,7 +41,7 @@ class ModelViews:
         """A model that can run (InputError saying why not, or listing the known names)."""
         model = self.catalog.get_model(name)
         if model.error:
-            raise InputError(f"model {name!r} cannot run: {model.error}")
+            raise InputError(_("model {name!r} cannot run: {error}").format(name=name, error=model.error))
         return model
 
     def hooks(self, name: str, n_layers: int | None = None, positional_embedding_type: str | None = None) -> HookList:
@@ -61,29 +62,32 @@ class ModelViews:
         n = len(encoding.ids)
         if page and n > (limit := self.limits.explorer_token_limit(model)):
             n_ctx = model.configure({}, limit).n_ctx
-            context = (f"{model.name}'s context is {limit} tokens" if limit == n_ctx else
-                       f"a longer text's view of {model.name} would keep more than this server's limit of "
-                       f"{self.settings.explorer_max_values:,} numbers" if limit < self.settings.explorer_max_tokens
-                       else f"the API at /api/v1/run takes up to {self.settings.max_tokens}")
-            raise InputError(f"the text has {n:,} tokens; the explorer draws up to {limit:,} ({context}): "
-                             "shorten the text")
-        self.limits.check_count("the text", n, self.settings.max_tokens, "use a shorter text")
+            context = (_("{model}'s context is {limit} tokens").format(model=model.name, limit=limit)
+                       if limit == n_ctx else
+                       _("a longer text's view of {model} would keep more than this server's limit of {values:,} "
+                         "numbers").format(model=model.name, values=self.settings.explorer_max_values)
+                       if limit < self.settings.explorer_max_tokens
+                       else _("the API at /api/v1/run takes up to {limit}").format(limit=self.settings.max_tokens))
+            raise InputError(_("the text has {n:,} tokens; the explorer draws up to {limit:,} ({context}): shorten the "
+                               "text").format(n=n, limit=limit, context=context))
+        self.limits.check_count(_("the text"), n, self.settings.max_tokens, _("use a shorter text"))
         cfg = configure(model, spec, len(encoding.ids) if n_tokens_for is None else n_tokens_for)
         seed = spec.seed if spec.seed is not None else model.default_seed
         return Setup(model, cfg, encoding, ablation_map(spec.ablate, cfg), seed)
 
     def load(self, st: Setup, work: int, largest: int = 0,
-             reduce: str = "the text's length, d_model, n_layers or n_heads") -> Prepared:
+             reduce: str | None = None) -> Prepared:
         """Check the cost of `work` multiply-adds (plus drawing the weights), then load the weights.
 
         Drawn weights count towards the work and the largest array; a checkpoint's are loaded once and
         kept (app/models/pretrained.py's memory budget), so its requests are priced by their own arrays, against
         the pretrained work limit."""
         s = self.settings
+        reduce = reduce or _("the text's length, d_model, n_layers or n_heads")
         drawn = count_params(st.cfg).total if st.model.draws_weights else 0
         if st.model.draws_weights and drawn > s.max_params:
-            raise InputError(f"a model of this size has {drawn:,} parameters, more than the limit of "
-                             f"{s.max_params:,}: reduce d_model or n_layers")
+            raise InputError(_("a model of this size has {drawn:,} parameters, more than the limit of {max_params:,}: "
+                               "reduce d_model or n_layers").format(drawn=drawn, max_params=s.max_params))
         self.limits.check_cost(drawn + work, max(largest, largest_array(st.cfg, st.n, weights=st.model.draws_weights)),
                                reduce, pretrained=not st.model.draws_weights)
         self.preparations += 1
@@ -95,9 +99,9 @@ class ModelViews:
         known = set(names)
         unknown = [h for h in wanted if h not in known]
         if unknown:
-            raise InputError(f"unknown hook name {unknown[0]!r} for model {model_name!r} with {cfg.n_layers} "
-                             f"layer(s): hooks look like {names[-4]!r}; GET /api/v1/hooks?model={model_name} "
-                             f"lists all {len(names)}")
+            raise InputError(_("unknown hook name {hook!r} for model {model!r} with {n_layers} layer(s): hooks look "
+                               "like {example!r}; GET /api/v1/hooks?model={model} lists all {n}").format(
+                hook=unknown[0], model=model_name, n_layers=cfg.n_layers, example=names[-4], n=len(names)))
         return list(dict.fromkeys(wanted))  # drop repeats, keep the order asked
 
     def top_tokens(self, p: Prepared, probs: np.ndarray, k: int) -> list[TopToken]:
@@ -157,8 +161,8 @@ class ModelViews:
         cfg, n = st.cfg, st.n
         hooks = self._resolve_hooks(hooks, cfg, st.model.name)
         self.limits.check_hook_values(sum(math.prod(hook_dims(h, cfg, n)) for h in hooks),
-                                      "the hooks asked for hold {values} numbers, more than the limit of {limit} per "
-                                      "response: ask for fewer hooks or use a shorter text")
+                                      _("the hooks asked for hold {values} numbers, more than the limit of {limit} "
+                                        "per response: ask for fewer hooks or use a shorter text"))
         decoder = not st.model.is_encoder
         baseline = bool(st.ablate) and decoder
         p = self.load(st, self._pass_work(cfg, n, decoder) * (2 if baseline else 1), cfg.d_vocab if decoder else 0)
@@ -182,11 +186,14 @@ class ModelViews:
         # depth times the text (SmolLM2-135M keeps 11.5 million numbers at 128 tokens, 107 million at 1,024).
         values = explorer_view_values(cfg, n, layer, rollout)
         if values > s.explorer_max_values:
-            fewer = ("fewer layers, a smaller d_model, fewer heads" if st.model.draws_weights else "") + \
-                (" or no attention rollout" if rollout else "")
-            raise InputError(f"this view would keep {values:,} numbers ({n:,} tokens, {cfg.n_layers} layers, "
-                             f"{cfg.n_heads} heads), more than this server's limit of {s.explorer_max_values:,}: "
-                             f"use a shorter text{', ' + fewer.lstrip(' ') if fewer else ''}")
+            remedy = (_("use a shorter text, fewer layers, a smaller d_model, fewer heads or no attention rollout")
+                      if st.model.draws_weights and rollout else
+                      _("use a shorter text, fewer layers, a smaller d_model, fewer heads") if st.model.draws_weights
+                      else _("use a shorter text or no attention rollout") if rollout else _("use a shorter text"))
+            raise InputError(_("this view would keep {values:,} numbers ({n:,} tokens, {n_layers} layers, {n_heads} "
+                               "heads), more than this server's limit of {limit:,}: {remedy}").format(
+                values=values, n=n, n_layers=cfg.n_layers, n_heads=cfg.n_heads, limit=s.explorer_max_values,
+                remedy=remedy))
         decoder = not st.model.is_encoder
         compare = compare and "causal" in st.model.toggles
         # ablations on a causal pre-norm decoder: the prediction with later attention frozen too (one more pass)
@@ -202,7 +209,7 @@ class ModelViews:
         other = None
         if compare:  # the same weights with the mask flipped: attention toggles never change them
             flipped = cfg.replace(attention_dir="bidirectional" if cfg.causal else "causal")
-            _, flipped_cache = run_with_cache(p.params, flipped, p.ids, names=stage_hooks(flipped, layer),
+            _logits, flipped_cache = run_with_cache(p.params, flipped, p.ids, names=stage_hooks(flipped, layer),
                                               ablate=p.ablate, logits=False)
             other = flipped_cache.attention_stages(layer, head)
         return ExplorerView(

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from app.settings import Settings, runs_folder
 from core import InputError
 from core.recipes import TrainSettings, text_hash
+from app.http.language import _
 
 if TYPE_CHECKING:
     from core.train import Snapshot, Training
@@ -367,7 +368,8 @@ class FolderStore(TrainingStore):
 
     def folder(self, id: str) -> Path:
         if not is_training_run_id(id):
-            raise InputError(f"{id!r} is not a run id: ids look like induction-3f2a9c1b7d0e (GET /api/v1/runs)")
+            raise InputError(_("{id!r} is not a run id: ids look like induction-3f2a9c1b7d0e (GET "
+                               "/api/v1/runs)").format(id=id))
         return self.root / id
 
     def exists(self, id: str) -> bool:

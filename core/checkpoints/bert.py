@@ -12,6 +12,7 @@ from ..errors import InputError
 from ..model import Params
 from .fields import act_fn
 from .tensors import Tensors
+from ..i18n import _
 
 MODEL_TYPES = ("bert",)
 LABEL = "BERT-family encoder"
@@ -20,9 +21,10 @@ PREFIXES = ("bert.",)
 
 def config(c: dict) -> TransformerConfig:
     if c.get("position_embedding_type", "absolute") != "absolute":
-        raise InputError(f"position_embedding_type {c['position_embedding_type']!r} is not supported (only absolute)")
+        raise InputError(_("position_embedding_type {kind!r} is not supported (only absolute)").format(
+                           kind=c["position_embedding_type"]))
     if c.get("is_decoder"):
-        raise InputError("BERT used as a decoder (is_decoder) is not supported")
+        raise InputError(_("BERT used as a decoder (is_decoder) is not supported"))
     return TransformerConfig(
         d_model=c["hidden_size"], n_layers=c["num_hidden_layers"], n_heads=c["num_attention_heads"],
         d_vocab=c["vocab_size"], n_ctx=c.get("max_position_embeddings", 512), d_mlp=c["intermediate_size"],

@@ -9,6 +9,7 @@ default when a field is absent.
 from __future__ import annotations
 
 from ..errors import InputError
+from ..i18n import _
 
 # Hugging Face's names of activation functions -> core's (gelu_pytorch_tanh is GPT-2's tanh GELU).
 ACT_FNS = {"gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu_fast": "gelu_new", "gelu": "gelu",
@@ -20,12 +21,13 @@ def need(raw: dict, *names: str):
     for name in names:
         if raw.get(name) is not None:
             return raw[name]
-    raise InputError(f"it has no {' or '.join(repr(n) for n in names)}")
+    raise InputError(_("it has no {choices}").format(choices=' or '.join(repr(n) for n in names)))
 
 
 def act_fn(name: object) -> str:
     if name not in ACT_FNS:
-        raise InputError(f"activation {name!r} is not one of {', '.join(ACT_FNS)}")
+        raise InputError(_("activation {name!r} is not one of {choices}").format(
+                           name=name, choices=', '.join(ACT_FNS)))
     return ACT_FNS[name]
 
 
@@ -39,18 +41,20 @@ def rope(raw: dict, default_theta: float = 10000.0, default_partial: float = 1.0
     """
     params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
     if not isinstance(params, dict):
-        raise InputError(f"rope_parameters should be an object, got {params!r}")
+        raise InputError(_("rope_parameters should be an object, got {params!r}").format(params=params))
     if any(isinstance(v, dict) for v in params.values()):
-        raise InputError("per-layer rope_parameters are not supported")
+        raise InputError(_("per-layer rope_parameters are not supported"))
     kind = params.get("rope_type", params.get("type", "default"))
     if kind != "default":
-        raise InputError(f"rope scaling {kind!r} is not supported: only plain rotary embeddings run here "
-                         f"(a config with rope_scaling null or rope_type 'default')")
+        raise InputError(_("rope scaling {kind!r} is not supported: only plain rotary embeddings run "
+                           "here (a config with rope_scaling null or rope_type 'default')").format(
+                           kind=kind))
     theta = params.get("rope_theta", raw.get("rope_theta", raw.get("rotary_emb_base", default_theta)))
     partial = params.get("partial_rotary_factor",
                          raw.get("partial_rotary_factor", raw.get("rotary_pct", default_partial)))
     if not isinstance(theta, (int, float)) or not isinstance(partial, (int, float)) or not 0 < partial <= 1:
-        raise InputError(f"rotary base {theta!r} or partial factor {partial!r} is not a usable number")
+        raise InputError(_("rotary base {theta!r} or partial factor {partial!r} is not a usable "
+                           "number").format(theta=theta, partial=partial))
     return float(theta), float(partial)
 
 

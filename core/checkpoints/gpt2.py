@@ -13,6 +13,7 @@ from ..errors import InputError
 from ..model import Params
 from .fields import act_fn
 from .tensors import CheckpointError, Tensors
+from ..i18n import _
 
 MODEL_TYPES = ("gpt2",)
 LABEL = "GPT-2-family decoder"
@@ -21,7 +22,7 @@ PREFIXES = ("transformer.",)
 
 def config(c: dict) -> TransformerConfig:
     if c.get("scale_attn_by_inverse_layer_idx"):
-        raise InputError("scale_attn_by_inverse_layer_idx (Mistral-style scaling) is not supported")
+        raise InputError(_("scale_attn_by_inverse_layer_idx (Mistral-style scaling) is not supported"))
     return TransformerConfig(
         d_model=c["n_embd"], n_layers=c["n_layer"], n_heads=c["n_head"], d_vocab=c["vocab_size"],
         n_ctx=c.get("n_positions", c.get("n_ctx", 1024)), d_mlp=c.get("n_inner"),  # None: 4 * d_model

@@ -13,6 +13,7 @@ from ..errors import InputError
 from ..model import Params
 from .fields import act_fn, need
 from .tensors import Tensors
+from ..i18n import _
 
 MODEL_TYPES = ("gpt_neo",)
 LABEL = "GPT-Neo-family decoder"
@@ -26,8 +27,8 @@ def _layers(c: dict, n_layers: int) -> tuple[str, ...]:
         layers = [kind for kinds, repeat in c.get("attention_types", [[["global", "local"], n_layers // 2]])
                   for _ in range(repeat) for kind in kinds]
     if not isinstance(layers, list) or len(layers) != n_layers:
-        raise InputError(f"attention_types gives {len(layers) if isinstance(layers, list) else layers!r} layers "
-                         f"but num_layers is {n_layers}")
+        raise InputError(_("attention_types gives {given!r} layers but num_layers is {n_layers}").format(
+                           given=len(layers) if isinstance(layers, list) else layers, n_layers=n_layers))
     return tuple(layers)
 
 

@@ -15,6 +15,7 @@ from ..errors import InputError
 from ..model import Params
 from .fields import act_fn, need, rope
 from .tensors import Tensors
+from ..i18n import _
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 LABEL = "Llama-family decoder"
@@ -40,11 +41,13 @@ def _attn_types(c: dict, kind: str, n_layers: int) -> tuple[tuple[str, ...] | No
                  for i in range(n_layers)]
     names = {"full_attention": "global", "sliding_attention": "local"}
     if not isinstance(types, list) or any(t not in names for t in types):
-        raise InputError(f"layer_types {types!r} is not a list of 'full_attention' and 'sliding_attention'")
+        raise InputError(_("layer_types {types!r} is not a list of 'full_attention' and "
+                           "'sliding_attention'").format(types=types))
     if "sliding_attention" not in types:
         return None, None
     if not isinstance(window, int):
-        raise InputError("layer_types has sliding_attention layers but sliding_window is not a number")
+        raise InputError(_("layer_types has sliding_attention layers but sliding_window is not a "
+                           "number"))
     return tuple(names[t] for t in types), window
 
 

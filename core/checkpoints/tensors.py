@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError
+from ..i18n import _
 
 CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.json"
 INDEX_FILE = "model.safetensors.index.json"  # a sharded checkpoint's map: tensor name -> shard file
@@ -45,10 +46,11 @@ class SafetensorsFile:
                 size = path.stat().st_size
                 n = int.from_bytes(f.read(8), "little")
                 if size < 8 or not 0 < n <= min(MAX_HEADER_BYTES, size - 8):
-                    raise ValueError(f"its header length ({n} bytes) does not fit a file of {size} bytes")
+                    raise ValueError(_("its header length ({n} bytes) does not fit a file of {size} "
+                                       "bytes").format(n=n, size=size))
                 header = json.loads(f.read(n))
                 if not isinstance(header, dict):
-                    raise ValueError("its header is not a JSON object")
+                    raise ValueError(_("its header is not a JSON object"))
                 # The map outlives the file handle; arrays viewing it keep it alive (their .base).
                 self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size > 8 + n else b""
         except (OSError, ValueError, UnicodeDecodeError) as e:  # json.JSONDecodeError is a ValueError
@@ -103,7 +105,7 @@ def weight_files(folder: Path) -> dict[str, Path]:
     try:
         weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
         if not isinstance(weight_map, dict) or not weight_map:
-            raise ValueError("its weight_map is empty")
+            raise ValueError(_("its weight_map is empty"))
         files = {name: folder / Path(file).name for name, file in weight_map.items()}
     except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{INDEX_FILE} does not list the shards: {e}") from None

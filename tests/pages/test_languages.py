@@ -107,7 +107,7 @@ def test_the_training_form_comes_back_to_the_run_in_malay(web):
 
 def _english_vocabulary() -> set[str]:
     """The words of the interface's English (every English message) that its Malay never uses."""
-    words = lambda text: {w.lower() for w in re.findall(r"[A-Za-z]{2,}", re.sub(r"<[^>]+>|%\(\w+\)s|\{\w+[^}]*\}", " ", text))}  # noqa: E731
+    words = lambda text: {w.lower() for w in re.findall(r"[A-Za-z]{2,}", re.sub(r"\b\w*[_\d]\w*\b", " ", re.sub(r"<[^>]+>|%\(\w+\)s|\{\w+[^}]*\}", " ", text)))}  # noqa: E731
     english, malay = set(), set()
     for m in catalogue("ms"):
         if m.id:
@@ -256,3 +256,55 @@ def test_the_api_says_its_errors_in_malay_for_accept_language_ms(web):
     # the API ignores the pages' cookie and URL parameter: a script gets English unless it asks
     web.get("/lessons?lang=ms")
     assert web.get("/api/v1/lessons/attention", params={"d_model": 0}).json()["detail"][0]["msg"] == e["msg"]
+
+
+# ------------------------------------------------------------------ errors in the reader's language
+
+# (method, path, body or params, status, English message, Malay message): core's, the service's and pydantic's
+API_ERRORS = [
+    ("GET", "/api/v1/lessons/multihead", {"d_model": 10, "n_heads": 4}, 422,
+     "d_model=10 is not divisible by n_heads=4: each head gets d_model / n_heads dimensions",
+     "d_model=10 tidak boleh dibahagi dengan n_heads=4: setiap kepala mendapat d_model / n_heads dimensi"),
+    ("POST", "/api/v1/run", {"model": "nope", "text": "Ali"}, 422,
+     "unknown model 'nope': choose one of ", "model 'nope' tidak dikenali: pilih salah satu daripada "),
+    ("POST", "/api/v1/generate", {"model": "toy", "text": "Ali", "top_k": 5000}, 422,
+     "top_k=5000 is more than 'toy''s vocabulary of 96 tokens",
+     "top_k=5000 melebihi kosa kata 'toy' yang berjumlah 96 token"),
+    ("POST", "/api/v1/generate", {"model": "all-MiniLM-L6-v2", "text": "Ali"}, 422,
+     "'all-MiniLM-L6-v2' is an encoder (BERT-style)", "'all-MiniLM-L6-v2' ialah pengekod (gaya BERT)"),
+    ("POST", "/api/v1/generate", {"model": "toy", "text": "Ali", "top_p": 1.5}, 422,
+     "top_p: Input should be less than or equal to 1", "top_p: Input mesti kurang daripada atau sama dengan 1"),
+    ("GET", "/api/v1/runs/induction-000000000000", None, 404,
+     "there is no run 'induction-000000000000' on this server: GET /api/v1/runs lists them",
+     "tiada larian 'induction-000000000000' pada pelayan ini: GET /api/v1/runs menyenaraikannya"),
+]
+
+
+@pytest.mark.parametrize("method, path, given, status, english, malay", API_ERRORS, ids=[e[1] for e in API_ERRORS])
+def test_an_api_error_is_said_in_malay_and_nothing_else_changes(web, method, path, given, status, english, malay):
+    def ask(lang: str):
+        kwargs = {"json": given} if method == "POST" else {"params": given}
+        return web.request(method, path, headers={"Accept-Language": lang}, **kwargs)
+
+    e, m = ask("en"), ask("ms")
+    assert e.status_code == m.status_code == status
+    assert [{k: v for k, v in d.items() if k != "msg"} for d in e.json()["detail"]] == \
+        [{k: v for k, v in d.items() if k != "msg"} for d in m.json()["detail"]]  # loc and type: the same
+    (e_msg,), (m_msg,) = [d["msg"] for d in e.json()["detail"]], [d["msg"] for d in m.json()["detail"]]
+    assert e_msg.startswith(english) and m_msg.startswith(malay)
+    assert re.findall(r"\d+(?:\.\d+)?", e_msg) == re.findall(r"\d+(?:\.\d+)?", m_msg)  # the same numbers
+
+
+@pytest.mark.parametrize("path, malay", [
+    ("/lessons/multihead?d_model=10&n_heads=4",
+     "d_model=10 tidak boleh dibahagi dengan n_heads=4: setiap kepala mendapat d_model / n_heads dimensi"),
+    ("/generate?top_p=1.5", "top_p mesti terletak dalam (0, 1]: bahagian kebarangkalian yang disimpan"),
+    ("/generate?model=toy&max_new_tokens=100000", "max_new_tokens=100000 melebihi had pelayan ini"),
+    ("/lessons/attention?d_model=0", "d_model: Input mesti lebih besar daripada atau sama dengan 1"),
+    ("/inspect?view=decompose&pos=99", "pos=99 berada di luar "),
+])
+def test_a_malay_page_says_an_error_in_place_in_malay(web, path, malay):
+    r = web.get(in_malay(path))
+    assert r.status_code == 422 and html_lang(r.text) == "ms"
+    assert malay in r.text
+    assert english_left(r.text) == []
