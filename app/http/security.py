@@ -46,10 +46,12 @@ SECURITY_HEADERS: dict[str, str] = {
     "x-frame-options": "DENY",
 }
 
-# The routes that compute (run a model, a lesson or an analysis): the explorer page "/" itself, and these
-# prefixes (the JSON routes and the pages that show them). Everything else -- health, static files, docs,
-# the model list, the parameter and KV-cache arithmetic -- is cheap and never limited.
-COMPUTE_PATHS = ("/", "/api/v1/run")
+# The routes that compute (run a model, a lesson, an analysis or a generation): the explorer page "/" itself,
+# the circuits page, and these prefixes (the JSON routes and the pages that show them). A generation streamed
+# as events holds its slot until its last token. Everything else -- health, static files, docs, the model
+# list, the parameter and KV-cache arithmetic, the Write page's form (it checks, the API generates) -- is
+# cheap and never limited.
+COMPUTE_PATHS = ("/", "/api/v1/run", "/api/v1/generate", "/circuits")
 COMPUTE_PREFIXES = ("/api/v1/lessons/", "/api/v1/analysis/", "/lessons/", "/inspect")
 
 
