@@ -14,6 +14,7 @@ import numpy as np
 from .errors import InputError
 from .functional import softmax, softmax_backward
 from .threads import SERIAL, Team
+from .i18n import _
 
 
 class AttentionResult(NamedTuple):
@@ -101,9 +102,11 @@ def scaled_dot_product_attention(
     among its threads; each block's numbers are the same on any thread.
     """
     if temperature <= 0 or not math.isfinite(temperature):
-        raise InputError(f"temperature must be a positive finite number, got {temperature}")
+        raise InputError(_("temperature must be a positive finite number, got {temperature}").format(
+                           temperature=temperature))
     if window is not None and not (causal and window >= 1):
-        raise InputError(f"a local attention window ({window}) needs causal attention and a span of at least 1")
+        raise InputError(_("a local attention window ({window}) needs causal attention and a span of "
+                           "at least 1").format(window=window))
     n_query, n_key = q.shape[-2], k.shape[-2]
     divisor = attention_scale(q.shape[-1], scale, temperature)
     lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])  # e.g. (n_heads,)
@@ -170,7 +173,8 @@ def split_heads(x: np.ndarray, n_heads: int) -> np.ndarray:
     """[..., pos, n_heads * d_head] -> [..., n_heads, pos, d_head] (a view, no copy)."""
     *lead, pos, width = x.shape
     if width % n_heads:
-        raise InputError(f"width {width} is not divisible by n_heads={n_heads}")
+        raise InputError(_("width {width} is not divisible by n_heads={n_heads}").format(
+                           width=width, n_heads=n_heads))
     return np.swapaxes(x.reshape(*lead, pos, n_heads, width // n_heads), -2, -3)
 
 

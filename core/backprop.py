@@ -38,6 +38,7 @@ from .functional import (ACTIVATION_BACKWARDS, ACTIVATIONS, cross_entropy, cross
 from .model import Params, unembedding
 from .errors import InputError
 from .positions import rotary, sinusoidal
+from .i18n import N_, _
 
 
 # ---------------------------------------------------------------------------- what training supports
@@ -66,29 +67,29 @@ class Only:
 TRAINABLE: dict[str, object] = {
     # Sizes: every array's shape follows them.
     "d_model": ANY, "n_layers": ANY, "n_heads": ANY, "d_vocab": ANY, "n_ctx": ANY, "d_head": ANY, "d_mlp": ANY,
-    "act_fn": Only(tuple(ACTIVATION_BACKWARDS), "core.functional has no backward pass for it"),
-    "normalization_type": Only(("LN", "LNPre"), "the backward pass has layer norm's gradient, not RMS norm's"),
+    "act_fn": Only(tuple(ACTIVATION_BACKWARDS), N_("core.functional has no backward pass for it")),
+    "normalization_type": Only(("LN", "LNPre"), N_("the backward pass has layer norm's gradient, not RMS norm's")),
     "positional_embedding_type": ANY,
     "attention_dir": ANY,
     "use_attn_scale": ANY,
     "attn_temperature": ANY,
-    "block_type": Only(("pre_norm",), "the backward pass follows a pre-norm block; post-norm (BERT) is not "
-                                      "implemented"),
+    "block_type": Only(("pre_norm",), N_("the backward pass follows a pre-norm block; post-norm (BERT) is not "
+                                         "implemented")),
     "bias": ANY,  # resolved into the four switches below, each implemented on its own
     "tied_embeddings": ANY,
-    "n_token_types": Only((0,), "segment embeddings (BERT) receive no gradient here"),
+    "n_token_types": Only((0,), N_("segment embeddings (BERT) receive no gradient here")),
     "eps": ANY,
     "attn_only": ANY,
-    "n_key_value_heads": Only(lambda cfg: (cfg.n_heads,), "grouped-query attention's shared keys and values "
-                                                         "are not implemented in the backward pass"),
-    "gated_mlp": Only((False,), "the gated (SwiGLU) MLP has no backward pass here"),
+    "n_key_value_heads": Only(lambda cfg: (cfg.n_heads,), N_("grouped-query attention's shared keys and values "
+                                                            "are not implemented in the backward pass")),
+    "gated_mlp": Only((False,), N_("the gated (SwiGLU) MLP has no backward pass here")),
     "rotary_dim": ANY,
     "rotary_base": ANY,
     "rotary_adjacent_pairs": ANY,
     "parallel_attn_mlp": ANY,
     "window_size": ANY,
     "attn_types": ANY,
-    "use_qk_norm": Only((False,), "the query and key norms are RMS norms, which have no backward pass here"),
+    "use_qk_norm": Only((False,), N_("the query and key norms are RMS norms, which have no backward pass here")),
     "qkv_bias": ANY,
     "attn_out_bias": ANY,
     "mlp_bias": ANY,
@@ -98,7 +99,8 @@ TRAINABLE: dict[str, object] = {
 
 def _choices(values: tuple) -> str:
     words = [str(v) if isinstance(v, str) else repr(v) for v in values]
-    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+    return words[0] if len(words) == 1 else _("{values} or {last}").format(values=", ".join(words[:-1]),
+                                                                            last=words[-1])
 
 
 def check_trainable(cfg: TransformerConfig) -> None:
@@ -113,14 +115,15 @@ def check_trainable(cfg: TransformerConfig) -> None:
             continue
         if support is None:  # a field newer than this table: refused until the backward pass is checked
             if value != f.default:
-                problems.append(f"{f.name}={value!r} (the backward pass does not implement it yet): leave it at "
-                                f"{f.default!r}")
+                problems.append(_("{name}={value!r} (the backward pass does not implement it yet): leave it at "
+                                  "{default!r}").format(name=f.name, value=value, default=f.default))
             continue
         allowed = support.allowed(cfg)
         if value not in allowed:
-            problems.append(f"{f.name}={value!r} ({support.why}): choose {_choices(allowed)}")
+            problems.append(_("{name}={value!r} ({why}): choose {choices}").format(
+                name=f.name, value=value, why=_(support.why), choices=_choices(allowed)))
     if problems:
-        raise InputError("training does not support " + "; nor ".join(problems))
+        raise InputError(_("training does not support {problems}").format(problems=_("; nor ").join(problems)))
 
 
 @dataclass

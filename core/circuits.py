@@ -46,6 +46,7 @@ from .config import TransformerConfig
 from .errors import InputError
 from .model import Params, per_head_weights, unembedding
 from .positions import rotary
+from .i18n import _
 
 # ------------------------------------------------------------------ what wrote the residual stream
 
@@ -190,17 +191,19 @@ def _projection_bias(attn: dict, cfg: TransformerConfig, which: str, index: int)
 def qk_decomposition(cache: ActivationCache, layer: int, head: int, query: int, key: int) -> QKDecomposition:
     """Split head `head` of `layer`'s score for (query, key) into query part × key part terms (needs `qk_hooks`)."""
     cfg, params = cache.cfg, cache.params
-    require_pre_norm(cfg, "the QK decomposition")
+    require_pre_norm(cfg, _("the QK decomposition"))
     if not (0 <= layer < cfg.n_layers and 0 <= head < cfg.n_heads):
-        raise InputError(f"layer {layer}, head {head} does not exist: the model has {cfg.n_layers} layer(s) of "
-                         f"{cfg.n_heads} head(s), counted from 0")
+        raise InputError(_("layer {layer}, head {head} does not exist: the model has {n_layers} "
+                           "layer(s) of {n_heads} head(s), counted from 0").format(
+                           layer=layer, head=head, n_layers=cfg.n_layers, n_heads=cfg.n_heads))
     n = cache.tokens.size
     query, key = check_position(query, n), check_position(key, n)
     score = float(cache[f"blocks.{layer}.attn.hook_attn_scores"][head, query, key])
     if np.isneginf(score):
-        why = ("after the query: the causal mask hides it" if key > query else
-               f"further back than this layer's window of {cfg.window(layer)} tokens")
-        raise InputError(f"key position {key} is {why} (its score is −∞): choose a key the query at {query} can see")
+        why = (_("after the query: the causal mask hides it") if key > query else
+               _("further back than this layer's window of {window} tokens").format(window=cfg.window(layer)))
+        raise InputError(_("key position {key} is {why} (its score is −∞): choose a key the query at "
+                           "{query} can see").format(key=key, why=why, query=query))
     block = params["blocks"][layer]
     q_labels, q_parts = resid_parts(cache, layer, query)
     k_labels, k_parts = resid_parts(cache, layer, key)
@@ -288,7 +291,7 @@ def composition_baseline(d_model: int, d_head: int, samples: int = BASELINE_SAMP
     """The composition score of Gaussian factors of these shapes: (mean, standard deviation)."""
     rng = np.random.default_rng(seed)
     scores = []
-    for _ in range(samples):
+    for _sample in range(samples):
         A1, A2 = rng.standard_normal((2, 1, d_model, d_head))
         B1, B2 = rng.standard_normal((2, 1, d_head, d_model))
         scores.append(composition_score(A1, B1, A2, B2)[0, 0])
@@ -347,13 +350,14 @@ def ov_work(cfg: TransformerConfig, n_sources: int) -> int:
 def ov_circuit(params: Params, cfg: TransformerConfig, layer: int, head: int, sources) -> OVCircuit:
     """The head's OV circuit read from the token embeddings to the logits: W_E W_V W_O W_U with the norms'
     gains folded in and layer-norm centring (positions, scales and biases aside; see the module docstring)."""
-    require_pre_norm(cfg, "the OV circuit")
+    require_pre_norm(cfg, _("the OV circuit"))
     if not (0 <= layer < cfg.n_layers and 0 <= head < cfg.n_heads):
-        raise InputError(f"layer {layer}, head {head} does not exist: the model has {cfg.n_layers} layer(s) of "
-                         f"{cfg.n_heads} head(s), counted from 0")
+        raise InputError(_("layer {layer}, head {head} does not exist: the model has {n_layers} "
+                           "layer(s) of {n_heads} head(s), counted from 0").format(
+                           layer=layer, head=head, n_layers=cfg.n_layers, n_heads=cfg.n_heads))
     sources = np.asarray(sources, dtype=np.int64)
     if sources.ndim != 1 or ((sources < 0) | (sources >= cfg.d_vocab)).any():
-        raise InputError(f"source tokens must be ids in 0..{cfg.d_vocab - 1}")
+        raise InputError(_("source tokens must be ids in 0..{last}").format(last=cfg.d_vocab - 1))
     w = per_head_weights(params["blocks"][layer]["attn"], cfg)
     W_V = _gain(params["blocks"][layer]["ln1"]) * w["W_V"][cfg.kv_head(head)].astype(np.float64)  # [d_model, d_head]
     W_O = _centre(w["W_O"][head].astype(np.float64), cfg)  # [d_head, d_model]

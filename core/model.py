@@ -29,6 +29,7 @@ from .errors import InputError
 from .functional import ACTIVATIONS, layer_norm, rms_norm, softmax
 from .positions import rotary, sinusoidal
 from .threads import SERIAL, Team, team_for
+from .i18n import _
 
 Params = dict
 Ablation = Literal["zero", "mean"]
@@ -65,7 +66,7 @@ def init_params(cfg: TransformerConfig, seed: int = 0, dtype=np.float64) -> Para
     if cfg.block_type == "post_norm":
         params["ln_embed"] = norm()
     blocks = []
-    for _ in range(cfg.n_layers):
+    for _layer in range(cfg.n_layers):
         if kv == h:
             attn = {"W_QKV": matrix(d, d, 3 * h * dh)}
             if cfg.qkv_bias:
@@ -489,13 +490,16 @@ def check_tokens(tokens: np.ndarray, cfg: TransformerConfig, start: int = 0) -> 
     """Token ids [pos] that this model can read at positions start, start + 1, ..."""
     tokens = np.asarray(tokens)
     if tokens.ndim != 1 or tokens.size == 0:
-        raise InputError(f"expected a non-empty 1-D sequence of token ids, got shape {tokens.shape}")
+        raise InputError(_("expected a non-empty 1-D sequence of token ids, got shape {shape}").format(
+                           shape=tokens.shape))
     if not np.issubdtype(tokens.dtype, np.integer):
-        raise InputError(f"token ids must be integers, got dtype {tokens.dtype}")
+        raise InputError(_("token ids must be integers, got dtype {dtype}").format(dtype=tokens.dtype))
     if tokens.min() < 0 or tokens.max() >= cfg.d_vocab:
-        raise InputError(f"token ids must lie in [0, {cfg.d_vocab}), got {tokens.min()}..{tokens.max()}")
+        raise InputError(_("token ids must lie in [0, {d_vocab}), got {low}..{high}").format(
+                           d_vocab=cfg.d_vocab, low=tokens.min(), high=tokens.max()))
     if cfg.positional_embedding_type == "learned" and start + tokens.size > cfg.n_ctx:
-        raise InputError(f"{start + tokens.size} tokens is longer than the model's context of n_ctx={cfg.n_ctx}")
+        raise InputError(_("{n} tokens is longer than the model's context of n_ctx={n_ctx}").format(
+                           n=start + tokens.size, n_ctx=cfg.n_ctx))
     return tokens
 
 
@@ -525,10 +529,11 @@ def ablation_by_layer(ablate: Mapping[tuple[int, int], Ablation] | None, cfg: Tr
     by_layer: dict[int, dict[int, Ablation]] = {}
     for (layer, head), how in (ablate or {}).items():
         if not (0 <= layer < cfg.n_layers and 0 <= head < cfg.n_heads):
-            raise InputError(f"cannot ablate layer {layer} head {head}: the model has "
-                             f"{cfg.n_layers} layers of {cfg.n_heads} heads")
+            raise InputError(_("cannot ablate layer {layer} head {head}: the model has {n_layers} "
+                               "layers of {n_heads} heads").format(
+                               layer=layer, head=head, n_layers=cfg.n_layers, n_heads=cfg.n_heads))
         if how not in ("zero", "mean"):
-            raise InputError(f"ablation must be 'zero' or 'mean', got {how!r}")
+            raise InputError(_("ablation must be 'zero' or 'mean', got {how!r}").format(how=how))
         by_layer.setdefault(layer, {})[head] = how
     return by_layer
 
@@ -555,8 +560,8 @@ def forward(
     """
     start = 0 if past_kv is None else past_kv.n_tokens
     if past_kv is not None and not cfg.causal:
-        raise InputError("a KV cache needs causal attention: in a bidirectional model every new token "
-                         "changes the earlier positions too, so nothing can be reused")
+        raise InputError(_("a KV cache needs causal attention: in a bidirectional model every new "
+                           "token changes the earlier positions too, so nothing can be reused"))
     tokens = check_tokens(tokens, cfg, start)
     hook = _Recorder(names)
     by_layer = ablation_by_layer(ablate, cfg)
@@ -619,19 +624,19 @@ def run_with_kv_cache(params: Params, cfg: TransformerConfig, prompt, n_new: int
     instead of its square. Only a causal model can be cached.
     """
     if not cfg.causal:
-        raise InputError("a KV cache needs causal attention: in a bidirectional model every new token "
-                         "changes the earlier positions too, so nothing can be reused")
+        raise InputError(_("a KV cache needs causal attention: in a bidirectional model every new "
+                           "token changes the earlier positions too, so nothing can be reused"))
     prompt = check_tokens(prompt, cfg)
     if not isinstance(n_new, (int, np.integer)) or n_new < 0:
-        raise InputError(f"n_new must be a non-negative integer, got {n_new!r}")
+        raise InputError(_("n_new must be a non-negative integer, got {n_new!r}").format(n_new=n_new))
     if cfg.positional_embedding_type == "learned" and prompt.size + n_new > cfg.n_ctx:
-        raise InputError(f"{prompt.size} prompt tokens + {n_new} new ones exceed the model's context "
-                         f"of n_ctx={cfg.n_ctx}")
+        raise InputError(_("{n} prompt tokens + {n_new} new ones exceed the model's context of "
+                           "n_ctx={n_ctx}").format(n=prompt.size, n_new=n_new, n_ctx=cfg.n_ctx))
     kv = KVCache.empty(cfg, params["embed"]["W_E"].dtype)
     tokens, steps = list(prompt), []
     pos = 0
     while pos < len(tokens):
-        logits, _, kv = forward(params, cfg, np.array([tokens[pos]]), names=(), past_kv=kv)
+        logits, _cache, kv = forward(params, cfg, np.array([tokens[pos]]), names=(), past_kv=kv)
         steps.append(KVStep(pos, int(tokens[pos]), pos >= prompt.size, kv.keys[0].shape, kv.values[0].shape, kv.nbytes,
                             logits[0]))
         if pos == len(tokens) - 1 and len(tokens) < prompt.size + n_new:

@@ -49,6 +49,7 @@ from .errors import InputError
 from .functional import softmax
 from .model import Ablation, Params, ablation_by_layer, norm, per_head_weights, transformer_block, unembedding
 from .params import count_params
+from .i18n import _
 
 TARGETS = ("resid_pre", "resid_mid", "resid_post", "attn_head", "attn_head_pos", "pattern", "mlp_out")
 DIRECTIONS = ("denoise", "noise")
@@ -70,27 +71,30 @@ class Patch:
 
 # ------------------------------------------------------------------ checks
 
-def require_causal_decoder(cfg: TransformerConfig, what: str = "activation patching") -> None:
+def require_causal_decoder(cfg: TransformerConfig, what: str | None = None) -> None:
     if cfg.block_type != "pre_norm" or not cfg.causal:
-        raise InputError(f"{what} measures the next-token prediction at the last position, which needs a causal "
-                         "pre-norm decoder: this model is "
-                         + ("an encoder (post-norm, bidirectional)" if cfg.block_type != "pre_norm" else
-                            "running without the causal mask; turn causal back on"))
+        message = (_("{what} measures the next-token prediction at the last position, which needs a causal pre-norm "
+                     "decoder: this model is an encoder (post-norm, bidirectional)") if cfg.block_type != "pre_norm"
+                   else _("{what} measures the next-token prediction at the last position, which needs a causal "
+                          "pre-norm decoder: this model is running without the causal mask; turn causal back on"))
+        raise InputError(message.format(what=what or _("activation patching")))
 
 
 def check_target(target: str, cfg: TransformerConfig) -> None:
     if target not in TARGETS:
-        raise InputError(f"target {target!r} is not one of {', '.join(TARGETS)}")
+        raise InputError(_("target {target!r} is not one of {choices}").format(
+                           target=target, choices=', '.join(TARGETS)))
     if cfg.attn_only and target in ("resid_mid", "mlp_out"):
-        raise InputError(f"this model is attention-only: it has no MLP, so no {target}; choose "
-                         + ", ".join(t for t in TARGETS if t not in ("resid_mid", "mlp_out")))
+        raise InputError(_("this model is attention-only: it has no MLP, so no {target}; choose {choices}").format(
+            target=target, choices=", ".join(t for t in TARGETS if t not in ("resid_mid", "mlp_out"))))
 
 
 def check_pair(clean, corrupted) -> tuple[np.ndarray, np.ndarray]:
     clean, corrupted = np.asarray(clean), np.asarray(corrupted)
     if clean.shape != corrupted.shape:
-        raise InputError(f"the clean text has {clean.size} tokens and the corrupted text {corrupted.size}: patching "
-                         "swaps activations position by position, so both need the same number of tokens")
+        raise InputError(_("the clean text has {clean} tokens and the corrupted text {corrupted}: patching swaps "
+                           "activations position by position, so both need the same number of tokens").format(
+                           clean=clean.size, corrupted=corrupted.size))
     return clean, corrupted
 
 
@@ -98,11 +102,15 @@ def check_patch(patch: Patch, cfg: TransformerConfig, n: int) -> Patch:
     target = "attn_head" if patch.target == "attn_head_pos" else patch.target
     check_target(target, cfg)
     if not (isinstance(patch.layer, (int, np.integer)) and 0 <= patch.layer < cfg.n_layers):
-        raise InputError(f"layer {patch.layer!r} does not exist: the model has {cfg.n_layers} layer(s), counted from 0")
+        raise InputError(_("layer {layer!r} does not exist: the model has {n_layers} layer(s), "
+                           "counted from 0").format(
+                           layer=patch.layer, n_layers=cfg.n_layers))
     head = patch.head
     if target in ("attn_head", "pattern"):
         if not (isinstance(head, (int, np.integer)) and 0 <= head < cfg.n_heads):
-            raise InputError(f"head {head!r} does not exist: each layer has {cfg.n_heads} head(s), counted from 0")
+            raise InputError(_("head {head!r} does not exist: each layer has {n_heads} head(s), "
+                               "counted from 0").format(
+                               head=head, n_heads=cfg.n_heads))
         head = int(head)
     pos = None if patch.pos is None else check_position(patch.pos, n)
     return Patch(target, int(patch.layer), head, pos)
@@ -154,6 +162,13 @@ def metric_value(logits: np.ndarray, metric: str, answer: int, wrong: int) -> fl
     if metric == "logit_diff":
         return float(logits[0] - logits[1])
     return float(softmax(logits)[answer])
+
+
+def metric_values(logits: np.ndarray, metric: str, answer: int, wrong: int) -> np.ndarray:
+    """metric_value of every row: logits [k, columns] -> [k] (float64)."""
+    if metric == "logit_diff":
+        return (logits[:, 0] - logits[:, 1]).astype(np.float64)
+    return softmax(logits.copy(), axis=-1)[:, answer].astype(np.float64)
 
 
 def final_resid(cache: ActivationCache) -> np.ndarray:
@@ -347,26 +362,38 @@ def sweep(params: Params, cfg: TransformerConfig, clean, corrupted, answer: int,
     clean, corrupted = check_pair(clean, corrupted)
     check_target(target, cfg)
     if direction not in DIRECTIONS:
-        raise InputError(f"direction {direction!r} is not one of {', '.join(DIRECTIONS)}")
+        raise InputError(_("direction {direction!r} is not one of {choices}").format(
+                           direction=direction, choices=', '.join(DIRECTIONS)))
     if metric not in METRICS:
-        raise InputError(f"metric {metric!r} is not one of {', '.join(METRICS)}")
+        raise InputError(_("metric {metric!r} is not one of {choices}").format(
+                           metric=metric, choices=', '.join(METRICS)))
     answer, wrong = check_token(answer, cfg), check_token(wrong, cfg)
     if metric == "logit_diff" and answer == wrong:
-        raise InputError("the answer and the wrong token are the same token: their logit difference is always 0; "
-                         "choose a different wrong token")
+        raise InputError(_("the answer and the wrong token are the same token: their logit "
+                           "difference is always 0; choose a different wrong token"))
     clean_run = run_for_patching(params, cfg, clean, target, frozen)
     corrupted_run = run_for_patching(params, cfg, corrupted, target, frozen)
     columns = metric_columns(metric, answer, wrong)
-    measure = lambda resid: metric_value(last_logits(params, cfg, resid, columns), metric, answer, wrong)  # noqa: E731
-    clean_metric, corrupted_metric = measure(final_resid(clean_run)), measure(final_resid(corrupted_run))
+
+    def measure(resids: np.ndarray) -> np.ndarray:  # final streams [k, d_model] -> metrics [k]
+        return metric_values(last_logits(params, cfg, resids, columns), metric, answer, wrong)
+
+    # every cell's final stream, then the final norm and unembedding of all of them at once, the two runs' first
+    # (so that a cell that restores a run exactly gives its metric exactly)
+    clean_metric, corrupted_metric = map(float, measure(np.stack([final_resid(clean_run), final_resid(corrupted_run)])))
     if clean_metric == corrupted_metric:
-        raise InputError(f"the clean and corrupted texts give the same {metric} ({clean_metric:.6g}): there is no "
-                         "difference for a patch to restore; change the corrupted text where it matters, or choose "
-                         "other answer and wrong tokens")
+        raise InputError(_("the clean and corrupted texts give the same {metric} "
+                           "({clean_metric:.6g}): there is no difference for a patch to restore; "
+                           "change the corrupted text where it matters, or choose other answer and "
+                           "wrong tokens").format(
+                           metric=metric, clean_metric=clean_metric))
     base, source = (corrupted_run, clean_run) if direction == "denoise" else (clean_run, corrupted_run)
     rows, cols, cells = sweep_cells(cfg, clean.size, target)
-    raw = np.array([[measure(patched_resid(params, cfg, base, source, cell, frozen)) for cell in row]
-                    for row in cells])
+    streams = np.stack([final_resid(clean_run), final_resid(corrupted_run)]
+                       + [patched_resid(params, cfg, base, source, cell, frozen) for row in cells for cell in row])
+    values = measure(streams)
+    clean_metric, corrupted_metric = float(values[0]), float(values[1])
+    raw = values[2:].reshape(len(cells), len(cells[0]))
     return PatchingResult(target, direction, metric, frozen, clean_metric, corrupted_metric, raw, rows, cols,
                           raw.size)
 
@@ -379,14 +406,14 @@ def ablated_logits(params: Params, cfg: TransformerConfig, tokens, ablate: Mappi
     core.model.forward's `ablate`), every later attention pattern recomputed (frozen=False: the same
     numbers as forward(ablate=...)) or held at the unablated run's (frozen=True: only the ablated heads'
     direct and value paths act)."""
-    require_causal_decoder(cfg, "ablation's effect on the prediction")
+    require_causal_decoder(cfg, _("ablation's effect on the prediction"))
     by_layer = ablation_by_layer(ablate, cfg)
     first = min(by_layer, default=cfg.n_layers)
     names = [f"blocks.{first}.hook_resid_pre"] if first < cfg.n_layers else []
     if frozen:
         names += [f"blocks.{layer}.attn.hook_pattern" for layer in range(first, cfg.n_layers)]
     names.append(f"blocks.{cfg.n_layers - 1}.hook_resid_post")
-    _, base = run_with_cache(params, cfg, tokens, names=names, logits=False)
+    _logits, base = run_with_cache(params, cfg, tokens, names=names, logits=False)
     if first == cfg.n_layers:
         return last_logits(params, cfg, final_resid(base))
     resid = resume(params, cfg, base, first, 0, base[f"blocks.{first}.hook_resid_pre"], None,
@@ -404,8 +431,8 @@ def induction_example(alphabet: str, length: int, seed: int = 0) -> tuple[str, s
     nothing earlier says what comes next; its own first half ends in `wrong` = r[-1], where a copier
     that lost track would land instead."""
     if length < 2 or len(alphabet) < 2:
-        raise InputError(f"an induction example needs at least 2 characters of at least 2 kinds, got {length} "
-                         f"of {len(alphabet)}")
+        raise InputError(_("an induction example needs at least 2 characters of at least 2 kinds, "
+                           "got {length} of {kinds}").format(length=length, kinds=len(alphabet)))
     rng = np.random.default_rng(seed)
     letters = list(alphabet)
     s = "".join(rng.choice(letters, length))

@@ -251,15 +251,7 @@ def test_a_module_shows_no_text_for_people_outside_the_catalogue(module):
 # figure, a notebook's exception): every module, a new one included, is read for an error built from a literal.
 MESSAGE_PACKAGES = ["core", "app/service", "app/api", "app/training", "app/models"]
 # Modules whose error messages are not in the catalogue yet, and why.
-PENDING_MODULES = {
-    "core/attention.py": "being changed for speed at the same time; its messages are wrapped next",
-    "core/backprop.py": "being changed for speed at the same time; its messages are wrapped next",
-    "core/model.py": "being changed for speed at the same time; its messages are wrapped next",
-    "core/patching.py": "being changed for the circuits issue at the same time; its messages are wrapped next",
-    "core/circuits.py": "being changed for the circuits issue at the same time; its messages are wrapped next",
-    "app/service/circuits.py": "being changed for the circuits issue at the same time; its messages are wrapped next",
-    "app/training/redis_store.py": "being changed at the same time; its messages are wrapped next",
-}
+PENDING_MODULES: dict[str, str] = {}
 MESSAGE_MODULES = sorted(p.relative_to(ROOT).as_posix() for pkg in MESSAGE_PACKAGES for p in (ROOT / pkg).rglob("*.py"))
 
 

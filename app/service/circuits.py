@@ -23,6 +23,7 @@ from core.circuits import (Composition, OVCircuit, QKDecomposition, composition_
 from core.params import forward_work
 from core.patching import (DIRECTIONS, METRICS, TARGETS, PatchingResult, check_pair, check_target, induction_example,
                            require_causal_decoder, sweep, sweep_passes, sweep_work)
+from app.http.language import _
 
 # How the pages and the API show whitespace inside a token (app/pages/figures.py, core/checkpoints/tokenizer.py).
 VISIBLE_WHITESPACE = str.maketrans({"␣": " ", "↵": "\n", "⇥": "\t", "␍": "\r"})
@@ -223,13 +224,13 @@ class CircuitViews:
         """The clean text's setup and the corrupted text's tokens: a causal decoder, the same number of tokens."""
         st = self.views.setup(spec)
         if st.model.is_encoder:
-            raise InputError(f"activation patching measures the next-token prediction at the last position; "
-                             f"{st.model.name!r} is an encoder, which predicts no next token: choose a decoder "
-                             "such as 'induction' or 'toy'")
+            raise InputError(_("activation patching measures the next-token prediction at the last position; "
+                               "{model!r} is an encoder, which predicts no next token: choose a decoder such as "
+                               "'induction' or 'toy'").format(model=st.model.name))
         require_causal_decoder(st.cfg)
         encoding = st.model.tokenizer.encode(corrupted)
-        self.limits.check_count("the corrupted text", len(encoding.ids), self.settings.max_tokens,
-                                "use a shorter text")
+        self.limits.check_count(_("the corrupted text"), len(encoding.ids), self.settings.max_tokens,
+                                _("use a shorter text"))
         check_pair(st.encoding.ids, encoding.ids)
         return st, list(encoding.ids), list(encoding.tokens)
 
@@ -246,15 +247,16 @@ class CircuitViews:
             try:
                 ids = tokenizer.encode(text).ids
             except InputError as exc:
-                raise InputError(f"{role} {given!r} is not a token of {st.model.name!r}: {exc}") from None
+                raise InputError(_("{role} {given!r} is not a token of {model!r}: {error}").format(
+                                   role=role, given=given, model=st.model.name, error=exc)) from None
             if len(ids) == 2 and ids[0] == st.encoding.ids[0] and len(st.encoding.ids) > 1:
                 ids = ids[1:]  # a tokenizer that starts every text with <s>
             if len(ids) == 1:
                 return int(ids[0])
         pieces = tokenizer.encode(raw).ids
-        raise InputError(f"{role} {given!r} is {len(pieces)} tokens for {st.model.name!r} "
-                         f"({' '.join(repr(tokenizer.token_str(i)) for i in pieces)}): give one token, such as one "
-                         "of the texts' own")
+        raise InputError(_("{role} {given!r} is {n} tokens for {model!r} ({pieces}): give one token, such as one of "
+                           "the texts' own").format(role=role, given=given, n=len(pieces), model=st.model.name,
+                                                     pieces=" ".join(repr(tokenizer.token_str(i)) for i in pieces)))
 
     def patching(self, spec: RunSpec, corrupted: str, answer: str | None, wrong: str | None, target: str,
                  direction: str = "denoise", metric: str = "logit_diff",
@@ -266,21 +268,24 @@ class CircuitViews:
         cfg, n = st.cfg, st.n
         check_target(target, cfg)
         if direction not in DIRECTIONS or metric not in METRICS:
-            raise InputError(f"direction must be one of {', '.join(DIRECTIONS)} and metric one of {', '.join(METRICS)}")
+            raise InputError(_("direction must be one of {directions} and metric one of {metrics}").format(
+                               directions=", ".join(DIRECTIONS), metrics=", ".join(METRICS)))
         passes = sweep_passes(cfg, n, target) * len(frozen)
         if passes > (most := self.settings.patching_max_passes):
-            what = {"attn_head_pos": f"{cfg.n_layers} layers × {cfg.n_heads} heads × {n} positions",
-                    "attn_head": f"{cfg.n_layers} layers × {cfg.n_heads} heads",
-                    "pattern": f"{cfg.n_layers} layers × {cfg.n_heads} heads"}.get(
-                target, f"{cfg.n_layers} layers × {n} positions") + (" × 2 (frozen and not)" if len(frozen) > 1 else "")
-            raise InputError(f"this sweep asks for {passes:,} patched runs ({what}), more than this server's limit of "
-                             f"{most:,}: use a shorter text, or sweep heads (attn_head) instead of heads by position")
+            what = (_("{n_layers} layers × {n_heads} heads × {n} positions") if target == "attn_head_pos" else
+                    _("{n_layers} layers × {n_heads} heads") if target in ("attn_head", "pattern") else
+                    _("{n_layers} layers × {n} positions")).format(n_layers=cfg.n_layers, n_heads=cfg.n_heads, n=n)
+            what += _(" × 2 (frozen and not)") if len(frozen) > 1 else ""
+            raise InputError(_("this sweep asks for {passes:,} patched runs ({what}), more than this "
+                               "server's limit of {most:,}: use a shorter text, or sweep heads "
+                               "(attn_head) instead of heads by position").format(
+                               passes=passes, what=what, most=most))
         guess = answer is None or wrong is None
         work = sweep_work(cfg, n, target, metric) * len(frozen) + (2 * forward_work(cfg, n) if guess else 0)
         p = self.views.load(st, work, cfg.d_vocab + cfg.n_layers * cfg.n_heads * n * n,
-                            "the texts' length (or choose a sweep with fewer cells)")
-        a = None if answer is None else self._token(st, answer, "answer", corrupted_tokens, corrupted_ids)
-        w = None if wrong is None else self._token(st, wrong, "wrong", corrupted_tokens, corrupted_ids)
+                            _("the texts' length (or choose a sweep with fewer cells)"))
+        a = None if answer is None else self._token(st, answer, _("answer"), corrupted_tokens, corrupted_ids)
+        w = None if wrong is None else self._token(st, wrong, _("wrong"), corrupted_tokens, corrupted_ids)
         if guess:
             a, w = self._guess(p, corrupted_ids, a, w)
         results = [sweep(p.params, cfg, p.ids, corrupted_ids, a, w, target, direction=direction, metric=metric,
@@ -307,17 +312,18 @@ class CircuitViews:
         cfg, n = st.cfg, st.n
         self._check_head(st, layer, head)
         if cfg.block_type != "pre_norm":
-            raise InputError(f"the QK decomposition splits the residual stream into what wrote it, which needs a "
-                             f"pre-norm model; {st.model.name!r} is post-norm (its stream is re-normalised in every "
-                             "block): choose a decoder such as 'induction'")
+            raise InputError(_("the QK decomposition splits the residual stream into what wrote it, which needs a "
+                               "pre-norm model; {model!r} is post-norm (its stream is re-normalised in every block): "
+                               "choose a decoder such as 'induction'").format(model=st.model.name))
         for name, pos in (("query", query), ("key", key)):
             if pos is not None and not -n <= pos < n:
-                raise InputError(f"{name}={pos} is outside the text's {n} tokens: use 0 … {n - 1}, or -1 for the last")
+                raise InputError(_("{name}={pos} is outside the text's {n} tokens: use 0 … {last}, or -1 for the "
+                                   "last").format(name=name, pos=pos, n=n, last=n - 1))
         n_parts = 3 + cfg.n_layers * (cfg.n_heads + 3) + 1
         p = self.views.load(st, forward_work(cfg, n, logits=False) + 2 * n_parts * cfg.d_model * cfg.d_head,
                             max(2 * n_parts * cfg.d_model, cfg.n_heads * n * n))
         pattern = f"blocks.{layer}.attn.hook_pattern"
-        _, cache = run_with_cache(p.params, cfg, p.ids, names=qk_hooks(cfg, layer) + [pattern], logits=False)
+        _logits, cache = run_with_cache(p.params, cfg, p.ids, names=qk_hooks(cfg, layer) + [pattern], logits=False)
         query = query % n
         row = cache[pattern][head, query]
         top_key = int(np.argmax(row))
@@ -330,11 +336,11 @@ class CircuitViews:
         weights alone: a text, by default the model's own, only sizes a model whose shape follows its text)."""
         st = self.views.setup(self._with_text(spec))
         if st.cfg.n_layers < 2:
-            raise InputError(f"composition needs heads in two layers; {st.model.name!r} has {st.cfg.n_layers}: "
-                             "choose a model with more layers")
+            raise InputError(_("composition needs heads in two layers; {model!r} has {n_layers}: choose a model with "
+                               "more layers").format(model=st.model.name, n_layers=st.cfg.n_layers))
         H = st.cfg.n_layers * st.cfg.n_heads
         p = self.views.load(st, composition_work(st.cfg), 3 * H * H + H * st.cfg.d_head * st.cfg.d_model,
-                            "n_layers or n_heads")
+                            _("n_layers or n_heads"))
         return CompositionView(p, composition_scores(p.params, p.cfg))
 
     def ov_circuit(self, spec: RunSpec, layer: int, head: int, top_k: int, first: int | None = None) -> OVView:
@@ -344,14 +350,15 @@ class CircuitViews:
         cfg = st.cfg
         self._check_head(st, layer, head)
         if st.model.is_encoder or cfg.block_type != "pre_norm":
-            raise InputError(f"the OV circuit reads a head's output through the final norm and the unembedding; "
-                             f"{st.model.name!r} is an encoder (post-norm): choose a decoder such as 'induction'")
+            raise InputError(_("the OV circuit reads a head's output through the final norm and the "
+                               "unembedding; {model!r} is an encoder (post-norm): choose a decoder "
+                               "such as 'induction'").format(model=st.model.name))
         sources = list(dict.fromkeys(st.encoding.ids))[:first]
         if len(sources) > (most := self.settings.ov_max_sources):
-            raise InputError(f"the text has {len(sources)} distinct tokens, more than the {most} sources one request "
-                             "lists: use a shorter text")
+            raise InputError(_("the text has {n} distinct tokens, more than the {most} sources one request lists: "
+                               "use a shorter text").format(n=len(sources), most=most))
         p = self.views.load(st, ov_work(cfg, len(sources)), max(len(sources), cfg.d_head) * cfg.d_vocab,
-                            "the number of distinct tokens in the text")
+                            _("the number of distinct tokens in the text"))
         ov = ov_circuit(p.params, cfg, layer, head, sources)
         ids, logits = ov.top(top_k)
         rows = [OVSource(p.token_str(s), int(s), int(rank),
@@ -365,5 +372,6 @@ class CircuitViews:
     @staticmethod
     def _check_head(st: Setup, layer: int, head: int) -> None:
         if layer >= st.cfg.n_layers or head >= st.cfg.n_heads:
-            raise InputError(f"layer {layer}, head {head} does not exist: {st.model.name!r} has {st.cfg.n_layers} "
-                             f"layer(s) of {st.cfg.n_heads} head(s), counted from 0")
+            raise InputError(_("layer {layer}, head {head} does not exist: {model!r} has {n_layers} layer(s) of "
+                               "{n_heads} head(s), counted from 0").format(
+                layer=layer, head=head, model=st.model.name, n_layers=st.cfg.n_layers, n_heads=st.cfg.n_heads))

@@ -49,6 +49,7 @@ from app.training.store import (FINISHED, STATUSES, NoRoom, Room, StoreUnavailab
                                 TrainingRunInfo, TrainingStore, is_training_run_id, training_run_id)
 from core import InputError
 from core.recipes import TrainSettings, text_hash
+from app.http.language import _
 
 log = logging.getLogger("app.training.redis_store")
 
@@ -282,7 +283,8 @@ class RedisStore(TrainingStore):
 
     def _fields(self, id: str, *names: str) -> list[bytes | None]:
         if not is_training_run_id(id):
-            raise InputError(f"{id!r} is not a run id: ids look like induction-3f2a9c1b7d0e (GET /api/v1/runs)")
+            raise InputError(_("{id!r} is not a run id: ids look like induction-3f2a9c1b7d0e (GET "
+                               "/api/v1/runs)").format(id=id))
         return self.r.hmget(run_key(id), names)
 
     @_reaching
@@ -329,7 +331,8 @@ class RedisStore(TrainingStore):
     def _info(self, id: str, queue: list[str] | None) -> tuple[TrainingRunInfo, bytes | None]:
         """The run and its stream's last event id, read in one transaction (so nothing falls between)."""
         if not is_training_run_id(id):
-            raise InputError(f"{id!r} is not a run id: ids look like induction-3f2a9c1b7d0e (GET /api/v1/runs)")
+            raise InputError(_("{id!r} is not a run id: ids look like induction-3f2a9c1b7d0e (GET "
+                               "/api/v1/runs)").format(id=id))
         pipe = self.r.pipeline(transaction=True)
         pipe.hmget(run_key(id), ["request", "status", "error", "state", "progress", "worker", "model_dir"])
         pipe.hkeys(run_key(id))
@@ -419,7 +422,7 @@ class RedisStore(TrainingStore):
             return self._whole(id, [])  # trimmed past the client's place, or a place this stream never had
         events: list[tuple[str, object]] = []
         progress = None
-        for _, fields in entries:
+        for _entry, fields in entries:
             name, data = fields[b"event"].decode(), json.loads(fields[b"data"])
             if name == "run":
                 return self._whole(id, [e for e in events if e[0] == "resumed"])

@@ -274,6 +274,9 @@ API_ERRORS = [
      "'all-MiniLM-L6-v2' is an encoder (BERT-style)", "'all-MiniLM-L6-v2' ialah pengekod (gaya BERT)"),
     ("POST", "/api/v1/generate", {"model": "toy", "text": "Ali", "top_p": 1.5}, 422,
      "top_p: Input should be less than or equal to 1", "top_p: Input mesti kurang daripada atau sama dengan 1"),
+    ("POST", "/api/v1/analysis/patching", {"model": "induction", "clean": "abc", "corrupted": "ab"}, 422,
+     "the clean text has 3 tokens and the corrupted text 2: patching swaps activations position by position",
+     "teks bersih mempunyai 3 token dan teks rosak 2: penampalan menukar pengaktifan kedudukan demi kedudukan"),
     ("GET", "/api/v1/runs/induction-000000000000", None, 404,
      "there is no run 'induction-000000000000' on this server: GET /api/v1/runs lists them",
      "tiada larian 'induction-000000000000' pada pelayan ini: GET /api/v1/runs menyenaraikannya"),
@@ -302,6 +305,7 @@ def test_an_api_error_is_said_in_malay_and_nothing_else_changes(web, method, pat
     ("/generate?model=toy&max_new_tokens=100000", "max_new_tokens=100000 melebihi had pelayan ini"),
     ("/lessons/attention?d_model=0", "d_model: Input mesti lebih besar daripada atau sama dengan 1"),
     ("/inspect?view=decompose&pos=99", "pos=99 berada di luar "),
+    ("/circuits?model=induction&clean=abc&corrupted=ab", "teks bersih mempunyai 3 token dan teks rosak 2: penampalan"),
 ])
 def test_a_malay_page_says_an_error_in_place_in_malay(web, path, malay):
     r = web.get(in_malay(path))
