@@ -249,7 +249,7 @@ def test_a_module_shows_no_text_for_people_outside_the_catalogue(module):
 
 # The packages whose error messages reach people (the API's 422/404/503 details, a page's message in place of a
 # figure, a notebook's exception): every module, a new one included, is read for an error built from a literal.
-MESSAGE_PACKAGES = ["core", "app/service", "app/api", "app/training", "app/models"]
+MESSAGE_PACKAGES = ["core", "app/service", "app/api", "app/training", "app/models", "app/http"]
 # Modules whose error messages are not in the catalogue yet, and why.
 PENDING_MODULES: dict[str, str] = {}
 MESSAGE_MODULES = sorted(p.relative_to(ROOT).as_posix() for pkg in MESSAGE_PACKAGES for p in (ROOT / pkg).rglob("*.py"))
@@ -266,6 +266,9 @@ def raised_literals(tree: ast.AST) -> list[tuple[int, list[str]]]:
         name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
         if name in RAISED or name == "append" and isinstance(func.value, ast.Name) and func.value.id == "errors":
             if words := _literal_words(node.args[0]):
+                found.append((node.lineno, words))
+        elif name == "PydanticCustomError" and len(node.args) > 1:  # (type, message template, context)
+            if words := _literal_words(node.args[1]):
                 found.append((node.lineno, words))
     return found
 
@@ -288,8 +291,10 @@ def test_the_literal_checks_find_what_they_look_for():
     assert [line for line, _ in shown_literals(code)] == [1, 2, 3, 4]
     code = ast.parse('raise NotFound(f"no run {id!r}")\nreturn Unavailable("training is off", retry_after_s=5)\n'
                      'errors.append("not a number")\nraise InputError(_("{n} is not a number").format(n=n))\n'
-                     'raise InputError(reason)\nraise ValueError("its header is " + kind)')
-    assert [line for line, _ in raised_literals(code)] == [1, 2, 3, 6]
+                     'raise InputError(reason)\nraise ValueError("its header is " + kind)\n'
+                     'raise PydanticCustomError("too_long", f"more than {most} pairs")\n'
+                     'raise PydanticCustomError("too_long", _("more than {most} pairs").format(most=most))')
+    assert [line for line, _ in raised_literals(code)] == [1, 2, 3, 6, 7]
     out, consts = [], []
     _flatten(templates.env.parse('<p title="Hover me">Hello {{ x }}</p>{{ m.text("text", "Words") }}'
                                  '<p>{% trans %}Fine{% endtrans %} {{ _("Fine") }}</p>'), out, consts)

@@ -30,6 +30,7 @@ from core.config import NORMALIZATION_TYPES
 
 from app.service import AblatedHead, RunSpec, knobs
 from app.settings import Settings, settings_in_effect
+from app.http.language import _
 
 MAX_SEED = knobs.MAX_SEED
 
@@ -120,10 +121,10 @@ def default(fn, name: str) -> Any:
 
 def _non_blank(text: str) -> str:
     if not text.strip():
-        raise PydanticCustomError("text_empty", "the text is empty or only spaces: type at least one word")
+        raise PydanticCustomError("text_empty", _("the text is empty or only spaces: type at least one word"))
     if re.search("[\ud800-\udfff]", text):
-        raise PydanticCustomError("text_surrogate", "the text contains an unpaired UTF-16 surrogate, "
-                                  "which is not a character: remove it")
+        raise PydanticCustomError("text_surrogate", _("the text contains an unpaired UTF-16 surrogate, which is not a "
+                                                      "character: remove it"))
     return text
 
 
@@ -147,12 +148,12 @@ class Request(BaseModel):
 def _int_list(value: str, name: str, low: int, high: int) -> tuple[int, ...]:
     items = tuple(int(x) for x in value.split(","))
     if len(items) > (most := setting("max_dims")):
-        raise PydanticCustomError("too_long", f"{{n}} {name} given, more than the limit of {most}",
-                                  {"n": len(items)})
+        raise PydanticCustomError("too_long", _("{{n}} {name} given, more than the limit of {most}").format(
+            name=name, most=most), {"n": len(items)})
     bad = [x for x in items if not low <= x <= high]
     if bad:
-        raise PydanticCustomError("out_of_range", f"{name} must each lie in {low} … {high:,}; got {{bad}}",
-                                  {"bad": bad[0]})
+        raise PydanticCustomError("out_of_range", _("{name} must each lie in {low} … {high:,}; got {{bad}}").format(
+            name=name, low=low, high=high), {"bad": bad[0]})
     return items
 
 
@@ -216,7 +217,7 @@ class PositionsQuery(Request):
     @classmethod
     def _pairs(cls, v: str | None) -> str | None:
         if v is not None and len(v.split(",")) > (most := setting("max_dims")):
-            raise PydanticCustomError("too_long", f"more than {most} pairs given")
+            raise PydanticCustomError("too_long", _("more than {most} pairs given").format(most=most))
         return v
 
     @property

@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _UvicornHttpToolsProtocol
 
 from app.http.jsonio import dumps
+from app.http.language import _
 from app.settings import get_settings
 
 # The protocol class for uvicorn's `http` option (an import string, so worker processes load it too).
@@ -70,8 +71,8 @@ class BodySizeLimitMiddleware:
         return self.larger.get(scope["path"], self.max_bytes)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, body_done: bool = False) -> None:
-        msg = (f"the request body is larger than this server's limit of {self.limit(scope):,} bytes: "
-               f"send a shorter text or fewer hook names")
+        msg = _("the request body is larger than this server's limit of {limit:,} bytes: send a shorter text or "
+                "fewer hook names").format(limit=self.limit(scope))
         body = _error(msg, "body", "body_too_large")
         await send({"type": "http.response.start", "status": 413, "headers": [
             (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
@@ -135,8 +136,9 @@ class UrlLengthLimitMiddleware:
         if scope["type"] == "http":
             n = url_bytes(scope)
             if n > self.max_bytes:
-                msg = (f"the URL is {n:,} bytes, more than this server's limit of {self.max_bytes:,}: shorten the "
-                       f"text, or send it in the JSON body of a POST to the /api/v1 endpoint (see /docs)")
+                msg = _("the URL is {n:,} bytes, more than this server's limit of {limit:,}: shorten the text, or "
+                        "send it in the JSON body of a POST to the /api/v1 endpoint (see /docs)").format(
+                    n=n, limit=self.max_bytes)
                 return await _send_json(send, 414, _error(msg, "query", "url_too_long"))
         await self.app(scope, receive, send)
 

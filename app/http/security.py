@@ -18,6 +18,8 @@ import json
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.http.language import _
+
 # Why each directive:
 # - script-src 'self': only our static files run; no inline <script>, no eval (the pages draw
 #   figures from data- attributes with static/js, see ARCHITECTURE.md).
@@ -126,8 +128,8 @@ class ComputeLimitMiddleware:
             release()
 
     async def _busy(self, scope: Scope, send: Send) -> None:
-        msg = (f"The server is busy: {self.limit} computations are already running. "
-               f"Please try again in {self.retry_after_s} s.")
+        msg = _("The server is busy: {limit} computations are already running. Please try again in {seconds} "
+                "s.").format(limit=self.limit, seconds=self.retry_after_s)
         if scope["path"].startswith("/api/"):
             # The same shape as FastAPI's validation errors, so clients read every error alike.
             body = json.dumps({"detail": [{"msg": msg, "type": "server_busy"}]}).encode()

@@ -277,6 +277,10 @@ API_ERRORS = [
     ("POST", "/api/v1/analysis/patching", {"model": "induction", "clean": "abc", "corrupted": "ab"}, 422,
      "the clean text has 3 tokens and the corrupted text 2: patching swaps activations position by position",
      "teks bersih mempunyai 3 token dan teks rosak 2: penampalan menukar pengaktifan kedudukan demi kedudukan"),
+    ("POST", "/api/v1/run", {"model": "toy", "text": "   "}, 422,
+     "text: the text is empty or only spaces", "text: teks kosong atau hanya ruang"),  # the app's own pydantic error
+    ("GET", "/api/v1/lessons/scaling", {"dims": "4,0"}, 422,
+     "dims: dims must each lie in 1 … 65,536; got 0", "dims: setiap dims mesti terletak dalam 1 … 65,536; tetapi diberi 0"),
     ("GET", "/api/v1/runs/induction-000000000000", None, 404,
      "there is no run 'induction-000000000000' on this server: GET /api/v1/runs lists them",
      "tiada larian 'induction-000000000000' pada pelayan ini: GET /api/v1/runs menyenaraikannya"),
