@@ -109,6 +109,9 @@ def scaled_dot_product_attention(
                            "at least 1").format(window=window))
     n_query, n_key = q.shape[-2], k.shape[-2]
     divisor = attention_scale(q.shape[-1], scale, temperature)
+    # A divisor that is a power of two (√64 = 8, √16 = 4, or 1) scales exactly: each product and each partial
+    # sum of (Q / divisor) Kᵀ is that of QKᵀ divided by it, so the queries are scaled instead of the scores.
+    exact_scale = math.frexp(divisor)[0] == 0.5 and q.dtype.kind == "f"
     lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])  # e.g. (n_heads,)
     k_t = np.swapaxes(k, -1, -2)  # [..., d_head, key_pos], a view: BLAS reads it transposed
     output = np.empty((*lead, n_query, v.shape[-1]), dtype=np.result_type(q, k, v)) if out is None else out
@@ -133,8 +136,12 @@ def scaled_dot_product_attention(
         else:
             memory = spare.pop() if spare else np.empty((*block_lead, QUERY_BLOCK, n_key), np.result_type(q, k))
             s = (memory[:heads.stop - heads.start] if split else memory)[..., :rows, :seen - first]
-        np.matmul(part(q)[..., start:stop, :], part(k_t)[..., first:seen], out=s)  # [..., block, seen - first]
-        s /= divisor
+        q_block = part(q)[..., start:stop, :]
+        if exact_scale and divisor != 1:  # (Q / divisor) Kᵀ: QKᵀ / divisor's numbers, from 64 rows, not the scores
+            q_block = np.multiply(q_block, q_block.dtype.type(1 / divisor))
+        np.matmul(q_block, part(k_t)[..., first:seen], out=s)  # [..., block, seen - first]
+        if not exact_scale:
+            s /= divisor
         if causal:  # the keys [first, seen) as seen from the block's queries, the last of n_key - first keys
             if seen - first >= rows:  # the future lies among the block's last `rows` keys: mask only those
                 np.copyto(s[..., -rows:], -np.inf, where=causal_mask(rows))
