@@ -29,7 +29,7 @@ from app.deps import ServiceDep
 from app.http.language import N_, _
 from app.pages import figures, web
 from app.service import Model, Service
-from app.service.circuits import DIRECTIONS, METRICS, TARGETS, Prefill
+from app.service.circuits import DIRECTIONS, INDUCTION_PREFILL, METRICS, TARGETS, Prefill
 
 router = APIRouter(tags=["pages"], include_in_schema=False)
 
@@ -220,7 +220,7 @@ def walk(model: Model, state: CircuitsState, pre: Prefill, sections: dict) -> di
     """The guided walk, on a model trained with the induction recipe and its own example: which head
     looks back, which reads it, and what patching it does (numbers from this page's own results)."""
     comp = sections.get("composition")
-    if pre.target != "attn_head" or comp is None or "v" not in comp:
+    if pre != INDUCTION_PREFILL or comp is None or "v" not in comp:  # its words are the induction recipe's story
         return None
     v = comp["v"]
     H = v.config.n_heads

@@ -67,11 +67,12 @@ INDUCTION_PREFILL = Prefill(*induction_example(string.ascii_lowercase, 24, seed=
 SPEC_PREFILL = Prefill("nasi ", "kasi ", "l", None)
 # python-docs-induction (natural text, both heads): a docs sentence said again up to "over the e", and the same
 # with the first copy's letters shifted. Only the first copy says "l" comes next ("x" is the corrupted run's
-# guess: "the ex..."); noising the stream at the first copy's "e" in layer 0, or its "l" in layer 1 (where the
-# previous-token head has written "e came before me"), takes the lead away (tests/api/test_circuits.py).
+# guess: "the ex..."); noising the previous-token head L0H3 or the induction head L1H0 takes the lead away, and
+# so does noising the stream at the first copy's "e" in layer 0 or its "l" in layer 1 (where L0H3 has written
+# "e came before me"): tests/api/test_circuits.py.
 DOCS_SENTENCE = "The for statement is used to iterate over the elements of a sequence."
 DOCS_INDUCTION_PREFILL = Prefill(f"{DOCS_SENTENCE} {DOCS_SENTENCE[:47]}",
-                                 f"{_shift(DOCS_SENTENCE)} {DOCS_SENTENCE[:47]}", "l", "x", target="resid_pre",
+                                 f"{_shift(DOCS_SENTENCE)} {DOCS_SENTENCE[:47]}", "l", "x", target="attn_head",
                                  direction="noise")
 
 

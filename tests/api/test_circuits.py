@@ -207,8 +207,9 @@ def test_python_docs_induction_continues_a_docs_sentence_through_both_heads(clie
     from core import run_with_cache
 
     p = prefill(build_catalog(get_settings())["python-docs-induction"])
+    assert (p.target, p.direction) == ("attn_head", "noise")
     r = post(client, "patching", model="python-docs-induction", clean=p.clean, corrupted=p.corrupted, answer=p.answer,
-             wrong=p.wrong, target=p.target, direction=p.direction)
+             wrong=p.wrong, target="resid_pre", direction="noise")
     assert r["clean_metric"] > 3 > -3 > r["corrupted_metric"] and len(r["tokens"]["clean"]) == 117
     assert r["tokens"]["clean"][46:48] == ["e", "l"] and r["grid"][0][46] < 0.5 and r["grid"][1][47] < 0.5
     assert np.median(r["grid"]) > 0.9  # elsewhere a single position's stream hardly matters
@@ -237,6 +238,18 @@ def test_the_page_shows_the_apis_numbers_and_the_walk(client):
     step = client.get("/circuits", params={"model": "induction", "layer": 0, "head": 2, "query": 11}).text
     assert "Query 11 “x” → key 10 “q”" in step
     assert "query side: the position embedding × key side: the position embedding" in step
+
+
+def test_python_docs_induction_opens_on_its_heads_and_without_the_induction_models_walk(client):
+    """Its heads grid at once (8 patched runs twice: a quick page), clickable; the walk's words are the induction
+    model's (L1H0's strongest K-composition is not L0H3 here), so it is not shown."""
+    from tests.pages.figure_data import cards
+
+    page = client.get("/circuits?model=python-docs-induction").text
+    figs = cards(page)
+    assert np.array(figs["patching-recomputed"]["data"][0]["z"]).shape == (2, 4) and 'data-pick="heads"' in page
+    assert figs["patching-recomputed"]["data"][0]["z"][0][3] < 0.1 < 0.75 < figs["patching-frozen"]["data"][0]["z"][0][3]
+    assert 'id="walk"' not in page and "role=\"alert\"" not in page
 
 
 def test_the_page_says_its_errors_in_place(client):
