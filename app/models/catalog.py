@@ -19,14 +19,14 @@ import numpy as np
 
 from core import PRESETS, InputError, TransformerConfig, init_params, lessons, run_with_cache
 from core.cache import pattern_hooks
-from core.checkpoints import CheckpointError, read_spec
+from core.checkpoints import FAMILIES, CheckpointError, CheckpointSpec, read_spec
 from core.model import Params
 from core.tokenizers import AsciiTokenizer, CharTokenizer, Encoding, Tokenizer
 
 from app.models import knobs, pretrained
 from app.training.store import TrainingStore, open_store
 from app.settings import Settings
-from app.http.language import _
+from app.http.language import N_, _
 
 # The run's toggles (app/models/knobs.py): a toy takes every one. Trained weights are what they are:
 # only the knobs that change how they attend apply (not their shape, seed or position scheme), and an
@@ -58,10 +58,18 @@ class Model:
     loader: pretrained.CheckpointLoader | None = None  # a checkpoint's, whose error can appear after a load
     static_error: str | None = None  # why a folder cannot run, known when it was found
     default_head: tuple[int, int] = (0, 0)  # the (layer, head) the explorer opens on
+    # the description in the reader's language (`description` is the API's, in English); None: _(description)
+    describe: Callable[[], str] | None = None
 
     @property
     def config(self) -> TransformerConfig:  # the API's name for it
         return self.cfg
+
+    def described(self) -> str:
+        """What the pages say about the model, in the reader's language."""
+        if self.describe is not None:
+            return self.describe()
+        return _(self.description) if self.description else self.description
 
     @property
     def runnable(self) -> bool:
@@ -163,18 +171,18 @@ def built_in_models(toy_cache: ParamsCache) -> dict[str, Model]:
     return {
         "spec-forward": Model(
             name="spec-forward", kind="toy",
-            description=("The spec's \"A full forward pass\" model: characters of \"nasi lemak\", one block, "
-                         "two heads, d_model 16, ReLU, no biases, scale-free layer norm, random weights "
-                         "drawn the spec's way. \"nasi \" gives the spec's next-character probabilities."),
+            description=N_("The spec's \"A full forward pass\" model: characters of \"nasi lemak\", one block, "
+                           "two heads, d_model 16, ReLU, no biases, scale-free layer norm, random weights "
+                           "drawn the spec's way. \"nasi \" gives the spec's next-character probabilities."),
             cfg=spec.cfg, tokenizer=SpecCharTokenizer("".join(spec.vocab)), load_params=_spec_forward_params,
             toggles=tuple(t for t in ALL_TOGGLES if t != "n_layers"),  # the spec's model is one block
             default_seed=42, default_text=spec.prompt, make_cfg=_spec_forward_cfg,
         ),
         "toy": Model(
             name="toy", kind="toy",
-            description=("A character-level GPT-style decoder with random weights: printable ASCII plus "
-                         "[UNK] for any other character, 2 layers of 4 heads, d_model 64, learned positions, "
-                         "GELU, pre-norm. Every toggle applies."),
+            description=N_("A character-level GPT-style decoder with random weights: printable ASCII plus "
+                           "[UNK] for any other character, 2 layers of 4 heads, d_model 64, learned positions, "
+                           "GELU, pre-norm. Every toggle applies."),
             cfg=toy_cfg, tokenizer=toy_tokenizer, load_params=toy_params,
             default_seed=0, default_text="Ali makan nasi lemak",
         ),
@@ -183,21 +191,35 @@ def built_in_models(toy_cache: ParamsCache) -> dict[str, Model]:
 
 # ------------------------------------------------------------------ pretrained checkpoints as models
 
+def spec_said(spec: CheckpointSpec) -> str:
+    """CheckpointSpec.description (the API's, in English) in the reader's language."""
+    c = spec.cfg
+    heads = (_("{n} heads").format(n=c.n_heads) if c.n_key_value_heads == c.n_heads else
+             _("{n} heads sharing {kv} key/value heads").format(n=c.n_heads, kv=c.n_key_value_heads))
+    return _("{family}: {n_layers} layers, {heads}, d_model {d_model}, vocabulary {d_vocab}, context {n_ctx}").format(
+        family=_(FAMILIES[spec.family].LABEL), n_layers=c.n_layers, heads=heads, d_model=c.d_model,
+        d_vocab=c.d_vocab, n_ctx=c.n_ctx)
+
+
 def _checkpoint_model(name: str, entry: pretrained.CheckpointLoader | pretrained.Broken) -> Model:
     if isinstance(entry, pretrained.Broken):
-        return Model(name=name, kind="pretrained", description="cannot run: see error", cfg=entry.cfg,
+        return Model(name=name, kind="pretrained", description=N_("cannot run: see error"), cfg=entry.cfg,
                      tokenizer=None, load_params=None, toggles=(), draws_weights=False, static_error=entry.error)
     spec = entry.spec
     recipe = pretrained.trained_recipe(spec)
     if recipe is not None:  # trained by core.train: it says which recipe, so which text suits it
-        about = pretrained.TRAINED_ABOUT.get(recipe, f"trained here ({recipe})")
+        about = pretrained.TRAINED_ABOUT.get(recipe)
+        about_said = (lambda: _(about)) if about else (lambda: _("trained here ({recipe})").format(recipe=recipe))
+        about = about or f"trained here ({recipe})"
         return Model(
             name=name, kind="trained", description=f"{spec.description}; {about}; {entry.origin}", cfg=spec.cfg,
+            describe=lambda: "; ".join([spec_said(spec), about_said(), entry.origin_said()]),
             tokenizer=pretrained.LazyTokenizer(entry), load_params=lambda cfg, seed, encoding: entry.params(),
             toggles=DECODER_TOGGLES, default_text=pretrained.TRAINED_DEFAULT_TEXT.get(recipe, "the "),
             is_encoder=False, draws_weights=False, loader=entry, default_head=_clearest_head(entry, recipe))
     return Model(
         name=name, kind="pretrained", description=f"{spec.description}; {entry.origin}", cfg=spec.cfg,
+        describe=lambda: "; ".join(part for part in (spec_said(spec), entry.origin_said()) if part),
         tokenizer=pretrained.LazyTokenizer(entry), load_params=lambda cfg, seed, encoding: entry.params(),
         toggles=_checkpoint_toggles(spec.cfg, spec.is_encoder),
         default_text=pretrained.DEFAULT_TEXT[spec.family], is_encoder=spec.is_encoder, draws_weights=False,
@@ -261,7 +283,7 @@ class Catalog(Mapping[str, Model]):
                 budget = self.checkpoints.budget if self.checkpoints else pretrained.MemoryBudget(2**31)
                 try:
                     entry = pretrained.CheckpointLoader(id, read_spec(folder), budget,
-                                                        f"trained here: run {id} (/train?run={id})")
+                                                        N_("trained here: run {id} (/train?run={id})"), id=id)
                 except CheckpointError as e:
                     entry = pretrained.Broken(id, str(e))
                 self._trained = {k: v for k, v in self._trained.items() if k[0] != id}  # an older export

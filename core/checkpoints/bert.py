@@ -12,10 +12,10 @@ from ..errors import InputError
 from ..model import Params
 from .fields import act_fn
 from .tensors import Tensors
-from ..i18n import _
+from ..i18n import N_, _
 
 MODEL_TYPES = ("bert",)
-LABEL = "BERT-family encoder"
+LABEL = N_("BERT-family encoder")
 PREFIXES = ("bert.",)
 
 

@@ -13,10 +13,10 @@ from ..errors import InputError
 from ..model import Params
 from .fields import act_fn
 from .tensors import CheckpointError, Tensors
-from ..i18n import _
+from ..i18n import N_, _
 
 MODEL_TYPES = ("gpt2",)
-LABEL = "GPT-2-family decoder"
+LABEL = N_("GPT-2-family decoder")
 PREFIXES = ("transformer.",)
 
 

@@ -13,10 +13,10 @@ from ..errors import InputError
 from ..model import Params
 from .fields import act_fn, need
 from .tensors import Tensors
-from ..i18n import _
+from ..i18n import N_, _
 
 MODEL_TYPES = ("gpt_neo",)
-LABEL = "GPT-Neo-family decoder"
+LABEL = N_("GPT-Neo-family decoder")
 PREFIXES = ("transformer.",)
 
 

@@ -13,9 +13,10 @@ from ..config import TransformerConfig
 from ..model import Params
 from .fields import act_fn, need, rope, rotary_dim
 from .tensors import Tensors
+from ..i18n import N_
 
 MODEL_TYPES = ("gpt_neox",)
-LABEL = "GPT-NeoX-family decoder"
+LABEL = N_("GPT-NeoX-family decoder")  # translated where it is shown (app/models/catalog.py)
 PREFIXES = ("gpt_neox.",)
 
 

@@ -15,10 +15,10 @@ from ..errors import InputError
 from ..model import Params
 from .fields import act_fn, need, rope
 from .tensors import Tensors
-from ..i18n import _
+from ..i18n import N_, _
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-LABEL = "Llama-family decoder"
+LABEL = N_("Llama-family decoder")
 PREFIXES = ("model.",)
 
 # transformers' class defaults of the fields a config.json may leave out.

@@ -26,10 +26,7 @@ ALL_PAGES = (["/", "/?view=compare&rollout=1&ablate=0.1", "/lessons", "/params",
                 "/circuits?target=attn_head_pos&direction=denoise&metric=prob&layer=1&head=1&query=3",
                 "/circuits?model=toy&target=resid_mid"])
 # Pages whose words are not all in the catalogue yet, and what they still show in English.
-PENDING = {
-    "/": "the model's description (app/models/catalog.py, the trained models' cards)",
-    "/?view=compare&rollout=1&ablate=0.1": "the model's description (app/models/catalog.py, the trained models' cards)",
-}
+PENDING: dict[str, str] = {}
 PAGES = [p for p in ALL_PAGES if p not in PENDING]
 HX = {"HX-Request": "true"}
 
@@ -196,6 +193,26 @@ def test_a_malay_page_has_no_english_left(web, path):
     drawn = [w for t in figure_texts(r.text) for w in re.findall(r"[A-Za-z]{2,}", re.sub(r"<[^>]+>|%\{[^}]*\}", " ", t))
              if w.lower() in ENGLISH]
     assert drawn == [], "the figures' titles, axes, legends or hover text"
+
+
+def test_every_models_description_is_said_in_malay_and_the_api_keeps_its_english():
+    """The explorer's model card (Model.described()): the toys', the checkpoints' and the trained models', with
+    their family, sizes, recipe and origin, in Malay; the API's `description` stays the English one."""
+    from app.http.language import translations
+    from app.models.catalog import build_catalog
+    from app.settings import get_settings
+    from core.i18n import using
+
+    catalog = build_catalog(get_settings())
+    models = list(catalog.values())
+    assert {"toy", "spec-forward", "induction", "nasi-lemak", "python-docs", "all-MiniLM-L6-v2"} <= {m.name for m in models}
+    for m in models:
+        english = m.described()
+        assert english == m.description, m.name  # the same words, said in English
+        with using(translations("ms")):
+            malay = m.described()
+        assert malay != english and english_left(f"<p>{html.escape(malay)}</p>") == [], (m.name, malay)
+        assert re.findall(r"\d+", malay) == re.findall(r"\d+", english), m.name  # the same sizes
 
 
 # ------------------------------------------------------------------ the numbers never change
