@@ -99,6 +99,25 @@ TERMS = [
     Term("gradient", "kecerunan", N_("How the loss changes with each weight: what a training step follows.")),
     Term("preset", "praset", N_("A ready-made set of sizes, such as GPT-2 small's.")),
     Term("context", "konteks", N_("The tokens a model can see at once: at most n_ctx.")),
+    Term("generation", "penjanaan", N_("Writing with a model: predict the next token, draw one, append it, repeat.")),
+    Term("prompt", "gesaan", N_("The text a model continues.")),
+    Term("sampling", "pensampelan", N_("Drawing the next token at random from the model's probabilities.")),
+    Term("temperature", "suhu", N_("Divides the logits before the softmax: below 1 sharpens the probabilities, above 1 "
+                                   "flattens them; 0 is greedy.")),
+    Term("greedy", "tamak", N_("Always taking the most likely token: nothing is drawn.")),
+    Term("distribution", "taburan", N_("The probabilities of every possible next token.")),
+    Term("attention sink", "sinki perhatian", N_("A head that puts most of its weight on the first token when it has "
+                                                  "nothing better to attend to.")),
+    Term("circuit", "litar", N_("The heads and paths through the model that together do one task.")),
+    Term("activation patching", "penampalan pengaktifan", N_("Running the model again with one activation taken "
+                                                            "from another run, to see how much of the answer it "
+                                                            "carries.")),
+    Term("clean run", "larian bersih", N_("The run on the text where the model predicts the answer.")),
+    Term("corrupted run", "larian rosak", N_("The run on a text of the same length where it cannot.")),
+    Term("composition", "komposisi", N_("A later head reading an earlier head's output through its queries, keys "
+                                       "or values.")),
+    Term("copying score", "skor penyalinan", N_("How much a head raises the logit of the very token it attends to: "
+                                               "1 copies, −1 suppresses.")),
 ]
 
 

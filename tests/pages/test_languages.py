@@ -185,6 +185,12 @@ def test_the_english_vocabulary_is_the_interfaces():
     assert {"the", "attention", "weights", "layer"} <= ENGLISH and "token" not in ENGLISH
 
 
+@pytest.mark.parametrize("path", ALL_PAGES)
+def test_every_page_says_its_language_in_english_too(web, path):
+    r = web.get(path)
+    assert r.status_code == 200 and html_lang(r.text) == "en" and r.headers["content-language"] == "en"
+
+
 @pytest.mark.parametrize("path", PAGES)
 def test_a_malay_page_has_no_english_left(web, path):
     r = web.get(in_malay(path))
@@ -260,6 +266,21 @@ def test_the_api_answers_the_same_json_whatever_the_language(web, path):
     malay = web.get(path, headers={"Accept-Language": "ms"})
     assert english.status_code == malay.status_code == 200
     assert malay.json() == english.json()  # every float to the last bit, every field name
+
+
+API_POSTS = [
+    ("/api/v1/run", {"model": "toy", "text": "Ali makan nasi lemak", "hooks": ["blocks.0.attn.hook_pattern"]}),
+    ("/api/v1/generate", {"model": "toy", "text": "Ali makan", "max_new_tokens": 4, "temperature": 0.8, "seed": 3}),
+    ("/api/v1/analysis/patching", {"model": "induction", "clean": "abcab", "corrupted": "abcaa", "target": "attn_head"}),
+]
+
+
+@pytest.mark.parametrize("path, body", API_POSTS, ids=[p for p, _ in API_POSTS])
+def test_the_apis_posts_answer_the_same_json_whatever_the_language(web, path, body):
+    english = web.post(path, json=body)
+    malay = web.post(path, json=body, headers={"Accept-Language": "ms"})
+    assert english.status_code == malay.status_code == 200, english.text
+    assert malay.json() == english.json()
 
 
 def test_the_api_says_its_errors_in_malay_for_accept_language_ms(web):
