@@ -12,7 +12,7 @@ from .test_accessibility import AXE, PHONE, RUN_AXE, SETTLED, WCAG_TAGS, context
 
 pytestmark = pytest.mark.browser
 
-# The Malay pages translated whole, one of each kind (tests/pages/test_languages.py reads all of them).
+# One Malay page of each kind; the axe and 390 px check reads every page of tests/pages/test_languages.py too.
 MALAY_PAGES = ["/lessons/attention?lang=ms", "/params?lang=ms", "/glossary?lang=ms", "/train?lang=ms",
                "/inspect?view=detectors&lang=ms", "/generate?lang=ms", "/circuits?lang=ms"]
 TRAIN_TIMEOUT_S = 120
@@ -25,7 +25,13 @@ def html_lang(page) -> str:
     return page.evaluate("() => document.documentElement.lang")
 
 
-@pytest.mark.parametrize("path", MALAY_PAGES)
+def _every_other_page() -> list[str]:
+    from tests.pages.test_languages import ALL_PAGES
+    return [p + ("&" if "?" in p else "?") + "lang=ms" for p in ALL_PAGES
+            if p + ("&" if "?" in p else "?") + "lang=ms" not in MALAY_PAGES]
+
+
+@pytest.mark.parametrize("path", MALAY_PAGES + _every_other_page())
 def test_a_malay_page_is_axe_clean_and_fits_a_phone(tab, live_server, path):  # noqa: F811
     tab.set_viewport_size({"width": PHONE["width"], "height": PHONE["height"]})
     tab.goto(live_server + path)
