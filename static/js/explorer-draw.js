@@ -24,7 +24,8 @@ export function draw(el, figure) {
     try {
       figure = readFigure(el);
     } catch (err) {
-      showFigureError(el, "This figure's data could not be read.");
+      showFigureError(el, JSON.parse(document.body.dataset.requestWords || "{}").unreadable ||
+                          "This figure's data could not be read.");
       return Promise.resolve();
     }
   }

@@ -58,10 +58,15 @@ document.addEventListener("change", function (evt) {
 
 // Failed requests that the server could not answer in place (busy, network down, 5xx) show a
 // message in the results area; 422s arrive as server-rendered HTML and are swapped like any page.
+// The words, in the page's language: templates/base.html's data-request-words.
 function messageFor(xhr) {
-  if (!xhr || xhr.status === 0) return "The server could not be reached. Is it still running?";
-  if (xhr.status === 503) return "The server is busy with other requests; change a setting again in a moment.";
-  return "The server answered " + xhr.status + " " + (xhr.statusText || "") + ". Try another setting.";
+  const words = JSON.parse(document.body.dataset.requestWords || "{}");
+  if (!xhr || xhr.status === 0) return words.unreachable || "The server could not be reached. Is it still running?";
+  if (xhr.status === 503) {
+    return words.busy || "The server is busy with other requests; change a setting again in a moment.";
+  }
+  const status = (xhr.status + " " + (xhr.statusText || "")).trim();
+  return (words.answered || "The server answered {status}. Try another setting.").replace("{status}", status);
 }
 
 function showRequestError(evt) {

@@ -127,3 +127,18 @@ def test_what_the_write_pages_script_writes_is_malay(tab, live_server):  # noqa:
     assert html_lang(tab) == "ms" and "lang=ms" in tab.url
     assert english_left(tab.content()) == []
     assert tab.watch.page_errors == [] and tab.watch.console_errors == []
+
+
+def test_a_request_the_server_cannot_answer_is_said_in_malay(tab, live_server):  # noqa: F811
+    """static/js/explorer-main.js's messages for a failed htmx request come from base.html's data-request-words."""
+    tab.goto(live_server + "/lessons/attention?lang=ms")
+    tab.wait_for_function(SETTLED)
+    tab.route("**/lessons/attention?*", lambda route: route.fulfill(status=500, body="broken"))
+    tab.fill("#text", "Ali makan roti")
+    tab.wait_for_selector(".request-error")
+    assert tab.inner_text(".request-error").startswith("Pelayan menjawab 500")
+    tab.unroute("**/lessons/attention?*")
+    tab.route("**/lessons/attention?*", lambda route: route.abort())
+    tab.fill("#text", "Ali makan roti canai")
+    tab.wait_for_function("() => document.querySelector('.request-error').textContent.startsWith('Pelayan tidak')")
+    assert tab.inner_text(".request-error") == "Pelayan tidak dapat dihubungi. Adakah ia masih berjalan?"
