@@ -117,8 +117,8 @@ def scaled_dot_product_attention(
     output = np.empty((*lead, n_query, v.shape[-1]), dtype=np.result_type(q, k, v)) if out is None else out
     scores = weights = None
     if keep:
-        scores = np.empty((*lead, n_query, n_key), dtype=np.result_type(q, k))
-        weights = np.empty_like(scores)
+        scores = team.empty((*lead, n_query, n_key), np.result_type(q, k))
+        weights = team.empty(scores.shape, scores.dtype)
 
     spare: list[np.ndarray] = []  # scores nobody keeps: memory for a block's, handed from piece to piece
 

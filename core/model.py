@@ -232,9 +232,10 @@ class _Recorder:
     REUSED = frozenset({"attn.hook_rot_q", "attn.hook_z", "hook_attn_out", "hook_resid_mid", "mlp.hook_pre",
                         "mlp.hook_pre_linear", "mlp.hook_post", "hook_mlp_out"})
 
-    def __init__(self, names: Iterable[str] | None):
+    def __init__(self, names: Iterable[str] | None, team: Team = SERIAL):
         self.wanted = None if names is None else set(names)
         self.cache: dict[str, np.ndarray] = {}
+        self.team = team  # a team's arrays come from memory earlier passes left (core/threads.py Slabs)
         self._block, self._used = np.empty(0, np.uint8), 0
         self._reused: dict[tuple, np.ndarray] = {}
 
@@ -247,16 +248,19 @@ class _Recorder:
         if not self.wants(name):
             role = name.split(".", 2)[-1] if name.startswith("blocks.") else None
             if role not in self.REUSED:
-                return np.empty(shape, dtype)  # a temporary (freed memory is reused)
+                return self.team.empty(shape, dtype)  # a temporary, or what the KV cache keeps (q, k, v)
             key = (role, shape, dtype)
             if key not in self._reused:
                 self._reused[key] = np.empty(shape, dtype)
             return self._reused[key]
         if not self.SMALL_BYTES <= nbytes <= self.BLOCK_BYTES // 2:
-            return np.empty(shape, dtype)  # small, or big enough alone
+            return self.team.empty(shape, dtype)  # small, or big enough alone
         if self._used + nbytes > self._block.size:
-            self._block = np.empty(self.BLOCK_BYTES + self.HUGE_PAGE, np.uint8)
-            self._used = -self._block.ctypes.data % self.HUGE_PAGE  # start on a huge-page boundary
+            if self.team.memory is not None:  # a slab: already on a huge-page boundary
+                self._block, self._used = self.team.empty((self.BLOCK_BYTES,), np.uint8), 0
+            else:
+                self._block = np.empty(self.BLOCK_BYTES + self.HUGE_PAGE, np.uint8)
+                self._used = -self._block.ctypes.data % self.HUGE_PAGE  # start on a huge-page boundary
         out = self._block[self._used:self._used + nbytes].view(dtype).reshape(shape)
         self._used += -(-nbytes // 64) * 64  # the next one starts 64-byte aligned
         return out
@@ -563,9 +567,9 @@ def forward(
         raise InputError(_("a KV cache needs causal attention: in a bidirectional model every new "
                            "token changes the earlier positions too, so nothing can be reused"))
     tokens = check_tokens(tokens, cfg, start)
-    hook = _Recorder(names)
     by_layer = ablation_by_layer(ablate, cfg)
     with team_for(tokens.size) as team:  # a long text on a BLAS of several threads: a team shares each step
+        hook = _Recorder(names, team)
         x = embed(params, cfg, tokens, hook, token_types, start)
         keys, values = [], []
         for layer, block in enumerate(params["blocks"]):
@@ -579,7 +583,7 @@ def forward(
         if not logits:
             return None, hook.cache, kv
         W_U, b_U = unembedding(params)
-        out = np.empty((x.shape[0], W_U.shape[1]), np.result_type(x, W_U))  # [pos, d_vocab]
+        out = team.empty((x.shape[0], W_U.shape[1]), np.result_type(x, W_U))  # [pos, d_vocab]
 
         def columns(c: slice) -> None:  # the team shares the vocabulary: W_U is read once, x is small
             np.matmul(x, W_U[:, c], out=out[:, c])

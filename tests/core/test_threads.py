@@ -9,6 +9,7 @@ tolerances (float64 1e-10, float32 1e-4) rather than to bits.
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -17,7 +18,7 @@ from threadpoolctl import threadpool_limits
 
 from core import TransformerConfig, hook_names, init_params, run_with_cache
 from core.attention import reference_attention, scaled_dot_product_attention
-from core.threads import ROWS, SERIAL, Team, blas_threads, team_for
+from core.threads import MEMORY, ROWS, SERIAL, Slabs, Team, blas_threads, team_for
 
 TOLERANCE = {np.float64: 1e-10, np.float32: 1e-4}
 
@@ -149,3 +150,89 @@ def test_keeping_some_activations_gives_those_of_keeping_all(model):
             np.testing.assert_array_equal(part[name], full[name], err_msg=name)
         if logits is not None:
             np.testing.assert_array_equal(part_logits, logits)
+
+
+# ------------------------------------------------------------------ a team's memory
+
+def test_slabs_hand_memory_back_only_when_no_view_holds_it():
+    slabs = Slabs(limit=64 << 20, keep_s=60)
+    a = slabs.empty((1 << 20,), np.float32)  # 4 MiB: big enough to come from a slab
+    where = a.ctypes.data
+    view = a[::2]
+    del a
+    b = slabs.empty((1 << 20,), np.float32)
+    assert b.ctypes.data != where  # the view still holds the first one
+    del view
+    c = slabs.empty((1 << 20,), np.float32)
+    assert c.ctypes.data == where  # now it is free, and reused
+    assert c.ctypes.data % Slabs.ALIGN == 0 and b.ctypes.data % Slabs.ALIGN == 0
+    small = slabs.empty((10,), np.float64)
+    assert small.base is None  # small arrays are plain np.empty
+    del b, c
+    assert slabs.release() == 2 * Slabs.size(4 << 20)
+
+
+def test_slabs_keep_at_most_their_limit():
+    slabs = Slabs(limit=Slabs.size(8 << 20), keep_s=60)
+    arrays = [slabs.empty((8 << 20,), np.uint8) for _ in range(3)]
+    del arrays
+    assert slabs.release() == Slabs.size(8 << 20)  # one kept, two given back to the system
+
+
+def test_slabs_give_back_what_waited_longer_than_keep_s(monkeypatch):
+    import core.threads
+
+    clock = [100.0]
+    monkeypatch.setattr(core.threads.time, "monotonic", lambda: clock[0])
+    slabs = Slabs(limit=64 << 20, keep_s=10)
+    a = slabs.empty((1 << 20,), np.float32)
+    del a  # back at 100
+    clock[0] = 105.0
+    b = slabs.empty((2 << 20,), np.float32)  # another size: comes fresh
+    del b  # back at 105
+    assert slabs.waiting == Slabs.size(4 << 20) + Slabs.size(8 << 20)
+    clock[0] = 112.0
+    slabs._expire()  # what the timer runs
+    assert slabs.waiting == Slabs.size(8 << 20)  # the first waited 12 s and has gone, the second 7 s
+    clock[0] = 116.0
+    slabs._expire()
+    assert slabs.waiting == 0  # an idle process keeps nothing
+
+
+def test_the_timer_gives_memory_back_unasked():
+    slabs = Slabs(limit=64 << 20, keep_s=0.05)
+    a = slabs.empty((1 << 20,), np.float32)
+    del a
+    deadline = time.monotonic() + 10
+    while slabs.waiting and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert slabs.waiting == 0
+
+
+def test_a_team_keeps_bounded_memory():
+    assert MEMORY.limit <= 2 << 30 and MEMORY.keep_s <= 60
+    assert SERIAL.memory is None  # one BLAS thread (the app's workers): plain np.empty, nothing kept
+
+
+@pytest.mark.parametrize("nbytes", [4 << 20, (4 << 20) + 1, 100 << 20, (1 << 30) + 12345])
+def test_slab_sizes_round_up_by_at_most_an_eighth(nbytes):
+    size = Slabs.size(nbytes)
+    assert nbytes <= size <= max(nbytes * 9 // 8 + Slabs.ALIGN, nbytes + Slabs.ALIGN) and size % Slabs.ALIGN == 0
+
+
+def test_a_pass_on_a_team_never_writes_into_what_an_earlier_pass_returned():
+    cfg = TransformerConfig(d_model=64, n_layers=2, n_heads=4, d_vocab=6000, n_ctx=300)  # logits: 6 MB
+    params = init_params(cfg, seed=4, dtype=np.float32)
+    one, two = (np.random.default_rng(seed).integers(0, cfg.d_vocab, size=256) for seed in (5, 6))
+    with threadpool_limits(2, user_api="blas"):
+        if blas_threads() != 2:
+            pytest.skip("this BLAS cannot be given two threads")
+        first_logits, first = run_with_cache(params, cfg, one)
+        kept = {name: a.copy() for name, a in first.items()} | {"logits": first_logits.copy()}
+        for tokens in (two, one, two):
+            run_with_cache(params, cfg, tokens)  # dropped at once: its memory waits for the next pass
+        np.testing.assert_array_equal(first_logits, kept["logits"])
+        for name in first:
+            np.testing.assert_array_equal(first[name], kept[name], err_msg=name)
+        again_logits, again = run_with_cache(params, cfg, one)
+        np.testing.assert_array_equal(again_logits, first_logits)
