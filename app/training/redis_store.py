@@ -45,11 +45,11 @@ from urllib.parse import urlsplit, urlunsplit
 import redis
 
 from app.settings import Settings
-from app.training.store import (FINISHED, STATUSES, NoRoom, Room, StoreUnavailable,
+from app.training.store import (FINISHED, STATUSES, NoRoom, Room, StoreUnavailable, step_and_loss,
                                 TrainingRunInfo, TrainingStore, is_training_run_id, training_run_id)
 from core import InputError
 from core.recipes import TrainSettings, text_hash
-from app.http.language import _
+from core.i18n import _
 
 log = logging.getLogger("app.training.redis_store")
 
@@ -344,9 +344,7 @@ class RedisStore(TrainingStore):
         req, state = json.loads(req), _json(state) or {}
         status = _shown_status(_decode(stored) or "queued", bool(locked))
         records = state.get("records", [])
-        progress = _json(progress) if status == "running" else None
-        step = progress["step"] if progress else state.get("step", records[-1]["step"] if records else 0)
-        loss = progress.get("loss") if progress else (records[-1].get("train_loss") if records else None)
+        step, loss = step_and_loss(state, _json(progress) if status == "running" else None)
         settings = dict(req["settings"])
         if req.get("text_sha256"):
             settings["text"] = f"<sha256 {req['text_sha256'][:16]}>"

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from app.settings import Settings, runs_folder
 from core import InputError
 from core.recipes import TrainSettings, text_hash
-from app.http.language import _
+from core.i18n import _
 
 if TYPE_CHECKING:
     from core.train import Snapshot, Training
@@ -104,6 +104,17 @@ def training_run_id(s: TrainSettings) -> str:
         fields["text"] = text_hash(s.text)
     digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
     return f"{s.recipe}-{digest[:12]}"
+
+
+def step_and_loss(state: dict, progress: dict | None) -> tuple[int, float | None]:
+    """The step a run has reached and its loss: the trainer's progress while it runs, else the state's.
+    A progress behind the state's step is the previous trainer's (a run resumed from its snapshot writes
+    the snapshot's step to its state before its first progress), so it is not read."""
+    records = state.get("records", [])
+    step = state.get("step", records[-1]["step"] if records else 0)
+    if progress and progress["step"] >= step:
+        return progress["step"], progress.get("loss")
+    return step, records[-1].get("train_loss") if records else None
 
 
 def is_training_run_id(name: str) -> bool:
@@ -477,9 +488,7 @@ class FolderStore(TrainingStore):
         elif status == "running" and not training:
             status = "interrupted"  # its process is gone (killed, crashed, the server restarted)
         records = state.get("records", [])
-        progress = read_json(folder / PROGRESS) if status == "running" else None
-        step = progress["step"] if progress else state.get("step", records[-1]["step"] if records else 0)
-        loss = progress.get("loss") if progress else (records[-1].get("train_loss") if records else None)
+        step, loss = step_and_loss(state, read_json(folder / PROGRESS) if status == "running" else None)
         settings = dict(req["settings"])
         if req.get("text_sha256"):
             settings["text"] = f"<sha256 {req['text_sha256'][:16]}>"

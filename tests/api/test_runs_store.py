@@ -251,3 +251,16 @@ def test_a_redis_trainer_that_lost_its_lease_cannot_write(redis_url):
     RedisWriter(store, id, second).write_progress(3, 2.0)
     second.release()
     assert json.loads(store.r.hget(run_key(id), "progress")) == {"step": 3, "loss": 2.0}
+
+
+def test_a_resumed_run_never_reports_the_previous_trainers_progress():
+    """A run resumed from its snapshot at step 100 writes that step to its state; the progress the previous
+    trainer left (step 97, written before its last steps) is behind it and not read, so the step shown
+    never goes back. A progress ahead of the state is the current trainer's."""
+    from app.training.store import step_and_loss
+
+    state = {"step": 100, "records": [{"step": 100, "train_loss": 1.5}]}
+    assert step_and_loss(state, {"step": 97, "loss": 1.7}) == (100, 1.5)
+    assert step_and_loss(state, {"step": 103, "loss": 1.4}) == (103, 1.4)
+    assert step_and_loss(state, None) == (100, 1.5)
+    assert step_and_loss({"records": []}, None) == (0, None)
