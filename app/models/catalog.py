@@ -26,7 +26,7 @@ from core.tokenizers import AsciiTokenizer, CharTokenizer, Encoding, Tokenizer
 from app.models import knobs, pretrained
 from app.training.store import TrainingStore, open_store
 from app.settings import Settings
-from app.http.language import N_, _
+from core.i18n import N_, _
 
 # The run's toggles (app/models/knobs.py): a toy takes every one. Trained weights are what they are:
 # only the knobs that change how they attend apply (not their shape, seed or position scheme), and an

@@ -28,7 +28,7 @@ from core.checkpoints import (WEIGHTS_FILE, CheckpointError, CheckpointSpec, HFT
 from core.checkpoints.tensors import weight_files
 from core.model import Params
 from core.tokenizers import Encoding
-from app.http.language import N_, _
+from core.i18n import N_, _
 
 
 MINILM_NAME = "all-MiniLM-L6-v2"

@@ -23,7 +23,7 @@ from core.circuits import (Composition, OVCircuit, QKDecomposition, composition_
 from core.params import forward_work
 from core.patching import (DIRECTIONS, METRICS, TARGETS, PatchingResult, check_pair, check_target, induction_example,
                            require_causal_decoder, sweep, sweep_passes, sweep_work)
-from app.http.language import _
+from core.i18n import _
 
 # How the pages and the API show whitespace inside a token (app/pages/figures.py, core/checkpoints/tokenizer.py).
 VISIBLE_WHITESPACE = str.maketrans({"␣": " ", "↵": "\n", "⇥": "\t", "␍": "\r"})

@@ -26,7 +26,7 @@ from app.service.views import ModelViews
 from core import InputError, Sampling, TransformerConfig
 from core.generate import SINK_THRESHOLD, GenerationStep, check_generation, generate
 from core.params import forward_work
-from app.http.language import _
+from core.i18n import _
 
 TOP_N = 20  # the candidates a step lists (and the drawn token, wherever it ranks)
 FINISH_REASONS = ("length", "stop")

@@ -21,7 +21,7 @@ from core.functional import softmax
 from core.model import KVRun, run_with_kv_cache
 from core.params import forward_work, largest_array
 from core.tokenizers import Encoding
-from app.http.language import _
+from core.i18n import _
 
 
 class InspectViews:

@@ -14,7 +14,7 @@ from core import InputError, TransformerConfig, lessons
 from core.attention import attention_scale
 from core.params import count_params, forward_work, largest_array
 from core.tokenizers import word_tokens
-from app.http.language import _
+from core.i18n import _
 
 def _shapes(**arrays: np.ndarray) -> dict[str, list[int]]:
     return {name: list(a.shape) for name, a in arrays.items()}

@@ -12,7 +12,7 @@ from app.settings import Settings
 from core import InputError, TransformerConfig
 from core.cache import pattern_hooks, residual_hooks, stage_hooks
 from core.model import hook_dims
-from app.http.language import _
+from core.i18n import _
 
 
 def _fmt(n: int | float) -> str:

@@ -17,7 +17,7 @@ from app.models.catalog import Model
 from core import InputError, TransformerConfig
 from core.model import Params
 from core.tokenizers import Encoding
-from app.http.language import _
+from core.i18n import _
 
 
 Method = Literal["zero", "mean"]

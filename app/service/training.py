@@ -23,7 +23,7 @@ from app.training.store import NoRoom, Room, StoreUnavailable, TrainingRunInfo, 
 from core import InputError
 from core.recipes import probe_tokens as recipe_probe_tokens
 from core.recipes import settings as train_settings
-from app.http.language import _
+from core.i18n import _
 
 @dataclass(frozen=True)
 class TrainingPatterns:

@@ -21,7 +21,7 @@ from core.cache import ActivationCache, stage_hooks
 from core.model import hook_dims, next_token_probs
 from core.params import count_params, forward_work, largest_array
 from core.patching import ablated_logits
-from app.http.language import _
+from core.i18n import _
 
 
 class ModelViews:
