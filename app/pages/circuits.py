@@ -189,7 +189,13 @@ def ov_section(svc: Service, state: CircuitsState) -> dict:
     rows = [{"token": figures.visible(s.token), "rank": s.self_rank,
              "top": [{"token": figures.visible(t.token), "logit": t.logit, "own": t.id == s.id} for t in s.top]}
             for s in v.sources]
-    return {"v": v, "rows": rows, "copies": sum(r["rank"] == 0 for r in rows)}
+    # the circuit among the sources themselves: row = the token attended to, column = the logit it raises for each
+    # source token; a copying head's diagonal stands out (a figure, so it has its downloads like every other)
+    labels = [f"{figures.visible(s.token)}" for s in v.sources]
+    fig = figures.value_heatmap(v.ov.logits[:, v.ov.sources], x_title=_("token"), y_title=_("attends to"),
+                                value_name="logit", export_name=f"ov-L{v.layer}H{v.head}")
+    return {"v": v, "rows": rows, "copies": sum(r["rank"] == 0 for r in rows),
+            "figure": _labelled(fig, labels, labels) if len(set(labels)) == len(labels) else fig}
 
 
 def composition_section(svc: Service, state: CircuitsState) -> dict:

@@ -326,3 +326,22 @@ def test_the_page_says_each_bad_input_in_place(client, query, status, message):
     assert any(message in e for e in errors), errors
     assert 'id="c-clean"' in r.text and 'id="qk"' in r.text  # the form and the sections stay
     assert ('id="patching-recomputed"' in r.text) == (status == 200)
+
+
+def test_the_pages_ov_figure_is_cores_circuit_among_the_texts_tokens(client):
+    """The chosen head's OV circuit among the text's first eight distinct tokens, as a heatmap with its downloads:
+    row = the token attended to, column = the logit raised for each; the induction head L1H0 copies, so each row's
+    largest entry is its own token."""
+    from tests.pages.figure_data import cards
+
+    _, cfg, params, tok = induction_model()
+    page = client.get("/circuits", params={"model": "induction", "layer": 1, "head": 0}).text
+    fig = cards(page)["ov-circuit"]
+    sources = list(dict.fromkeys(tok.encode(INDUCTION_PREFILL.clean).ids))[:8]
+    block = ov_circuit(params, cfg, 1, 0, sources).logits[:, sources]
+    np.testing.assert_allclose(np.array(fig["data"][0]["z"], dtype=float), block, rtol=1e-6, atol=1e-6)
+    labels = [tok.token_str(i) for i in sources]
+    assert fig["data"][0]["y"] == fig["data"][0]["x"] == labels and fig["export"]["name"] == "ov-L1H0"
+    assert (np.argmax(block, axis=1) == np.arange(len(sources))).all()
+    card = re.search(r'<figure class="figure" id="ov-circuit">.*?</figure>', page, re.S).group(0)
+    assert 'data-download="csv"' in card and 'data-download="json"' in card
