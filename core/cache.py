@@ -183,7 +183,7 @@ class ActivationCache(Mapping):
         bias b_O, every MLP's post @ W_out and every MLP bias b_out.
         """
         cfg, params = self.cfg, self.params
-        require_pre_norm(cfg, "the residual-stream decomposition")
+        require_pre_norm(cfg, _("the residual-stream decomposition"))
         pos, token = check_position(pos, self.tokens.size), check_token(token, cfg)
         if self.logits is None:
             raise ValueError(_("decompose_resid needs the logits: run with logits=True"))
@@ -220,7 +220,7 @@ class ActivationCache(Mapping):
         [n_points, pos, d_vocab] (GPT-2's vocabulary is 50,257 wide). The last point is the
         model's own output."""
         cfg = self.cfg
-        require_pre_norm(cfg, "the logit lens")
+        require_pre_norm(cfg, _("the logit lens"))
         if not isinstance(k, (int, np.integer)) or not 1 <= k <= cfg.d_vocab:
             raise InputError(_("k={k!r} must be between 1 and the vocabulary size {d_vocab}").format(
                                k=k, d_vocab=cfg.d_vocab))

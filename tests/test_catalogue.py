@@ -255,6 +255,12 @@ PENDING_MODULES: dict[str, str] = {}
 MESSAGE_MODULES = sorted(p.relative_to(ROOT).as_posix() for pkg in MESSAGE_PACKAGES for p in (ROOT / pkg).rglob("*.py"))
 
 
+# Functions whose arguments after the first become part of an error message (what a limit counts, what to
+# reduce, the view that cannot run).
+MESSAGE_PIECES = {"check_count", "check_cost", "check_hook_values", "load", "require_pre_norm",
+                  "require_causal_decoder", "next_token_reason", "_require_next_token"}
+
+
 def raised_literals(tree: ast.AST) -> list[tuple[int, list[str]]]:
     """Error messages built from a literal outside a gettext call: the first argument of any InputError,
     NotFound, Unavailable or ValueError made (raised, returned or kept), and what goes into `errors`."""
@@ -270,6 +276,8 @@ def raised_literals(tree: ast.AST) -> list[tuple[int, list[str]]]:
         elif name == "PydanticCustomError" and len(node.args) > 1:  # (type, message template, context)
             if words := _literal_words(node.args[1]):
                 found.append((node.lineno, words))
+        elif name in MESSAGE_PIECES:  # the words an error message is built from, given by the caller
+            found += [(node.lineno, words) for arg in node.args if (words := _literal_words(arg))]
     return found
 
 
@@ -293,8 +301,9 @@ def test_the_literal_checks_find_what_they_look_for():
                      'errors.append("not a number")\nraise InputError(_("{n} is not a number").format(n=n))\n'
                      'raise InputError(reason)\nraise ValueError("its header is " + kind)\n'
                      'raise PydanticCustomError("too_long", f"more than {most} pairs")\n'
-                     'raise PydanticCustomError("too_long", _("more than {most} pairs").format(most=most))')
-    assert [line for line, _ in raised_literals(code)] == [1, 2, 3, 6, 7]
+                     'raise PydanticCustomError("too_long", _("more than {most} pairs").format(most=most))\n'
+                     'self.limits.check_count("the text", n, limit, _("use a shorter text"))')
+    assert [line for line, _ in raised_literals(code)] == [1, 2, 3, 6, 7, 9]
     out, consts = [], []
     _flatten(templates.env.parse('<p title="Hover me">Hello {{ x }}</p>{{ m.text("text", "Words") }}'
                                  '<p>{% trans %}Fine{% endtrans %} {{ _("Fine") }}</p>'), out, consts)

@@ -99,15 +99,15 @@ class InspectViews:
     def logit_lens(self, spec: RunSpec, top_k: int) -> Lens:
         """Every resid_pre / resid_mid (and the last resid_post) decoded through ln_final and W_U."""
         st = self.views.setup(spec)
-        self._require_next_token(st, "the logit lens")
+        self._require_next_token(st, _("the logit lens"))
         cfg, n = st.cfg, st.n
         points = lens_points(cfg)
         k = min(top_k, cfg.d_vocab)
-        self.limits.check_hook_values(len(points) * n * k, "the lens table holds {values} cells, more than the limit "
-                                                            "of {limit}: reduce top_k or use a shorter text")
+        self.limits.check_hook_values(len(points) * n * k, _("the lens table holds {values} cells, more than the "
+                                                              "limit of {limit}: reduce top_k or use a shorter text"))
         lens_work = len(points) * n * cfg.d_model * cfg.d_vocab  # each point's unembedding
         p = self.views.load(st, forward_work(cfg, n, logits=False) + lens_work, n * cfg.d_vocab)
-        _, cache = run_with_cache(p.params, cfg, p.ids, names=points, ablate=p.ablate, logits=False)
+        _logits, cache = run_with_cache(p.params, cfg, p.ids, names=points, ablate=p.ablate, logits=False)
         lens = cache.logit_lens(k)
         return Lens(p, lens, {int(t): p.token_str(int(t)) for t in np.unique(lens.top_tokens)})
 
@@ -203,9 +203,9 @@ class InspectViews:
         """Attention rollout after every layer (core.analysis.attention_rollout); works on any model."""
         st = self.views.setup(spec)
         cfg, n = st.cfg, st.n
-        self.limits.check_hook_values(cfg.n_layers * n * n, "the rollout holds {values} numbers, more than the limit "
-                                                             "of {limit}: use a shorter text")
+        self.limits.check_hook_values(cfg.n_layers * n * n, _("the rollout holds {values} numbers, more than the "
+                                                               "limit of {limit}: use a shorter text"))
         p = self.views.load(st, forward_work(cfg, n, logits=False) + cfg.n_layers * n ** 3,
                             cfg.n_layers * cfg.n_heads * n * n)
-        _, cache = run_with_cache(p.params, cfg, p.ids, names=pattern_hooks(cfg), ablate=p.ablate, logits=False)
+        _logits, cache = run_with_cache(p.params, cfg, p.ids, names=pattern_hooks(cfg), ablate=p.ablate, logits=False)
         return Rollout(p, cache.rollout())
