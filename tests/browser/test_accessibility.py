@@ -24,8 +24,8 @@ AXE = Path(__file__).resolve().parents[2] / "node_modules" / "axe-core" / "axe.m
 WCAG_TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"]
 PHONE = {"width": 390, "height": 844}  # a current phone, in CSS pixels
 LESSONS = ["attention", "scaling", "causal", "multihead", "positions", "params", "forward"]
-PAGES = (["/", "/?view=compare&rollout=1", "/?model=all-MiniLM-L6-v2", "/lessons", "/params", "/docs", "/generate",
-          "/circuits?model=induction"]
+PAGES = (["/", "/?view=compare&rollout=1", "/?model=all-MiniLM-L6-v2", "/?model=induction&ablate=0.2", "/lessons",
+          "/params", "/docs", "/generate", "/circuits?model=induction"]
          + [f"/lessons/{name}" for name in LESSONS] + [f"/inspect?view={view}" for view in INSPECT_VIEWS])
 
 # Waits until every figure of the page is drawn (or the page has none), Swagger UI has rendered and a
@@ -79,6 +79,17 @@ def open_settled(page, url: str) -> None:
 
 @pytest.mark.parametrize("path", PAGES)
 def test_no_wcag_a_or_aa_violation(tab, live_server, path):
+    open_settled(tab, live_server + path)
+    tab.add_script_tag(path=str(AXE))
+    violations = tab.evaluate(RUN_AXE, WCAG_TAGS)
+    assert violations == [], "\n".join(f"{v['id']} ({v['impact']}): {v['help']} at {v['nodes']}" for v in violations)
+
+
+@pytest.mark.parametrize("path", ["/", "/?model=induction&ablate=0.2", "/generate", "/circuits?model=induction"])
+def test_no_wcag_a_or_aa_violation_on_a_phone(tab, live_server, path):
+    """What a narrow window changes: lists that scroll (a scrolled region must take the keyboard's focus),
+    controls that wrap."""
+    tab.set_viewport_size(PHONE)
     open_settled(tab, live_server + path)
     tab.add_script_tag(path=str(AXE))
     violations = tab.evaluate(RUN_AXE, WCAG_TAGS)
