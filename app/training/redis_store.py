@@ -131,6 +131,12 @@ class Timing:
         return self.lease_s
 
 
+def _never_sent(status: bytes | None, sent: bytes | None, queued_at: bytes | None, older_than_s: float) -> bool:
+    """A run queued more than `older_than_s` ago whose task no one has marked sent."""
+    return (status == b"queued" and sent is None and queued_at is not None
+            and time.time() - float(queued_at) > older_than_s)
+
+
 def _decode(raw: bytes | None) -> str | None:
     return None if raw is None else raw.decode()
 
@@ -158,16 +164,21 @@ def _reaching(method: Callable) -> Callable:
 
 # ------------------------------------------------------------------ scripts (each runs whole, alone)
 
-CREATE = """
--- KEYS: run, runs, queue, active, client, events. ARGV: id, request, text, state, created_at, per_client, total
-if redis.call('HEXISTS', KEYS[1], 'request') == 1 then return {0, 0} end
-local per, total = tonumber(ARGV[6]), tonumber(ARGV[7])
-if per >= 0 then
+# Room for one more run (per: the client's limit, -1 for none; total: the server's), counted in the client's
+# set (KEYS[5]) and the active runs (KEYS[4]): {-1, count} or {-2, count} when there is none.
+ROOM = """if per >= 0 then
   local mine = redis.call('SCARD', KEYS[5])
   if mine >= per then return {-1, mine} end
   local all = redis.call('ZCARD', KEYS[4])
   if all >= total then return {-2, all} end
 end
+"""
+
+CREATE = """
+-- KEYS: run, runs, queue, active, client, events. ARGV: id, request, text, state, created_at, per_client, total
+if redis.call('HEXISTS', KEYS[1], 'request') == 1 then return {0, 0} end
+local per, total = tonumber(ARGV[6]), tonumber(ARGV[7])
+""" + ROOM + """
 redis.call('HSET', KEYS[1], 'request', ARGV[2], 'status', 'queued', 'state', ARGV[4], 'queued_at', ARGV[5])
 if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'text', ARGV[3]) end
 redis.call('ZADD', KEYS[2], ARGV[5], ARGV[1])
@@ -185,12 +196,7 @@ REQUEUE = """
 local status = redis.call('HGET', KEYS[1], 'status')
 if status ~= 'cancelled' and status ~= 'interrupted' and status ~= 'failed' then return {0, 0} end
 local per, total = tonumber(ARGV[3]), tonumber(ARGV[4])
-if per >= 0 then
-  local mine = redis.call('SCARD', KEYS[5])
-  if mine >= per then return {-1, mine} end
-  local all = redis.call('ZCARD', KEYS[4])
-  if all >= total then return {-2, all} end
-end
+""" + ROOM + """
 redis.call('HSET', KEYS[1], 'status', 'queued', 'queued_at', ARGV[5])
 redis.call('HDEL', KEYS[1], 'error', 'cancel', 'sent')
 redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
@@ -376,17 +382,19 @@ class RedisStore(TrainingStore):
         return {"runs": counts, "queue": int(self.r.zcard(QUEUE)), "workers": sum(w["processes"] for w in alive),
                 "worker_nodes": len(alive)}
 
+    def _unleased(self, ids: list[str]) -> list[tuple[str, bytes | None, bytes | None, bytes | None]]:
+        """(id, status, sent, queued_at) of each of these runs whose lease nobody holds, in one round trip."""
+        pipe = self.r.pipeline(transaction=False)
+        for id in ids:
+            pipe.hmget(run_key(id), ["status", "sent", "queued_at"])
+            pipe.exists(lock_key(id))
+        answers = pipe.execute()
+        return [(id, *fields) for id, fields, locked in zip(ids, answers[::2], answers[1::2]) if not locked]
+
     def waiting(self) -> list[str]:
         """Runs queued, or cut short, that nobody trains: what a worker sends again when it starts, in case
         their messages were lost (a replica that died before sending, a Redis that lost its last second)."""
-        ids = self.ids()
-        pipe = self.r.pipeline(transaction=False)
-        for id in ids:
-            pipe.hget(run_key(id), "status")
-            pipe.exists(lock_key(id))
-        answers = pipe.execute()
-        return [id for id, stored, locked in zip(ids, answers[::2], answers[1::2])
-                if stored in (b"queued", b"running") and not locked]
+        return [id for id, status, _, _ in self._unleased(self.ids()) if status in (b"queued", b"running")]
 
     def model_folder(self, id: str) -> Path | None:
         """The run's weights in this machine's cache (read from Redis once, named by their hash)."""
@@ -483,15 +491,13 @@ class RedisStore(TrainingStore):
         self.r.hset(run_key(id), "sent", repr(time.time()))
 
     def _unsent(self, id: str, older_than_s: float) -> bool:
-        status, sent, queued_at = self._fields(id, "status", "sent", "queued_at")
-        return (status == b"queued" and sent is None and queued_at is not None
-                and time.time() - float(queued_at) > older_than_s)
+        return _never_sent(*self._fields(id, "status", "sent", "queued_at"), older_than_s)
 
     @_reaching
     def unsent(self) -> list[str]:
         """Runs queued for longer than Timing.unsent_s whose task was never sent: a worker sends them."""
         ids = [id.decode() for id in self.r.zrange(QUEUE, 0, -1)]
-        return [id for id in ids if self._unsent(id, self.timing.unsent_s) and not self.r.exists(lock_key(id))]
+        return [id for id, *fields in self._unleased(ids) if _never_sent(*fields, self.timing.unsent_s)]
 
     @_reaching
     def request_cancel(self, id: str) -> None:

@@ -179,14 +179,14 @@ def test_events_stream_and_resume_after_a_dropped_connection(server):
         seen, last_id = [], None
         with c.stream("GET", f"/api/v1/runs/{id}/events") as stream:
             assert stream.headers["content-type"].startswith("text/event-stream")
-            for event in parse_events(stream.iter_lines()):
+            for event in services.parse_events(stream.iter_lines()):
                 seen.append(event)
                 last_id = event.get("id", last_id)
                 if sum(e["event"] == "record" for e in seen) >= 2:
                     break  # drop the connection mid-run
         assert seen[0]["event"] == "run"  # the whole run first
         with c.stream("GET", f"/api/v1/runs/{id}/events", headers={"Last-Event-ID": last_id}) as stream:
-            rest = list(parse_events(stream.iter_lines()))
+            rest = list(services.parse_events(stream.iter_lines()))
         assert rest[-1]["event"] == "end"
         run = c.get(f"/api/v1/runs/{id}").json()
         # every record exactly once across the two connections (the final `run` event carries them all)
@@ -194,18 +194,6 @@ def test_events_stream_and_resume_after_a_dropped_connection(server):
         assert steps == sorted(set(steps)) and set(steps) <= set(run["metrics"]["step"])
         finals = [json.loads(e["data"]) for e in rest if e["event"] == "run"]
         assert finals and finals[-1]["status"] == "done" and finals[-1]["metrics"] == run["metrics"]
-
-
-def parse_events(lines):
-    event: dict[str, str] = {}
-    for line in lines:
-        if not line:
-            if "event" in event:
-                yield event
-            event = {}
-        elif not line.startswith(":"):
-            key, _, value = line.partition(": ")
-            event[key] = value
 
 
 def test_a_killed_server_leaves_finished_runs_intact_and_the_cut_one_interrupted(store, start):
