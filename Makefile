@@ -58,6 +58,7 @@ serve: $(VENV)/.stamp-runtime $(VENDOR)/.stamp $(COMPILED)
 	EXPLORER_HOST=$(HOST) EXPLORER_PORT=$(PORT) $(PY) -m app
 
 test: setup
+	$(PY) -m ruff format --check .
 	$(PY) -m ruff check .
 	$(PY) -m pytest $(PYTEST_ARGS)
 

@@ -12,10 +12,17 @@ GRACEFUL_SHUTDOWN_S = 10
 
 def main() -> None:
     s = get_settings()
-    uvicorn.run("app.main:app", host=s.host, port=s.port, workers=s.workers, log_level=s.log_level,
-                proxy_headers=True, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-                http=HTTP_PROTOCOL,  # httptools, bounding the URL so an over-long one gets a JSON 414
-                access_log=False)  # app/http/observability.py writes one JSON line per request instead
+    uvicorn.run(
+        "app.main:app",
+        host=s.host,
+        port=s.port,
+        workers=s.workers,
+        log_level=s.log_level,
+        proxy_headers=True,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        http=HTTP_PROTOCOL,  # httptools, bounding the URL so an over-long one gets a JSON 414
+        access_log=False,
+    )  # app/http/observability.py writes one JSON line per request instead
 
 
 if __name__ == "__main__":

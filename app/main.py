@@ -12,23 +12,23 @@ from starlette.middleware.errors import ServerErrorMiddleware
 from threadpoolctl import threadpool_limits
 
 from app import __version__
+from app.api import circuits as circuits_api
+from app.api import generate as generate_api
+from app.api import health, routes
 from app.deps import apply_settings
 from app.http import errors, metrics
 from app.http.bodylimit import BodySizeLimitMiddleware, UrlLengthLimitMiddleware
-from app.http.language import LanguageMiddleware
-from app.models.catalog import build_catalog
 from app.http.compression import CachedStaticFiles, GZipMiddleware
+from app.http.language import LanguageMiddleware
 from app.http.observability import AccessLogMiddleware, configure_access_log
-from app.paths import STATIC_DIR
-from app.api import health, routes
-from app.pages import docs, explorer, glossary, inspect, lessons, train
-from app.api import circuits as circuits_api
-from app.pages import circuits as circuits_page
-from app.api import generate as generate_api
-from app.pages import generate as generate_page
 from app.http.security import ComputeLimitMiddleware, SecurityHeadersMiddleware
-from app.training.scheduler import TrainingManager
+from app.models.catalog import build_catalog
+from app.pages import circuits as circuits_page
+from app.pages import docs, explorer, glossary, inspect, lessons, train
+from app.pages import generate as generate_page
+from app.paths import STATIC_DIR
 from app.settings import Settings, get_settings, in_effect
+from app.training.scheduler import TrainingManager
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -55,10 +55,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(
         title="Transformer Explorer",
         version=__version__,
-        description=("See how a Transformer works: the spec's lessons, runnable models and their activations. "
-                     f"Request bodies are limited to {s.max_body_bytes:,} bytes (413 beyond), URLs "
-                     f"to {s.max_url_bytes:,} bytes (414 beyond); every error answers in JSON as "
-                     '{"detail": [{"loc", "msg", "type"}]}.'),
+        description=(
+            "See how a Transformer works: the spec's lessons, runnable models and their activations. "
+            f"Request bodies are limited to {s.max_body_bytes:,} bytes (413 beyond), URLs "
+            f"to {s.max_url_bytes:,} bytes (414 beyond); every error answers in JSON as "
+            '{"detail": [{"loc", "msg", "type"}]}.'
+        ),
         docs_url=None,  # served by our own offline page (no CDN)
         redoc_url=None,
         lifespan=lifespan,
@@ -92,8 +94,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(ComputeLimitMiddleware, limit=s.max_concurrent_compute, retry_after_s=s.retry_after_s)
     # A text to train on may be larger than any other body: up to 4 bytes a character, and the form around it.
     train_body = 4 * s.train_max_text_chars + 8192
-    app.add_middleware(BodySizeLimitMiddleware, max_bytes=s.max_body_bytes,
-                       larger={"/api/v1/train": train_body, "/train": train_body})
+    app.add_middleware(
+        BodySizeLimitMiddleware, max_bytes=s.max_body_bytes, larger={"/api/v1/train": train_body, "/train": train_body}
+    )
     app.add_middleware(UrlLengthLimitMiddleware, max_bytes=s.max_url_bytes)
     app.add_middleware(ServerErrorMiddleware, handler=errors.unexpected)
     # the reader's language (English or Malay) for everything inside it, error messages included

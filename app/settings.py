@@ -37,28 +37,41 @@ class Settings(BaseSettings):
     # recently used model is dropped. Only float16/bfloat16 files count, upcast to float32 (4 bytes a
     # parameter: SmolLM2-135M 513 MiB, Qwen2.5-0.5B 1,885 MiB, Qwen3-0.6B 2,274 MiB, TinyLlama-1.1B
     # 4,196 MiB); float32 files are memory-mapped, shared by the workers, and not counted.
-    pretrained_memory_mb: int = Field(5120, ge=1, le=1_048_576,
-                                      description="MiB of upcast (float16/bfloat16) pretrained weights per worker")
+    pretrained_memory_mb: int = Field(
+        5120, ge=1, le=1_048_576, description="MiB of upcast (float16/bfloat16) pretrained weights per worker"
+    )
     # Training (app/training/store.py, app/training/scheduler.py). Runs live in runs_dir (None: a per-user folder, see
     # runs_folder()); each trains in its own process, at most train_workers at once per runs folder.
     runs_dir: Path | None = Field(None, description="folder of training runs (default: per-user data folder)")
-    runs_max_mb: int = Field(2048, ge=1, le=1_048_576, description="MB the runs folder may hold; oldest finished "
-                                                                     "runs are deleted beyond it")
+    runs_max_mb: int = Field(
+        2048, ge=1, le=1_048_576, description="MB the runs folder may hold; oldest finished runs are deleted beyond it"
+    )
     train_workers: int = Field(1, ge=0, le=64, description="training processes at once (0: training off)")
     train_max_per_client: int = Field(2, ge=1, le=1000, description="runs one client may have queued or running")
     train_max_runs: int = Field(16, ge=1, le=10_000, description="runs queued or running in all")
-    train_max_text_chars: int = Field(200_000, ge=1, le=1_000_000, description="characters of a text of your own "
-                                                                                 "(the text recipe)")
+    train_max_text_chars: int = Field(
+        200_000, ge=1, le=1_000_000, description="characters of a text of your own (the text recipe)"
+    )
     # Beyond one machine (README, "A whole school: several machines"): with a Redis URL the runs live in Redis
     # and Celery workers train them (`python -m app.worker`, EXPLORER_TRAIN_WORKERS processes each, on any
     # machine that reaches Redis); unset, the runs folder and the in-process scheduler above. The pickup time
     # sets Celery's visibility timeout and the run lock's lease (app/training/redis_store.py `Timing`).
-    redis_url: str | None = Field(None, description="redis://[:password@]host:port/db (rediss:// over TLS): runs "
-                                                     "live in Redis and are trained by Celery workers")
-    train_pickup_s: float = Field(60, ge=3, le=3600, description="seconds within which another worker takes up a "
-                                                                 "run whose worker machine died (Redis only)")
-    metrics: bool = Field(False, description="serve Prometheus metrics at /metrics (request counts and latencies "
-                                             "by route, training queue and workers)")
+    redis_url: str | None = Field(
+        None,
+        description="redis://[:password@]host:port/db (rediss:// over TLS): runs "
+        "live in Redis and are trained by Celery workers",
+    )
+    train_pickup_s: float = Field(
+        60,
+        ge=3,
+        le=3600,
+        description="seconds within which another worker takes up a run whose worker machine died (Redis only)",
+    )
+    metrics: bool = Field(
+        False,
+        description="serve Prometheus metrics at /metrics (request counts and latencies "
+        "by route, training queue and workers)",
+    )
     # Load shedding (app/http/security.py): beyond this many model/lesson computations in flight per
     # worker, answer 503 + Retry-After at once rather than queue; cheap routes are never limited.
     max_concurrent_compute: int = Field(8, ge=1, le=256, description="compute requests in flight per worker")
@@ -89,8 +102,9 @@ class Settings(BaseSettings):
     # logit lens decodes every layer through the whole vocabulary (Qwen's default text: 1.4 × 10¹¹).
     # One BLAS thread on this 2-core machine does 2.3-2.8 × 10¹⁰ a second (README "Work limits"), so a
     # request at 2 × 10¹¹ takes about 8 s, and the logit lens of every named model's default text fits.
-    max_pretrained_work: int = Field(200_000_000_000, ge=1,
-                                     description="multiply-adds of one request on a pretrained (loaded) model")
+    max_pretrained_work: int = Field(
+        200_000_000_000, ge=1, description="multiply-adds of one request on a pretrained (loaded) model"
+    )
     max_elements: int = Field(2**24, ge=1, description="elements of the largest array one request creates")
     max_params: int = Field(8_000_000, ge=1, description="parameters of a toy model drawn for a run")
     max_hook_values: int = Field(2**21, ge=1, description="numbers returned in one run response's hooks")
@@ -104,8 +118,9 @@ class Settings(BaseSettings):
     # Writing with a model (/generate, POST /api/v1/generate): each step returns the choosing query's
     # attention row in every layer and head (SmolLM2-135M: 270 rows a token), so both are bounded.
     generate_max_new_tokens: int = Field(256, ge=1, description="tokens one generation writes")
-    generate_max_values: int = Field(2**21, ge=1, description="attention weights one generation returns (every "
-                                                                "step's row in every layer and head)")
+    generate_max_values: int = Field(
+        2**21, ge=1, description="attention weights one generation returns (every step's row in every layer and head)"
+    )
     # The explorer page draws T × T heatmaps in the browser: as images beyond app/pages/figures.py's
     # IMAGE_MIN_TOKENS, zoomable, so it takes what the API takes (a model's own n_ctx where shorter).
     explorer_max_tokens: int = Field(1024, ge=1, description="tokens the explorer page draws")
@@ -117,9 +132,13 @@ class Settings(BaseSettings):
     explorer_max_values: int = Field(2**25, ge=1, description="numbers the explorer keeps for one view")
     # The lessons lay out T × T tables as HTML: beyond this many words they stop being legible.
     lesson_max_tokens: int = Field(128, ge=1, description="words (or characters) a lesson page draws")
-    default_model: str = Field("induction", min_length=1, max_length=200,
-                               description="the model the explorer and Inspect open on (the toy when this "
-                                           "server cannot run it); a teacher may choose the class's")
+    default_model: str = Field(
+        "induction",
+        min_length=1,
+        max_length=200,
+        description="the model the explorer and Inspect open on (the toy when this "
+        "server cannot run it); a teacher may choose the class's",
+    )
     # The calculators only do arithmetic, so their sizes may be those of real large models:
     calc_max_width: int = Field(65536, ge=1, description="d_model and d_mlp in the calculators")
     calc_max_vocab: int = Field(1_048_576, ge=1, description="d_vocab in the calculators")

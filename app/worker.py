@@ -38,8 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "--check":
         return check(s)
     if not s.redis_url:
-        print("app.worker: set EXPLORER_REDIS_URL (redis://[:password@]host:port/db) to the Redis the servers use",
-              file=sys.stderr)
+        print(
+            "app.worker: set EXPLORER_REDIS_URL (redis://[:password@]host:port/db) to the Redis the servers use",
+            file=sys.stderr,
+        )
         return 2
     if s.train_workers < 1:
         print("app.worker: EXPLORER_TRAIN_WORKERS must be 1 or more here (training processes)", file=sys.stderr)
@@ -58,8 +60,11 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 register_worker(store, node, s.train_workers, __version__)
                 for id in store.unsent():  # a replica died between creating a run and sending its task
-                    log.warning("run %s was queued more than %.0f s ago and its task never sent: sending it", id,
-                                store.timing.unsent_s)
+                    log.warning(
+                        "run %s was queued more than %.0f s ago and its task never sent: sending it",
+                        id,
+                        store.timing.unsent_s,
+                    )
                     store.submit(id)
             except Exception:  # Redis away: the broker connection says so in the log
                 pass
@@ -87,9 +92,19 @@ def main(argv: list[str] | None = None) -> int:
     # here, so a message naming one is refused as unregistered, like any other name.
     for name in [name for name in app.tasks if name != jobs.TASK]:
         app.tasks.unregister(name)
-    args = ["worker", f"--hostname={node}", f"--concurrency={s.train_workers}", "--pool=prefork",
-            f"--loglevel={s.log_level.upper()}", f"--queues={jobs.QUEUE}", "--prefetch-multiplier=1",
-            "--without-gossip", "--without-mingle", "--without-heartbeat", *(argv or [])]
+    args = [
+        "worker",
+        f"--hostname={node}",
+        f"--concurrency={s.train_workers}",
+        "--pool=prefork",
+        f"--loglevel={s.log_level.upper()}",
+        f"--queues={jobs.QUEUE}",
+        "--prefetch-multiplier=1",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+        *(argv or []),
+    ]
     app.worker_main(args)
     return 0
 

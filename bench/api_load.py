@@ -16,16 +16,24 @@ import time
 
 import httpx
 
-from bench.common import live_server, header, median, percentile, run_main, table, verdict
+from bench.common import header, live_server, median, percentile, run_main, table, verdict
 
 # (label, method, path, JSON body). Texts are character-level for the toy model: n chars = n tokens.
 ENDPOINTS = [
     ("GET /healthz", "GET", "/healthz", None),
     ("GET /api/v1/lessons/attention", "GET", "/api/v1/lessons/attention", None),
-    ("POST /api/v1/run toy, 16 tokens", "POST", "/api/v1/run",
-     {"model": "toy", "text": "the cat sat on a", "top_k": 5}),
-    ("POST /api/v1/run toy, 256 tokens", "POST", "/api/v1/run",
-     {"model": "toy", "text": ("the cat sat on the mat. " * 11)[:256], "top_k": 5}),
+    (
+        "POST /api/v1/run toy, 16 tokens",
+        "POST",
+        "/api/v1/run",
+        {"model": "toy", "text": "the cat sat on a", "top_k": 5},
+    ),
+    (
+        "POST /api/v1/run toy, 256 tokens",
+        "POST",
+        "/api/v1/run",
+        {"model": "toy", "text": ("the cat sat on the mat. " * 11)[:256], "top_k": 5},
+    ),
 ]
 CLIENTS = (1, 8, 32)
 THROUGHPUT_BUDGET = 0.5  # lesson req/s over /healthz req/s, at 32 clients
@@ -57,8 +65,13 @@ async def load(client, method: str, url: str, body, n_requests: int, concurrency
     await asyncio.gather(*(one_client() for _ in range(concurrency)))
     wall = time.perf_counter() - t0
     ok = statuses.get(200, 0)
-    return {"rps": ok / wall, "p50": percentile(latencies, 50), "p99": percentile(latencies, 99),
-            "errors": n_requests - ok, "statuses": statuses}
+    return {
+        "rps": ok / wall,
+        "p50": percentile(latencies, 50),
+        "p99": percentile(latencies, 99),
+        "errors": n_requests - ok,
+        "statuses": statuses,
+    }
 
 
 async def bench(url: str, rounds: int, n_requests: int) -> dict:
@@ -79,13 +92,19 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--requests", type=int, default=160, help="requests per cell and round")
-    ap.add_argument("--blas-threads", type=int, default=0,
-                    help="OPENBLAS_NUM_THREADS for the server (0: OpenBLAS's default, one per core)")
+    ap.add_argument(
+        "--blas-threads",
+        type=int,
+        default=0,
+        help="OPENBLAS_NUM_THREADS for the server (0: OpenBLAS's default, one per core)",
+    )
     args = ap.parse_args(argv)
 
     env = {"OPENBLAS_NUM_THREADS": str(args.blas_threads)} if args.blas_threads else {}
-    header(f"API overhead: one uvicorn worker, the app's default settings{', ' if env else ''}"
-           f"{' '.join(f'{k}={v}' for k, v in env.items())}")
+    header(
+        f"API overhead: one uvicorn worker, the app's default settings{', ' if env else ''}"
+        f"{' '.join(f'{k}={v}' for k, v in env.items())}"
+    )
     with live_server(env=env) as server:
         results = asyncio.run(bench(server.url, args.rounds, args.requests))
 
@@ -98,18 +117,36 @@ def main(argv: list[str]) -> int:
             rps, p50, p99 = (median([r[k] for r in rs]) for k in ("rps", "p50", "p99"))
             errors = sum(r["errors"] for r in rs)
             summary[(label, c)] = (rps / base, p99 * 1e3)
-            rows.append([c, label, f"{rps:.0f}", f"{rps / base:.2f}", f"{p50 * 1e3:.1f}", f"{p99 * 1e3:.1f}",
-                         errors if not errors else f"{errors} {sorted({s for r in rs for s in r['statuses']})}"])
-    print(table(f"Requests per second and latency (median of {args.rounds} rounds of {args.requests}+ requests)",
-                ["clients", "endpoint", "req/s", "÷ /healthz req/s", "p50 ms", "p99 ms", "non-200"], rows))
+            rows.append(
+                [
+                    c,
+                    label,
+                    f"{rps:.0f}",
+                    f"{rps / base:.2f}",
+                    f"{p50 * 1e3:.1f}",
+                    f"{p99 * 1e3:.1f}",
+                    errors if not errors else f"{errors} {sorted({s for r in rs for s in r['statuses']})}",
+                ]
+            )
+    print(
+        table(
+            f"Requests per second and latency (median of {args.rounds} rounds of {args.requests}+ requests)",
+            ["clients", "endpoint", "req/s", "÷ /healthz req/s", "p50 ms", "p99 ms", "non-200"],
+            rows,
+        )
+    )
     lesson = "GET /api/v1/lessons/attention"
     share, _ = summary[(lesson, 32)]
-    print(f"budget lesson throughput >= {THROUGHPUT_BUDGET:.0%} of /healthz at 32 clients: {share:.0%} -> "
-          f"{verdict(share >= THROUGHPUT_BUDGET)}")
+    print(
+        f"budget lesson throughput >= {THROUGHPUT_BUDGET:.0%} of /healthz at 32 clients: {share:.0%} -> "
+        f"{verdict(share >= THROUGHPUT_BUDGET)}"
+    )
     for c in CLIENTS:
         p99 = summary[(lesson, c)][1]
-        print(f"budget lesson p99 <= {P99_BUDGET_MS:.0f} ms at {c} clients: {p99:.1f} ms -> "
-              f"{verdict(p99 <= P99_BUDGET_MS)}")
+        print(
+            f"budget lesson p99 <= {P99_BUDGET_MS:.0f} ms at {c} clients: {p99:.1f} ms -> "
+            f"{verdict(p99 <= P99_BUDGET_MS)}"
+        )
     print()
     return 0
 

@@ -23,14 +23,22 @@ import os
 import sys
 from pathlib import Path
 
-from bench.common import ROOT, live_server, header, median, run_main, table, verdict
+from bench.common import ROOT, header, live_server, median, run_main, table, verdict
 
 sys.path.insert(0, str(ROOT))
 from scripts import explorer_latency as latency  # noqa: E402  (the one measurement, shared with the script)
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 BYTES_BUDGET = 600 * 1024
 FIRST_BUDGET_MS = 100.0  # edit -> first heatmap, debounce included (20 and 128 tokens)
 ALL_BUDGET_MS = 200.0  # edit -> every figure
@@ -65,50 +73,77 @@ def main(argv: list[str]) -> int:
             if request.resource_type in ("script", "stylesheet"):
                 r = request.response()
                 sizes = request.sizes()
-                assets.append({"url": request.url.removeprefix(server.url), "type": request.resource_type,
-                               "wire": sizes["responseBodySize"], "encoding": (r and r.header_value(
-                                   "content-encoding")) or "identity"})
+                assets.append(
+                    {
+                        "url": request.url.removeprefix(server.url),
+                        "type": request.resource_type,
+                        "wire": sizes["responseBodySize"],
+                        "encoding": (r and r.header_value("content-encoding")) or "identity",
+                    }
+                )
 
         page.on("requestfinished", on_finished)
         page.goto(f"{server.url}/", wait_until="networkidle")
         page.remove_listener("requestfinished", on_finished)
         # a long text's edit takes several times a short one's here: fewer repetitions
-        results = {n: latency.measure(page, server.url, n, args.edits if n < LONG_TOKENS else max(4, args.edits // 4),
-                                      args.switches if n < LONG_TOKENS else max(3, args.switches // 3))
-                   for n in args.tokens}
+        results = {
+            n: latency.measure(
+                page,
+                server.url,
+                n,
+                args.edits if n < LONG_TOKENS else max(4, args.edits // 4),
+                args.switches if n < LONG_TOKENS else max(3, args.switches // 3),
+            )
+            for n in args.tokens
+        }
         browser.close()
 
     (ROOT / "bench" / "out").mkdir(parents=True, exist_ok=True)
     (ROOT / "bench" / "out" / "browser.json").write_text(json.dumps({"assets": assets, "latency": results}, indent=1))
     total_bytes = sum(a["wire"] for a in assets)
-    print(table("JS and CSS transferred on a first visit to / (bytes on the wire)",
-                ["file", "type", "encoding", "KB"],
-                [[a["url"], a["type"], a["encoding"], f"{a['wire'] / 1024:.1f}"] for a in assets]
-                + [["all", "", "", f"{total_bytes / 1024:.1f}"]]))
-    print(table(f"The explorer's latencies, toy model, median (min-max) ms; typing debounce {latency.debounce_ms():.0f} ms "
-                f"(a key after a pause is sent at once); load average {os.getloadavg()[0]:.1f} at the end",
-                ["measure"] + [f"{n} tokens" for n in results], latency.summary(results)))
-    print(f"budget JS+CSS <= {BYTES_BUDGET // 1024} KB: {total_bytes / 1024:.0f} KB -> {verdict(total_bytes <= BYTES_BUDGET)}")
+    print(
+        table(
+            "JS and CSS transferred on a first visit to / (bytes on the wire)",
+            ["file", "type", "encoding", "KB"],
+            [[a["url"], a["type"], a["encoding"], f"{a['wire'] / 1024:.1f}"] for a in assets]
+            + [["all", "", "", f"{total_bytes / 1024:.1f}"]],
+        )
+    )
+    print(
+        table(
+            f"The explorer's latencies, toy model, median (min-max) ms; typing debounce {latency.debounce_ms():.0f} ms "
+            f"(a key after a pause is sent at once); load average {os.getloadavg()[0]:.1f} at the end",
+            ["measure"] + [f"{n} tokens" for n in results],
+            latency.summary(results),
+        )
+    )
+    print(
+        f"budget JS+CSS <= {BYTES_BUDGET // 1024} KB: {total_bytes / 1024:.0f} KB -> {verdict(total_bytes <= BYTES_BUDGET)}"
+    )
     for n, r in results.items():
         first, every = median(r["edit_first"]), median([x for x in r["edit_all"] if x is not None] or [float("inf")])
         server = median([x for x in r["edit_server"] if x is not None] or [float("nan")])
         if n >= LONG_TOKENS:
             load = median(r["load_all"])
             size = median([x for x in r["edit_bytes"] if x is not None] or [float("inf")])
-            print(f"budget at {n} tokens: edit -> first heatmap <= {LONG_FIRST_BUDGET_MS:.0f} ms: {first:.0f} ms -> "
-                  f"{verdict(first <= LONG_FIRST_BUDGET_MS)} (server {server:.0f} ms of it); server <= "
-                  f"{LONG_SERVER_BUDGET_MS:.0f} ms: {server:.0f} ms -> {verdict(server <= LONG_SERVER_BUDGET_MS)}; "
-                  f"head switch <= {LONG_SWITCH_BUDGET_MS:.0f} ms: {median(r['head']):.0f} ms -> "
-                  f"{verdict(median(r['head']) <= LONG_SWITCH_BUDGET_MS)}; an update <= "
-                  f"{LONG_UPDATE_BUDGET_BYTES / 2**20:.1f} MB as sent: {size / 2**20:.2f} MB -> "
-                  f"{verdict(size <= LONG_UPDATE_BUDGET_BYTES)}; first load <= {LONG_LOAD_BUDGET_MS:.0f} ms: "
-                  f"{load:.0f} ms -> {verdict(load <= LONG_LOAD_BUDGET_MS)}")
+            print(
+                f"budget at {n} tokens: edit -> first heatmap <= {LONG_FIRST_BUDGET_MS:.0f} ms: {first:.0f} ms -> "
+                f"{verdict(first <= LONG_FIRST_BUDGET_MS)} (server {server:.0f} ms of it); server <= "
+                f"{LONG_SERVER_BUDGET_MS:.0f} ms: {server:.0f} ms -> {verdict(server <= LONG_SERVER_BUDGET_MS)}; "
+                f"head switch <= {LONG_SWITCH_BUDGET_MS:.0f} ms: {median(r['head']):.0f} ms -> "
+                f"{verdict(median(r['head']) <= LONG_SWITCH_BUDGET_MS)}; an update <= "
+                f"{LONG_UPDATE_BUDGET_BYTES / 2**20:.1f} MB as sent: {size / 2**20:.2f} MB -> "
+                f"{verdict(size <= LONG_UPDATE_BUDGET_BYTES)}; first load <= {LONG_LOAD_BUDGET_MS:.0f} ms: "
+                f"{load:.0f} ms -> {verdict(load <= LONG_LOAD_BUDGET_MS)}"
+            )
             continue
         switch = max(median(r["head"]), median(r["layer"]))
-        print(f"budget at {n} tokens: edit -> first heatmap <= {FIRST_BUDGET_MS:.0f} ms: {first:.0f} ms -> "
-              f"{verdict(first <= FIRST_BUDGET_MS)} (server {server:.0f} ms of it); every figure <= "
-              f"{ALL_BUDGET_MS:.0f} ms: {every:.0f} ms -> {verdict(every <= ALL_BUDGET_MS)}; head/layer switch <= "
-              f"{SWITCH_BUDGET_MS:.0f} ms: {switch:.0f} ms -> {verdict(switch <= SWITCH_BUDGET_MS)}")
+        print(
+            f"budget at {n} tokens: edit -> first heatmap <= {FIRST_BUDGET_MS:.0f} ms: {first:.0f} ms -> "
+            f"{verdict(first <= FIRST_BUDGET_MS)} (server {server:.0f} ms of it); every figure <= "
+            f"{ALL_BUDGET_MS:.0f} ms: {every:.0f} ms -> {verdict(every <= ALL_BUDGET_MS)}; head/layer switch <= "
+            f"{SWITCH_BUDGET_MS:.0f} ms: {switch:.0f} ms -> {verdict(switch <= SWITCH_BUDGET_MS)}"
+        )
     print()
     return 0
 

@@ -48,9 +48,27 @@ def run_class(workers: int, students: int, seconds: int) -> dict:
     env = {"EXPLORER_WORKERS": str(workers), "EXPLORER_ACCESS_LOG": "true"}
     with served_as_make_serve(env) as server, tempfile.TemporaryDirectory(prefix="classroom-") as tmp:
         # spawn the class over 10 s, as students arrive and open the link
-        cmd = [str(LOCUST), "-f", str(ROOT / "bench" / "locustfile.py"), "--headless", "--host", server.url,
-               "-u", str(students), "-r", str(max(1, students // 10)), "-t", f"{seconds}s", "--csv",
-               f"{tmp}/class", "--only-summary", "--loglevel", "WARNING", "--stop-timeout", "5"]
+        cmd = [
+            str(LOCUST),
+            "-f",
+            str(ROOT / "bench" / "locustfile.py"),
+            "--headless",
+            "--host",
+            server.url,
+            "-u",
+            str(students),
+            "-r",
+            str(max(1, students // 10)),
+            "-t",
+            f"{seconds}s",
+            "--csv",
+            f"{tmp}/class",
+            "--only-summary",
+            "--loglevel",
+            "WARNING",
+            "--stop-timeout",
+            "5",
+        ]
         done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=seconds + 120)
         if done.returncode not in (0, 1):  # 1: some requests failed, which the table reports
             raise RuntimeError(f"locust failed ({done.returncode}): {done.stderr[-2000:]}")
@@ -60,9 +78,15 @@ def run_class(workers: int, students: int, seconds: int) -> dict:
             failures = list(csv.DictReader(f))
         log = server.log()
     served = server_durations(log)
-    return {"workers": workers, "students": students, "seconds": seconds, "locust": rows, "server": served,
-            "failures": [[f["Name"], f["Error"][:90], f["Occurrences"]] for f in failures],
-            "load": os.getloadavg()[0]}
+    return {
+        "workers": workers,
+        "students": students,
+        "seconds": seconds,
+        "locust": rows,
+        "server": served,
+        "failures": [[f["Name"], f["Error"][:90], f["Occurrences"]] for f in failures],
+        "load": os.getloadavg()[0],
+    }
 
 
 def served_as_make_serve(env: dict[str, str]):
@@ -70,8 +94,12 @@ def served_as_make_serve(env: dict[str, str]):
     app's own venv, on a free 127.0.0.1 port: scripts/liveserver.py's starter."""
     import liveserver  # scripts/, on the path through bench.common
 
-    return liveserver.live_server(env={"HF_HUB_OFFLINE": "1", **env}, entry_point=True, startup_timeout_s=60,
-                                  python=APP_PYTHON if APP_PYTHON.exists() else Path(sys.executable))
+    return liveserver.live_server(
+        env={"HF_HUB_OFFLINE": "1", **env},
+        entry_point=True,
+        startup_timeout_s=60,
+        python=APP_PYTHON if APP_PYTHON.exists() else Path(sys.executable),
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -90,27 +118,65 @@ def main(argv: list[str]) -> int:
         errors = sum(1 for _, status, _ in r["server"] if status >= 400)
         total = next(row for row in r["locust"] if row["Name"] == "Aggregated")
         p95 = percentile(times, 95)
-        summary.append([f"{r['workers']} ({'make serve' if r['workers'] == 1 else 'EXPLORER_WORKERS=2'})",
-                        r["students"], f"{len(times) / r['seconds']:.1f}", f"{errors} + {total['Failure Count']}",
-                        f"{percentile(times, 50):.0f}", f"{p95:.0f}", f"{percentile(times, 99):.0f}",
-                        total["95%"], f"{r['load']:.1f}", verdict(errors == 0 and int(total["Failure Count"]) == 0
-                                                                  and p95 <= P95_BUDGET_MS)])
-    print(table(f"{args.students} students for {args.minutes:g} min (server ms from the access log; "
-                "students' ms from Locust)",
-                ["workers", "students", "req/s", "errors (server + Locust)", "server p50", "server p95",
-                 "server p99", "students' p95", "load avg", f"p95 <= {P95_BUDGET_MS:.0f} ms, 0 errors"],
-                summary))
+        summary.append(
+            [
+                f"{r['workers']} ({'make serve' if r['workers'] == 1 else 'EXPLORER_WORKERS=2'})",
+                r["students"],
+                f"{len(times) / r['seconds']:.1f}",
+                f"{errors} + {total['Failure Count']}",
+                f"{percentile(times, 50):.0f}",
+                f"{p95:.0f}",
+                f"{percentile(times, 99):.0f}",
+                total["95%"],
+                f"{r['load']:.1f}",
+                verdict(errors == 0 and int(total["Failure Count"]) == 0 and p95 <= P95_BUDGET_MS),
+            ]
+        )
+    print(
+        table(
+            f"{args.students} students for {args.minutes:g} min (server ms from the access log; "
+            "students' ms from Locust)",
+            [
+                "workers",
+                "students",
+                "req/s",
+                "errors (server + Locust)",
+                "server p50",
+                "server p95",
+                "server p99",
+                "students' p95",
+                "load avg",
+                f"p95 <= {P95_BUDGET_MS:.0f} ms, 0 errors",
+            ],
+            summary,
+        )
+    )
     for r in results:
-        print(table(f"By request, {r['workers']} worker(s) (Locust's view, ms)",
-                    ["request", "count", "failures", "median", "p95", "p99", "max"],
-                    [[row["Name"], row["Request Count"], row["Failure Count"], row["50%"], row["95%"], row["99%"],
-                      f"{float(row['Max Response Time']):.0f}"] for row in r["locust"]]))
+        print(
+            table(
+                f"By request, {r['workers']} worker(s) (Locust's view, ms)",
+                ["request", "count", "failures", "median", "p95", "p99", "max"],
+                [
+                    [
+                        row["Name"],
+                        row["Request Count"],
+                        row["Failure Count"],
+                        row["50%"],
+                        row["95%"],
+                        row["99%"],
+                        f"{float(row['Max Response Time']):.0f}",
+                    ]
+                    for row in r["locust"]
+                ],
+            )
+        )
         if r["failures"]:
             print(table(f"Failures, {r['workers']} worker(s)", ["request", "error", "count"], r["failures"]))
     out = ROOT / "bench" / "out"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "classroom.json").write_text(json.dumps([{k: v for k, v in r.items() if k != "server"} for r in results],
-                                                   indent=1))
+    (out / "classroom.json").write_text(
+        json.dumps([{k: v for k, v in r.items() if k != "server"} for r in results], indent=1)
+    )
     return 0
 
 

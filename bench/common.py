@@ -85,8 +85,12 @@ def blas_info() -> dict:
 
     blas = [i for i in threadpool_info() if i.get("user_api") == "blas"]
     info = blas[0] if blas else {}
-    return {"numpy": np.__version__, "blas": f"{info.get('internal_api', '?')} {info.get('version', '?')}",
-            "kernel": info.get("architecture", "?"), "blas_threads": info.get("num_threads", 0)}
+    return {
+        "numpy": np.__version__,
+        "blas": f"{info.get('internal_api', '?')} {info.get('version', '?')}",
+        "kernel": info.get("architecture", "?"),
+        "blas_threads": info.get("num_threads", 0),
+    }
 
 
 def cpu_model() -> str:
@@ -104,13 +108,16 @@ def machine() -> str:
     b = blas_info()
     env = {k: os.environ[k] for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE") if k in os.environ}
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                text=True, timeout=10).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
     except OSError:
         commit = "?"
-    return (f"nproc {os.cpu_count()}, CPU {cpu_model()}, Python {platform.python_version()}, "
-            f"NumPy {b['numpy']} with {b['blas']} (kernel {b['kernel']}, {b['blas_threads']} threads), "
-            f"OpenBLAS overrides {env or 'none'}, commit {commit}")
+    return (
+        f"nproc {os.cpu_count()}, CPU {cpu_model()}, Python {platform.python_version()}, "
+        f"NumPy {b['numpy']} with {b['blas']} (kernel {b['kernel']}, {b['blas_threads']} threads), "
+        f"OpenBLAS overrides {env or 'none'}, commit {commit}"
+    )
 
 
 def header(name: str) -> None:
@@ -146,8 +153,13 @@ def under_kernels(module: str, argv: Sequence[str], kernels: Sequence[str]) -> d
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "result.json"
             print(f"---- OpenBLAS kernel: {kernel} ----\n", flush=True)
-            proc = subprocess.Popen([sys.executable, "-m", f"bench.{module}", *argv, "--child-json", str(out)],
-                                    cwd=ROOT, env=kernel_env(kernel), stdout=subprocess.PIPE, text=True)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", f"bench.{module}", *argv, "--child-json", str(out)],
+                cwd=ROOT,
+                env=kernel_env(kernel),
+                stdout=subprocess.PIPE,
+                text=True,
+            )
             for line in proc.stdout:
                 print(line, end="", flush=True)  # through this process's stdout: bench.run keeps a copy
             if proc.wait() == 0 and out.is_file():
@@ -236,5 +248,6 @@ def live_server(env: dict[str, str] | None = None, timeout_s: float = 60.0):
     """The app in a real uvicorn process on a free loopback port, run with the app's own venv (as
     `make serve` runs it), stopped on exit: scripts/liveserver.py's, as the tests use it."""
     python = APP_PYTHON if APP_PYTHON.exists() else Path(sys.executable)
-    return liveserver.live_server(env={"HF_HUB_OFFLINE": "1", **(env or {})}, startup_timeout_s=timeout_s,
-                                  python=python)
+    return liveserver.live_server(
+        env={"HF_HUB_OFFLINE": "1", **(env or {})}, startup_timeout_s=timeout_s, python=python
+    )

@@ -24,8 +24,24 @@ import os
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from bench.common import (KERNELS, OUT, Gemm, blas_info, forward_flops, header, load_average, median, run_main,
-                          table, timed, under_kernels, verdict, visible_pairs, wall_and_cpu, without_option)
+from bench.common import (
+    KERNELS,
+    OUT,
+    Gemm,
+    blas_info,
+    forward_flops,
+    header,
+    load_average,
+    median,
+    run_main,
+    table,
+    timed,
+    under_kernels,
+    verdict,
+    visible_pairs,
+    wall_and_cpu,
+    without_option,
+)
 from core import PRESETS, TransformerConfig, run_with_cache
 
 # 12 layers, 12 heads, d_model 768, d_vocab 50257, n_ctx 1024; GPT-2's lm_head has no bias, as the
@@ -41,8 +57,14 @@ def stage_flops(cfg: TransformerConfig, n: int) -> dict[str, int]:
     """Floating-point operations (2 per multiply-add) of one layer's matrix-product stages, and of the
     unembedding; attention over the causal half only (bench.common.forward_flops says why)."""
     d, dm, hd = cfg.d_model, cfg.d_mlp, cfg.n_heads * cfg.d_head
-    return {"qkv": 2 * n * d * 3 * hd, "attention": 2 * visible_pairs(n) * hd * 2, "W_O": 2 * n * hd * d,
-            "mlp_in": 2 * n * d * dm, "mlp_out": 2 * n * dm * d, "unembed": 2 * n * d * cfg.d_vocab}
+    return {
+        "qkv": 2 * n * d * 3 * hd,
+        "attention": 2 * visible_pairs(n) * hd * 2,
+        "W_O": 2 * n * hd * d,
+        "mlp_in": 2 * n * d * dm,
+        "mlp_out": 2 * n * dm * d,
+        "unembed": 2 * n * d * cfg.d_vocab,
+    }
 
 
 def write_checkpoint() -> None:
@@ -54,8 +76,9 @@ def write_checkpoint() -> None:
     if (CHECKPOINT / "model.safetensors").is_file():
         return
     torch.manual_seed(0)
-    hf_cfg = GPT2Config(n_embd=CFG.d_model, n_layer=CFG.n_layers, n_head=CFG.n_heads,
-                        vocab_size=CFG.d_vocab, n_positions=CFG.n_ctx)
+    hf_cfg = GPT2Config(
+        n_embd=CFG.d_model, n_layer=CFG.n_layers, n_head=CFG.n_heads, vocab_size=CFG.d_vocab, n_positions=CFG.n_ctx
+    )
     model = GPT2LMHeadModel(hf_cfg)
     with torch.no_grad():  # HF's init leaves biases 0 and gains 1: perturb them so every array matters
         for name, p in model.named_parameters():
@@ -74,7 +97,6 @@ def load_core_params():
     return load_params(spec)
 
 
-
 STAGES = [  # (name, what it is, times per forward pass)
     ("layer norm", "ln_1 (ln_2 and ln_f alike)", 2 * CFG.n_layers + 1),
     ("qkv", "x @ W_QKV + b, every head", CFG.n_layers),
@@ -88,6 +110,7 @@ STAGES = [  # (name, what it is, times per forward pass)
 
 
 # ---------------------------------------------------------------------------- stage by stage
+
 
 def stage_times(params, model, n: int, repeat: int) -> dict[str, tuple[float, float]]:
     """{stage: (core seconds, torch seconds)} for layer 0's stages on one input of n tokens, the fastest of
@@ -115,8 +138,10 @@ def stage_times(params, model, n: int, repeat: int) -> dict[str, tuple[float, fl
 
     def core_stages(team) -> dict:
         q, k, v = (split_heads(m, H) for m in np.split(qkv, 3, axis=-1))
-        out = {name: np.empty((n, w), np.float32) for name, w in
-               (("qkv", 3 * H * dh), ("d", CFG.d_model), ("mlp", CFG.d_mlp), ("vocab", CFG.d_vocab))}
+        out = {
+            name: np.empty((n, w), np.float32)
+            for name, w in (("qkv", 3 * H * dh), ("d", CFG.d_model), ("mlp", CFG.d_mlp), ("vocab", CFG.d_vocab))
+        }
         zh = z.reshape(n, H, dh).swapaxes(0, 1)
 
         def unembed(c):
@@ -163,19 +188,52 @@ def stage_table(n: int, times: dict, rate: float, core_total: float, torch_total
         c, t = times[name]
         core_sum, torch_sum = core_sum + c * count, torch_sum + t * count
         f = flops.get(name)
-        rows.append([name, what, count, f"{c * count * 1e3:.1f}", f"{t * count * 1e3:.1f}", f"{c / t:.2f}",
-                     f"{f / c / rate:.0%}" if f else "-", f"{f / t / rate:.0%}" if f else "-"])
-    rows.append(["the rest", "embedding, residual adds, Python, allocation", "", f"{(core_total - core_sum) * 1e3:.1f}",
-                 f"{(torch_total - torch_sum) * 1e3:.1f}", "", "", ""])
-    rows.append(["forward pass", "the fastest of the rounds above, logits only", "", f"{core_total * 1e3:.1f}",
-                 f"{torch_total * 1e3:.1f}", f"{core_total / torch_total:.2f}", "", ""])
-    return table(f"Where the time goes at {n} tokens: one layer's stage (layer 0, the same input both sides) x its "
-                 f"count per pass, ms (fastest of the rounds); share of the {rate / 1e9:.0f} GFLOP/s GEMM rate",
-                 ["stage", "what", "per pass", "core ms", "torch ms", "core / torch", "core % of GEMM",
-                  "torch % of GEMM"], rows)
+        rows.append(
+            [
+                name,
+                what,
+                count,
+                f"{c * count * 1e3:.1f}",
+                f"{t * count * 1e3:.1f}",
+                f"{c / t:.2f}",
+                f"{f / c / rate:.0%}" if f else "-",
+                f"{f / t / rate:.0%}" if f else "-",
+            ]
+        )
+    rows.append(
+        [
+            "the rest",
+            "embedding, residual adds, Python, allocation",
+            "",
+            f"{(core_total - core_sum) * 1e3:.1f}",
+            f"{(torch_total - torch_sum) * 1e3:.1f}",
+            "",
+            "",
+            "",
+        ]
+    )
+    rows.append(
+        [
+            "forward pass",
+            "the fastest of the rounds above, logits only",
+            "",
+            f"{core_total * 1e3:.1f}",
+            f"{torch_total * 1e3:.1f}",
+            f"{core_total / torch_total:.2f}",
+            "",
+            "",
+        ]
+    )
+    return table(
+        f"Where the time goes at {n} tokens: one layer's stage (layer 0, the same input both sides) x its "
+        f"count per pass, ms (fastest of the rounds); share of the {rate / 1e9:.0f} GFLOP/s GEMM rate",
+        ["stage", "what", "per pass", "core ms", "torch ms", "core / torch", "core % of GEMM", "torch % of GEMM"],
+        rows,
+    )
 
 
 # ---------------------------------------------------------------------------- one kernel
+
 
 def measure(args) -> dict:
     """Everything, under the kernel this process's OpenBLAS runs; prints its tables, returns its figures."""
@@ -192,8 +250,10 @@ def measure(args) -> dict:
     write_checkpoint()
     params = load_core_params()
     model = GPT2LMHeadModel.from_pretrained(CHECKPOINT, dtype=torch.float32).eval()
-    print(f"threads: NumPy BLAS {blas_info()['blas_threads']}, torch {torch.get_num_threads()} (torch {torch.__version__}, "
-          f"attention {model.config._attn_implementation})\n")
+    print(
+        f"threads: NumPy BLAS {blas_info()['blas_threads']}, torch {torch.get_num_threads()} (torch {torch.__version__}, "
+        f"attention {model.config._attn_implementation})\n"
+    )
 
     rng = np.random.default_rng(1)
     ids = rng.integers(0, CFG.d_vocab, size=max(args.tokens))
@@ -230,11 +290,23 @@ def measure(args) -> dict:
         # that instant, so each side's fastest pass is set against the fastest product of the same rounds.
         rate, c_best, t_best = max(rates), min(w for w, _ in core_t), min(w for w, _ in torch_t)
         flops = forward_flops(CFG, n)
-        rows.append([n, f"{c * 1e3:.0f}", f"{t * 1e3:.0f}", f"{c / t:.2f}", f"{c_cpu / t_cpu:.2f}",
-                     f"{flops / 1e9:.1f}", f"{rate / 1e9:.1f}", f"{flops / c_best / rate:.0%}",
-                     f"{flops / t_best / rate:.0%}"])
-        print(f"  {n} tokens: core {c * 1e3:.0f} ms, torch {t * 1e3:.0f} ms (CPU {c_cpu:.2f} s vs {t_cpu:.2f} s)",
-              flush=True)
+        rows.append(
+            [
+                n,
+                f"{c * 1e3:.0f}",
+                f"{t * 1e3:.0f}",
+                f"{c / t:.2f}",
+                f"{c_cpu / t_cpu:.2f}",
+                f"{flops / 1e9:.1f}",
+                f"{rate / 1e9:.1f}",
+                f"{flops / c_best / rate:.0%}",
+                f"{flops / t_best / rate:.0%}",
+            ]
+        )
+        print(
+            f"  {n} tokens: core {c * 1e3:.0f} ms, torch {t * 1e3:.0f} ms (CPU {c_cpu:.2f} s vs {t_cpu:.2f} s)",
+            flush=True,
+        )
 
         # Capturing every activation (the explorer's use) vs torch returning attentions and hidden states,
         # alternating too.
@@ -242,27 +314,58 @@ def measure(args) -> dict:
         core_forward(n, names=None)
         for _ in range(max(2, args.repeat // 2 + 1)):
             core_all.append(timed(lambda n=n: core_forward(n, names=None), repeat=1, warmup=0)[0])
-            torch_all.append(timed(lambda n=n: torch_forward(n, output_attentions=True, output_hidden_states=True),
-                                   repeat=1, warmup=0)[0])
+            torch_all.append(
+                timed(
+                    lambda n=n: torch_forward(n, output_attentions=True, output_hidden_states=True), repeat=1, warmup=0
+                )[0]
+            )
         ca, ta = median(core_all), median(torch_all)
         cache_rows.append([n, f"{ca * 1e3:.0f}", f"{ta * 1e3:.0f}", f"{ca / ta:.2f}"])
-        results[n] = {"core_s": c, "torch_s": t, "ratio": c / t, "cpu_ratio": c_cpu / t_cpu, "gflop": flops / 1e9,
-                      "gemm_gflops": rate / 1e9, "core_gemm_fraction": flops / c_best / rate,
-                      "torch_gemm_fraction": flops / t_best / rate, "capture_core_s": ca, "capture_torch_s": ta,
-                      "capture_ratio": ca / ta}
+        results[n] = {
+            "core_s": c,
+            "torch_s": t,
+            "ratio": c / t,
+            "cpu_ratio": c_cpu / t_cpu,
+            "gflop": flops / 1e9,
+            "gemm_gflops": rate / 1e9,
+            "core_gemm_fraction": flops / c_best / rate,
+            "torch_gemm_fraction": flops / t_best / rate,
+            "capture_core_s": ca,
+            "capture_torch_s": ta,
+            "capture_ratio": ca / ta,
+        }
         if n in args.stage_tokens:
             times = stage_times(params, model, n, args.repeat)
             results[n]["stages"] = {name: {"core_s": cs, "torch_s": ts} for name, (cs, ts) in times.items()}
             stage_tables.append(stage_table(n, times, rate, c_best, t_best))
 
     print()
-    print(table(f"Forward pass, logits only (median of {args.repeat}, after a warm-up; GFLOP counts the causal "
-                f"half of attention; % of GEMM: each side's fastest pass against the fastest GEMM of the rounds)",
-                ["tokens", "core ms", "torch ms", "core / torch", "(CPU time)", "GFLOP", "GEMM GFLOP/s (best)",
-                 "core % of GEMM", "torch % of GEMM"],
-                rows))
-    print(table("Forward pass capturing every activation (core: full cache; torch: output_attentions "
-                "+ output_hidden_states)", ["tokens", "core ms", "torch ms", "core / torch"], cache_rows))
+    print(
+        table(
+            f"Forward pass, logits only (median of {args.repeat}, after a warm-up; GFLOP counts the causal "
+            f"half of attention; % of GEMM: each side's fastest pass against the fastest GEMM of the rounds)",
+            [
+                "tokens",
+                "core ms",
+                "torch ms",
+                "core / torch",
+                "(CPU time)",
+                "GFLOP",
+                "GEMM GFLOP/s (best)",
+                "core % of GEMM",
+                "torch % of GEMM",
+            ],
+            rows,
+        )
+    )
+    print(
+        table(
+            "Forward pass capturing every activation (core: full cache; torch: output_attentions "
+            "+ output_hidden_states)",
+            ["tokens", "core ms", "torch ms", "core / torch"],
+            cache_rows,
+        )
+    )
     for text in stage_tables:
         print(text)
     print(budgets(results, blas_info()["kernel"]))
@@ -277,13 +380,17 @@ def budgets(results: dict, kernel: str) -> str:
     long = [n for n in results if n >= 512]
     capture = max(results[n]["capture_ratio"] for n in long) if long else None
     frac = results[n_max]["core_gemm_fraction"]
-    return "\n".join([
-        f"[{kernel}] budget logits-only core/torch <= {RATIO_BUDGET}: worst {worst:.2f} -> "
-        f"{verdict(worst <= RATIO_BUDGET)}",
-        f"[{kernel}] budget every activation core/torch <= {CAPTURE_BUDGET} at 512+ tokens: " + (
-            f"worst {capture:.2f} -> {verdict(capture <= CAPTURE_BUDGET)}" if long else "not measured"),
-        f"[{kernel}] budget core >= {GEMM_FRACTION_BUDGET:.0%} of GEMM rate at {n_max} tokens: {frac:.0%} -> "
-        f"{verdict(frac >= GEMM_FRACTION_BUDGET)}", ""])
+    return "\n".join(
+        [
+            f"[{kernel}] budget logits-only core/torch <= {RATIO_BUDGET}: worst {worst:.2f} -> "
+            f"{verdict(worst <= RATIO_BUDGET)}",
+            f"[{kernel}] budget every activation core/torch <= {CAPTURE_BUDGET} at 512+ tokens: "
+            + (f"worst {capture:.2f} -> {verdict(capture <= CAPTURE_BUDGET)}" if long else "not measured"),
+            f"[{kernel}] budget core >= {GEMM_FRACTION_BUDGET:.0%} of GEMM rate at {n_max} tokens: {frac:.0%} -> "
+            f"{verdict(frac >= GEMM_FRACTION_BUDGET)}",
+            "",
+        ]
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -291,10 +398,19 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--tokens", type=int, nargs="+", default=[128, 512, 1024])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0, help="threads for both sides (0: NumPy's BLAS default)")
-    ap.add_argument("--stage-tokens", type=int, nargs="*", default=None,
-                    help="token counts to profile stage by stage (default: the largest of --tokens)")
-    ap.add_argument("--kernels", nargs="+", default=list(KERNELS),
-                    help="OpenBLAS kernels, each in a process of its own ('native': the CPU's own)")
+    ap.add_argument(
+        "--stage-tokens",
+        type=int,
+        nargs="*",
+        default=None,
+        help="token counts to profile stage by stage (default: the largest of --tokens)",
+    )
+    ap.add_argument(
+        "--kernels",
+        nargs="+",
+        default=list(KERNELS),
+        help="OpenBLAS kernels, each in a process of its own ('native': the CPU's own)",
+    )
     ap.add_argument("--child-json", help=argparse.SUPPRESS)  # one kernel's run, started by under_kernels
     args = ap.parse_args(argv)
     if args.stage_tokens is None:
@@ -309,12 +425,34 @@ def main(argv: list[str]) -> int:
     rows = []
     for kernel, run in runs.items():
         for n, r in sorted(run["by_tokens"].items(), key=lambda kv: int(kv[0])):
-            rows.append([f"{kernel} ({run['kernel']})", n, f"{r['core_s'] * 1e3:.0f}", f"{r['torch_s'] * 1e3:.0f}",
-                         f"{r['ratio']:.2f}", f"{r['capture_ratio']:.2f}", f"{r['core_gemm_fraction']:.0%}",
-                         f"{r['torch_gemm_fraction']:.0%}"])
-    print(table("Both kernels side by side (logits only; every activation: core / torch)",
-                ["kernel", "tokens", "core ms", "torch ms", "core / torch", "every activation", "core % of GEMM",
-                 "torch % of GEMM"], rows))
+            rows.append(
+                [
+                    f"{kernel} ({run['kernel']})",
+                    n,
+                    f"{r['core_s'] * 1e3:.0f}",
+                    f"{r['torch_s'] * 1e3:.0f}",
+                    f"{r['ratio']:.2f}",
+                    f"{r['capture_ratio']:.2f}",
+                    f"{r['core_gemm_fraction']:.0%}",
+                    f"{r['torch_gemm_fraction']:.0%}",
+                ]
+            )
+    print(
+        table(
+            "Both kernels side by side (logits only; every activation: core / torch)",
+            [
+                "kernel",
+                "tokens",
+                "core ms",
+                "torch ms",
+                "core / torch",
+                "every activation",
+                "core % of GEMM",
+                "torch % of GEMM",
+            ],
+            rows,
+        )
+    )
     for run in runs.values():
         print(budgets({int(n): r for n, r in run["by_tokens"].items()}, run["kernel"]))
     OUT.mkdir(parents=True, exist_ok=True)

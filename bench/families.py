@@ -36,8 +36,23 @@ import time
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from bench.common import (KERNELS, OUT, ROOT, Gemm, blas_info, forward_flops, header, load_average, median, run_main,
-                          table, under_kernels, verdict, wall_and_cpu, without_option)
+from bench.common import (
+    KERNELS,
+    OUT,
+    ROOT,
+    Gemm,
+    blas_info,
+    forward_flops,
+    header,
+    load_average,
+    median,
+    run_main,
+    table,
+    under_kernels,
+    verdict,
+    wall_and_cpu,
+    without_option,
+)
 from core import PRESETS, run_with_cache
 
 CFG = PRESETS["smollm2-135m"]
@@ -57,10 +72,19 @@ def write_checkpoint() -> None:
         return
     torch.manual_seed(0)
     c = CFG
-    hf = LlamaConfig(vocab_size=c.d_vocab, hidden_size=c.d_model, intermediate_size=c.d_mlp,
-                     num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads,
-                     num_key_value_heads=c.n_key_value_heads, head_dim=c.d_head, max_position_embeddings=c.n_ctx,
-                     rms_norm_eps=c.eps, rope_theta=c.rotary_base, tie_word_embeddings=True)
+    hf = LlamaConfig(
+        vocab_size=c.d_vocab,
+        hidden_size=c.d_model,
+        intermediate_size=c.d_mlp,
+        num_hidden_layers=c.n_layers,
+        num_attention_heads=c.n_heads,
+        num_key_value_heads=c.n_key_value_heads,
+        head_dim=c.d_head,
+        max_position_embeddings=c.n_ctx,
+        rms_norm_eps=c.eps,
+        rope_theta=c.rotary_base,
+        tie_word_embeddings=True,
+    )
     model = LlamaForCausalLM(hf)
     with torch.no_grad():  # norm gains are 1 at init: perturb them so that every array matters
         for p in model.parameters():
@@ -81,6 +105,7 @@ def load_core():
 
 # ---------------------------------------------------------------------------- speed
 
+
 def speed(args) -> dict:
     """Core vs torch under the kernel this process's OpenBLAS runs: prints its tables, returns its figures."""
     import torch
@@ -92,8 +117,10 @@ def speed(args) -> dict:
     torch.set_num_threads(threads)
     params = load_core()
     model = LlamaForCausalLM.from_pretrained(CHECKPOINT, dtype=torch.float32).eval()
-    print(f"threads: NumPy BLAS {blas_info()['blas_threads']}, torch {torch.get_num_threads()} "
-          f"(torch {torch.__version__}, attention {model.config._attn_implementation})\n")
+    print(
+        f"threads: NumPy BLAS {blas_info()['blas_threads']}, torch {torch.get_num_threads()} "
+        f"(torch {torch.__version__}, attention {model.config._attn_implementation})\n"
+    )
     ids = np.random.default_rng(1).integers(0, CFG.d_vocab, size=max(args.tokens))
 
     def core_forward(n: int, names=()):
@@ -121,21 +148,57 @@ def speed(args) -> dict:
         c_cpu, t_cpu = median([u for _, u in core_t]), median([u for _, u in torch_t])
         rate, c_best, t_best = max(rates), min(w for w, _ in core_t), min(w for w, _ in torch_t)  # best vs best
         flops = forward_flops(CFG, n)
-        rows.append([n, f"{c * 1e3:.0f}", f"{t * 1e3:.0f}", f"{c / t:.2f}", f"{c_cpu / t_cpu:.2f}", f"{flops / 1e9:.1f}",
-                     f"{rate / 1e9:.1f}", f"{flops / c_best / rate:.0%}", f"{flops / t_best / rate:.0%}"])
-        explorer = median([wall_and_cpu(lambda n=n: core_forward(n, names=None))[0]
-                           for _ in range(max(2, args.repeat // 2))])
+        rows.append(
+            [
+                n,
+                f"{c * 1e3:.0f}",
+                f"{t * 1e3:.0f}",
+                f"{c / t:.2f}",
+                f"{c_cpu / t_cpu:.2f}",
+                f"{flops / 1e9:.1f}",
+                f"{rate / 1e9:.1f}",
+                f"{flops / c_best / rate:.0%}",
+                f"{flops / t_best / rate:.0%}",
+            ]
+        )
+        explorer = median(
+            [wall_and_cpu(lambda n=n: core_forward(n, names=None))[0] for _ in range(max(2, args.repeat // 2))]
+        )
         cache_rows.append([n, f"{explorer * 1e3:.0f}"])
-        results[n] = {"core_s": c, "torch_s": t, "ratio": c / t, "cpu_ratio": c_cpu / t_cpu,
-                      "all_activations_s": explorer, "gflop": flops / 1e9, "gemm_gflops": rate / 1e9,
-                      "core_gemm_fraction": flops / c_best / rate, "torch_gemm_fraction": flops / t_best / rate}
-        print(f"  {n} tokens: core {c * 1e3:.0f} ms, torch {t * 1e3:.0f} ms, every activation {explorer * 1e3:.0f} ms",
-              flush=True)
+        results[n] = {
+            "core_s": c,
+            "torch_s": t,
+            "ratio": c / t,
+            "cpu_ratio": c_cpu / t_cpu,
+            "all_activations_s": explorer,
+            "gflop": flops / 1e9,
+            "gemm_gflops": rate / 1e9,
+            "core_gemm_fraction": flops / c_best / rate,
+            "torch_gemm_fraction": flops / t_best / rate,
+        }
+        print(
+            f"  {n} tokens: core {c * 1e3:.0f} ms, torch {t * 1e3:.0f} ms, every activation {explorer * 1e3:.0f} ms",
+            flush=True,
+        )
     print()
-    print(table(f"Forward pass, logits only (median of {args.repeat}, after a warm-up; GFLOP counts the causal "
-                f"half of attention; % of GEMM: each side's fastest pass against the fastest GEMM of the rounds)",
-                ["tokens", "core ms", "torch ms", "core / torch", "(CPU time)", "GFLOP", "GEMM GFLOP/s (best)",
-                 "core % of GEMM", "torch % of GEMM"], rows))
+    print(
+        table(
+            f"Forward pass, logits only (median of {args.repeat}, after a warm-up; GFLOP counts the causal "
+            f"half of attention; % of GEMM: each side's fastest pass against the fastest GEMM of the rounds)",
+            [
+                "tokens",
+                "core ms",
+                "torch ms",
+                "core / torch",
+                "(CPU time)",
+                "GFLOP",
+                "GEMM GFLOP/s (best)",
+                "core % of GEMM",
+                "torch % of GEMM",
+            ],
+            rows,
+        )
+    )
     print(table("Core keeping every activation (the explorer's run)", ["tokens", "core ms"], cache_rows))
     print(speed_budgets(results, blas_info()["kernel"]))
     print(f"load average at the end: {load_average()}\n")
@@ -147,16 +210,20 @@ def speed_budgets(results: dict, kernel: str) -> str:
     lines = [f"[{kernel}] budget core/torch <= {RATIO_BUDGET}: worst {worst:.2f} -> {verdict(worst <= RATIO_BUDGET)}"]
     if 128 in results:
         t = results[128]["all_activations_s"]
-        lines.append(f"[{kernel}] budget 128-token run keeping every activation <= {EXPLORER_BUDGET_S} s: "
-                     f"{t:.2f} s -> {verdict(t <= EXPLORER_BUDGET_S)}")
+        lines.append(
+            f"[{kernel}] budget 128-token run keeping every activation <= {EXPLORER_BUDGET_S} s: "
+            f"{t:.2f} s -> {verdict(t <= EXPLORER_BUDGET_S)}"
+        )
     return "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------------------- the explorer's view
 
 EXPLORER_TOKENS = 128  # the explorer page's limit (EXPLORER_EXPLORER_MAX_TOKENS)
-WORDS = ("the cat sat on a mat and dog log bird sang in tree while she he it was very big small red blue "
-         "green day night sun moon").split()
+WORDS = (
+    "the cat sat on a mat and dog log bird sang in tree while she he it was very big small red blue "
+    "green day night sun moon"
+).split()
 
 
 def explorer_models_dir():
@@ -189,10 +256,12 @@ def explorer_view(args) -> tuple[list, dict]:
     rows, out = [], {}
     with live_server(env=env, timeout_s=120) as server, httpx.Client(base_url=server.url, timeout=120) as http:
         asks = {
-            "explorer page (htmx update)": lambda: http.get("/", params={"model": model, "text": text},
-                                                           headers={"HX-Request": "true"}),
-            "explorer page, with rollout": lambda: http.get("/", params={"model": model, "text": text, "rollout": 1},
-                                                           headers={"HX-Request": "true"}),
+            "explorer page (htmx update)": lambda: http.get(
+                "/", params={"model": model, "text": text}, headers={"HX-Request": "true"}
+            ),
+            "explorer page, with rollout": lambda: http.get(
+                "/", params={"model": model, "text": text, "rollout": 1}, headers={"HX-Request": "true"}
+            ),
             "POST /api/v1/run (top_k 5)": lambda: http.post("/api/v1/run", json={"model": model, "text": text}),
         }
         for name, ask in asks.items():
@@ -200,8 +269,9 @@ def explorer_view(args) -> tuple[list, dict]:
             times = [wall_and_cpu(lambda ask=ask: ask().raise_for_status())[0] for _ in range(args.repeat)]
             m = median(times)
             out[name] = {"first_s": first, "median_s": m, "times_s": times}
-            rows.append([name, f"{first * 1e3:.0f}", f"{m * 1e3:.0f}", f"{min(times) * 1e3:.0f}",
-                         f"{max(times) * 1e3:.0f}"])
+            rows.append(
+                [name, f"{first * 1e3:.0f}", f"{m * 1e3:.0f}", f"{min(times) * 1e3:.0f}", f"{max(times) * 1e3:.0f}"]
+            )
             print(f"  {name}: median {m * 1e3:.0f} ms (first {first * 1e3:.0f} ms)", flush=True)
         n = len(http.post("/api/v1/run", json={"model": model, "text": text}).json()["token_ids"])
         assert n == EXPLORER_TOKENS, n
@@ -211,12 +281,19 @@ def explorer_view(args) -> tuple[list, dict]:
 def report_explorer(args) -> dict:
     rows, out = explorer_view(args)
     print()
-    print(table(f"The explorer's view of a SmolLM2-135M-shaped model at {EXPLORER_TOKENS} tokens, through a "
-                f"real server (ms; median of {args.repeat} after a warm-up)",
-                ["request", "first (loads)", "median", "min", "max"], rows))
+    print(
+        table(
+            f"The explorer's view of a SmolLM2-135M-shaped model at {EXPLORER_TOKENS} tokens, through a "
+            f"real server (ms; median of {args.repeat} after a warm-up)",
+            ["request", "first (loads)", "median", "min", "max"],
+            rows,
+        )
+    )
     t = out["explorer page (htmx update)"]["median_s"]
-    print(f"budget {EXPLORER_TOKENS}-token explorer view of a 135M model <= {EXPLORER_BUDGET_S} s: {t:.2f} s -> "
-          f"{verdict(t <= EXPLORER_BUDGET_S)}\n")
+    print(
+        f"budget {EXPLORER_TOKENS}-token explorer view of a 135M model <= {EXPLORER_BUDGET_S} s: {t:.2f} s -> "
+        f"{verdict(t <= EXPLORER_BUDGET_S)}\n"
+    )
     return out
 
 
@@ -261,8 +338,14 @@ def mem_available() -> int:
 class Worker:
     def __init__(self, mode: str):
         env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-        self.proc = subprocess.Popen([sys.executable, "-c", WORKER, str(CHECKPOINT), mode], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", WORKER, str(CHECKPOINT), mode],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=ROOT,
+        )
         self.stages: dict[str, dict] = {}
         self.read()  # imported
 
@@ -301,19 +384,40 @@ def memory() -> tuple[list, dict]:
                 s = second.stages
                 added_uss = s["ran 128 tokens"]["uss"] - s["imported"]["uss"]
                 added_rss = s["ran 128 tokens"]["rss"] - s["imported"]["rss"]
-                out[mode] = {"params_mb": s["bytes"]["params"] / mb, "mapped_mb": s["bytes"]["mapped"] / mb,
-                             "added_uss_mb": added_uss / mb, "added_rss_mb": added_rss / mb,
-                             "pss_mb": s["ran 128 tokens"]["pss"] / mb, "memavailable_drop_mb": drop / mb}
-                rows.append([f"second worker, weights {'memory-mapped' if mode == 'mmap' else 'copied'}",
-                             f"{s['bytes']['params'] / mb:.0f}", f"{s['bytes']['mapped'] / mb:.0f}",
-                             f"{added_rss / mb:.0f}", f"{added_uss / mb:.0f}", f"{s['ran 128 tokens']['pss'] / mb:.0f}",
-                             f"{drop / mb:.0f}"])
+                out[mode] = {
+                    "params_mb": s["bytes"]["params"] / mb,
+                    "mapped_mb": s["bytes"]["mapped"] / mb,
+                    "added_uss_mb": added_uss / mb,
+                    "added_rss_mb": added_rss / mb,
+                    "pss_mb": s["ran 128 tokens"]["pss"] / mb,
+                    "memavailable_drop_mb": drop / mb,
+                }
+                rows.append(
+                    [
+                        f"second worker, weights {'memory-mapped' if mode == 'mmap' else 'copied'}",
+                        f"{s['bytes']['params'] / mb:.0f}",
+                        f"{s['bytes']['mapped'] / mb:.0f}",
+                        f"{added_rss / mb:.0f}",
+                        f"{added_uss / mb:.0f}",
+                        f"{s['ran 128 tokens']['pss'] / mb:.0f}",
+                        f"{drop / mb:.0f}",
+                    ]
+                )
             finally:
                 second.close()
         f, ran = first.stages, first.stages["ran 128 tokens"]
-        rows.insert(0, ["first worker (mapped, after 128 tokens)", f"{f['bytes']['params'] / mb:.0f}",
-                        f"{f['bytes']['mapped'] / mb:.0f}", f"{(ran['rss'] - f['imported']['rss']) / mb:.0f}",
-                        f"{(ran['uss'] - f['imported']['uss']) / mb:.0f}", f"{ran['pss'] / mb:.0f}", "-"])
+        rows.insert(
+            0,
+            [
+                "first worker (mapped, after 128 tokens)",
+                f"{f['bytes']['params'] / mb:.0f}",
+                f"{f['bytes']['mapped'] / mb:.0f}",
+                f"{(ran['rss'] - f['imported']['rss']) / mb:.0f}",
+                f"{(ran['uss'] - f['imported']['uss']) / mb:.0f}",
+                f"{ran['pss'] / mb:.0f}",
+                "-",
+            ],
+        )
     finally:
         first.close()
     return rows, out
@@ -324,11 +428,18 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--tokens", type=int, nargs="+", default=[128, 512, 1024])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0, help="threads for both sides (0: NumPy's BLAS default)")
-    ap.add_argument("--kernels", nargs="+", default=list(KERNELS),
-                    help="OpenBLAS kernels for the speed part, each in a process of its own ('native': the CPU's own)")
+    ap.add_argument(
+        "--kernels",
+        nargs="+",
+        default=list(KERNELS),
+        help="OpenBLAS kernels for the speed part, each in a process of its own ('native': the CPU's own)",
+    )
     ap.add_argument("--skip-memory", action="store_true")
-    ap.add_argument("--explorer-only", action="store_true",
-                    help="only the explorer's view through a live server (needs the checkpoint, not torch)")
+    ap.add_argument(
+        "--explorer-only",
+        action="store_true",
+        help="only the explorer's view through a live server (needs the checkpoint, not torch)",
+    )
     ap.add_argument("--child-json", help=argparse.SUPPRESS)  # one kernel's speed part, started by under_kernels
     args = ap.parse_args(argv)
     if args.explorer_only:
@@ -353,12 +464,34 @@ def main(argv: list[str]) -> int:
     rows = []
     for kernel, run in runs.items():
         for n, r in sorted(run["speed"].items(), key=lambda kv: int(kv[0])):
-            rows.append([f"{kernel} ({run['kernel']})", n, f"{r['core_s'] * 1e3:.0f}", f"{r['torch_s'] * 1e3:.0f}",
-                         f"{r['ratio']:.2f}", f"{r['core_gemm_fraction']:.0%}", f"{r['torch_gemm_fraction']:.0%}",
-                         f"{r['all_activations_s'] * 1e3:.0f}"])
-    print(table("Both kernels side by side (logits only)", ["kernel", "tokens", "core ms", "torch ms", "core / torch",
-                                                            "core % of GEMM", "torch % of GEMM",
-                                                            "core, every activation ms"], rows))
+            rows.append(
+                [
+                    f"{kernel} ({run['kernel']})",
+                    n,
+                    f"{r['core_s'] * 1e3:.0f}",
+                    f"{r['torch_s'] * 1e3:.0f}",
+                    f"{r['ratio']:.2f}",
+                    f"{r['core_gemm_fraction']:.0%}",
+                    f"{r['torch_gemm_fraction']:.0%}",
+                    f"{r['all_activations_s'] * 1e3:.0f}",
+                ]
+            )
+    print(
+        table(
+            "Both kernels side by side (logits only)",
+            [
+                "kernel",
+                "tokens",
+                "core ms",
+                "torch ms",
+                "core / torch",
+                "core % of GEMM",
+                "torch % of GEMM",
+                "core, every activation ms",
+            ],
+            rows,
+        )
+    )
     for run in runs.values():
         print(speed_budgets({int(n): r for n, r in run["speed"].items()}, run["kernel"]))
     report = {"by_kernel": runs}
@@ -367,13 +500,19 @@ def main(argv: list[str]) -> int:
     if not args.skip_memory:
         mem_rows, mem = memory()
         print()
-        print(table("Memory of worker processes sharing one float32 checkpoint (MB); 'added' = after loading and "
-                    "128 tokens minus after import",
-                    ["worker", "params", "of which mapped", "added RSS", "added private (USS)", "PSS",
-                     "MemAvailable drop"], mem_rows))
+        print(
+            table(
+                "Memory of worker processes sharing one float32 checkpoint (MB); 'added' = after loading and "
+                "128 tokens minus after import",
+                ["worker", "params", "of which mapped", "added RSS", "added private (USS)", "PSS", "MemAvailable drop"],
+                mem_rows,
+            )
+        )
         added = max(mem["mmap"]["added_uss_mb"], mem["mmap"]["memavailable_drop_mb"])
-        print(f"budget second worker adds <= {SECOND_WORKER_BUDGET_MB} MB with mapped weights: {added:.0f} MB -> "
-              f"{verdict(added <= SECOND_WORKER_BUDGET_MB)}\n")
+        print(
+            f"budget second worker adds <= {SECOND_WORKER_BUDGET_MB} MB with mapped weights: {added:.0f} MB -> "
+            f"{verdict(added <= SECOND_WORKER_BUDGET_MB)}\n"
+        )
         report["memory"] = mem
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "families.json").write_text(json.dumps(report, indent=1))

@@ -37,11 +37,20 @@ RATIO_BUDGET = 1.0  # core's per-token latency / transformers'
 FIRST_TOKEN_BUDGET_MS = 300.0  # the page's request -> its first token on screen, shipped models
 SHIPPED = ("toy", "induction", "nasi-lemak", "python-docs")
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 # ---------------------------------------------------------------------------- 1. per-token latency
+
 
 def stamp() -> tuple[float, float]:
     return time.perf_counter(), time.process_time()
@@ -84,8 +93,14 @@ def torch_intervals(model, prompt: np.ndarray, n_new: int) -> tuple[list, list[i
 
     s = Stamps()
     with torch.inference_mode():
-        model.generate(torch.from_numpy(prompt[None]), do_sample=False, max_new_tokens=n_new, min_new_tokens=n_new,
-                       streamer=s, pad_token_id=0)
+        model.generate(
+            torch.from_numpy(prompt[None]),
+            do_sample=False,
+            max_new_tokens=n_new,
+            min_new_tokens=n_new,
+            streamer=s,
+            pad_token_id=0,
+        )
     return intervals(s.stamps), s.tokens
 
 
@@ -102,44 +117,69 @@ def latency(args) -> tuple[list, dict]:
     params = load_core()
     model = LlamaForCausalLM.from_pretrained(CHECKPOINT, dtype=torch.float32).eval()
     model.generation_config.eos_token_id = None  # write every token, as core does without stop ids
-    print(f"threads: NumPy BLAS {blas_info()['blas_threads']}, torch {torch.get_num_threads()} "
-          f"(torch {torch.__version__}, attention {model.config._attn_implementation})\n")
+    print(
+        f"threads: NumPy BLAS {blas_info()['blas_threads']}, torch {torch.get_num_threads()} "
+        f"(torch {torch.__version__}, attention {model.config._attn_implementation})\n"
+    )
     ids = np.random.default_rng(2).integers(0, CFG.d_vocab, size=max(args.tokens))
     rows, out = [], {}
     for n in args.tokens:
         prompt = ids[:n]
         core_intervals(params, CFG, prompt, 3, True), torch_intervals(model, prompt, 3)  # warm-up
-        sides = {"app": lambda p=prompt: core_intervals(params, CFG, p, args.new, attention=True),
-                 "bare": lambda p=prompt: core_intervals(params, CFG, p, args.new, attention=False),
-                 "torch": lambda p=prompt: torch_intervals(model, p, args.new)}
+        sides = {
+            "app": lambda p=prompt: core_intervals(params, CFG, p, args.new, attention=True),
+            "bare": lambda p=prompt: core_intervals(params, CFG, p, args.new, attention=False),
+            "torch": lambda p=prompt: torch_intervals(model, p, args.new),
+        }
         times: dict[str, list] = {k: [] for k in sides}
         agree = []
         for r in range(args.repeat):  # alternate, in a rotating order, so drifting machine load hits all alike
             tokens = {}
-            for name in list(sides)[r % 3:] + list(sides)[:r % 3]:
+            for name in list(sides)[r % 3 :] + list(sides)[: r % 3]:
                 t, tokens[name] = sides[name]()
                 times[name] += t
             agree.append(next((i for i, (a, b) in enumerate(zip(tokens["app"], tokens["torch"])) if a != b), args.new))
         app, bare, peer = times["app"], times["bare"], times["torch"]
         a, b, p = (median([w for w, _ in x]) for x in (app, bare, peer))
         a_cpu, p_cpu = median([c for _, c in app]), median([c for _, c in peer])
-        out[n] = {"core_app_ms": a * 1e3, "core_tokens_only_ms": b * 1e3, "torch_ms": p * 1e3, "ratio": a / p,
-                  "ratio_tokens_only": b / p, "cpu_ratio": a_cpu / p_cpu, "same_tokens_first": min(agree)}
-        rows.append([n, f"{a * 1e3:.1f}", f"{b * 1e3:.1f}", f"{p * 1e3:.1f}", f"{a / p:.2f}", f"{b / p:.2f}",
-                     f"{a_cpu / p_cpu:.2f}", f"{min(agree)} of {args.new}"])
+        out[n] = {
+            "core_app_ms": a * 1e3,
+            "core_tokens_only_ms": b * 1e3,
+            "torch_ms": p * 1e3,
+            "ratio": a / p,
+            "ratio_tokens_only": b / p,
+            "cpu_ratio": a_cpu / p_cpu,
+            "same_tokens_first": min(agree),
+        }
+        rows.append(
+            [
+                n,
+                f"{a * 1e3:.1f}",
+                f"{b * 1e3:.1f}",
+                f"{p * 1e3:.1f}",
+                f"{a / p:.2f}",
+                f"{b / p:.2f}",
+                f"{a_cpu / p_cpu:.2f}",
+                f"{min(agree)} of {args.new}",
+            ]
+        )
         print(f"  {n} tokens: core {a * 1e3:.1f} ms/token ({b * 1e3:.1f} tokens only), torch {p * 1e3:.1f}", flush=True)
     return rows, out
 
 
 # ---------------------------------------------------------------------------- 2. the first streamed token
 
+
 def first_tokens(args) -> tuple[list, dict]:
     import httpx
     from playwright.sync_api import sync_playwright
 
     rows, out = [], {}
-    with live_server(env={"EXPLORER_ACCESS_LOG": "false"}) as server, sync_playwright() as pw, \
-            httpx.Client(base_url=server.url, timeout=60) as http:
+    with (
+        live_server(env={"EXPLORER_ACCESS_LOG": "false"}) as server,
+        sync_playwright() as pw,
+        httpx.Client(base_url=server.url, timeout=60) as http,
+    ):
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         for model in SHIPPED:
@@ -165,10 +205,15 @@ def first_tokens(args) -> tuple[list, dict]:
             loads = [load() for _ in range(args.loads)]
             http_ms = [over_http() for _ in range(args.loads)]
             request_ms, nav_ms, h = median([a for a, _ in loads]), median([b for _, b in loads]), median(http_ms)
-            out[model] = {"request_to_first_token_ms": request_ms, "navigation_to_first_token_ms": nav_ms,
-                          "http_first_step_ms": h}
+            out[model] = {
+                "request_to_first_token_ms": request_ms,
+                "navigation_to_first_token_ms": nav_ms,
+                "http_first_step_ms": h,
+            }
             rows.append([model, f"{request_ms:.0f}", f"{nav_ms:.0f}", f"{h:.0f}"])
-            print(f"  {model}: request -> first token {request_ms:.0f} ms on the page, {h:.0f} ms over HTTP", flush=True)
+            print(
+                f"  {model}: request -> first token {request_ms:.0f} ms on the page, {h:.0f} ms over HTTP", flush=True
+            )
         browser.close()
     return rows, out
 
@@ -192,24 +237,49 @@ def main(argv: list[str]) -> int:
         transformers.logging.set_verbosity_error()
         rows, report["latency"] = latency(args)
         print()
-        print(table(f"Per-token latency of greedy generation, SmolLM2-135M-shaped Llama (ms between new tokens; "
-                    f"median of {args.new - 1} × {args.repeat}, after a warm-up)",
-                    ["prompt tokens", "core (as the app: attention + top-20)", "core (tokens only)",
-                     "transformers generate", "core / transformers", "(tokens only)", "(CPU time)",
-                     "same greedy tokens"], rows))
+        print(
+            table(
+                f"Per-token latency of greedy generation, SmolLM2-135M-shaped Llama (ms between new tokens; "
+                f"median of {args.new - 1} × {args.repeat}, after a warm-up)",
+                [
+                    "prompt tokens",
+                    "core (as the app: attention + top-20)",
+                    "core (tokens only)",
+                    "transformers generate",
+                    "core / transformers",
+                    "(tokens only)",
+                    "(CPU time)",
+                    "same greedy tokens",
+                ],
+                rows,
+            )
+        )
         worst = max(r["ratio"] for r in report["latency"].values())
-        print(f"budget core/transformers per token <= {RATIO_BUDGET}: worst {worst:.2f} -> "
-              f"{verdict(worst <= RATIO_BUDGET)}\n")
+        print(
+            f"budget core/transformers per token <= {RATIO_BUDGET}: worst {worst:.2f} -> "
+            f"{verdict(worst <= RATIO_BUDGET)}\n"
+        )
     if Path(CHROMIUM).exists():
         rows, report["first_token"] = first_tokens(args)
         print()
-        print(table(f"The first streamed token of the /generate page, shipped models, default text and settings "
-                    f"(ms; median of {args.loads} after a warm-up)",
-                    ["model", "page: request -> first token", "page: navigation -> first token",
-                     "HTTP: request -> first step event"], rows))
+        print(
+            table(
+                f"The first streamed token of the /generate page, shipped models, default text and settings "
+                f"(ms; median of {args.loads} after a warm-up)",
+                [
+                    "model",
+                    "page: request -> first token",
+                    "page: navigation -> first token",
+                    "HTTP: request -> first step event",
+                ],
+                rows,
+            )
+        )
         worst = max(r["request_to_first_token_ms"] for r in report["first_token"].values())
-        print(f"budget first token on the page <= {FIRST_TOKEN_BUDGET_MS:.0f} ms: worst {worst:.0f} ms -> "
-              f"{verdict(worst <= FIRST_TOKEN_BUDGET_MS)}\n")
+        print(
+            f"budget first token on the page <= {FIRST_TOKEN_BUDGET_MS:.0f} ms: worst {worst:.0f} ms -> "
+            f"{verdict(worst <= FIRST_TOKEN_BUDGET_MS)}\n"
+        )
     else:
         print(f"{CHROMIUM} is missing: the page's first token was not measured\n")
     OUT.mkdir(parents=True, exist_ok=True)

@@ -23,13 +23,27 @@ from urllib.parse import urlencode
 from locust import HttpUser, between, task
 
 ROOT = Path(__file__).resolve().parent.parent
-DEBOUNCE_S = float(re.search(r'id="text".*?data-debounce-ms="(\d+)"',
-                             (ROOT / "templates" / "explorer.html").read_text(encoding="utf-8"), re.S).group(1)) / 1000
+DEBOUNCE_S = (
+    float(
+        re.search(
+            r'id="text".*?data-debounce-ms="(\d+)"',
+            (ROOT / "templates" / "explorer.html").read_text(encoding="utf-8"),
+            re.S,
+        ).group(1)
+    )
+    / 1000
+)
 MINILM = "all-MiniLM-L6-v2"
 MINILM_SHARE = 0.2  # students who pick the pretrained encoder instead of the toy
-LESSONS = {"attention": ("d_k", [2, 3, 4]), "scaling": ("n_keys", [8, 16, 32]), "causal": ("seed", [0, 1, 2]),
-           "multihead": ("n_heads", [1, 2, 4]), "positions": ("n_pos", [20, 50, 80]), "params": ("preset", ["gpt2-small", "gpt2-xl"]),
-           "forward": ("d_mlp", [32, 64])}
+LESSONS = {
+    "attention": ("d_k", [2, 3, 4]),
+    "scaling": ("n_keys", [8, 16, 32]),
+    "causal": ("seed", [0, 1, 2]),
+    "multihead": ("n_heads", [1, 2, 4]),
+    "positions": ("n_pos", [20, 50, 80]),
+    "params": ("preset", ["gpt2-small", "gpt2-xl"]),
+    "forward": ("d_mlp", [32, 64]),
+}
 INSPECT = ["decompose", "lens", "detectors", "kvcache", "compare"]
 WORDS = "the cat sat on a mat and then it ran to see what the dog was doing in the warm sun".split()
 TOY_SHAPE = {"n_layers": 2, "n_heads": 4}  # the toy's (app/models/catalog.py); MiniLM: 6 layers of 12 heads
@@ -50,17 +64,35 @@ class Student(HttpUser):
 
     def form(self) -> dict:
         """The explorer form's fields as htmx sends them (a checkbox sends its hidden 0, then 1)."""
-        fields = [("text", self.text), ("model", self.model), ("causal", "0"), ("causal", "1"),
-                  ("scale", "0"), ("scale", "1"), ("layer", str(self.layer)), ("head", str(self.head)),
-                  ("ablate_method", "zero")]
+        fields = [
+            ("text", self.text),
+            ("model", self.model),
+            ("causal", "0"),
+            ("causal", "1"),
+            ("scale", "0"),
+            ("scale", "1"),
+            ("layer", str(self.layer)),
+            ("head", str(self.head)),
+            ("ablate_method", "zero"),
+        ]
         if self.model != MINILM:
-            fields += [("temperature", "1"), ("positional_embedding_type", "learned"), ("n_heads", "4"),
-                       ("d_model", "64"), ("n_layers", "2"), ("seed", "0")]
+            fields += [
+                ("temperature", "1"),
+                ("positional_embedding_type", "learned"),
+                ("n_heads", "4"),
+                ("d_model", "64"),
+                ("n_layers", "2"),
+                ("seed", "0"),
+            ]
         return fields
 
     def send(self, trigger: str, name: str) -> None:
-        headers = {"HX-Request": "true", "HX-Target": "results", "HX-Trigger-Name": trigger,
-                   "HX-Current-URL": self.host + "/"}
+        headers = {
+            "HX-Request": "true",
+            "HX-Target": "results",
+            "HX-Trigger-Name": trigger,
+            "HX-Current-URL": self.host + "/",
+        }
         with self.client.get("/?" + urlencode(self.form()), headers=headers, name=name, catch_response=True) as r:
             if r.status_code != 200:
                 r.failure(f"status {r.status_code}")
@@ -104,11 +136,13 @@ class Student(HttpUser):
         self.client.get(f"/lessons/{name}", name="lesson: open")
         field, values = LESSONS[name]
         headers = {"HX-Request": "true", "HX-Target": "results", "HX-Trigger-Name": field}
-        self.client.get(f"/lessons/{name}?" + urlencode({field: random.choice(values)}), headers=headers,
-                        name="lesson: change")
+        self.client.get(
+            f"/lessons/{name}?" + urlencode({field: random.choice(values)}), headers=headers, name="lesson: change"
+        )
 
     @task(1)
     def inspect(self) -> None:
         view = random.choice(INSPECT)
-        self.client.get("/inspect?" + urlencode({"view": view, "model": self.model, "text": self.text}),
-                        name="inspect: open")
+        self.client.get(
+            "/inspect?" + urlencode({"view": view, "model": self.model, "text": self.text}), name="inspect: open"
+        )

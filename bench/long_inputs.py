@@ -16,7 +16,7 @@ import html
 import re
 import time
 
-from bench.common import live_server, header, median, run_main, table
+from bench.common import header, live_server, median, run_main, table
 
 TEXT = "the cat sat on the mat. "  # the toy model is character-level: one character, one token
 
@@ -29,9 +29,14 @@ def limits() -> dict:
     from app.settings import get_settings
 
     s = get_settings()
-    return {"max_tokens": s.max_tokens, "max_text_chars": s.max_text_chars, "max_body_bytes": s.max_body_bytes,
-            "max_hook_values": s.max_hook_values, "explorer_max_tokens": s.explorer_max_tokens,
-            "explorer_max_values": s.explorer_max_values}
+    return {
+        "max_tokens": s.max_tokens,
+        "max_text_chars": s.max_text_chars,
+        "max_body_bytes": s.max_body_bytes,
+        "max_hook_values": s.max_hook_values,
+        "explorer_max_tokens": s.explorer_max_tokens,
+        "explorer_max_values": s.explorer_max_values,
+    }
 
 
 def main(argv: list[str]) -> int:
@@ -46,36 +51,103 @@ def main(argv: list[str]) -> int:
     run = "/api/v1/run"
     cases = [  # (what, method, path, json body or query params, extra headers)
         (f"run, {n} tokens, top_k only", "POST", run, {"model": "toy", "text": text(n)}, {}),
-        (f"run, {n} tokens, + hook_resid_post of each layer", "POST", run,
-         {"model": "toy", "text": text(n), "hooks": ["blocks.0.hook_resid_post", "blocks.1.hook_resid_post"]}, {}),
-        (f"run, {n} tokens, + one layer's hook_pattern", "POST", run,
-         {"model": "toy", "text": text(n), "hooks": ["blocks.0.attn.hook_pattern"]}, {}),
-        ("run, 256 tokens, + one layer's hook_pattern", "POST", run,
-         {"model": "toy", "text": text(256), "hooks": ["blocks.0.attn.hook_pattern"]}, {}),
+        (
+            f"run, {n} tokens, + hook_resid_post of each layer",
+            "POST",
+            run,
+            {"model": "toy", "text": text(n), "hooks": ["blocks.0.hook_resid_post", "blocks.1.hook_resid_post"]},
+            {},
+        ),
+        (
+            f"run, {n} tokens, + one layer's hook_pattern",
+            "POST",
+            run,
+            {"model": "toy", "text": text(n), "hooks": ["blocks.0.attn.hook_pattern"]},
+            {},
+        ),
+        (
+            "run, 256 tokens, + one layer's hook_pattern",
+            "POST",
+            run,
+            {"model": "toy", "text": text(256), "hooks": ["blocks.0.attn.hook_pattern"]},
+            {},
+        ),
         (f"run, {n + 1} tokens", "POST", run, {"model": "toy", "text": text(n + 1)}, {}),
-        (f"run, body over {lim['max_body_bytes']:,} bytes", "POST", run,
-         {"model": "toy", "text": text(lim["max_body_bytes"])}, {}),
+        (
+            f"run, body over {lim['max_body_bytes']:,} bytes",
+            "POST",
+            run,
+            {"model": "toy", "text": text(lim["max_body_bytes"])},
+            {},
+        ),
         # the explorer page (up to explorer_max_tokens, 1,024): 128 tokens is the peer
-        ("explorer page update (htmx), 128 tokens", "GET", "/", {"model": "toy", "text": text(128)},
-         {"HX-Request": "true"}),
-        (f"explorer page update (htmx), {lim['explorer_max_tokens']} tokens", "GET", "/",
-         {"model": "toy", "text": text(lim["explorer_max_tokens"])}, {"HX-Request": "true"}),
-        (f"explorer page update (htmx), {lim['explorer_max_tokens']} tokens, all four stages", "GET", "/",
-         {"model": "toy", "text": text(lim["explorer_max_tokens"]), "stages": "1"}, {"HX-Request": "true"}),
-        (f"explorer: the weights' exact values, 8 rows (a hover), {lim['explorer_max_tokens']} tokens", "GET", "/",
-         {"model": "toy", "text": text(lim["explorer_max_tokens"]), "values": "stage-weights", "rows": "512-520"}, {}),
-        (f"explorer: every value of the weights (a download), {lim['explorer_max_tokens']} tokens", "GET", "/",
-         {"model": "toy", "text": text(lim["explorer_max_tokens"]), "values": "stage-weights",
-          "rows": f"0-{lim['explorer_max_tokens']}"}, {}),
-        (f"explorer: head 1's colour levels (a click on it), {lim['explorer_max_tokens']} tokens", "GET", "/",
-         {"model": "toy", "text": text(lim["explorer_max_tokens"]), "levels": "head-1"}, {}),
-        (f"explorer whole page, {lim['explorer_max_tokens']} tokens", "GET", "/",
-         {"model": "toy", "text": text(lim["explorer_max_tokens"])}, {}),
-        (f"explorer page update (htmx), {lim['explorer_max_tokens'] + 1} tokens", "GET", "/",
-         {"model": "toy", "text": text(lim["explorer_max_tokens"] + 1)}, {"HX-Request": "true"}),
+        (
+            "explorer page update (htmx), 128 tokens",
+            "GET",
+            "/",
+            {"model": "toy", "text": text(128)},
+            {"HX-Request": "true"},
+        ),
+        (
+            f"explorer page update (htmx), {lim['explorer_max_tokens']} tokens",
+            "GET",
+            "/",
+            {"model": "toy", "text": text(lim["explorer_max_tokens"])},
+            {"HX-Request": "true"},
+        ),
+        (
+            f"explorer page update (htmx), {lim['explorer_max_tokens']} tokens, all four stages",
+            "GET",
+            "/",
+            {"model": "toy", "text": text(lim["explorer_max_tokens"]), "stages": "1"},
+            {"HX-Request": "true"},
+        ),
+        (
+            f"explorer: the weights' exact values, 8 rows (a hover), {lim['explorer_max_tokens']} tokens",
+            "GET",
+            "/",
+            {"model": "toy", "text": text(lim["explorer_max_tokens"]), "values": "stage-weights", "rows": "512-520"},
+            {},
+        ),
+        (
+            f"explorer: every value of the weights (a download), {lim['explorer_max_tokens']} tokens",
+            "GET",
+            "/",
+            {
+                "model": "toy",
+                "text": text(lim["explorer_max_tokens"]),
+                "values": "stage-weights",
+                "rows": f"0-{lim['explorer_max_tokens']}",
+            },
+            {},
+        ),
+        (
+            f"explorer: head 1's colour levels (a click on it), {lim['explorer_max_tokens']} tokens",
+            "GET",
+            "/",
+            {"model": "toy", "text": text(lim["explorer_max_tokens"]), "levels": "head-1"},
+            {},
+        ),
+        (
+            f"explorer whole page, {lim['explorer_max_tokens']} tokens",
+            "GET",
+            "/",
+            {"model": "toy", "text": text(lim["explorer_max_tokens"])},
+            {},
+        ),
+        (
+            f"explorer page update (htmx), {lim['explorer_max_tokens'] + 1} tokens",
+            "GET",
+            "/",
+            {"model": "toy", "text": text(lim["explorer_max_tokens"] + 1)},
+            {"HX-Request": "true"},
+        ),
     ]
     rows = []
-    with live_server(env={"EXPLORER_ACCESS_LOG": "false"}) as server, httpx.Client(base_url=server.url, timeout=120) as c:
+    with (
+        live_server(env={"EXPLORER_ACCESS_LOG": "false"}) as server,
+        httpx.Client(base_url=server.url, timeout=120) as c,
+    ):
         for what, method, path, payload, headers in cases:
             kw = {"json": payload} if method == "POST" else {"params": payload}
             times, r = [], None
@@ -91,10 +163,23 @@ def main(argv: list[str]) -> int:
                 except Exception:  # a page: its message in place of the figures
                     found = re.search(r'<p class="error">([^<]*)</p>', r.text)
                     detail = html.unescape(found.group(1) if found else r.text)[:90]
-            rows.append([what, r.status_code, f"{median(times) * 1e3:.0f}",
-                         f"{r.num_bytes_downloaded / 1024:.1f}", f"{len(r.content) / 1024:.1f}", detail])
-    print(table(f"Time per update and response size (median of {args.repeat}, after a warm-up)",
-                ["request", "status", "ms", "wire KB", "JSON/HTML KB", "message"], rows))
+            rows.append(
+                [
+                    what,
+                    r.status_code,
+                    f"{median(times) * 1e3:.0f}",
+                    f"{r.num_bytes_downloaded / 1024:.1f}",
+                    f"{len(r.content) / 1024:.1f}",
+                    detail,
+                ]
+            )
+    print(
+        table(
+            f"Time per update and response size (median of {args.repeat}, after a warm-up)",
+            ["request", "status", "ms", "wire KB", "JSON/HTML KB", "message"],
+            rows,
+        )
+    )
     print("limits (app/settings.py): " + ", ".join(f"{k} {v:,}" for k, v in lim.items()) + "\n")
     return 0
 

@@ -25,7 +25,7 @@ import itertools
 import threading
 import time
 
-from bench.common import live_server, header, run_main, table, verdict
+from bench.common import header, live_server, run_main, table, verdict
 
 MINILM = "all-MiniLM-L6-v2"
 SECOND_WORKER_BUDGET_MB = 30
@@ -33,9 +33,17 @@ SECOND_WORKER_BUDGET_MB = 30
 MIX = [
     ("GET", "/healthz", None),
     ("GET", "/api/v1/lessons/attention", None),
-    ("POST", "/api/v1/run", {"model": "toy", "text": "the cat sat on the mat", "hooks": ["blocks.0.attn.hook_pattern"]}),
+    (
+        "POST",
+        "/api/v1/run",
+        {"model": "toy", "text": "the cat sat on the mat", "hooks": ["blocks.0.attn.hook_pattern"]},
+    ),
     ("POST", "/api/v1/run", {"model": "toy", "text": "the cat sat on the mat. " * 40}),
-    ("POST", "/api/v1/run", {"model": MINILM, "text": "the cat sat on the mat", "hooks": ["blocks.0.attn.hook_pattern"]}),
+    (
+        "POST",
+        "/api/v1/run",
+        {"model": MINILM, "text": "the cat sat on the mat", "hooks": ["blocks.0.attn.hook_pattern"]},
+    ),
     ("GET", "/api/v1/lessons/multihead", None),
     ("GET", "/?text=the+cat+sat+on+the+mat", None),
     ("POST", "/api/v1/run", {"model": "spec-forward", "text": "nasi ", "top_k": 9}),
@@ -61,10 +69,12 @@ async def serve_mix(url: str, n: int, clients: int) -> dict[int, int]:
     statuses: dict[int, int] = {}
     requests = itertools.islice(itertools.cycle(MIX), n)
     async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+
         async def worker():
             for method, path, body in requests:  # the clients share one iterator
                 r = await client.request(method, path, json=body)
                 statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+
         await asyncio.gather(*(worker() for _ in range(clients)))
     return statuses
 
@@ -84,7 +94,9 @@ def weights_mapping(pid: int) -> dict[str, float]:
     for line in open(f"/proc/{pid}/smaps"):
         if not line[0].isupper():  # an address line starts a mapping: is it the weights file?
             mapping = line.rstrip().endswith(MINILM_WEIGHTS)
-        elif mapping and line.startswith(("Rss:", "Private_Clean:", "Private_Dirty:", "Shared_Clean:", "Shared_Dirty:")):
+        elif mapping and line.startswith(
+            ("Rss:", "Private_Clean:", "Private_Dirty:", "Shared_Clean:", "Shared_Dirty:")
+        ):
             key, kb = line.split()[:2]
             out["rss" if key == "Rss:" else "private" if key.startswith("Private") else "shared"] += int(kb) / 1024
     return out
@@ -124,28 +136,45 @@ def workers_memory(n_workers: int) -> dict:
 
         cpu0 = {p.pid: sum(p.cpu_times()[:2]) for p in workers}
         # every worker warmed by a toy run (the code paths imported, the first allocations made) ...
-        asyncio.run(until({"model": "toy", "text": "the cat sat on the mat"},
-                          lambda p: sum(p.cpu_times()[:2]) - cpu0[p.pid] > 0.05))
+        asyncio.run(
+            until(
+                {"model": "toy", "text": "the cat sat on the mat"},
+                lambda p: sum(p.cpu_times()[:2]) - cpu0[p.pid] > 0.05,
+            )
+        )
         warm = {p.pid: p.memory_full_info().uss / 2**20 for p in workers}
         pss_warm = sum(p.memory_full_info().pss for p in procs) / 2**20
         # ... then MiniLM run in every worker: proof is its weights file's pages touched in each
-        loaded = asyncio.run(until({"model": MINILM, "text": "the cat sat on the mat"},
-                                   lambda p: weights_mapping(p.pid)["rss"] > MINILM_TOUCHED_MB))
+        loaded = asyncio.run(
+            until(
+                {"model": MINILM, "text": "the cat sat on the mat"},
+                lambda p: weights_mapping(p.pid)["rss"] > MINILM_TOUCHED_MB,
+            )
+        )
         info = {p.pid: p.memory_full_info() for p in procs}
-        return {"workers": n_workers, "loaded_everywhere": loaded,
-                "pss_warm": pss_warm, "pss": sum(i.pss for i in info.values()) / 2**20,
-                "uss_warm": [warm[p.pid] for p in workers],
-                "uss": [info[p.pid].uss / 2**20 for p in workers],
-                "minilm_private": [info[p.pid].uss / 2**20 - warm[p.pid] for p in workers],
-                "mapping": [weights_mapping(p.pid) for p in workers]}
+        return {
+            "workers": n_workers,
+            "loaded_everywhere": loaded,
+            "pss_warm": pss_warm,
+            "pss": sum(i.pss for i in info.values()) / 2**20,
+            "uss_warm": [warm[p.pid] for p in workers],
+            "uss": [info[p.pid].uss / 2**20 for p in workers],
+            "minilm_private": [info[p.pid].uss / 2**20 - warm[p.pid] for p in workers],
+            "mapping": [weights_mapping(p.pid) for p in workers],
+        }
 
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--clients", type=int, default=8)
-    ap.add_argument("--workers", type=int, nargs="*", default=[1, 2],
-                    help="worker counts for the shared-weights table (none: skip it)")
+    ap.add_argument(
+        "--workers",
+        type=int,
+        nargs="*",
+        default=[1, 2],
+        help="worker counts for the shared-weights table (none: skip it)",
+    )
     args = ap.parse_args(argv)
     import httpx
 
@@ -176,35 +205,69 @@ def main(argv: list[str]) -> int:
         sampler.join()
         end, peak_sampled, peak_kernel = rss_mb(pid), max(samples), hwm_mb(pid)
 
-    print(table(f"RSS of the server (MB); {args.requests} requests of {len(MIX)} kinds from {args.clients} clients "
-                f"in {wall:.0f} s, statuses {dict(sorted(statuses.items()))}",
-                ["moment", "RSS MB"],
-                [["idle after start", f"{idle:.0f}"],
-                 [f"after loading {MINILM} (first run: {load_s:.1f} s)", f"{after_minilm:.0f}"],
-                 ["peak while serving (sampled every 50 ms)", f"{peak_sampled:.0f}"],
-                 ["peak over the process's life (kernel VmHWM)", f"{peak_kernel:.0f}"],
-                 ["after the requests", f"{end:.0f}"]]))
+    print(
+        table(
+            f"RSS of the server (MB); {args.requests} requests of {len(MIX)} kinds from {args.clients} clients "
+            f"in {wall:.0f} s, statuses {dict(sorted(statuses.items()))}",
+            ["moment", "RSS MB"],
+            [
+                ["idle after start", f"{idle:.0f}"],
+                [f"after loading {MINILM} (first run: {load_s:.1f} s)", f"{after_minilm:.0f}"],
+                ["peak while serving (sampled every 50 ms)", f"{peak_sampled:.0f}"],
+                ["peak over the process's life (kernel VmHWM)", f"{peak_kernel:.0f}"],
+                ["after the requests", f"{end:.0f}"],
+            ],
+        )
+    )
     if not args.workers:
         return 0
     runs = [workers_memory(n) for n in args.workers]
     mb = lambda xs: " / ".join(f"{x:.0f}" for x in xs)  # noqa: E731
-    rows = [[r["workers"], f"{r['pss_warm']:.0f}", f"{r['pss']:.0f}", mb(r["uss_warm"]), mb(r["uss"]),
-             mb(r["minilm_private"]), mb(m["rss"] for m in r["mapping"]), mb(m["shared"] for m in r["mapping"]),
-             "yes" if r["loaded_everywhere"] else "NO"] for r in runs]
-    print(table(f"Workers, each after a toy run and then after running {MINILM} (MB); the server's memory is "
-                "the sum of PSS over its processes",
-                ["workers", "server PSS, toy run", f"server PSS, {MINILM} run", "USS per worker, toy run",
-                 f"USS per worker, {MINILM} run", f"private memory {MINILM} added", "weights file pages mapped",
-                 "of them shared", "every worker ran it"], rows))
+    rows = [
+        [
+            r["workers"],
+            f"{r['pss_warm']:.0f}",
+            f"{r['pss']:.0f}",
+            mb(r["uss_warm"]),
+            mb(r["uss"]),
+            mb(r["minilm_private"]),
+            mb(m["rss"] for m in r["mapping"]),
+            mb(m["shared"] for m in r["mapping"]),
+            "yes" if r["loaded_everywhere"] else "NO",
+        ]
+        for r in runs
+    ]
+    print(
+        table(
+            f"Workers, each after a toy run and then after running {MINILM} (MB); the server's memory is "
+            "the sum of PSS over its processes",
+            [
+                "workers",
+                "server PSS, toy run",
+                f"server PSS, {MINILM} run",
+                "USS per worker, toy run",
+                f"USS per worker, {MINILM} run",
+                f"private memory {MINILM} added",
+                "weights file pages mapped",
+                "of them shared",
+                "every worker ran it",
+            ],
+            rows,
+        )
+    )
     by = {r["workers"]: r for r in runs}
     if 1 in by and 2 in by:
         weights = max(by[2]["minilm_private"])
-        print(f"budget {MINILM} adds <= {SECOND_WORKER_BUDGET_MB} MB to a second worker (its weights shared, "
-              f"memory-mapped): {weights:.0f} MB private -> "
-              f"{verdict(weights <= SECOND_WORKER_BUDGET_MB and by[2]['loaded_everywhere'])}")
-        print(f"the second worker as a whole (server PSS with 2 workers - with 1, {MINILM} run in each): "
-              f"{by[2]['pss'] - by[1]['pss']:.0f} MB, of which its own Python, NumPy and app "
-              f"(USS after the toy run) {min(by[2]['uss_warm']):.0f} MB\n")
+        print(
+            f"budget {MINILM} adds <= {SECOND_WORKER_BUDGET_MB} MB to a second worker (its weights shared, "
+            f"memory-mapped): {weights:.0f} MB private -> "
+            f"{verdict(weights <= SECOND_WORKER_BUDGET_MB and by[2]['loaded_everywhere'])}"
+        )
+        print(
+            f"the second worker as a whole (server PSS with 2 workers - with 1, {MINILM} run in each): "
+            f"{by[2]['pss'] - by[1]['pss']:.0f} MB, of which its own Python, NumPy and app "
+            f"(USS after the toy run) {min(by[2]['uss_warm']):.0f} MB\n"
+        )
     return 0
 
 

@@ -56,9 +56,12 @@ class TorchSweep:
 
     def _clean_inputs(self) -> list:
         seen = []
-        hooks = [b.register_forward_pre_hook(
-            lambda m, a, kw: seen.append((kw.get("hidden_states", a[0] if a else None)).clone()), with_kwargs=True)
-            for b in self.blocks]
+        hooks = [
+            b.register_forward_pre_hook(
+                lambda m, a, kw: seen.append((kw.get("hidden_states", a[0] if a else None)).clone()), with_kwargs=True
+            )
+            for b in self.blocks
+        ]
         try:
             self.model(input_ids=self.clean, use_cache=False)
         finally:
@@ -69,12 +72,14 @@ class TorchSweep:
     @staticmethod
     def _replace(value, rows, pos):
         """A pre-hook that puts value[:, pos] into its block's input (row by row for a batch)."""
+
         def hook(m, a, kw):
             x = (kw["hidden_states"] if "hidden_states" in kw else a[0]).clone()
             x[rows, pos] = value[0, pos]
             if "hidden_states" in kw:
                 return a, kw | {"hidden_states": x}
             return (x, *a[1:]), kw
+
         return hook
 
     def per_cell(self) -> np.ndarray:
@@ -129,21 +134,29 @@ def sweep_rows(args) -> tuple[list, dict]:
 
     grids = {"core": core_sweep(), "torch": peer.per_cell(), "torch batched": peer.batched()}
     worst = max(float(np.abs(grids["core"] - g).max()) for g in grids.values())
-    print(f"grids: {CFG.n_layers} layers x {n} positions; max |core - torch| over both torch grids: {worst:.2e} "
-          f"(logit differences of size {float(np.abs(grids['core']).max()):.1f})\n", flush=True)
+    print(
+        f"grids: {CFG.n_layers} layers x {n} positions; max |core - torch| over both torch grids: {worst:.2e} "
+        f"(logit differences of size {float(np.abs(grids['core']).max()):.1f})\n",
+        flush=True,
+    )
     if not worst < 1e-2:
         raise SystemExit("core and torch disagree: the timings below would compare different work")
 
-    sides = {"core (from the patched layer and position on)": core_sweep, "torch, one forward per cell": peer.per_cell,
-             "torch, one batched forward per layer": peer.batched}
+    sides = {
+        "core (from the patched layer and position on)": core_sweep,
+        "torch, one forward per cell": peer.per_cell,
+        "torch, one batched forward per layer": peer.batched,
+    }
     times = {name: [] for name in sides}
     for _ in range(args.repeat):  # the sides alternate, so drifting load weighs on each alike
         for name, fn in sides.items():
             times[name].extend(timed(fn, repeat=1, warmup=0))
     cells = CFG.n_layers * n
     base = median(times["torch, one forward per cell"])
-    rows = [[name, f"{median(t):.2f}", f"{median(t) / cells * 1e3:.1f}", f"{median(t) / base:.2f}"]
-            for name, t in times.items()]
+    rows = [
+        [name, f"{median(t):.2f}", f"{median(t) / cells * 1e3:.1f}", f"{median(t) / base:.2f}"]
+        for name, t in times.items()
+    ]
     ratio = median(times["core (from the patched layer and position on)"]) / base
     return rows, {"ratio": ratio}
 
@@ -157,19 +170,29 @@ def server_rows(args) -> tuple[list, dict]:
 
     from app.service.circuits import INDUCTION_PREFILL
 
-    body = {"model": "induction", "clean": INDUCTION_PREFILL.clean, "corrupted": INDUCTION_PREFILL.corrupted,
-            "answer": INDUCTION_PREFILL.answer, "wrong": INDUCTION_PREFILL.wrong}
+    body = {
+        "model": "induction",
+        "clean": INDUCTION_PREFILL.clean,
+        "corrupted": INDUCTION_PREFILL.corrupted,
+        "answer": INDUCTION_PREFILL.answer,
+        "wrong": INDUCTION_PREFILL.wrong,
+    }
     python = ROOT / ".venv" / "bin" / "python"
     rows, worst = [], 0.0
     env = {"EXPLORER_ACCESS_LOG": "false", "EXPLORER_TRAIN_WORKERS": "0"}
-    with liveserver.live_server(env=env, python=python if python.exists() else None) as server, \
-            httpx.Client(base_url=server.url, timeout=60) as client:
+    with (
+        liveserver.live_server(env=env, python=python if python.exists() else None) as server,
+        httpx.Client(base_url=server.url, timeout=60) as client,
+    ):
         for target in ("resid_pre", "attn_head", "attn_head_pos", "pattern"):
             request = body | {"target": target, "direction": "noise"}
             first = client.post("/api/v1/analysis/patching", json=request)
             first.raise_for_status()
-            times = timed(lambda request=request: client.post("/api/v1/analysis/patching", json=request),
-                          repeat=args.requests, warmup=2)
+            times = timed(
+                lambda request=request: client.post("/api/v1/analysis/patching", json=request),
+                repeat=args.requests,
+                warmup=2,
+            )
             p90 = sorted(times)[int(0.9 * (len(times) - 1))]
             worst = max(worst, median(times))
             rows.append([target, first.json()["passes"], f"{median(times) * 1e3:.0f}", f"{p90 * 1e3:.0f}"])
@@ -189,19 +212,37 @@ def main(argv: list[str]) -> int:
     header("Activation patching: a residual-stream sweep, core vs transformers with torch hooks")
     threadpool_limits(args.threads, user_api="blas")
     torch.set_num_threads(args.threads)
-    print(f"threads: NumPy BLAS {blas_info()['blas_threads']}, torch {torch.get_num_threads()} (torch "
-          f"{torch.__version__}); GPT-2-small-shaped weights (random), float32, {args.tokens} tokens\n", flush=True)
+    print(
+        f"threads: NumPy BLAS {blas_info()['blas_threads']}, torch {torch.get_num_threads()} (torch "
+        f"{torch.__version__}); GPT-2-small-shaped weights (random), float32, {args.tokens} tokens\n",
+        flush=True,
+    )
     rows, figures = sweep_rows(args)
-    print(table(f"Residual-stream sweep (resid_pre: {CFG.n_layers} layers x {args.tokens} positions, denoising), "
-                f"median of {args.repeat}, seconds", ["sweep", "s", "ms per cell", "/ torch per cell"], rows))
+    print(
+        table(
+            f"Residual-stream sweep (resid_pre: {CFG.n_layers} layers x {args.tokens} positions, denoising), "
+            f"median of {args.repeat}, seconds",
+            ["sweep", "s", "ms per cell", "/ torch per cell"],
+            rows,
+        )
+    )
     served, served_figures = server_rows(args)
-    print(table(f"The induction model's sweeps on the server (47 tokens, noising; POST /api/v1/analysis/patching, "
-                f"median and p90 of {args.requests} requests)", ["target", "patched runs", "median ms", "p90 ms"],
-                served))
-    print(f"budget core / torch (one forward per cell) <= {RATIO_BUDGET}: {figures['ratio']:.2f} -> "
-          f"{verdict(figures['ratio'] <= RATIO_BUDGET)}")
-    print(f"budget the induction model's slowest full sweep on the server < {SERVER_BUDGET_S * 1e3:.0f} ms: "
-          f"{served_figures['server_worst_s'] * 1e3:.0f} ms -> {verdict(served_figures['server_worst_s'] < SERVER_BUDGET_S)}")
+    print(
+        table(
+            f"The induction model's sweeps on the server (47 tokens, noising; POST /api/v1/analysis/patching, "
+            f"median and p90 of {args.requests} requests)",
+            ["target", "patched runs", "median ms", "p90 ms"],
+            served,
+        )
+    )
+    print(
+        f"budget core / torch (one forward per cell) <= {RATIO_BUDGET}: {figures['ratio']:.2f} -> "
+        f"{verdict(figures['ratio'] <= RATIO_BUDGET)}"
+    )
+    print(
+        f"budget the induction model's slowest full sweep on the server < {SERVER_BUDGET_S * 1e3:.0f} ms: "
+        f"{served_figures['server_worst_s'] * 1e3:.0f} ms -> {verdict(served_figures['server_worst_s'] < SERVER_BUDGET_S)}"
+    )
     print(f"\nload average at the end: {load_average()}\n")
     return 0
 

@@ -12,14 +12,36 @@ import io
 import sys
 import time
 
-from bench import (api_load, browser, classroom, core_vs_torch, families, generate, long_inputs, memory, patching,
-                   scale, training, training_live)
+from bench import (
+    api_load,
+    browser,
+    classroom,
+    core_vs_torch,
+    families,
+    generate,
+    long_inputs,
+    memory,
+    patching,
+    scale,
+    training,
+    training_live,
+)
 from bench.common import OUT
 
-BENCHMARKS = {"core_vs_torch": core_vs_torch, "training": training, "training_live": training_live,
-              "api_load": api_load, "browser": browser, "long_inputs": long_inputs, "memory": memory,
-              "families": families, "classroom": classroom, "generate": generate, "patching": patching,
-              "scale": scale}
+BENCHMARKS = {
+    "core_vs_torch": core_vs_torch,
+    "training": training,
+    "training_live": training_live,
+    "api_load": api_load,
+    "browser": browser,
+    "long_inputs": long_inputs,
+    "memory": memory,
+    "families": families,
+    "classroom": classroom,
+    "generate": generate,
+    "patching": patching,
+    "scale": scale,
+}
 
 
 class _Tee(io.TextIOBase):

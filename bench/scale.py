@@ -28,7 +28,7 @@ import time
 
 import httpx
 
-from bench.classroom import LOCUST, server_durations, served_as_make_serve
+from bench.classroom import LOCUST, served_as_make_serve, server_durations
 from bench.common import APP_PYTHON, OUT, ROOT, header, median, percentile, run_main, table
 from tests.scale import services
 
@@ -37,6 +37,7 @@ if APP_PYTHON.exists():
 
 
 # ------------------------------------------------------------------ 1. runs finished per minute
+
 
 def queue_and_wait(submit, status, ids: list[str], timeout_s: float) -> float:
     """Seconds from the first run queued to the last one done."""
@@ -58,29 +59,49 @@ def throughput_redis(redis: services.RedisServer, processes: int, runs: int, ste
     url = redis.url.rsplit("/", 1)[0] + f"/{db}"
     store = RedisStore(url, 2**30, Timing(60))
     with services.worker(url, train_workers=processes):
-        return queue_and_wait(lambda i: store.create(settings("induction", steps=steps, seed=1000 * db + i),
-                                                     client=f"bench-{i}")[0],
-                              lambda id: store.info(id).status, [""] * runs, 60 * runs)
+        return queue_and_wait(
+            lambda i: store.create(settings("induction", steps=steps, seed=1000 * db + i), client=f"bench-{i}")[0],
+            lambda id: store.info(id).status,
+            [""] * runs,
+            60 * runs,
+        )
 
 
 def throughput_folder(processes: int, runs: int, steps: int, seed0: int) -> float:
     from bench.common import live_server
 
-    with tempfile.TemporaryDirectory(prefix="bench-scale-runs-") as folder, live_server(env={
-            "EXPLORER_RUNS_DIR": folder, "EXPLORER_TRAIN_WORKERS": str(processes), "EXPLORER_ACCESS_LOG": "false",
-            "EXPLORER_TRAIN_MAX_PER_CLIENT": str(runs), "EXPLORER_TRAIN_MAX_RUNS": str(runs)}) as server, \
-            httpx.Client(base_url=server.url, timeout=60) as c:
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-scale-runs-") as folder,
+        live_server(
+            env={
+                "EXPLORER_RUNS_DIR": folder,
+                "EXPLORER_TRAIN_WORKERS": str(processes),
+                "EXPLORER_ACCESS_LOG": "false",
+                "EXPLORER_TRAIN_MAX_PER_CLIENT": str(runs),
+                "EXPLORER_TRAIN_MAX_RUNS": str(runs),
+            }
+        ) as server,
+        httpx.Client(base_url=server.url, timeout=60) as c,
+    ):
         return queue_and_wait(
-            lambda i: c.post("/api/v1/train", json={"recipe": "induction", "steps": steps, "seed": seed0 + i}).json()["id"],
-            lambda id: c.get(f"/api/v1/runs/{id}").json()["status"], [""] * runs, 60 * runs)
+            lambda i: c.post("/api/v1/train", json={"recipe": "induction", "steps": steps, "seed": seed0 + i}).json()[
+                "id"
+            ],
+            lambda id: c.get(f"/api/v1/runs/{id}").json()["status"],
+            [""] * runs,
+            60 * runs,
+        )
 
 
 # ------------------------------------------------------------------ 2. a record, from written to seen
 
+
 async def follow(url: str, id: str, seen: list[tuple[int, float]], ready: asyncio.Event, n: list[int]) -> None:
     """One client: every record event it is sent, with the time it arrived."""
-    async with httpx.AsyncClient(timeout=httpx.Timeout(120, read=120)) as client, \
-            client.stream("GET", f"{url}/api/v1/runs/{id}/events") as stream:
+    async with (
+        httpx.AsyncClient(timeout=httpx.Timeout(120, read=120)) as client,
+        client.stream("GET", f"{url}/api/v1/runs/{id}/events") as stream,
+    ):
         n[0] += 1
         if n[0] == n[1]:
             ready.set()
@@ -100,8 +121,9 @@ async def delays(base: str, direct: str, redis_url: str, clients: int, seed: int
     import redis
 
     async with httpx.AsyncClient(timeout=60) as c:
-        blocker = (await c.post(f"{direct}/api/v1/train", json={"recipe": "nasi-lemak", "steps": 100_000,
-                                                                   "seed": seed})).json()["id"]
+        blocker = (
+            await c.post(f"{direct}/api/v1/train", json={"recipe": "nasi-lemak", "steps": 100_000, "seed": seed})
+        ).json()["id"]
         while (await c.get(f"{direct}/api/v1/runs/{blocker}")).json()["status"] != "running":
             await asyncio.sleep(0.1)
         body = {"recipe": "nasi-lemak", "steps": 2000, "eval_interval": 20, "seed": seed}
@@ -121,8 +143,12 @@ async def delays(base: str, direct: str, redis_url: str, clients: int, seed: int
 
 def sse_delays(redis: services.RedisServer, clients: int) -> dict[str, list[float]]:
     url = redis.url.rsplit("/", 1)[0] + "/14"
-    with services.replica(url) as a, services.replica(url) as b, services.caddy([a.hostport, b.hostport]) as proxy, \
-            services.worker(url):
+    with (
+        services.replica(url) as a,
+        services.replica(url) as b,
+        services.caddy([a.hostport, b.hostport]) as proxy,
+        services.worker(url),
+    ):
         through = asyncio.run(delays(proxy.url, a.url, url, clients, seed=7001))
         direct = asyncio.run(delays(a.url, a.url, url, clients, seed=7002))
     return {"caddy": through, "direct": direct}
@@ -130,11 +156,30 @@ def sse_delays(redis: services.RedisServer, clients: int) -> dict[str, list[floa
 
 # ------------------------------------------------------------------ 3. a class of 60
 
+
 def play_class(host: str, students: int, seconds: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-scale-class-") as tmp:
-        cmd = [str(LOCUST), "-f", str(ROOT / "bench" / "locustfile.py"), "--headless", "--host", host,
-               "-u", str(students), "-r", str(max(1, students // 10)), "-t", f"{seconds}s", "--csv",
-               f"{tmp}/class", "--only-summary", "--loglevel", "WARNING", "--stop-timeout", "5"]
+        cmd = [
+            str(LOCUST),
+            "-f",
+            str(ROOT / "bench" / "locustfile.py"),
+            "--headless",
+            "--host",
+            host,
+            "-u",
+            str(students),
+            "-r",
+            str(max(1, students // 10)),
+            "-t",
+            f"{seconds}s",
+            "--csv",
+            f"{tmp}/class",
+            "--only-summary",
+            "--loglevel",
+            "WARNING",
+            "--stop-timeout",
+            "5",
+        ]
         done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=seconds + 120)
         if done.returncode not in (0, 1):
             raise RuntimeError(f"locust failed ({done.returncode}): {done.stderr[-2000:]}")
@@ -146,8 +191,11 @@ def play_class(host: str, students: int, seconds: int) -> dict:
 def classes(redis: services.RedisServer, students: int, seconds: int) -> list[list]:
     rows = []
     url = redis.url.rsplit("/", 1)[0] + "/15"
-    with services.replica(url, access_log="true") as a, services.replica(url, access_log="true") as b, \
-            services.caddy([a.hostport, b.hostport]) as proxy:
+    with (
+        services.replica(url, access_log="true") as a,
+        services.replica(url, access_log="true") as b,
+        services.caddy([a.hostport, b.hostport]) as proxy,
+    ):
         total = play_class(proxy.url, students, seconds)
         served = server_durations(a.log()) + server_durations(b.log())
         rows.append(class_row("2 replicas behind Caddy", students, seconds, total, served))
@@ -160,11 +208,20 @@ def classes(redis: services.RedisServer, students: int, seconds: int) -> list[li
 def class_row(name: str, students: int, seconds: int, total: dict, served: list) -> list:
     times = [d for _, _, d in served]
     errors = sum(1 for _, status, _ in served if status >= 400)
-    return [name, students, f"{len(times) / seconds:.1f}", f"{errors} + {total['Failure Count']}",
-            f"{percentile(times, 50):.0f}", f"{percentile(times, 95):.0f}", total["50%"], total["95%"]]
+    return [
+        name,
+        students,
+        f"{len(times) / seconds:.1f}",
+        f"{errors} + {total['Failure Count']}",
+        f"{percentile(times, 50):.0f}",
+        f"{percentile(times, 95):.0f}",
+        total["50%"],
+        total["95%"],
+    ]
 
 
 # ------------------------------------------------------------------ main
+
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -188,32 +245,81 @@ def main(argv: list[str]) -> int:
                     sides = [("celery", celery), ("folder", folder)][:: 1 if r % 2 == 0 else -1]
                     for side, times in sides:
                         db = 1 + i * args.repeat + r
-                        times.append(throughput_redis(redis, n, args.runs, args.steps, db=db) if side == "celery"
-                                     else throughput_folder(n, args.runs, args.steps, seed0=10_000 * db))
+                        times.append(
+                            throughput_redis(redis, n, args.runs, args.steps, db=db)
+                            if side == "celery"
+                            else throughput_folder(n, args.runs, args.steps, seed0=10_000 * db)
+                        )
                 c, f = median(celery), median(folder)
-                rows.append([n, args.runs, f"{60 * args.runs / c:.1f}", f"{60 * args.runs / f:.1f}", f"{f / c:.2f}",
-                             " ".join(f"{t:.0f}" for t in celery), " ".join(f"{t:.0f}" for t in folder)])
+                rows.append(
+                    [
+                        n,
+                        args.runs,
+                        f"{60 * args.runs / c:.1f}",
+                        f"{60 * args.runs / f:.1f}",
+                        f"{f / c:.2f}",
+                        " ".join(f"{t:.0f}" for t in celery),
+                        " ".join(f"{t:.0f}" for t in folder),
+                    ]
+                )
                 out.setdefault("runs", []).append({"processes": n, "celery_s": celery, "folder_s": folder})
-            print(table(f"Runs finished per minute: {args.runs} induction runs of {args.steps} steps (distinct seeds) "
-                        f"queued at once; medians of {args.repeat}",
-                        ["training processes", "runs", "Celery + Redis runs/min", "embedded (runs folder) runs/min",
-                         "ratio", "Celery s (each)", "embedded s (each)"], rows))
+            print(
+                table(
+                    f"Runs finished per minute: {args.runs} induction runs of {args.steps} steps (distinct seeds) "
+                    f"queued at once; medians of {args.repeat}",
+                    [
+                        "training processes",
+                        "runs",
+                        "Celery + Redis runs/min",
+                        "embedded (runs folder) runs/min",
+                        "ratio",
+                        "Celery s (each)",
+                        "embedded s (each)",
+                    ],
+                    rows,
+                )
+            )
         if "events" not in args.skip:
             d = sse_delays(redis, args.clients)
             out["events"] = {k: [percentile(v, q) for q in (50, 95, 100)] for k, v in d.items()}
-            print(table(f"A record, from written (its stream entry) to seen by each of {args.clients} SSE clients "
-                        "(ms; nasi-lemak, 101 records)",
-                        ["clients follow", "records seen", "p50", "p95", "max", "p95 ratio"],
-                        [[name, len(v), f"{1000 * median(v):.0f}", f"{1000 * percentile(v, 95):.0f}",
-                          f"{1000 * max(v):.0f}", f"{percentile(v, 95) / percentile(d['direct'], 95):.2f}"]
-                         for name, v in (("through Caddy, 2 replicas", d["caddy"]), ("1 replica, direct", d["direct"]))]))
+            print(
+                table(
+                    f"A record, from written (its stream entry) to seen by each of {args.clients} SSE clients "
+                    "(ms; nasi-lemak, 101 records)",
+                    ["clients follow", "records seen", "p50", "p95", "max", "p95 ratio"],
+                    [
+                        [
+                            name,
+                            len(v),
+                            f"{1000 * median(v):.0f}",
+                            f"{1000 * percentile(v, 95):.0f}",
+                            f"{1000 * max(v):.0f}",
+                            f"{percentile(v, 95) / percentile(d['direct'], 95):.2f}",
+                        ]
+                        for name, v in (("through Caddy, 2 replicas", d["caddy"]), ("1 replica, direct", d["direct"]))
+                    ],
+                )
+            )
         if "class" not in args.skip:
             rows = classes(redis, args.students, int(60 * args.minutes))
             out["class"] = rows
-            print(table(f"The explorer for a class of {args.students} for {args.minutes:g} min (server ms from the "
-                        "replicas' access logs; students' ms from Locust, through Caddy where there is one)",
-                        ["served by", "students", "req/s", "errors (server + Locust)", "server p50", "server p95",
-                         "students' p50", "students' p95"], rows))
+            print(
+                table(
+                    f"The explorer for a class of {args.students} for {args.minutes:g} min (server ms from the "
+                    "replicas' access logs; students' ms from Locust, through Caddy where there is one)",
+                    [
+                        "served by",
+                        "students",
+                        "req/s",
+                        "errors (server + Locust)",
+                        "server p50",
+                        "server p95",
+                        "students' p50",
+                        "students' p95",
+                    ],
+                    rows,
+                )
+            )
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "scale.json").write_text(json.dumps(out, indent=1))
     return 0

@@ -105,8 +105,10 @@ def loss(p, cfg, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 def make_optimizer(p, *, lr: float, betas, eps: float, weight_decay: float, **kwargs) -> torch.optim.AdamW:
     """AdamW with core's grouping: decay on 2-D arrays only (core.optim.ParamVector.decay_mask)."""
     ts = leaves(p)
-    groups = [{"params": [t for t in ts if t.ndim >= 2], "weight_decay": weight_decay},
-              {"params": [t for t in ts if t.ndim < 2], "weight_decay": 0.0}]
+    groups = [
+        {"params": [t for t in ts if t.ndim >= 2], "weight_decay": weight_decay},
+        {"params": [t for t in ts if t.ndim < 2], "weight_decay": 0.0},
+    ]
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=betas, eps=eps, **kwargs)
 
 

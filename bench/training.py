@@ -27,8 +27,22 @@ import time
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from bench.common import (KERNELS, OUT, Gemm, blas_info, forward_flops, header, load_average, median, run_main, table,
-                          under_kernels, verdict, wall_and_cpu, without_option)
+from bench.common import (
+    KERNELS,
+    OUT,
+    Gemm,
+    blas_info,
+    forward_flops,
+    header,
+    load_average,
+    median,
+    run_main,
+    table,
+    under_kernels,
+    verdict,
+    wall_and_cpu,
+    without_option,
+)
 from core import backprop
 from core.optim import AdamW, ParamVector
 from core.recipes import make_recipe, settings
@@ -61,8 +75,12 @@ def _torch_side(recipe, params, threads: int):
 def core_phases(phases: dict):
     """Adds to phases["forward"] the seconds core's training spends in backprop.forward and the loss, and to
     phases["backward"] those in the loss's gradient and backprop.backward (they are looked up by name)."""
-    phase = {"forward": "forward", "cross_entropy": "forward", "cross_entropy_backward": "backward",
-             "backward": "backward"}
+    phase = {
+        "forward": "forward",
+        "cross_entropy": "forward",
+        "cross_entropy_backward": "backward",
+        "backward": "backward",
+    }
     originals = {name: getattr(backprop, name) for name in phase}
 
     def timing(name, fn):
@@ -72,6 +90,7 @@ def core_phases(phases: dict):
                 return fn(*args, **kwargs)
             finally:
                 phases[phase[name]] = phases.get(phase[name], 0.0) + time.perf_counter() - t0
+
         return run
 
     for name, fn in originals.items():
@@ -104,14 +123,14 @@ def steps_per_second(case: str, threads: int, rounds: int, block: int) -> dict:
         gemm = Gemm()
         numpy_t, torch_t, rates = [], [], []
         for r in range(rounds):
-            chunk = batches[3 + r * block: 3 + (r + 1) * block]
+            chunk = batches[3 + r * block : 3 + (r + 1) * block]
             rates.append(gemm.measure())
             numpy_t.append(wall_and_cpu(lambda chunk=chunk: [numpy_step(b) for b in chunk]))
             torch_t.append(wall_and_cpu(lambda chunk=chunk: [torch_step(b, lr) for b in chunk]))
         # Where a step's time goes: the same batches again, each phase timed, summed over the rounds.
         numpy_phases, torch_phases = {}, {}
         for r in range(rounds):
-            chunk = batches[3 + r * block: 3 + (r + 1) * block]
+            chunk = batches[3 + r * block : 3 + (r + 1) * block]
             t0 = time.perf_counter()
             with core_phases(numpy_phases):
                 for b in chunk:
@@ -127,15 +146,28 @@ def steps_per_second(case: str, threads: int, rounds: int, block: int) -> dict:
     # The GEMM share best against best (each side's fastest block, the fastest GEMM): load swings single samples.
     rate, n_best, t_best = max(rates), min(w for w, _ in numpy_t) / block, min(w for w, _ in torch_t) / block
     steps = rounds * block
-    per_step = {side: {k: v / steps for k, v in ph.items()} for side, ph in (("numpy", numpy_phases),
-                                                                               ("torch", torch_phases))}
+    per_step = {
+        side: {k: v / steps for k, v in ph.items()} for side, ph in (("numpy", numpy_phases), ("torch", torch_phases))
+    }
     for ph in per_step.values():
         ph["rest"] = ph["step"] - ph["forward"] - ph["backward"]
-    return {"case": case, "threads": threads, "params": vector.size, "batch": s.batch_size, "seq_len": s.seq_len,
-            "numpy_steps_per_s": 1 / n, "torch_steps_per_s": 1 / t, "ratio": t / n, "cpu_ratio": t_cpu / n_cpu,
-            "first_loss_gap": gap, "gflop_per_step": flops / 1e9, "gemm_gflops": rate / 1e9,
-            "numpy_gemm_fraction": flops / n_best / rate, "torch_gemm_fraction": flops / t_best / rate,
-            "phases": per_step}
+    return {
+        "case": case,
+        "threads": threads,
+        "params": vector.size,
+        "batch": s.batch_size,
+        "seq_len": s.seq_len,
+        "numpy_steps_per_s": 1 / n,
+        "torch_steps_per_s": 1 / t,
+        "ratio": t / n,
+        "cpu_ratio": t_cpu / n_cpu,
+        "first_loss_gap": gap,
+        "gflop_per_step": flops / 1e9,
+        "gemm_gflops": rate / 1e9,
+        "numpy_gemm_fraction": flops / n_best / rate,
+        "torch_gemm_fraction": flops / t_best / rate,
+        "phases": per_step,
+    }
 
 
 def time_to_induction(threads: int) -> dict:
@@ -148,8 +180,13 @@ def time_to_induction(threads: int) -> dict:
                 reached = record
                 break
     wall = time.perf_counter() - t0
-    return {"threads": threads, "seconds": wall if reached else None, "step": reached.step if reached else None,
-            "score": reached.best_induction if reached else None, "steps_run": run.step}
+    return {
+        "threads": threads,
+        "seconds": wall if reached else None,
+        "step": reached.step if reached else None,
+        "score": reached.best_induction if reached else None,
+        "steps_run": run.step,
+    }
 
 
 def speed(args) -> dict:
@@ -164,23 +201,58 @@ def speed(args) -> dict:
         for threads in args.threads:
             r = steps_per_second(case, threads, args.rounds, args.block)
             results.append(r)
-            rows.append([case, f"{r['params']:,}", f"{r['batch']} x {r['seq_len']}", threads,
-                         f"{r['numpy_steps_per_s']:.1f}", f"{r['torch_steps_per_s']:.1f}", f"{r['ratio']:.2f}",
-                         f"{r['cpu_ratio']:.2f}", f"{r['numpy_gemm_fraction']:.0%}", f"{r['torch_gemm_fraction']:.0%}",
-                         f"{r['first_loss_gap']:.1e}"])
+            rows.append(
+                [
+                    case,
+                    f"{r['params']:,}",
+                    f"{r['batch']} x {r['seq_len']}",
+                    threads,
+                    f"{r['numpy_steps_per_s']:.1f}",
+                    f"{r['torch_steps_per_s']:.1f}",
+                    f"{r['ratio']:.2f}",
+                    f"{r['cpu_ratio']:.2f}",
+                    f"{r['numpy_gemm_fraction']:.0%}",
+                    f"{r['torch_gemm_fraction']:.0%}",
+                    f"{r['first_loss_gap']:.1e}",
+                ]
+            )
             for phase in ("forward", "backward", "rest", "step"):
                 a, b = r["phases"]["numpy"][phase], r["phases"]["torch"][phase]
                 phase_rows.append([case, threads, phase, f"{a * 1e3:.1f}", f"{b * 1e3:.1f}", f"{a / b:.2f}"])
-            print(f"  {case}, {threads} thread(s): NumPy {r['numpy_steps_per_s']:.1f} steps/s, "
-                  f"PyTorch {r['torch_steps_per_s']:.1f} ({r['ratio']:.2f}x; CPU time {r['cpu_ratio']:.2f}x)", flush=True)
+            print(
+                f"  {case}, {threads} thread(s): NumPy {r['numpy_steps_per_s']:.1f} steps/s, "
+                f"PyTorch {r['torch_steps_per_s']:.1f} ({r['ratio']:.2f}x; CPU time {r['cpu_ratio']:.2f}x)",
+                flush=True,
+            )
     print()
-    print(table("Training steps per second (float32; forward, backward, clipping, AdamW)",
-                ["recipe model", "parameters", "batch x seq", "threads", "NumPy steps/s", "PyTorch steps/s",
-                 "NumPy / PyTorch", "(CPU time)", "NumPy % of GEMM", "PyTorch % of GEMM", "first-loss gap"], rows))
-    print(table("Where a step's time goes (ms per step, the mean over the same blocks again; forward: the model "
-                "and the loss; backward: the loss's gradient and back through the model; rest: gradient "
-                "bookkeeping, clipping, AdamW)", ["recipe", "threads", "phase", "NumPy ms", "PyTorch ms",
-                                                  "NumPy / PyTorch"], phase_rows))
+    print(
+        table(
+            "Training steps per second (float32; forward, backward, clipping, AdamW)",
+            [
+                "recipe model",
+                "parameters",
+                "batch x seq",
+                "threads",
+                "NumPy steps/s",
+                "PyTorch steps/s",
+                "NumPy / PyTorch",
+                "(CPU time)",
+                "NumPy % of GEMM",
+                "PyTorch % of GEMM",
+                "first-loss gap",
+            ],
+            rows,
+        )
+    )
+    print(
+        table(
+            "Where a step's time goes (ms per step, the mean over the same blocks again; forward: the model "
+            "and the loss; backward: the loss's gradient and back through the model; rest: gradient "
+            "bookkeeping, clipping, AdamW)",
+            ["recipe", "threads", "phase", "NumPy ms", "PyTorch ms", "NumPy / PyTorch"],
+            phase_rows,
+        )
+    )
     print(training_budget(results, blas_info()["kernel"]))
     print(f"load average at the end: {load_average()}\n")
     return {"kernel": blas_info()["kernel"], "steps_per_s": results}
@@ -192,8 +264,10 @@ def training_budget(results: list[dict], kernel: str) -> str:
         return f"[{kernel}] budget NumPy/PyTorch >= {RATIO_BUDGET} at 1 thread: not measured\n"
     worst = min(r["ratio"] for r in one)
     each = ", ".join(f"{r['case']} {r['ratio']:.2f}" for r in one)
-    return (f"[{kernel}] budget NumPy/PyTorch >= {RATIO_BUDGET} at 1 thread: worst {worst:.2f} ({each}) -> "
-            f"{verdict(worst >= RATIO_BUDGET)}\n")
+    return (
+        f"[{kernel}] budget NumPy/PyTorch >= {RATIO_BUDGET} at 1 thread: worst {worst:.2f} ({each}) -> "
+        f"{verdict(worst >= RATIO_BUDGET)}\n"
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -203,8 +277,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--block", type=int, default=5, help="steps per timed block")
     ap.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
     ap.add_argument("--skip-induction", action="store_true")
-    ap.add_argument("--kernels", nargs="+", default=list(KERNELS),
-                    help="OpenBLAS kernels for the steps per second, each in a process of its own")
+    ap.add_argument(
+        "--kernels",
+        nargs="+",
+        default=list(KERNELS),
+        help="OpenBLAS kernels for the steps per second, each in a process of its own",
+    )
     ap.add_argument("--child-json", help=argparse.SUPPRESS)  # one kernel's run, started by under_kernels
     args = ap.parse_args(argv)
     if args.child_json:
@@ -212,18 +290,41 @@ def main(argv: list[str]) -> int:
             json.dump(speed(args), f)
         return 0
 
-    runs = under_kernels("training", without_option(without_option(argv, "--kernels"), "--skip-induction"),
-                         args.kernels)
+    runs = under_kernels(
+        "training", without_option(without_option(argv, "--kernels"), "--skip-induction"), args.kernels
+    )
     rows = []
     for kernel, run in runs.items():
         for r in run["steps_per_s"]:
             ph_n, ph_t = r["phases"]["numpy"], r["phases"]["torch"]
-            rows.append([f"{kernel} ({run['kernel']})", r["case"], r["threads"], f"{r['ratio']:.2f}",
-                         f"{ph_t['forward'] / ph_n['forward']:.2f}", f"{ph_t['backward'] / ph_n['backward']:.2f}",
-                         f"{r['numpy_gemm_fraction']:.0%}", f"{r['torch_gemm_fraction']:.0%}"])
-    print(table("Both kernels side by side (PyTorch time / NumPy time: above 1, NumPy is faster)",
-                ["kernel", "recipe", "threads", "steps/s NumPy / PyTorch", "forward", "backward", "NumPy % of GEMM",
-                 "PyTorch % of GEMM"], rows))
+            rows.append(
+                [
+                    f"{kernel} ({run['kernel']})",
+                    r["case"],
+                    r["threads"],
+                    f"{r['ratio']:.2f}",
+                    f"{ph_t['forward'] / ph_n['forward']:.2f}",
+                    f"{ph_t['backward'] / ph_n['backward']:.2f}",
+                    f"{r['numpy_gemm_fraction']:.0%}",
+                    f"{r['torch_gemm_fraction']:.0%}",
+                ]
+            )
+    print(
+        table(
+            "Both kernels side by side (PyTorch time / NumPy time: above 1, NumPy is faster)",
+            [
+                "kernel",
+                "recipe",
+                "threads",
+                "steps/s NumPy / PyTorch",
+                "forward",
+                "backward",
+                "NumPy % of GEMM",
+                "PyTorch % of GEMM",
+            ],
+            rows,
+        )
+    )
     for run in runs.values():
         print(training_budget(run["steps_per_s"], run["kernel"]))
 
@@ -234,13 +335,27 @@ def main(argv: list[str]) -> int:
         for threads in args.threads:
             r = time_to_induction(threads)
             induction.append(r)
-            rows.append([threads, "-" if r["seconds"] is None else f"{r['seconds']:.1f}", r["step"] or "not reached",
-                         "-" if r["score"] is None else f"{r['score']:.2f}"])
-        print(table(f"Wall-clock to a layer-1 induction score >= {INDUCTION_SCORE} (induction recipe defaults, "
-                    "evaluations included)", ["threads", "seconds", "step", "score"], rows))
+            rows.append(
+                [
+                    threads,
+                    "-" if r["seconds"] is None else f"{r['seconds']:.1f}",
+                    r["step"] or "not reached",
+                    "-" if r["score"] is None else f"{r['score']:.2f}",
+                ]
+            )
+        print(
+            table(
+                f"Wall-clock to a layer-1 induction score >= {INDUCTION_SCORE} (induction recipe defaults, "
+                "evaluations included)",
+                ["threads", "seconds", "step", "score"],
+                rows,
+            )
+        )
         ok = [r for r in induction if r["threads"] == 1 and r["seconds"] is not None]
-        print(f"budget <= {INDUCTION_BUDGET_S:.0f} s at 1 thread: "
-              f"{ok[0]['seconds'] if ok else 'not reached'} -> {verdict(bool(ok) and ok[0]['seconds'] <= INDUCTION_BUDGET_S)}\n")
+        print(
+            f"budget <= {INDUCTION_BUDGET_S:.0f} s at 1 thread: "
+            f"{ok[0]['seconds'] if ok else 'not reached'} -> {verdict(bool(ok) and ok[0]['seconds'] <= INDUCTION_BUDGET_S)}\n"
+        )
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "training.json").write_text(json.dumps({"by_kernel": runs, "induction": induction}, indent=1))
     return 0 if len(runs) == len(args.kernels) else 1

@@ -34,8 +34,10 @@ def latencies(client: httpx.Client, path: str, params: dict, headers: dict, n: i
 
 
 def measure(client: httpx.Client, n: int) -> dict[str, list[float]]:
-    return {"GET /healthz": latencies(client, "/healthz", {}, {}, n),
-            "explorer view (htmx, 43 tokens)": latencies(client, *EXPLORER, n)}
+    return {
+        "GET /healthz": latencies(client, "/healthz", {}, {}, n),
+        "explorer view (htmx, 43 tokens)": latencies(client, *EXPLORER, n),
+    }
 
 
 def progress_rate(client: httpx.Client, seconds: float) -> tuple[float, int, int]:
@@ -63,9 +65,18 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--seconds", type=float, default=10, help="how long to count progress events")
     args = ap.parse_args(argv)
     header("Training beside the pages: two runs in worker processes, 2 cores")
-    with tempfile.TemporaryDirectory(prefix="bench-runs-") as runs, live_server(env={
-            "EXPLORER_ACCESS_LOG": "false", "EXPLORER_RUNS_DIR": runs, "EXPLORER_TRAIN_WORKERS": "2",
-            "EXPLORER_TRAIN_MAX_PER_CLIENT": "4"}) as server, httpx.Client(base_url=server.url, timeout=120) as c:
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-runs-") as runs,
+        live_server(
+            env={
+                "EXPLORER_ACCESS_LOG": "false",
+                "EXPLORER_RUNS_DIR": runs,
+                "EXPLORER_TRAIN_WORKERS": "2",
+                "EXPLORER_TRAIN_MAX_PER_CLIENT": "4",
+            }
+        ) as server,
+        httpx.Client(base_url=server.url, timeout=120) as c,
+    ):
         measure(c, 5)  # warm-up: the model's weights, the page's first render
         idle = measure(c, args.requests)
         ids = [c.post("/api/v1/train", json=LONG | {"seed": seed}).json()["id"] for seed in (1, 2)]
@@ -79,16 +90,33 @@ def main(argv: list[str]) -> int:
             c.delete(f"/api/v1/runs/{i}")
         rows = []
         for name in idle:
-            rows.append([name, f"{median(idle[name]):.1f}", f"{percentile(idle[name], 95):.1f}",
-                         f"{median(busy[name]):.1f}", f"{percentile(busy[name], 95):.1f}",
-                         f"{percentile(busy[name], 95) / percentile(idle[name], 95):.1f}×"])
-        print(table(f"Latency, ms ({args.requests} requests each; the two runs had reached steps {steps})",
-                    ["request", "idle p50", "idle p95", "2 runs training p50", "p95", "p95 ratio"], rows))
+            rows.append(
+                [
+                    name,
+                    f"{median(idle[name]):.1f}",
+                    f"{percentile(idle[name], 95):.1f}",
+                    f"{median(busy[name]):.1f}",
+                    f"{percentile(busy[name], 95):.1f}",
+                    f"{percentile(busy[name], 95) / percentile(idle[name], 95):.1f}×",
+                ]
+            )
+        print(
+            table(
+                f"Latency, ms ({args.requests} requests each; the two runs had reached steps {steps})",
+                ["request", "idle p50", "idle p95", "2 runs training p50", "p95", "p95 ratio"],
+                rows,
+            )
+        )
         # give the two cancelled runs' workers a moment to stop before counting the default run's events
         time.sleep(2)
         rate, n, records = progress_rate(c, args.seconds)
-        print(table("The default induction run's event stream",
-                    ["progress events / s", "progress events", "records"], [[f"{rate:.1f}", n, records]]))
+        print(
+            table(
+                "The default induction run's event stream",
+                ["progress events / s", "progress events", "records"],
+                [[f"{rate:.1f}", n, records]],
+            )
+        )
     return 0
 
 

@@ -14,8 +14,8 @@ import numpy as np
 
 from .config import TransformerConfig
 from .errors import InputError
-from .model import Params, norm, unembedding
 from .i18n import _
+from .model import Params, norm, unembedding
 
 # ------------------------------------------------------------------ residual decomposition
 
@@ -42,8 +42,9 @@ class ResidualDecomposition:
         return np.linalg.norm(self.parts, axis=-1)
 
 
-def direct_logit_attribution(parts: np.ndarray, resid: np.ndarray, token: int, params: Params,
-                             cfg: TransformerConfig) -> tuple[np.ndarray, float, float]:
+def direct_logit_attribution(
+    parts: np.ndarray, resid: np.ndarray, token: int, params: Params, cfg: TransformerConfig
+) -> tuple[np.ndarray, float, float]:
     """Each part's direct contribution to `token`'s logit through the final norm and W_U.
 
     parts: [n_parts, d_model] summing to resid [d_model]. The final norm is linear except for
@@ -64,6 +65,7 @@ def direct_logit_attribution(parts: np.ndarray, resid: np.ndarray, token: int, p
 
 
 # ------------------------------------------------------------------ logit lens
+
 
 def lens_points(cfg: TransformerConfig) -> list[str]:
     """Where the lens reads the residual stream, in order.
@@ -98,6 +100,7 @@ def lens_logits(params: Params, cfg: TransformerConfig, resid: np.ndarray) -> np
 
 # ------------------------------------------------------------------ head detectors
 
+
 def previous_token_keys(tokens: np.ndarray) -> np.ndarray:
     """[query_pos, key_pos] True where key = query - 1."""
     n = len(tokens)
@@ -124,8 +127,11 @@ def induction_keys(tokens: np.ndarray) -> np.ndarray:
     return keys & np.tri(n, k=-1, dtype=bool)  # only earlier keys: the current token is no memory
 
 
-HEAD_DETECTORS = {"previous_token": previous_token_keys, "duplicate_token": duplicate_token_keys,
-                  "induction": induction_keys}
+HEAD_DETECTORS = {
+    "previous_token": previous_token_keys,
+    "duplicate_token": duplicate_token_keys,
+    "induction": induction_keys,
+}
 
 
 def detector_score(patterns: np.ndarray, keys: np.ndarray) -> np.ndarray:
@@ -167,6 +173,7 @@ def repeated_random_tokens(d_vocab: int, length: int, n_repeats: int = 2, seed: 
 
 # ------------------------------------------------------------------ attention rollout
 
+
 def attention_rollout(patterns: np.ndarray) -> np.ndarray:
     """Attention rollout (Abnar & Zuidema, 2020): how much each input token flows into each position.
 
@@ -176,8 +183,9 @@ def attention_rollout(patterns: np.ndarray) -> np.ndarray:
     [n_layers, query_pos, key_pos]; each row of each R_l sums to 1.
     """
     if patterns.ndim != 4 or patterns.shape[-1] != patterns.shape[-2]:
-        raise InputError(_("expected patterns [n_layers, head_index, pos, pos], got shape {shape}").format(
-                           shape=patterns.shape))
+        raise InputError(
+            _("expected patterns [n_layers, head_index, pos, pos], got shape {shape}").format(shape=patterns.shape)
+        )
     mixed = patterns.mean(axis=1) + np.eye(patterns.shape[-1])  # [n_layers, pos, pos]
     mixed /= mixed.sum(axis=-1, keepdims=True)
     rollout = np.empty_like(mixed)

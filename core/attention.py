@@ -13,8 +13,8 @@ import numpy as np
 
 from .errors import InputError
 from .functional import softmax, softmax_backward
-from .threads import SERIAL, Team
 from .i18n import _
+from .threads import SERIAL, Team
 
 
 class AttentionResult(NamedTuple):
@@ -48,8 +48,16 @@ def attention_scale(d_head: int, scale: bool = True, temperature: float = 1.0) -
     return (math.sqrt(d_head) if scale else 1.0) * temperature
 
 
-def reference_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool = False, scale: bool = True,
-                        temperature: float = 1.0, window: int | None = None) -> AttentionResult:
+def reference_attention(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    *,
+    causal: bool = False,
+    scale: bool = True,
+    temperature: float = 1.0,
+    window: int | None = None,
+) -> AttentionResult:
     """softmax(Q Kᵀ / √d_k + mask) V, in the fewest lines: the formula as the spec writes it.
 
     The reference that the lessons teach from and that scaled_dot_product_attention, the blocked
@@ -102,11 +110,15 @@ def scaled_dot_product_attention(
     among its threads; each block's numbers are the same on any thread.
     """
     if temperature <= 0 or not math.isfinite(temperature):
-        raise InputError(_("temperature must be a positive finite number, got {temperature}").format(
-                           temperature=temperature))
+        raise InputError(
+            _("temperature must be a positive finite number, got {temperature}").format(temperature=temperature)
+        )
     if window is not None and not (causal and window >= 1):
-        raise InputError(_("a local attention window ({window}) needs causal attention and a span of "
-                           "at least 1").format(window=window))
+        raise InputError(
+            _("a local attention window ({window}) needs causal attention and a span of at least 1").format(
+                window=window
+            )
+        )
     n_query, n_key = q.shape[-2], k.shape[-2]
     divisor = attention_scale(q.shape[-1], scale, temperature)
     # A divisor that is a power of two (√64 = 8, √16 = 4, or 1) scales exactly: each product and each partial
@@ -135,7 +147,7 @@ def scaled_dot_product_attention(
             s = part(scores)[..., start:stop, first:seen]
         else:
             memory = spare.pop() if spare else np.empty((*block_lead, QUERY_BLOCK, n_key), np.result_type(q, k))
-            s = (memory[:heads.stop - heads.start] if split else memory)[..., :rows, :seen - first]
+            s = (memory[: heads.stop - heads.start] if split else memory)[..., :rows, : seen - first]
         q_block = part(q)[..., start:stop, :]
         if exact_scale and divisor != 1:  # (Q / divisor) Kᵀ: QKᵀ / divisor's numbers, from 64 rows, not the scores
             q_block = np.multiply(q_block, q_block.dtype.type(1 / divisor))
@@ -180,8 +192,7 @@ def split_heads(x: np.ndarray, n_heads: int) -> np.ndarray:
     """[..., pos, n_heads * d_head] -> [..., n_heads, pos, d_head] (a view, no copy)."""
     *lead, pos, width = x.shape
     if width % n_heads:
-        raise InputError(_("width {width} is not divisible by n_heads={n_heads}").format(
-                           width=width, n_heads=n_heads))
+        raise InputError(_("width {width} is not divisible by n_heads={n_heads}").format(width=width, n_heads=n_heads))
     return np.swapaxes(x.reshape(*lead, pos, n_heads, width // n_heads), -2, -3)
 
 

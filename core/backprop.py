@@ -30,16 +30,29 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .attention import (BATCH_BLOCK_SCORES, attention_scale, causal_mask, local_mask, merge_heads,
-                        scaled_dot_product_attention_backward, split_heads)
+from .attention import (
+    BATCH_BLOCK_SCORES,
+    attention_scale,
+    causal_mask,
+    local_mask,
+    merge_heads,
+    scaled_dot_product_attention_backward,
+    split_heads,
+)
 from .config import TransformerConfig
-from .functional import (ACTIVATION_BACKWARDS, ACTIVATIONS, cross_entropy, cross_entropy_backward, layer_norm,
-                         layer_norm_backward, softmax)
-from .model import Params, unembedding
 from .errors import InputError
-from .positions import rotary, sinusoidal
+from .functional import (
+    ACTIVATION_BACKWARDS,
+    ACTIVATIONS,
+    cross_entropy,
+    cross_entropy_backward,
+    layer_norm,
+    layer_norm_backward,
+    softmax,
+)
 from .i18n import N_, _
-
+from .model import Params, unembedding
+from .positions import rotary, sinusoidal
 
 # ---------------------------------------------------------------------------- what training supports
 
@@ -66,22 +79,31 @@ class Only:
 # through a backward pass that ignores it: until it is classified it is accepted only at its default.
 TRAINABLE: dict[str, object] = {
     # Sizes: every array's shape follows them.
-    "d_model": ANY, "n_layers": ANY, "n_heads": ANY, "d_vocab": ANY, "n_ctx": ANY, "d_head": ANY, "d_mlp": ANY,
+    "d_model": ANY,
+    "n_layers": ANY,
+    "n_heads": ANY,
+    "d_vocab": ANY,
+    "n_ctx": ANY,
+    "d_head": ANY,
+    "d_mlp": ANY,
     "act_fn": Only(tuple(ACTIVATION_BACKWARDS), N_("core.functional has no backward pass for it")),
     "normalization_type": Only(("LN", "LNPre"), N_("the backward pass has layer norm's gradient, not RMS norm's")),
     "positional_embedding_type": ANY,
     "attention_dir": ANY,
     "use_attn_scale": ANY,
     "attn_temperature": ANY,
-    "block_type": Only(("pre_norm",), N_("the backward pass follows a pre-norm block; post-norm (BERT) is not "
-                                         "implemented")),
+    "block_type": Only(
+        ("pre_norm",), N_("the backward pass follows a pre-norm block; post-norm (BERT) is not implemented")
+    ),
     "bias": ANY,  # resolved into the four switches below, each implemented on its own
     "tied_embeddings": ANY,
     "n_token_types": Only((0,), N_("segment embeddings (BERT) receive no gradient here")),
     "eps": ANY,
     "attn_only": ANY,
-    "n_key_value_heads": Only(lambda cfg: (cfg.n_heads,), N_("grouped-query attention's shared keys and values "
-                                                            "are not implemented in the backward pass")),
+    "n_key_value_heads": Only(
+        lambda cfg: (cfg.n_heads,),
+        N_("grouped-query attention's shared keys and values are not implemented in the backward pass"),
+    ),
     "gated_mlp": Only((False,), N_("the gated (SwiGLU) MLP has no backward pass here")),
     "rotary_dim": ANY,
     "rotary_base": ANY,
@@ -99,8 +121,7 @@ TRAINABLE: dict[str, object] = {
 
 def _choices(values: tuple) -> str:
     words = [str(v) if isinstance(v, str) else repr(v) for v in values]
-    return words[0] if len(words) == 1 else _("{values} or {last}").format(values=", ".join(words[:-1]),
-                                                                            last=words[-1])
+    return words[0] if len(words) == 1 else _("{values} or {last}").format(values=", ".join(words[:-1]), last=words[-1])
 
 
 def check_trainable(cfg: TransformerConfig) -> None:
@@ -115,13 +136,19 @@ def check_trainable(cfg: TransformerConfig) -> None:
             continue
         if support is None:  # a field newer than this table: refused until the backward pass is checked
             if value != f.default:
-                problems.append(_("{name}={value!r} (the backward pass does not implement it yet): leave it at "
-                                  "{default!r}").format(name=f.name, value=value, default=f.default))
+                problems.append(
+                    _("{name}={value!r} (the backward pass does not implement it yet): leave it at {default!r}").format(
+                        name=f.name, value=value, default=f.default
+                    )
+                )
             continue
         allowed = support.allowed(cfg)
         if value not in allowed:
-            problems.append(_("{name}={value!r} ({why}): choose {choices}").format(
-                name=f.name, value=value, why=_(support.why), choices=_choices(allowed)))
+            problems.append(
+                _("{name}={value!r} ({why}): choose {choices}").format(
+                    name=f.name, value=value, why=_(support.why), choices=_choices(allowed)
+                )
+            )
     if problems:
         raise InputError(_("training does not support {problems}").format(problems=_("; nor ").join(problems)))
 
@@ -170,11 +197,17 @@ def _rotary(x: np.ndarray, cfg: TransformerConfig, sign: int = 1) -> np.ndarray:
     dimensions and pair layout); sign=-1 turns each pair back by the same angle, which is the
     backward pass: a rotation's transpose is its inverse, and the angle is linear in the position."""
     positions = np.arange(x.shape[-2])
-    return rotary(x, positions if sign > 0 else -positions, rotary_dim=cfg.rotary_dim, base=cfg.rotary_base,
-                  adjacent_pairs=cfg.rotary_adjacent_pairs)
+    return rotary(
+        x,
+        positions if sign > 0 else -positions,
+        rotary_dim=cfg.rotary_dim,
+        base=cfg.rotary_base,
+        adjacent_pairs=cfg.rotary_adjacent_pairs,
+    )
 
 
 # ---------------------------------------------------------------------------- forward
+
 
 def forward(params: Params, cfg: TransformerConfig, tokens: np.ndarray) -> tuple[np.ndarray, Saved]:
     """Logits [batch, pos, d_vocab] of token ids [batch, pos], and what backward needs."""
@@ -198,8 +231,9 @@ def forward(params: Params, cfg: TransformerConfig, tokens: np.ndarray) -> tuple
     return logits, Saved(tokens, layers, resid_final, x)
 
 
-def _block_forward(x: np.ndarray, block: dict, cfg: TransformerConfig,
-                   window: int | None = None) -> tuple[np.ndarray, LayerSaved]:
+def _block_forward(
+    x: np.ndarray, block: dict, cfg: TransformerConfig, window: int | None = None
+) -> tuple[np.ndarray, LayerSaved]:
     """x + attn(ln1(x)), then (unless attn_only) + mlp(ln2(·)) of that sum, or of x itself in a
     parallel block (GPT-NeoX).  # [batch, pos, d_model] -> same"""
     attn = block["attn"]
@@ -223,8 +257,9 @@ def _block_forward(x: np.ndarray, block: dict, cfg: TransformerConfig,
     return x + _linear(saved.mlp_post, mlp["W_out"], mlp.get("b_out")), saved
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, cfg: TransformerConfig,
-              window: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def attention(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, cfg: TransformerConfig, window: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """softmax(Q Kᵀ / divisor + mask) V for a batch: the pattern [batch, n_heads, query_pos, key_pos] and
     z [batch, n_heads, pos, d_head]. window: a local layer's span (cfg.window(layer); None: global).
 
@@ -256,6 +291,7 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, cfg: TransformerConfi
 
 
 # ---------------------------------------------------------------------------- backward
+
 
 def _linear_backward(dy: np.ndarray, x: np.ndarray, w: np.ndarray, has_bias: bool) -> tuple[np.ndarray, dict]:
     """For y = x @ w + b over [batch, pos, ...]: dx, and {"w": dw, "b": db} summed over batch and positions."""
@@ -327,8 +363,14 @@ def _block_backward(dx: np.ndarray, block: dict, s: LayerSaved, cfg: Transformer
     attn = block["attn"]
     dz, o = _linear_backward(dx, s.z, attn["W_O"], "b_O" in attn)  # dz [batch, pos, n_heads * d_head]
     dq, dk, dv = scaled_dot_product_attention_backward(
-        split_heads(dz, cfg.n_heads), s.q, s.k, s.v, s.pattern, scale=cfg.use_attn_scale,
-        temperature=cfg.attn_temperature)  # each [batch, n_heads, pos, d_head]
+        split_heads(dz, cfg.n_heads),
+        s.q,
+        s.k,
+        s.v,
+        s.pattern,
+        scale=cfg.use_attn_scale,
+        temperature=cfg.attn_temperature,
+    )  # each [batch, n_heads, pos, d_head]
     if cfg.positional_embedding_type == "rotary":
         dq, dk = _rotary(dq, cfg, sign=-1), _rotary(dk, cfg, sign=-1)
     n_batch, n_heads, n_pos, d_head = dq.shape
@@ -362,8 +404,10 @@ def embedding_backward(dx: np.ndarray, tokens: np.ndarray, d_vocab: int) -> np.n
 
 # ---------------------------------------------------------------------------- loss
 
-def loss_and_grads(params: Params, cfg: TransformerConfig, tokens: np.ndarray,
-                   targets: np.ndarray) -> tuple[float, Params]:
+
+def loss_and_grads(
+    params: Params, cfg: TransformerConfig, tokens: np.ndarray, targets: np.ndarray
+) -> tuple[float, Params]:
     """Mean cross-entropy of predicting targets [batch, pos] from tokens [batch, pos], and its gradients."""
     logits, saved = forward(params, cfg, tokens)
     loss, probs = cross_entropy(logits, targets)

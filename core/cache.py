@@ -26,8 +26,8 @@ from .attention import attention_scale
 from .config import TransformerConfig
 from .errors import InputError
 from .functional import softmax
-from .model import Ablation, KVCache, Params, forward, per_head_weights
 from .i18n import _
+from .model import Ablation, KVCache, Params, forward, per_head_weights
 
 
 def run_with_cache(
@@ -47,12 +47,14 @@ def run_with_cache(
     ablate replaces heads' outputs, logits=False stops before the unembedding, past_kv
     continues a sequence whose keys and values are cached (cache.past_kv then holds them all).
     """
-    out, activations, kv = forward(params, cfg, tokens, names=names, ablate=ablate, token_types=token_types,
-                                   logits=logits, past_kv=past_kv)
+    out, activations, kv = forward(
+        params, cfg, tokens, names=names, ablate=ablate, token_types=token_types, logits=logits, past_kv=past_kv
+    )
     return out, ActivationCache(activations, params, cfg, np.asarray(tokens), out, kv)
 
 
 # ------------------------------------------------------------------ what each question needs
+
 
 def stage_hooks(cfg: TransformerConfig, layer: int) -> list[str]:
     """The hooks `attention_stages` needs for one layer: queries and keys (rotated, for rotary),
@@ -92,6 +94,7 @@ def decomposition_hooks(cfg: TransformerConfig) -> list[str]:
 
 # ------------------------------------------------------------------ answers
 
+
 @dataclass(frozen=True)
 class AttentionStages:
     """One head's attention, stage by stage.  Every array is [query_pos, key_pos]."""
@@ -115,8 +118,15 @@ class ActivationCache(Mapping):
     """The activations of one run by hook name (a read-only mapping), with the run's parameters,
     config, tokens and logits, so that it can answer questions about the run."""
 
-    def __init__(self, activations: dict[str, np.ndarray], params: Params, cfg: TransformerConfig,
-                 tokens: np.ndarray, logits: np.ndarray | None, past_kv: KVCache):
+    def __init__(
+        self,
+        activations: dict[str, np.ndarray],
+        params: Params,
+        cfg: TransformerConfig,
+        tokens: np.ndarray,
+        logits: np.ndarray | None,
+        past_kv: KVCache,
+    ):
         self._activations = activations
         self.params = params
         self.cfg = cfg
@@ -147,9 +157,12 @@ class ActivationCache(Mapping):
         Under grouped-query attention the keys are those of the head's key/value head, cfg.kv_head(head)."""
         cfg = self.cfg
         if not (0 <= layer < cfg.n_layers and 0 <= head < cfg.n_heads):
-            raise InputError(_("layer {layer}, head {head} does not exist: the model has {n_layers} "
-                               "layer(s) of {n_heads} head(s), counted from 0").format(
-                               layer=layer, head=head, n_layers=cfg.n_layers, n_heads=cfg.n_heads))
+            raise InputError(
+                _(
+                    "layer {layer}, head {head} does not exist: the model has {n_layers} "
+                    "layer(s) of {n_heads} head(s), counted from 0"
+                ).format(layer=layer, head=head, n_layers=cfg.n_layers, n_heads=cfg.n_heads)
+            )
         q_name, k_name, scores_name, pattern_name = stage_hooks(cfg, layer)
         q = self[q_name][:, head]  # [pos, d_head]
         k = self[k_name][:, cfg.kv_head(head)]  # the key/value head this query head shares with its group
@@ -210,8 +223,9 @@ class ActivationCache(Mapping):
         parts_arr = np.stack(parts)  # [n_parts, d_model]
         resid = self[f"blocks.{cfg.n_layers - 1}.hook_resid_post"][pos]  # [d_model]
         direct_logit, logit_bias, scale = analysis.direct_logit_attribution(parts_arr, resid, token, params, cfg)
-        return analysis.ResidualDecomposition(pos, token, labels, parts_arr, direct_logit, logit_bias, scale,
-                                              float(self.logits[pos, token]))
+        return analysis.ResidualDecomposition(
+            pos, token, labels, parts_arr, direct_logit, logit_bias, scale, float(self.logits[pos, token])
+        )
 
     def logit_lens(self, k: int = 5) -> analysis.LogitLens:
         """Decode every point of `analysis.lens_points` as if it were the last (needs those hooks).
@@ -222,8 +236,9 @@ class ActivationCache(Mapping):
         cfg = self.cfg
         require_pre_norm(cfg, _("the logit lens"))
         if not isinstance(k, (int, np.integer)) or not 1 <= k <= cfg.d_vocab:
-            raise InputError(_("k={k!r} must be between 1 and the vocabulary size {d_vocab}").format(
-                               k=k, d_vocab=cfg.d_vocab))
+            raise InputError(
+                _("k={k!r} must be between 1 and the vocabulary size {d_vocab}").format(k=k, d_vocab=cfg.d_vocab)
+            )
         points = analysis.lens_points(cfg)
         n = self.tokens.size
         top_ids = np.empty((len(points), n, k), dtype=np.int64)
@@ -260,22 +275,31 @@ def top_k_ids(probs: np.ndarray, k: int) -> np.ndarray:
 
 # ------------------------------------------------------------------ checks
 
+
 def require_pre_norm(cfg: TransformerConfig, what: str) -> None:
     if cfg.block_type != "pre_norm":
-        raise InputError(_("{what} needs a pre-norm model (GPT-2 style, with a final layer norm); "
-                           "this model is {block_type}, whose residual stream is re-normalised in "
-                           "every block").format(what=what, block_type=cfg.block_type))
+        raise InputError(
+            _(
+                "{what} needs a pre-norm model (GPT-2 style, with a final layer norm); "
+                "this model is {block_type}, whose residual stream is re-normalised in "
+                "every block"
+            ).format(what=what, block_type=cfg.block_type)
+        )
 
 
 def check_position(pos: int, n: int) -> int:
     if not isinstance(pos, (int, np.integer)) or not -n <= pos < n:
-        raise InputError(_("position {pos!r} is outside the text's {n} tokens (use 0..{last}, or -1 for the "
-                           "last)").format(pos=pos, n=n, last=n - 1))
+        raise InputError(
+            _("position {pos!r} is outside the text's {n} tokens (use 0..{last}, or -1 for the last)").format(
+                pos=pos, n=n, last=n - 1
+            )
+        )
     return int(pos) % n
 
 
 def check_token(token: int, cfg: TransformerConfig) -> int:
     if not isinstance(token, (int, np.integer)) or not 0 <= token < cfg.d_vocab:
-        raise InputError(_("token id {token!r} is outside the vocabulary 0..{last}").format(
-                           token=token, last=cfg.d_vocab - 1))
+        raise InputError(
+            _("token id {token!r} is outside the vocabulary 0..{last}").format(token=token, last=cfg.d_vocab - 1)
+        )
     return int(token)

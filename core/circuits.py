@@ -44,9 +44,9 @@ from .attention import attention_scale
 from .cache import ActivationCache, check_position, require_pre_norm
 from .config import TransformerConfig
 from .errors import InputError
+from .i18n import _
 from .model import Params, per_head_weights, unembedding
 from .positions import rotary
-from .i18n import _
 
 # ------------------------------------------------------------------ what wrote the residual stream
 
@@ -96,8 +96,9 @@ def _norm_scale(x: np.ndarray, cfg: TransformerConfig) -> float:
     return float(np.sqrt(x.var() + cfg.eps))
 
 
-def _through_norm(parts: np.ndarray, resid: np.ndarray, ln: dict, cfg: TransformerConfig
-                  ) -> tuple[np.ndarray, np.ndarray | None]:
+def _through_norm(
+    parts: np.ndarray, resid: np.ndarray, ln: dict, cfg: TransformerConfig
+) -> tuple[np.ndarray, np.ndarray | None]:
     """Each part as the norm passes it with σ frozen at `resid`'s: (parts [n, d_model], the norm's bias or None)."""
     centred = parts if cfg.normalization_type in ("RMS", "RMSPre") else parts - parts.mean(-1, keepdims=True)
     out = centred / _norm_scale(resid, cfg)
@@ -105,6 +106,7 @@ def _through_norm(parts: np.ndarray, resid: np.ndarray, ln: dict, cfg: Transform
 
 
 # ------------------------------------------------------------------ QK circuit of one score
+
 
 @dataclass(frozen=True)
 class QKDecomposition:
@@ -133,9 +135,11 @@ class QKDecomposition:
         """The terms that involve a bias, summed by kind (0 where the model has none)."""
         q_bias, k_bias = self.query_parts[-1] == "bias", self.key_parts[-1] == "bias"
         c = self.contributions
-        return {"query bias × key parts": float(c[-1, :len(self.key_parts) - k_bias].sum()) if q_bias else 0.0,
-                "query parts × key bias": float(c[:len(self.query_parts) - q_bias, -1].sum()) if k_bias else 0.0,
-                "query bias × key bias": float(c[-1, -1]) if q_bias and k_bias else 0.0}
+        return {
+            "query bias × key parts": float(c[-1, : len(self.key_parts) - k_bias].sum()) if q_bias else 0.0,
+            "query parts × key bias": float(c[: len(self.query_parts) - q_bias, -1].sum()) if k_bias else 0.0,
+            "query bias × key bias": float(c[-1, -1]) if q_bias and k_bias else 0.0,
+        }
 
     def top_pairs(self, k: int = 3) -> list[tuple[str, str, float]]:
         """The k largest terms by size: (query part, key part, contribution)."""
@@ -149,8 +153,9 @@ def qk_hooks(cfg: TransformerConfig, layer: int) -> list[str]:
     return resid_parts_hooks(cfg, layer) + [f"blocks.{layer}.attn.hook_attn_scores"]
 
 
-def _side(parts: np.ndarray, resid: np.ndarray, cfg: TransformerConfig, attn: dict, ln: dict, which: str,
-          head: int, pos: int) -> tuple[np.ndarray, bool, float]:
+def _side(
+    parts: np.ndarray, resid: np.ndarray, cfg: TransformerConfig, attn: dict, ln: dict, which: str, head: int, pos: int
+) -> tuple[np.ndarray, bool, float]:
     """One side's vectors in the head's query (or key) space, one per part (and the bias last, if any).
     -> ([n, d_head], whether a bias row was added, σ)"""
     w = per_head_weights(attn, cfg)
@@ -168,8 +173,13 @@ def _side(parts: np.ndarray, resid: np.ndarray, cfg: TransformerConfig, attn: di
         total = vectors.sum(0)
         vectors = vectors / np.sqrt(np.mean(total * total) + cfg.eps) * attn[f"{which}_norm"]["w"]
     if cfg.positional_embedding_type == "rotary":  # each part turned by its side's position
-        vectors = rotary(vectors[:, None, :], np.array([pos]), rotary_dim=cfg.rotary_dim, base=cfg.rotary_base,
-                         adjacent_pairs=cfg.rotary_adjacent_pairs)[:, 0]
+        vectors = rotary(
+            vectors[:, None, :],
+            np.array([pos]),
+            rotary_dim=cfg.rotary_dim,
+            base=cfg.rotary_base,
+            adjacent_pairs=cfg.rotary_adjacent_pairs,
+        )[:, 0]
     return vectors, has_bias, _norm_scale(resid, cfg)
 
 
@@ -181,10 +191,10 @@ def _projection_bias(attn: dict, cfg: TransformerConfig, which: str, index: int)
         if attn["W_QKV"].ndim == 4:  # GPT-NeoX: per head, its q, k and v side by side
             return b.reshape(h, 3, dh)[index, 0 if which == "q" else 1]
         start = 0 if which == "q" else h * dh
-        return b[start + index * dh:start + (index + 1) * dh]
+        return b[start + index * dh : start + (index + 1) * dh]
     key = "b_Q" if which == "q" else "b_K"
     if key in attn:
-        return attn[key][index * dh:(index + 1) * dh]
+        return attn[key][index * dh : (index + 1) * dh]
     return None
 
 
@@ -193,17 +203,26 @@ def qk_decomposition(cache: ActivationCache, layer: int, head: int, query: int, 
     cfg, params = cache.cfg, cache.params
     require_pre_norm(cfg, _("the QK decomposition"))
     if not (0 <= layer < cfg.n_layers and 0 <= head < cfg.n_heads):
-        raise InputError(_("layer {layer}, head {head} does not exist: the model has {n_layers} "
-                           "layer(s) of {n_heads} head(s), counted from 0").format(
-                           layer=layer, head=head, n_layers=cfg.n_layers, n_heads=cfg.n_heads))
+        raise InputError(
+            _(
+                "layer {layer}, head {head} does not exist: the model has {n_layers} "
+                "layer(s) of {n_heads} head(s), counted from 0"
+            ).format(layer=layer, head=head, n_layers=cfg.n_layers, n_heads=cfg.n_heads)
+        )
     n = cache.tokens.size
     query, key = check_position(query, n), check_position(key, n)
     score = float(cache[f"blocks.{layer}.attn.hook_attn_scores"][head, query, key])
     if np.isneginf(score):
-        why = (_("after the query: the causal mask hides it") if key > query else
-               _("further back than this layer's window of {window} tokens").format(window=cfg.window(layer)))
-        raise InputError(_("key position {key} is {why} (its score is −∞): choose a key the query at "
-                           "{query} can see").format(key=key, why=why, query=query))
+        why = (
+            _("after the query: the causal mask hides it")
+            if key > query
+            else _("further back than this layer's window of {window} tokens").format(window=cfg.window(layer))
+        )
+        raise InputError(
+            _("key position {key} is {why} (its score is −∞): choose a key the query at {query} can see").format(
+                key=key, why=why, query=query
+            )
+        )
     block = params["blocks"][layer]
     q_labels, q_parts = resid_parts(cache, layer, query)
     k_labels, k_parts = resid_parts(cache, layer, key)
@@ -212,11 +231,22 @@ def qk_decomposition(cache: ActivationCache, layer: int, head: int, query: int, 
     k, k_bias, k_scale = _side(k_parts, resid[key], cfg, block["attn"], block["ln1"], "k", head, key)
     divisor = attention_scale(cfg.d_head, cfg.use_attn_scale, cfg.attn_temperature)
     contributions = (q @ k.T) / divisor  # [n_query_parts, n_key_parts]
-    return QKDecomposition(layer, head, query, key, q_labels + ["bias"] * q_bias, k_labels + ["bias"] * k_bias,
-                           contributions, score, q_scale, k_scale)
+    return QKDecomposition(
+        layer,
+        head,
+        query,
+        key,
+        q_labels + ["bias"] * q_bias,
+        k_labels + ["bias"] * k_bias,
+        contributions,
+        score,
+        q_scale,
+        k_scale,
+    )
 
 
 # ------------------------------------------------------------------ weights as the circuits read them
+
 
 def _centre(W: np.ndarray, cfg: TransformerConfig) -> np.ndarray:
     """A writing matrix's output centred across d_model (a layer norm removes the mean of what it reads)."""
@@ -286,8 +316,9 @@ BASELINE_SAMPLES = 64
 
 
 @functools.lru_cache(maxsize=64)
-def composition_baseline(d_model: int, d_head: int, samples: int = BASELINE_SAMPLES, seed: int = 0
-                         ) -> tuple[float, float]:
+def composition_baseline(
+    d_model: int, d_head: int, samples: int = BASELINE_SAMPLES, seed: int = 0
+) -> tuple[float, float]:
     """The composition score of Gaussian factors of these shapes: (mean, standard deviation)."""
     rng = np.random.default_rng(seed)
     scores = []
@@ -314,11 +345,13 @@ def composition_scores(params: Params, cfg: TransformerConfig) -> Composition:
         scores["k"][later, before] = composition_score(A1, B1, WK[later], Qt[later])  # W_QKᵀ = W_K W_Qᵀ
         scores["v"][later, before] = composition_score(A1, B1, WV[later], WO[later])
     mean, std = composition_baseline(cfg.d_model, cfg.d_head)
-    return Composition([f"L{la}H{h}" for la in range(L) for h in range(H)], scores["q"], scores["k"], scores["v"],
-                       mean, std)
+    return Composition(
+        [f"L{la}H{h}" for la in range(L) for h in range(H)], scores["q"], scores["k"], scores["v"], mean, std
+    )
 
 
 # ------------------------------------------------------------------ OV circuit and copying
+
 
 @dataclass(frozen=True)
 class OVCircuit:
@@ -352,9 +385,12 @@ def ov_circuit(params: Params, cfg: TransformerConfig, layer: int, head: int, so
     gains folded in and layer-norm centring (positions, scales and biases aside; see the module docstring)."""
     require_pre_norm(cfg, _("the OV circuit"))
     if not (0 <= layer < cfg.n_layers and 0 <= head < cfg.n_heads):
-        raise InputError(_("layer {layer}, head {head} does not exist: the model has {n_layers} "
-                           "layer(s) of {n_heads} head(s), counted from 0").format(
-                           layer=layer, head=head, n_layers=cfg.n_layers, n_heads=cfg.n_heads))
+        raise InputError(
+            _(
+                "layer {layer}, head {head} does not exist: the model has {n_layers} "
+                "layer(s) of {n_heads} head(s), counted from 0"
+            ).format(layer=layer, head=head, n_layers=cfg.n_layers, n_heads=cfg.n_heads)
+        )
     sources = np.asarray(sources, dtype=np.int64)
     if sources.ndim != 1 or ((sources < 0) | (sources >= cfg.d_vocab)).any():
         raise InputError(_("source tokens must be ids in 0..{last}").format(last=cfg.d_vocab - 1))

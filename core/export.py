@@ -29,8 +29,8 @@ import numpy as np
 
 from .config import TransformerConfig
 from .errors import InputError
-from .model import Params, unembedding
 from .i18n import _
+from .model import Params, unembedding
 
 ACTIVATION_NAMES = {"gelu_new": "gelu_new", "gelu": "gelu", "relu": "relu"}  # core -> transformers
 UNK = "[UNK]"
@@ -57,13 +57,24 @@ def gpt2_config(cfg: TransformerConfig, metadata: dict | None = None) -> dict:
     """config.json for GPT2LMHeadModel."""
     check_exportable(cfg)
     config = {
-        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
-        "vocab_size": cfg.d_vocab, "n_positions": cfg.n_ctx, "n_embd": cfg.d_model, "n_layer": cfg.n_layers,
-        "n_head": cfg.n_heads, "n_inner": 1 if cfg.attn_only else cfg.d_mlp,
-        "activation_function": ACTIVATION_NAMES[cfg.act_fn], "layer_norm_epsilon": cfg.eps,
-        "tie_word_embeddings": cfg.tied_embeddings, "scale_attn_weights": True,
-        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
-        "bos_token_id": None, "eos_token_id": None, "torch_dtype": "float32",
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": cfg.d_vocab,
+        "n_positions": cfg.n_ctx,
+        "n_embd": cfg.d_model,
+        "n_layer": cfg.n_layers,
+        "n_head": cfg.n_heads,
+        "n_inner": 1 if cfg.attn_only else cfg.d_mlp,
+        "activation_function": ACTIVATION_NAMES[cfg.act_fn],
+        "layer_norm_epsilon": cfg.eps,
+        "tie_word_embeddings": cfg.tied_embeddings,
+        "scale_attn_weights": True,
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "torch_dtype": "float32",
     }
     if cfg.attn_only:
         config["attn_only"] = True  # read by core.checkpoints: the zero MLP is not shown or run
@@ -81,34 +92,50 @@ def gpt2_tensors(params: Params, cfg: TransformerConfig) -> dict[str, np.ndarray
     ones, zeros = (lambda *shape: np.ones(shape, np.float32)), (lambda *shape: np.zeros(shape, np.float32))
 
     def ln(norm: dict, name: str) -> dict:  # LNPre: gain 1, bias 0
-        return {f"{name}.weight": f32(norm["w"]) if "w" in norm else ones(d),
-                f"{name}.bias": f32(norm["b"]) if "b" in norm else zeros(d)}
+        return {
+            f"{name}.weight": f32(norm["w"]) if "w" in norm else ones(d),
+            f"{name}.bias": f32(norm["b"]) if "b" in norm else zeros(d),
+        }
 
     def bias(block_part: dict, key: str, n: int) -> np.ndarray:
         return f32(block_part[key]) if key in block_part else zeros(n)
 
-    t = {"transformer.wte.weight": f32(params["embed"]["W_E"]),
-         "transformer.wpe.weight": f32(params["pos_embed"]["W_pos"])}
+    t = {
+        "transformer.wte.weight": f32(params["embed"]["W_E"]),
+        "transformer.wpe.weight": f32(params["pos_embed"]["W_pos"]),
+    }
     for layer, block in enumerate(params["blocks"]):
         h, attn = f"transformer.h.{layer}.", block["attn"]
         t |= ln(block["ln1"], h + "ln_1")
-        t |= {h + "attn.c_attn.weight": f32(attn["W_QKV"]), h + "attn.c_attn.bias": bias(attn, "b_QKV", 3 * d),
-              h + "attn.c_proj.weight": f32(attn["W_O"]), h + "attn.c_proj.bias": bias(attn, "b_O", d)}
+        t |= {
+            h + "attn.c_attn.weight": f32(attn["W_QKV"]),
+            h + "attn.c_attn.bias": bias(attn, "b_QKV", 3 * d),
+            h + "attn.c_proj.weight": f32(attn["W_O"]),
+            h + "attn.c_proj.bias": bias(attn, "b_O", d),
+        }
         if cfg.attn_only:  # an MLP of width 1 that adds exactly 0
-            t |= {h + "ln_2.weight": ones(d), h + "ln_2.bias": zeros(d),
-                  h + "mlp.c_fc.weight": zeros(d, 1), h + "mlp.c_fc.bias": zeros(1),
-                  h + "mlp.c_proj.weight": zeros(1, d), h + "mlp.c_proj.bias": zeros(d)}
+            t |= {
+                h + "ln_2.weight": ones(d),
+                h + "ln_2.bias": zeros(d),
+                h + "mlp.c_fc.weight": zeros(d, 1),
+                h + "mlp.c_fc.bias": zeros(1),
+                h + "mlp.c_proj.weight": zeros(1, d),
+                h + "mlp.c_proj.bias": zeros(d),
+            }
         else:
             mlp = block["mlp"]
             t |= ln(block["ln2"], h + "ln_2")
-            t |= {h + "mlp.c_fc.weight": f32(mlp["W_in"]), h + "mlp.c_fc.bias": bias(mlp, "b_in", cfg.d_mlp),
-                  h + "mlp.c_proj.weight": f32(mlp["W_out"]), h + "mlp.c_proj.bias": bias(mlp, "b_out", d)}
+            t |= {
+                h + "mlp.c_fc.weight": f32(mlp["W_in"]),
+                h + "mlp.c_fc.bias": bias(mlp, "b_in", cfg.d_mlp),
+                h + "mlp.c_proj.weight": f32(mlp["W_out"]),
+                h + "mlp.c_proj.bias": bias(mlp, "b_out", d),
+            }
     t |= ln(params["ln_final"], "transformer.ln_f")
     if not cfg.tied_embeddings:
         W_U, b_U = unembedding(params)
         if b_U is not None and np.any(b_U):
-            raise InputError(_("GPT-2's output layer has no bias: train with bias=False or tied "
-                               "embeddings"))
+            raise InputError(_("GPT-2's output layer has no bias: train with bias=False or tied embeddings"))
         t["lm_head.weight"] = f32(W_U.T)  # nn.Linear stores [out, in]
     return t
 
@@ -128,16 +155,22 @@ def char_tokenizer(vocab: tuple[str, ...], lowercase: bool = False):
     return tok
 
 
-def save_gpt2_folder(folder: str | Path, params: Params, cfg: TransformerConfig, recipe, settings,
-                     blas: dict | None = None) -> Path:
+def save_gpt2_folder(
+    folder: str | Path, params: Params, cfg: TransformerConfig, recipe, settings, blas: dict | None = None
+) -> Path:
     """Write the folder (replacing one already there, never leaving half of one). config.json's
     `transformer_explorer` section (the card) records the recipe, its settings, NumPy's and Python's
     versions and, when given, the BLAS the training ran on (core.train.blas_in_use)."""
     from safetensors.numpy import save_file
 
     folder = Path(folder)
-    metadata = {"recipe": settings.recipe, "settings": settings.to_dict(), "vocab": "".join(
-        c for c in recipe.vocab if c != UNK), "numpy": np.__version__, "python": platform.python_version()}
+    metadata = {
+        "recipe": settings.recipe,
+        "settings": settings.to_dict(),
+        "vocab": "".join(c for c in recipe.vocab if c != UNK),
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+    }
     if getattr(recipe, "text", None) is not None:
         from .recipes import text_hash
 
@@ -146,8 +179,11 @@ def save_gpt2_folder(folder: str | Path, params: Params, cfg: TransformerConfig,
         metadata["blas"] = blas
     config = gpt2_config(cfg, metadata)
     tokenizer = char_tokenizer(recipe.vocab, recipe.lowercase)
-    tok_config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.n_ctx,
-                  "clean_up_tokenization_spaces": False}
+    tok_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": cfg.n_ctx,
+        "clean_up_tokenization_spaces": False,
+    }
     if UNK in recipe.vocab:
         tok_config["unk_token"] = UNK
 

@@ -31,7 +31,10 @@ def softmax(z: np.ndarray, axis: int = -1, out: np.ndarray | None = None) -> np.
 
 
 def layer_norm(
-    x: np.ndarray, w: np.ndarray | None = None, b: np.ndarray | None = None, eps: float = 1e-5,
+    x: np.ndarray,
+    w: np.ndarray | None = None,
+    b: np.ndarray | None = None,
+    eps: float = 1e-5,
     out: np.ndarray | None = None,
 ) -> np.ndarray:  # [..., d] -> [..., d]
     """Normalise each vector to mean 0 and variance 1, then apply gain `w` and bias `b`; written into
@@ -51,8 +54,9 @@ def layer_norm(
     return out
 
 
-def rms_norm(x: np.ndarray, w: np.ndarray | None = None, eps: float = 1e-6,
-             out: np.ndarray | None = None) -> np.ndarray:  # [..., d] -> [..., d]
+def rms_norm(
+    x: np.ndarray, w: np.ndarray | None = None, eps: float = 1e-6, out: np.ndarray | None = None
+) -> np.ndarray:  # [..., d] -> [..., d]
     """Divide each vector by its root mean square, then apply gain `w` (Zhang & Sennrich, 2019);
     written into `out` if given.
 
@@ -70,6 +74,7 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
 # Each activation writes into `out` when given (a slice of an array the model allocated for all rows).
+
 
 def gelu_new(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """GELU in GPT-2's tanh form: 0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))."""
@@ -142,6 +147,7 @@ def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndar
 # same shape as the output) and returns the gradient with respect to its input(s): the chain rule
 # one function at a time. They use what the forward pass computed (its output, or its input) so
 # nothing is recomputed twice; core/backprop.py strings them together for a whole model.
+
 
 def row_sum(x: np.ndarray) -> np.ndarray:
     """Σ over the last axis, keeping it as size 1.  # [..., n] -> [..., 1]

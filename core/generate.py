@@ -28,9 +28,9 @@ import numpy as np
 
 from .config import TransformerConfig
 from .errors import InputError
+from .i18n import _
 from .model import KVCache, Params, check_tokens, forward
 from .sampling import Sampling, Warped, sample, sampler
-from .i18n import _
 
 SINK_THRESHOLD = 0.5  # a head is an attention sink for a token when over half its weight is on the first token
 
@@ -65,21 +65,37 @@ class GenerationStep:
 def check_generation(cfg: TransformerConfig, n_prompt: int, max_new_tokens: int) -> None:
     """Refuse what this model cannot generate: a bidirectional model, or more tokens than its context."""
     if not cfg.causal:
-        raise InputError(_("generation needs causal attention: a bidirectional model lets every new "
-                           "token change the earlier positions, so nothing can be cached, and it was "
-                           "not trained to predict the next token. Turn causal back on, or choose a "
-                           "decoder"))
+        raise InputError(
+            _(
+                "generation needs causal attention: a bidirectional model lets every new "
+                "token change the earlier positions, so nothing can be cached, and it was "
+                "not trained to predict the next token. Turn causal back on, or choose a "
+                "decoder"
+            )
+        )
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 0:
-        raise InputError(_("max_new_tokens must be a non-negative whole number, got "
-                           "{max_new_tokens!r}").format(max_new_tokens=max_new_tokens))
+        raise InputError(
+            _("max_new_tokens must be a non-negative whole number, got {max_new_tokens!r}").format(
+                max_new_tokens=max_new_tokens
+            )
+        )
     if n_prompt + max_new_tokens > cfg.n_ctx:
-        message = (_("{n} tokens of text + max_new_tokens={max_new_tokens} exceed the model's context of "
-                     "n_ctx={n_ctx} tokens: reduce max_new_tokens to at most {most} or shorten the text")
-                   if n_prompt > 1 else
-                   _("{n} tokens of text + max_new_tokens={max_new_tokens} exceed the model's context of "
-                     "n_ctx={n_ctx} tokens: reduce max_new_tokens to at most {most}"))
-        raise InputError(message.format(n=n_prompt, max_new_tokens=max_new_tokens, n_ctx=cfg.n_ctx,
-                                         most=max(cfg.n_ctx - n_prompt, 0)))
+        message = (
+            _(
+                "{n} tokens of text + max_new_tokens={max_new_tokens} exceed the model's context of "
+                "n_ctx={n_ctx} tokens: reduce max_new_tokens to at most {most} or shorten the text"
+            )
+            if n_prompt > 1
+            else _(
+                "{n} tokens of text + max_new_tokens={max_new_tokens} exceed the model's context of "
+                "n_ctx={n_ctx} tokens: reduce max_new_tokens to at most {most}"
+            )
+        )
+        raise InputError(
+            message.format(
+                n=n_prompt, max_new_tokens=max_new_tokens, n_ctx=cfg.n_ctx, most=max(cfg.n_ctx - n_prompt, 0)
+            )
+        )
 
 
 def read_prompt(params: Params, cfg: TransformerConfig, prompt: np.ndarray) -> KVCache:
@@ -90,8 +106,17 @@ def read_prompt(params: Params, cfg: TransformerConfig, prompt: np.ndarray) -> K
     return kv
 
 
-def generate(params: Params, cfg: TransformerConfig, prompt, max_new_tokens: int, sampling: Sampling = Sampling(),
-             *, seed: int = 0, stop_ids: Iterable[int] = (), attention: bool = True) -> Iterator[GenerationStep]:
+def generate(
+    params: Params,
+    cfg: TransformerConfig,
+    prompt,
+    max_new_tokens: int,
+    sampling: Sampling = Sampling(),
+    *,
+    seed: int = 0,
+    stop_ids: Iterable[int] = (),
+    attention: bool = True,
+) -> Iterator[GenerationStep]:
     """Continue the token ids `prompt` [pos] by up to max_new_tokens tokens, one GenerationStep each.
 
     sampling: temperature (0: greedy), top-k, top-p, repetition penalty; seed: the sampler's
@@ -116,8 +141,16 @@ def generate(params: Params, cfg: TransformerConfig, prompt, max_new_tokens: int
         context.append(token)
 
 
-def generate_ids(params: Params, cfg: TransformerConfig, prompt, max_new_tokens: int,
-                 sampling: Sampling = Sampling(), *, seed: int = 0, stop_ids: Iterable[int] = ()) -> np.ndarray:
+def generate_ids(
+    params: Params,
+    cfg: TransformerConfig,
+    prompt,
+    max_new_tokens: int,
+    sampling: Sampling = Sampling(),
+    *,
+    seed: int = 0,
+    stop_ids: Iterable[int] = (),
+) -> np.ndarray:
     """Only the new token ids [n_new] (no attention recorded): a notebook's one-liner."""
     steps = generate(params, cfg, prompt, max_new_tokens, sampling, seed=seed, stop_ids=stop_ids, attention=False)
     return np.array([s.token for s in steps], dtype=np.int64)

@@ -1,4 +1,4 @@
-"""A configurable Transformer, read top to bottom: parameters, hook names, block, forward.
+"""A configurable Transformer, read top to bottom: parameters, block, forward (hook names: core/hooks.py).
 
 Parameters are plain nested dicts of arrays whose keys are TransformerLens' names.
 The attention projections come in one of three layouts, whichever the weights were stored in,
@@ -27,15 +27,16 @@ from .attention import scaled_dot_product_attention, split_heads
 from .config import TransformerConfig
 from .errors import InputError
 from .functional import ACTIVATIONS, layer_norm, rms_norm, softmax
+from .i18n import _
 from .positions import rotary, sinusoidal
 from .threads import SERIAL, Team, team_for
-from .i18n import _
 
 Params = dict
 Ablation = Literal["zero", "mean"]
 
 
 # ---------------------------------------------------------------------------- parameters
+
 
 def init_params(cfg: TransformerConfig, seed: int = 0, dtype=np.float64) -> Params:
     """Random weights: N(0, 1/fan_in) matrices (as the spec initialises), zero biases, unit gains.
@@ -85,8 +86,9 @@ def init_params(cfg: TransformerConfig, seed: int = 0, dtype=np.float64) -> Para
             mlp = {"W_gate": matrix(d, d, dm)} | mlp
         if cfg.mlp_bias:
             mlp |= {"b_in": zeros(dm), "b_out": zeros(d)} | ({"b_gate": zeros(dm)} if cfg.gated_mlp else {})
-        blocks.append({"ln1": norm(), "attn": attn} if cfg.attn_only else
-                      {"ln1": norm(), "attn": attn, "ln2": norm(), "mlp": mlp})
+        blocks.append(
+            {"ln1": norm(), "attn": attn} if cfg.attn_only else {"ln1": norm(), "attn": attn, "ln2": norm(), "mlp": mlp}
+        )
     params["blocks"] = blocks
     if cfg.block_type == "pre_norm":
         params["ln_final"] = norm()
@@ -131,88 +133,18 @@ def per_head_weights(attn: Mapping, cfg: TransformerConfig) -> dict[str, np.ndar
         W_Q, W_K, W_V = (W[:, :, i].transpose(1, 0, 2) for i in range(3))
     elif "W_QKV" in attn:
         W = attn["W_QKV"]
-        W_Q, W_K, W_V = heads(W[:, :h * dh], h), heads(W[:, h * dh:(h + kv) * dh], kv), heads(W[:, (h + kv) * dh:], kv)
+        W_Q, W_K, W_V = (
+            heads(W[:, : h * dh], h),
+            heads(W[:, h * dh : (h + kv) * dh], kv),
+            heads(W[:, (h + kv) * dh :], kv),
+        )
     else:
         W_Q, W_K, W_V = heads(attn["W_Q"], h), heads(attn["W_K"], kv), heads(attn["W_V"], kv)
     return {"W_Q": W_Q, "W_K": W_K, "W_V": W_V, "W_O": attn["W_O"].reshape(h, dh, -1)}
 
 
-# ---------------------------------------------------------------------------- hook names
-
-def hook_names(cfg: TransformerConfig) -> list[str]:
-    """The activation names a full run caches, in the order the forward pass makes them."""
-    names = ["hook_embed"]
-    if cfg.positional_embedding_type in ("learned", "sinusoidal"):
-        names.append("hook_pos_embed")
-    if cfg.n_token_types:
-        names.append("hook_token_type_embed")
-    for layer in range(cfg.n_layers):
-        b = f"blocks.{layer}."
-        names += [b + "hook_resid_pre", b + "attn.hook_q", b + "attn.hook_k", b + "attn.hook_v"]
-        if cfg.positional_embedding_type == "rotary":
-            names += [b + "attn.hook_rot_q", b + "attn.hook_rot_k"]
-        names += [b + "attn.hook_attn_scores", b + "attn.hook_pattern", b + "attn.hook_z", b + "hook_attn_out"]
-        if not cfg.attn_only:  # an attention-only block adds attn_out straight to resid_post (as TransformerLens)
-            names += [b + "hook_resid_mid", b + "mlp.hook_pre"]
-            if cfg.gated_mlp:
-                names.append(b + "mlp.hook_pre_linear")
-            names += [b + "mlp.hook_post", b + "hook_mlp_out"]
-        names.append(b + "hook_resid_post")
-    if cfg.block_type == "pre_norm":
-        names.append("ln_final.hook_normalized")
-    return names
-
-
-# Shapes of each hook, in TransformerLens' axis names (no batch axis here). The head axis of
-# hook_k, hook_v and hook_rot_k counts key/value heads: n_key_value_heads, which is n_heads
-# except under grouped-query attention (hook_shape(name, cfg) then says kv_head_index).
-HOOK_SHAPES = {
-    "hook_embed": "[pos, d_model]",
-    "hook_pos_embed": "[pos, d_model]",
-    "hook_token_type_embed": "[pos, d_model]",
-    "hook_resid_pre": "[pos, d_model]",
-    "attn.hook_q": "[pos, head_index, d_head]",
-    "attn.hook_k": "[pos, head_index, d_head]",
-    "attn.hook_v": "[pos, head_index, d_head]",
-    "attn.hook_rot_q": "[pos, head_index, d_head]",
-    "attn.hook_rot_k": "[pos, head_index, d_head]",
-    "attn.hook_attn_scores": "[head_index, query_pos, key_pos]",
-    "attn.hook_pattern": "[head_index, query_pos, key_pos]",
-    "attn.hook_z": "[pos, head_index, d_head]",
-    "hook_attn_out": "[pos, d_model]",
-    "hook_resid_mid": "[pos, d_model]",
-    "mlp.hook_pre": "[pos, d_mlp]",  # x @ W_in, or x @ W_gate in a gated MLP (as TransformerLens names them)
-    "mlp.hook_pre_linear": "[pos, d_mlp]",  # gated MLP only: x @ W_in, multiplied by act(hook_pre)
-    "mlp.hook_post": "[pos, d_mlp]",
-    "hook_mlp_out": "[pos, d_model]",
-    "hook_resid_post": "[pos, d_model]",
-    "ln_final.hook_normalized": "[pos, d_model]",
-}
-
-
-KV_HOOKS = ("attn.hook_k", "attn.hook_v", "attn.hook_rot_k")  # their head axis counts key/value heads
-
-
-def hook_shape(name: str, cfg: TransformerConfig | None = None) -> str:
-    """The axis names of a hook: "blocks.3.attn.hook_q" -> "[pos, head_index, d_head]".
-
-    Given a config with grouped-query attention, the keys' and values' head axis is named
-    kv_head_index (n_key_value_heads long)."""
-    key = name.split(".", 2)[2] if name.startswith("blocks.") else name
-    if cfg is not None and key in KV_HOOKS and cfg.n_key_value_heads != cfg.n_heads:
-        return "[pos, kv_head_index, d_head]"
-    return HOOK_SHAPES[key]
-
-
-def hook_dims(name: str, cfg: TransformerConfig, n_tokens: int, n_keys: int | None = None) -> tuple[int, ...]:
-    """A hook's concrete shape for a run of `n_tokens` tokens (`n_keys`: with a KV cache's tokens too)."""
-    sizes = {"pos": n_tokens, "query_pos": n_tokens, "key_pos": n_tokens if n_keys is None else n_keys,
-             "head_index": cfg.n_heads, "kv_head_index": cfg.n_key_value_heads, "d_head": cfg.d_head,
-             "d_model": cfg.d_model, "d_mlp": cfg.d_mlp, "d_vocab": cfg.d_vocab}
-    return tuple(sizes[a] for a in hook_shape(name, cfg).strip("[]").split(", "))
-
-
 # ---------------------------------------------------------------------------- forward pass
+
 
 class _Recorder:
     """Collects activations by hook name; keeps references (no copies), only those asked for.
@@ -229,8 +161,18 @@ class _Recorder:
     # Activations that are dead before the next layer makes its own (nothing else points at them: the KV
     # cache holds the keys and values, the next layer reads hook_resid_post). Not kept, one array of each
     # serves every layer, so a long pass does not ask the kernel for fresh pages layer after layer.
-    REUSED = frozenset({"attn.hook_rot_q", "attn.hook_z", "hook_attn_out", "hook_resid_mid", "mlp.hook_pre",
-                        "mlp.hook_pre_linear", "mlp.hook_post", "hook_mlp_out"})
+    REUSED = frozenset(
+        {
+            "attn.hook_rot_q",
+            "attn.hook_z",
+            "hook_attn_out",
+            "hook_resid_mid",
+            "mlp.hook_pre",
+            "mlp.hook_pre_linear",
+            "mlp.hook_post",
+            "hook_mlp_out",
+        }
+    )
 
     def __init__(self, names: Iterable[str] | None, team: Team = SERIAL):
         self.wanted = None if names is None else set(names)
@@ -261,7 +203,7 @@ class _Recorder:
             else:
                 self._block = np.empty(self.BLOCK_BYTES + self.HUGE_PAGE, np.uint8)
                 self._used = -self._block.ctypes.data % self.HUGE_PAGE  # start on a huge-page boundary
-        out = self._block[self._used:self._used + nbytes].view(dtype).reshape(shape)
+        out = self._block[self._used : self._used + nbytes].view(dtype).reshape(shape)
         self._used += -(-nbytes // 64) * 64  # the next one starts 64-byte aligned
         return out
 
@@ -290,6 +232,7 @@ def norm(x: np.ndarray, ln: Mapping, cfg: TransformerConfig, team: Team = SERIAL
 
 def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, out: np.ndarray, team: Team = SERIAL) -> np.ndarray:
     """x @ w + b written into out, the team sharing the rows.  # [pos, d_in], [d_in, d_out] -> [pos, d_out]"""
+
     def rows(s: slice) -> None:
         np.matmul(x[s], w, out=out[s])
         if b is not None:
@@ -332,8 +275,9 @@ class KVCache:
         return sum(k.nbytes + v.nbytes for k, v in zip(self.keys, self.values))
 
 
-def project_qkv(x: np.ndarray, attn: Mapping, cfg: TransformerConfig, empty: Callable | None = None,
-                team: Team = SERIAL) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # [pos, d_model] -> q, k, v
+def project_qkv(
+    x: np.ndarray, attn: Mapping, cfg: TransformerConfig, empty: Callable | None = None, team: Team = SERIAL
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # [pos, d_model] -> q, k, v
     """Queries [n_heads, pos, d_head], keys and values [n_key_value_heads, pos, d_head], from
     whichever layout the weights are stored in (see the module docstring), every head in one product
     (or one each for Q, K and V); views of it, not copies.
@@ -349,16 +293,24 @@ def project_qkv(x: np.ndarray, attn: Mapping, cfg: TransformerConfig, empty: Cal
     if W is not None:  # columns [Q heads | K heads | V heads]
         qkv = linear(x, W, attn.get("b_QKV"), empty((n, W.shape[1]), np.result_type(x, W)), team)
         # [pos, (n_heads + 2 n_key_value_heads) * d_head]
-        parts = qkv[:, :h * dh], qkv[:, h * dh:(h + kv) * dh], qkv[:, (h + kv) * dh:]
+        parts = qkv[:, : h * dh], qkv[:, h * dh : (h + kv) * dh], qkv[:, (h + kv) * dh :]
     else:
-        parts = tuple(linear(x, attn[f"W_{m}"], attn.get(f"b_{m}"),
-                             np.empty((n, attn[f"W_{m}"].shape[1]), np.result_type(x, attn[f"W_{m}"])), team)
-                      for m in "QKV")
+        parts = tuple(
+            linear(
+                x,
+                attn[f"W_{m}"],
+                attn.get(f"b_{m}"),
+                np.empty((n, attn[f"W_{m}"].shape[1]), np.result_type(x, attn[f"W_{m}"])),
+                team,
+            )
+            for m in "QKV"
+        )
     return split_heads(parts[0], h), split_heads(parts[1], kv), split_heads(parts[2], kv)
 
 
-def _rotate(m: np.ndarray, positions: np.ndarray, cfg: TransformerConfig, out: np.ndarray,
-            team: Team = SERIAL) -> np.ndarray:
+def _rotate(
+    m: np.ndarray, positions: np.ndarray, cfg: TransformerConfig, out: np.ndarray, team: Team = SERIAL
+) -> np.ndarray:
     """The model's rotary turn of queries or keys m [heads, pos, d_head], written into out
     [pos, heads, d_head] (the hook's layout); returns out as [heads, pos, d_head], a view."""
     turned = out.swapaxes(0, 1)
@@ -378,8 +330,9 @@ def attention_block(
     window: int | None = None,  # a local layer's span in tokens (None: a global layer)
     team: Team = SERIAL,
 ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:  # -> [pos, d_model], (K, V) including this pass
-    q, k, v = project_qkv(x, attn, cfg, empty=lambda shape, dtype: _empty(hook, f"{prefix}attn.hook_q", shape, dtype),
-                          team=team)
+    q, k, v = project_qkv(
+        x, attn, cfg, empty=lambda shape, dtype: _empty(hook, f"{prefix}attn.hook_q", shape, dtype), team=team
+    )
     # q [n_heads, pos, d_head], K and V [n_key_value_heads, pos, d_head]
     if "q_norm" in attn:  # Qwen3: each head's query and key RMS-normalised before rotary
         q, k = rms_norm(q, attn["q_norm"]["w"], cfg.eps), rms_norm(k, attn["k_norm"]["w"], cfg.eps)
@@ -389,8 +342,12 @@ def attention_block(
     n_q = x.shape[0]
     if cfg.positional_embedding_type == "rotary":
         positions = np.arange(start, start + n_q)
-        q, k = (_rotate(m, positions, cfg, _empty(hook, f"{prefix}attn.hook_rot_{name}", m.swapaxes(0, 1).shape,
-                                                  m.dtype), team) for name, m in (("q", q), ("k", k)))
+        q, k = (
+            _rotate(
+                m, positions, cfg, _empty(hook, f"{prefix}attn.hook_rot_{name}", m.swapaxes(0, 1).shape, m.dtype), team
+            )
+            for name, m in (("q", q), ("k", k))
+        )
         hook(f"{prefix}attn.hook_rot_q", q.swapaxes(0, 1))
         hook(f"{prefix}attn.hook_rot_k", k.swapaxes(0, 1))
     if past is not None:  # the new queries see every cached key, then their own
@@ -405,8 +362,14 @@ def attention_block(
     # z is kept as the hook shows it, [pos, head_index, d_head]: its rows side by side are W_O's input
     z = _empty(hook, f"{prefix}attn.hook_z", (n_q, cfg.n_heads, d_v), np.result_type(q, k, v))
     scores, pattern, _ = scaled_dot_product_attention(
-        q.reshape(n_kv, group, n_q, cfg.d_head), k[:, None], v[:, None], causal=cfg.causal,
-        scale=cfg.use_attn_scale, temperature=cfg.attn_temperature, keep=keep, window=window,
+        q.reshape(n_kv, group, n_q, cfg.d_head),
+        k[:, None],
+        v[:, None],
+        causal=cfg.causal,
+        scale=cfg.use_attn_scale,
+        temperature=cfg.attn_temperature,
+        keep=keep,
+        window=window,
         out=z.reshape(n_q, n_kv, group, d_v).transpose(1, 2, 0, 3),  # a view: z's head = kv_head * group + i
         team=team,
     )  # [n_kv, group, query_pos, key_pos] twice (None unless kept); z written in place
@@ -417,21 +380,28 @@ def attention_block(
         z[:, head] = z[:, head].mean(axis=0) if how == "mean" else 0.0  # this head writes nothing (or its mean)
     hook(f"{prefix}attn.hook_z", z)
     W_O = attn["W_O"]
-    out = linear(z.reshape(n_q, -1), W_O, attn.get("b_O"),  # the heads' outputs concatenated: a view
-                 _empty(hook, f"{prefix}hook_attn_out", (n_q, W_O.shape[1]), np.result_type(z, W_O)), team)
+    out = linear(
+        z.reshape(n_q, -1),
+        W_O,
+        attn.get("b_O"),  # the heads' outputs concatenated: a view
+        _empty(hook, f"{prefix}hook_attn_out", (n_q, W_O.shape[1]), np.result_type(z, W_O)),
+        team,
+    )
     return out, (k, v)
 
 
-def mlp_block(x: np.ndarray, mlp: Mapping, cfg: TransformerConfig, hook, prefix: str,
-              team: Team = SERIAL) -> np.ndarray:
+def mlp_block(
+    x: np.ndarray, mlp: Mapping, cfg: TransformerConfig, hook, prefix: str, team: Team = SERIAL
+) -> np.ndarray:
     """act(x W_in + b_in) W_out + b_out; gated (SwiGLU): (act(x W_gate + b_gate) * (x W_in + b_in)) W_out + b_out."""
     act = ACTIVATIONS[cfg.act_fn]
     W_in, W_out = mlp["W_in"], mlp["W_out"]
     n, dtype = x.shape[0], np.result_type(x, W_in)
     post = _empty(hook, f"{prefix}mlp.hook_post", (n, W_in.shape[1]), dtype)  # [pos, d_mlp]
     if "W_gate" in mlp:
-        gate = linear(x, mlp["W_gate"], mlp.get("b_gate"), _empty(hook, f"{prefix}mlp.hook_pre", post.shape, dtype),
-                      team)  # [pos, d_mlp]
+        gate = linear(
+            x, mlp["W_gate"], mlp.get("b_gate"), _empty(hook, f"{prefix}mlp.hook_pre", post.shape, dtype), team
+        )  # [pos, d_mlp]
         hook(f"{prefix}mlp.hook_pre", gate)
         up = linear(x, W_in, mlp.get("b_in"), _empty(hook, f"{prefix}mlp.hook_pre_linear", post.shape, dtype), team)
         hook(f"{prefix}mlp.hook_pre_linear", up)
@@ -446,12 +416,18 @@ def mlp_block(x: np.ndarray, mlp: Mapping, cfg: TransformerConfig, hook, prefix:
         hook(f"{prefix}mlp.hook_pre", pre)
         team.rows(lambda s: act(pre[s], out=post[s]), n)
     post = hook(f"{prefix}mlp.hook_post", post)
-    return linear(post, W_out, mlp.get("b_out"), _empty(hook, f"{prefix}hook_mlp_out", (n, W_out.shape[1]),
-                                                        np.result_type(post, W_out)), team)  # [pos, d_model]
+    return linear(
+        post,
+        W_out,
+        mlp.get("b_out"),
+        _empty(hook, f"{prefix}hook_mlp_out", (n, W_out.shape[1]), np.result_type(post, W_out)),
+        team,
+    )  # [pos, d_model]
 
 
-def transformer_block(x, block: Mapping, cfg: TransformerConfig, hook, layer: int, ablate=None, past=None,
-                      team: Team = SERIAL) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+def transformer_block(
+    x, block: Mapping, cfg: TransformerConfig, hook, layer: int, ablate=None, past=None, team: Team = SERIAL
+) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
     """Pre-norm (GPT-2): x + attn(ln1(x)), then + mlp(ln2(x)).
     Parallel (GPT-NeoX): x + attn(ln1(x)) + mlp(ln2(x)), both reading the block's input x;
     hook_resid_mid is then x + attn(ln1(x)), a partial sum that the MLP does not read.
@@ -469,20 +445,23 @@ def transformer_block(x, block: Mapping, cfg: TransformerConfig, hook, layer: in
         return add(x, y, np.empty(x.shape, dtype) if name is None else _empty(hook, p + name, x.shape, dtype), team)
 
     if cfg.attn_only:  # no MLP: the attention sub-layer is the whole block
-        attn_out, kv = attention_block(norm(x, block["ln1"], cfg, team) if pre else x, block["attn"], cfg, hook, p,
-                                       ablate, past, window, team)
+        attn_out, kv = attention_block(
+            norm(x, block["ln1"], cfg, team) if pre else x, block["attn"], cfg, hook, p, ablate, past, window, team
+        )
         attn_out = hook(p + "hook_attn_out", attn_out)
         post = plus(attn_out, "hook_resid_post") if pre else norm(plus(attn_out), block["ln1"], cfg, team)
         return hook(p + "hook_resid_post", post), kv
     if pre:
-        attn_out, kv = attention_block(norm(x, block["ln1"], cfg, team), block["attn"], cfg, hook, p, ablate, past,
-                                       window, team)
+        attn_out, kv = attention_block(
+            norm(x, block["ln1"], cfg, team), block["attn"], cfg, hook, p, ablate, past, window, team
+        )
         mlp_in = x  # parallel: the MLP reads the block's input too
         x = hook(p + "hook_resid_mid", plus(hook(p + "hook_attn_out", attn_out), "hook_resid_mid"))
         if not cfg.parallel_attn_mlp:
             mlp_in = x
-        mlp_out = hook(p + "hook_mlp_out", mlp_block(norm(mlp_in, block["ln2"], cfg, team), block["mlp"], cfg, hook,
-                                                     p, team))
+        mlp_out = hook(
+            p + "hook_mlp_out", mlp_block(norm(mlp_in, block["ln2"], cfg, team), block["mlp"], cfg, hook, p, team)
+        )
         return hook(p + "hook_resid_post", plus(mlp_out, "hook_resid_post")), kv
     attn_out, kv = attention_block(x, block["attn"], cfg, hook, p, ablate, past, window, team)
     x = hook(p + "hook_resid_mid", norm(plus(hook(p + "hook_attn_out", attn_out)), block["ln1"], cfg, team))
@@ -494,21 +473,29 @@ def check_tokens(tokens: np.ndarray, cfg: TransformerConfig, start: int = 0) -> 
     """Token ids [pos] that this model can read at positions start, start + 1, ..."""
     tokens = np.asarray(tokens)
     if tokens.ndim != 1 or tokens.size == 0:
-        raise InputError(_("expected a non-empty 1-D sequence of token ids, got shape {shape}").format(
-                           shape=tokens.shape))
+        raise InputError(
+            _("expected a non-empty 1-D sequence of token ids, got shape {shape}").format(shape=tokens.shape)
+        )
     if not np.issubdtype(tokens.dtype, np.integer):
         raise InputError(_("token ids must be integers, got dtype {dtype}").format(dtype=tokens.dtype))
     if tokens.min() < 0 or tokens.max() >= cfg.d_vocab:
-        raise InputError(_("token ids must lie in [0, {d_vocab}), got {low}..{high}").format(
-                           d_vocab=cfg.d_vocab, low=tokens.min(), high=tokens.max()))
+        raise InputError(
+            _("token ids must lie in [0, {d_vocab}), got {low}..{high}").format(
+                d_vocab=cfg.d_vocab, low=tokens.min(), high=tokens.max()
+            )
+        )
     if cfg.positional_embedding_type == "learned" and start + tokens.size > cfg.n_ctx:
-        raise InputError(_("{n} tokens is longer than the model's context of n_ctx={n_ctx}").format(
-                           n=start + tokens.size, n_ctx=cfg.n_ctx))
+        raise InputError(
+            _("{n} tokens is longer than the model's context of n_ctx={n_ctx}").format(
+                n=start + tokens.size, n_ctx=cfg.n_ctx
+            )
+        )
     return tokens
 
 
-def embed(params: Params, cfg: TransformerConfig, tokens: np.ndarray, hook, token_types=None,
-          start: int = 0) -> np.ndarray:
+def embed(
+    params: Params, cfg: TransformerConfig, tokens: np.ndarray, hook, token_types=None, start: int = 0
+) -> np.ndarray:
     """Token embedding plus position (and, for BERT, segment) embeddings.  # [pos] -> [pos, d_model]
 
     `start` is the first token's position (after a KV cache's tokens)."""
@@ -516,7 +503,7 @@ def embed(params: Params, cfg: TransformerConfig, tokens: np.ndarray, hook, toke
     x = hook("hook_embed", W_E[tokens])  # row indexing is the embedding lookup
     n = tokens.size
     if cfg.positional_embedding_type == "learned":
-        x = x + hook("hook_pos_embed", params["pos_embed"]["W_pos"][start:start + n])
+        x = x + hook("hook_pos_embed", params["pos_embed"]["W_pos"][start : start + n])
     elif cfg.positional_embedding_type == "sinusoidal":
         x = x + hook("hook_pos_embed", sinusoidal(start + n, cfg.d_model)[start:].astype(W_E.dtype))
     if cfg.n_token_types:
@@ -527,15 +514,18 @@ def embed(params: Params, cfg: TransformerConfig, tokens: np.ndarray, hook, toke
     return x
 
 
-def ablation_by_layer(ablate: Mapping[tuple[int, int], Ablation] | None, cfg: TransformerConfig
-                      ) -> dict[int, dict[int, Ablation]]:
+def ablation_by_layer(
+    ablate: Mapping[tuple[int, int], Ablation] | None, cfg: TransformerConfig
+) -> dict[int, dict[int, Ablation]]:
     """{(layer, head): how} checked against the model, as {layer: {head: how}}."""
     by_layer: dict[int, dict[int, Ablation]] = {}
     for (layer, head), how in (ablate or {}).items():
         if not (0 <= layer < cfg.n_layers and 0 <= head < cfg.n_heads):
-            raise InputError(_("cannot ablate layer {layer} head {head}: the model has {n_layers} "
-                               "layers of {n_heads} heads").format(
-                               layer=layer, head=head, n_layers=cfg.n_layers, n_heads=cfg.n_heads))
+            raise InputError(
+                _("cannot ablate layer {layer} head {head}: the model has {n_layers} layers of {n_heads} heads").format(
+                    layer=layer, head=head, n_layers=cfg.n_layers, n_heads=cfg.n_heads
+                )
+            )
         if how not in ("zero", "mean"):
             raise InputError(_("ablation must be 'zero' or 'mean', got {how!r}").format(how=how))
         by_layer.setdefault(layer, {})[head] = how
@@ -564,8 +554,12 @@ def forward(
     """
     start = 0 if past_kv is None else past_kv.n_tokens
     if past_kv is not None and not cfg.causal:
-        raise InputError(_("a KV cache needs causal attention: in a bidirectional model every new "
-                           "token changes the earlier positions too, so nothing can be reused"))
+        raise InputError(
+            _(
+                "a KV cache needs causal attention: in a bidirectional model every new "
+                "token changes the earlier positions too, so nothing can be reused"
+            )
+        )
     tokens = check_tokens(tokens, cfg, start)
     by_layer = ablation_by_layer(ablate, cfg)
     with team_for(tokens.size) as team:  # a long text on a BLAS of several threads: a team shares each step
@@ -601,6 +595,7 @@ def next_token_probs(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray
 
 # ---------------------------------------------------------------------------- generation, stepped
 
+
 @dataclass(frozen=True)
 class KVStep:
     pos: int
@@ -628,21 +623,31 @@ def run_with_kv_cache(params: Params, cfg: TransformerConfig, prompt, n_new: int
     instead of its square. Only a causal model can be cached.
     """
     if not cfg.causal:
-        raise InputError(_("a KV cache needs causal attention: in a bidirectional model every new "
-                           "token changes the earlier positions too, so nothing can be reused"))
+        raise InputError(
+            _(
+                "a KV cache needs causal attention: in a bidirectional model every new "
+                "token changes the earlier positions too, so nothing can be reused"
+            )
+        )
     prompt = check_tokens(prompt, cfg)
     if not isinstance(n_new, (int, np.integer)) or n_new < 0:
         raise InputError(_("n_new must be a non-negative integer, got {n_new!r}").format(n_new=n_new))
     if cfg.positional_embedding_type == "learned" and prompt.size + n_new > cfg.n_ctx:
-        raise InputError(_("{n} prompt tokens + {n_new} new ones exceed the model's context of "
-                           "n_ctx={n_ctx}").format(n=prompt.size, n_new=n_new, n_ctx=cfg.n_ctx))
+        raise InputError(
+            _("{n} prompt tokens + {n_new} new ones exceed the model's context of n_ctx={n_ctx}").format(
+                n=prompt.size, n_new=n_new, n_ctx=cfg.n_ctx
+            )
+        )
     kv = KVCache.empty(cfg, params["embed"]["W_E"].dtype)
     tokens, steps = list(prompt), []
     pos = 0
     while pos < len(tokens):
         logits, _cache, kv = forward(params, cfg, np.array([tokens[pos]]), names=(), past_kv=kv)
-        steps.append(KVStep(pos, int(tokens[pos]), pos >= prompt.size, kv.keys[0].shape, kv.values[0].shape, kv.nbytes,
-                            logits[0]))
+        steps.append(
+            KVStep(
+                pos, int(tokens[pos]), pos >= prompt.size, kv.keys[0].shape, kv.values[0].shape, kv.nbytes, logits[0]
+            )
+        )
         if pos == len(tokens) - 1 and len(tokens) < prompt.size + n_new:
             tokens.append(int(np.argmax(logits[0])))  # greedy: the most probable next token
         pos += 1

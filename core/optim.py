@@ -103,8 +103,14 @@ class AdamWState:
 class AdamW:
     """torch.optim.AdamW's update on a ParamVector (defaults as PyTorch's, weight decay 0.01)."""
 
-    def __init__(self, vector: ParamVector, *, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.01):
+    def __init__(
+        self,
+        vector: ParamVector,
+        *,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.01,
+    ):
         self.vector = vector
         self.beta1, self.beta2 = betas
         self.eps, self.weight_decay = eps, weight_decay
@@ -120,8 +126,8 @@ class AdamW:
         s.m += dtype(1.0 - self.beta1) * grad
         s.v *= dtype(self.beta2)
         s.v += dtype(1.0 - self.beta2) * grad * grad
-        step_size = lr / (1.0 - self.beta1 ** s.t)
+        step_size = lr / (1.0 - self.beta1**s.t)
         denom = np.sqrt(s.v)
-        denom /= dtype(math.sqrt(1.0 - self.beta2 ** s.t))
+        denom /= dtype(math.sqrt(1.0 - self.beta2**s.t))
         denom += dtype(self.eps)
         p -= dtype(step_size) * s.m / denom

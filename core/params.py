@@ -56,14 +56,18 @@ class ParamEntry:
 
 # A norm's arrays, said whole (a translation orders the words its own way): (where, norm type, which).
 NORM_NOTES = {
-    ("", "LN", "gain"): N_("layer norm gain"), ("", "LN", "bias"): N_("layer norm bias"),
-    ("", "RMS", "gain"): N_("RMS norm gain"), ("", "RMS", "bias"): N_("RMS norm bias"),
+    ("", "LN", "gain"): N_("layer norm gain"),
+    ("", "LN", "bias"): N_("layer norm bias"),
+    ("", "RMS", "gain"): N_("RMS norm gain"),
+    ("", "RMS", "bias"): N_("RMS norm bias"),
     ("embedding", "LN", "gain"): N_("embedding layer norm gain"),
     ("embedding", "LN", "bias"): N_("embedding layer norm bias"),
     ("embedding", "RMS", "gain"): N_("embedding RMS norm gain"),
     ("embedding", "RMS", "bias"): N_("embedding RMS norm bias"),
-    ("final", "LN", "gain"): N_("final layer norm gain"), ("final", "LN", "bias"): N_("final layer norm bias"),
-    ("final", "RMS", "gain"): N_("final RMS norm gain"), ("final", "RMS", "bias"): N_("final RMS norm bias"),
+    ("final", "LN", "gain"): N_("final layer norm gain"),
+    ("final", "LN", "bias"): N_("final layer norm bias"),
+    ("final", "RMS", "gain"): N_("final RMS norm gain"),
+    ("final", "RMS", "bias"): N_("final RMS norm bias"),
 }
 
 
@@ -83,11 +87,18 @@ def param_entries(cfg: TransformerConfig) -> list[ParamEntry]:
     if cfg.positional_embedding_type == "learned":
         e.append(ParamEntry("pos_embed.W_pos", (cfg.n_ctx, d), False, True, N_("learned position table")))
     else:
-        e.append(ParamEntry("pos_embed", (0,), False, False, N_("{scheme} positions have no parameters"),
-                            args=(("scheme", cfg.positional_embedding_type),)))
+        e.append(
+            ParamEntry(
+                "pos_embed",
+                (0,),
+                False,
+                False,
+                N_("{scheme} positions have no parameters"),
+                args=(("scheme", cfg.positional_embedding_type),),
+            )
+        )
     if cfg.n_token_types:
-        e.append(ParamEntry("token_type_embed.W_token_type", (cfg.n_token_types, d), False, True,
-                            N_("segment table")))
+        e.append(ParamEntry("token_type_embed.W_token_type", (cfg.n_token_types, d), False, True, N_("segment table")))
     if cfg.block_type == "post_norm":
         e += norm("ln_embed", False, "embedding")
     sublayers = (("attn", "blocks.{l}.ln1"),) + (() if cfg.attn_only else (("mlp", "blocks.{l}.ln2"),))
@@ -95,29 +106,52 @@ def param_entries(cfg: TransformerConfig) -> list[ParamEntry]:
         e += norm(norm_prefix, True)
         if sub == "attn":
             if kv == h:
-                e.append(ParamEntry("blocks.{l}.attn.W_QKV", (d, 3 * h * dh), True, True,
-                                    N_("queries, keys, values of all heads")))
+                e.append(
+                    ParamEntry(
+                        "blocks.{l}.attn.W_QKV", (d, 3 * h * dh), True, True, N_("queries, keys, values of all heads")
+                    )
+                )
                 if cfg.qkv_bias:
                     e.append(ParamEntry("blocks.{l}.attn.b_QKV", (3 * h * dh,), True, True, N_("their biases")))
             else:
-                e += [ParamEntry("blocks.{l}.attn.W_Q", (d, h * dh), True, True, N_("queries of all heads")),
-                      ParamEntry("blocks.{l}.attn.W_K", (d, kv * dh), True, True,
-                                 N_("keys of the {kv} key/value heads (grouped-query attention)"), args=(("kv", kv),)),
-                      ParamEntry("blocks.{l}.attn.W_V", (d, kv * dh), True, True, N_("their values"))]
+                e += [
+                    ParamEntry("blocks.{l}.attn.W_Q", (d, h * dh), True, True, N_("queries of all heads")),
+                    ParamEntry(
+                        "blocks.{l}.attn.W_K",
+                        (d, kv * dh),
+                        True,
+                        True,
+                        N_("keys of the {kv} key/value heads (grouped-query attention)"),
+                        args=(("kv", kv),),
+                    ),
+                    ParamEntry("blocks.{l}.attn.W_V", (d, kv * dh), True, True, N_("their values")),
+                ]
                 if cfg.qkv_bias:
-                    e += [ParamEntry(f"blocks.{{l}}.attn.b_{m}", (n * dh,), True, True, N_("its bias"))
-                          for m, n in (("Q", h), ("K", kv), ("V", kv))]
+                    e += [
+                        ParamEntry(f"blocks.{{l}}.attn.b_{m}", (n * dh,), True, True, N_("its bias"))
+                        for m, n in (("Q", h), ("K", kv), ("V", kv))
+                    ]
             if cfg.use_qk_norm:
-                e += [ParamEntry(f"blocks.{{l}}.attn.{m}_norm.w", (dh,), True, True, what)
-                      for m, what in (("q", N_("RMS norm gain of every head's query")),
-                                      ("k", N_("RMS norm gain of every head's key")))]
+                e += [
+                    ParamEntry(f"blocks.{{l}}.attn.{m}_norm.w", (dh,), True, True, what)
+                    for m, what in (
+                        ("q", N_("RMS norm gain of every head's query")),
+                        ("k", N_("RMS norm gain of every head's key")),
+                    )
+                ]
             e.append(ParamEntry("blocks.{l}.attn.W_O", (h * dh, d), True, True, N_("output projection")))
             if cfg.attn_out_bias:
                 e.append(ParamEntry("blocks.{l}.attn.b_O", (d,), True, True, N_("its bias")))
             if cfg.causal:
-                e.append(ParamEntry("blocks.{l}.attn.mask", (cfg.n_ctx, cfg.n_ctx), True, False,
-                                    N_("causal mask: a constant, not learned (GPT-2 checkpoints store it as "
-                                      "attn.bias)")))
+                e.append(
+                    ParamEntry(
+                        "blocks.{l}.attn.mask",
+                        (cfg.n_ctx, cfg.n_ctx),
+                        True,
+                        False,
+                        N_("causal mask: a constant, not learned (GPT-2 checkpoints store it as attn.bias)"),
+                    )
+                )
         else:
             if cfg.gated_mlp:
                 e.append(ParamEntry("blocks.{l}.mlp.W_gate", (d, dm), True, True, N_("MLP gate projection")))
@@ -132,8 +166,9 @@ def param_entries(cfg: TransformerConfig) -> list[ParamEntry]:
     if cfg.block_type == "pre_norm":
         e += norm("ln_final", False, "final")
     if cfg.tied_embeddings:
-        e.append(ParamEntry("unembed.W_U", (d, V), False, False,
-                            N_("tied: the token table transposed, no new parameters")))
+        e.append(
+            ParamEntry("unembed.W_U", (d, V), False, False, N_("tied: the token table transposed, no new parameters"))
+        )
     else:
         e.append(ParamEntry("unembed.W_U", (d, V), False, True, N_("output layer")))
         if cfg.unembed_bias:
@@ -179,15 +214,18 @@ class KVCacheSize:
     n_kv_heads: int
     d_head: int
     dtype_bytes: int
-    formula: str = ("2 (K and V) × n_layers × batch × seq_len × n_key_value_heads × d_head × bytes per element "
-                    "(n_key_value_heads = n_heads unless grouped-query attention shares them)")
+    formula: str = (
+        "2 (K and V) × n_layers × batch × seq_len × n_key_value_heads × d_head × bytes per element "
+        "(n_key_value_heads = n_heads unless grouped-query attention shares them)"
+    )
 
 
 def kv_cache_bytes(cfg: TransformerConfig, seq_len: int, batch: int = 1, dtype: str = "float32") -> KVCacheSize:
     """Memory that caching every layer's keys and values of `seq_len` tokens takes."""
     if dtype not in DTYPE_BYTES:
-        raise InputError(_("dtype={dtype!r} is not one of {choices}").format(
-                           dtype=dtype, choices=', '.join(DTYPE_BYTES)))
+        raise InputError(
+            _("dtype={dtype!r} is not one of {choices}").format(dtype=dtype, choices=", ".join(DTYPE_BYTES))
+        )
     for name, value in (("seq_len", seq_len), ("batch", batch)):
         if not isinstance(value, int) or value < 1:
             raise InputError(_("{name} must be a positive integer, got {value!r}").format(name=name, value=value))
@@ -197,6 +235,7 @@ def kv_cache_bytes(cfg: TransformerConfig, seq_len: int, batch: int = 1, dtype: 
 
 
 # ---------------------------------------------------------------------------- the work of a forward pass
+
 
 def forward_work(cfg: TransformerConfig, n_tokens: int, *, logits: bool = True, n_past: int = 0) -> int:
     """Multiply-adds of one forward pass over `n_tokens` new tokens (after `n_past` cached ones).
@@ -228,6 +267,7 @@ def largest_array(cfg: TransformerConfig, n_tokens: int, n_past: int = 0, *, wei
     if not weights:
         return activations
     qkv_width = (cfg.n_heads + 2 * cfg.n_key_value_heads) * cfg.d_head
-    tables = [cfg.d_vocab * cfg.d_model] + ([cfg.n_ctx * cfg.d_model] if cfg.positional_embedding_type == "learned"
-                                            else [])
+    tables = [cfg.d_vocab * cfg.d_model] + (
+        [cfg.n_ctx * cfg.d_model] if cfg.positional_embedding_type == "learned" else []
+    )
     return max(activations, cfg.d_model * qkv_width, cfg.d_model * cfg.d_mlp, *tables)

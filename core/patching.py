@@ -47,9 +47,9 @@ from .cache import ActivationCache, check_position, check_token, run_with_cache
 from .config import TransformerConfig
 from .errors import InputError
 from .functional import softmax
+from .i18n import _
 from .model import Ablation, Params, ablation_by_layer, norm, per_head_weights, transformer_block, unembedding
 from .params import count_params
-from .i18n import _
 
 TARGETS = ("resid_pre", "resid_mid", "resid_post", "attn_head", "attn_head_pos", "pattern", "mlp_out")
 DIRECTIONS = ("denoise", "noise")
@@ -71,30 +71,45 @@ class Patch:
 
 # ------------------------------------------------------------------ checks
 
+
 def require_causal_decoder(cfg: TransformerConfig, what: str | None = None) -> None:
     if cfg.block_type != "pre_norm" or not cfg.causal:
-        message = (_("{what} measures the next-token prediction at the last position, which needs a causal pre-norm "
-                     "decoder: this model is an encoder (post-norm, bidirectional)") if cfg.block_type != "pre_norm"
-                   else _("{what} measures the next-token prediction at the last position, which needs a causal "
-                          "pre-norm decoder: this model is running without the causal mask; turn causal back on"))
+        message = (
+            _(
+                "{what} measures the next-token prediction at the last position, which needs a causal pre-norm "
+                "decoder: this model is an encoder (post-norm, bidirectional)"
+            )
+            if cfg.block_type != "pre_norm"
+            else _(
+                "{what} measures the next-token prediction at the last position, which needs a causal "
+                "pre-norm decoder: this model is running without the causal mask; turn causal back on"
+            )
+        )
         raise InputError(message.format(what=what or _("activation patching")))
 
 
 def check_target(target: str, cfg: TransformerConfig) -> None:
     if target not in TARGETS:
-        raise InputError(_("target {target!r} is not one of {choices}").format(
-                           target=target, choices=', '.join(TARGETS)))
+        raise InputError(
+            _("target {target!r} is not one of {choices}").format(target=target, choices=", ".join(TARGETS))
+        )
     if cfg.attn_only and target in ("resid_mid", "mlp_out"):
-        raise InputError(_("this model is attention-only: it has no MLP, so no {target}; choose {choices}").format(
-            target=target, choices=", ".join(t for t in TARGETS if t not in ("resid_mid", "mlp_out"))))
+        raise InputError(
+            _("this model is attention-only: it has no MLP, so no {target}; choose {choices}").format(
+                target=target, choices=", ".join(t for t in TARGETS if t not in ("resid_mid", "mlp_out"))
+            )
+        )
 
 
 def check_pair(clean, corrupted) -> tuple[np.ndarray, np.ndarray]:
     clean, corrupted = np.asarray(clean), np.asarray(corrupted)
     if clean.shape != corrupted.shape:
-        raise InputError(_("the clean text has {clean} tokens and the corrupted text {corrupted}: patching swaps "
-                           "activations position by position, so both need the same number of tokens").format(
-                           clean=clean.size, corrupted=corrupted.size))
+        raise InputError(
+            _(
+                "the clean text has {clean} tokens and the corrupted text {corrupted}: patching swaps "
+                "activations position by position, so both need the same number of tokens"
+            ).format(clean=clean.size, corrupted=corrupted.size)
+        )
     return clean, corrupted
 
 
@@ -102,21 +117,26 @@ def check_patch(patch: Patch, cfg: TransformerConfig, n: int) -> Patch:
     target = "attn_head" if patch.target == "attn_head_pos" else patch.target
     check_target(target, cfg)
     if not (isinstance(patch.layer, (int, np.integer)) and 0 <= patch.layer < cfg.n_layers):
-        raise InputError(_("layer {layer!r} does not exist: the model has {n_layers} layer(s), "
-                           "counted from 0").format(
-                           layer=patch.layer, n_layers=cfg.n_layers))
+        raise InputError(
+            _("layer {layer!r} does not exist: the model has {n_layers} layer(s), counted from 0").format(
+                layer=patch.layer, n_layers=cfg.n_layers
+            )
+        )
     head = patch.head
     if target in ("attn_head", "pattern"):
         if not (isinstance(head, (int, np.integer)) and 0 <= head < cfg.n_heads):
-            raise InputError(_("head {head!r} does not exist: each layer has {n_heads} head(s), "
-                               "counted from 0").format(
-                               head=head, n_heads=cfg.n_heads))
+            raise InputError(
+                _("head {head!r} does not exist: each layer has {n_heads} head(s), counted from 0").format(
+                    head=head, n_heads=cfg.n_heads
+                )
+            )
         head = int(head)
     pos = None if patch.pos is None else check_position(patch.pos, n)
     return Patch(target, int(patch.layer), head, pos)
 
 
 # ------------------------------------------------------------------ the two runs
+
 
 def patching_hooks(cfg: TransformerConfig, target: str | None = None, frozen: bool = False) -> list[str]:
     """What a run must keep to be patched or patched from, for one target (None: every target).
@@ -135,8 +155,9 @@ def patching_hooks(cfg: TransformerConfig, target: str | None = None, frozen: bo
     return names
 
 
-def run_for_patching(params: Params, cfg: TransformerConfig, tokens, target: str | None = None,
-                     frozen: bool = False) -> ActivationCache:
+def run_for_patching(
+    params: Params, cfg: TransformerConfig, tokens, target: str | None = None, frozen: bool = False
+) -> ActivationCache:
     """One whole run keeping what `patching_hooks` names (no logits: the metric reads the last stream)."""
     require_causal_decoder(cfg)
     return run_with_cache(params, cfg, tokens, names=patching_hooks(cfg, target, frozen), logits=False)[1]
@@ -177,14 +198,22 @@ def final_resid(cache: ActivationCache) -> np.ndarray:
 
 # ------------------------------------------------------------------ one patched run
 
+
 class _Editor:
     """The hook of a resumed run: replaces the activations a patch changes (`edits`, by hook name) and,
     from layer `frozen_from` on, recomputes each attention output from the unpatched run's patterns
     and this run's values. Wants no scores or patterns kept (the blocks take their fast path)."""
 
-    def __init__(self, params: Params, cfg: TransformerConfig, base: ActivationCache, start: int,
-                 edits: Mapping[str, Callable[[np.ndarray], np.ndarray]], frozen_from: int | None,
-                 ablate: Mapping[int, Mapping[int, Ablation]] | None = None):
+    def __init__(
+        self,
+        params: Params,
+        cfg: TransformerConfig,
+        base: ActivationCache,
+        start: int,
+        edits: Mapping[str, Callable[[np.ndarray], np.ndarray]],
+        frozen_from: int | None,
+        ablate: Mapping[int, Mapping[int, Ablation]] | None = None,
+    ):
         self.params, self.cfg, self.base, self.start = params, cfg, base, start
         self.edits, self.frozen_from, self.ablate = edits, frozen_from, ablate or {}
         self._v: np.ndarray | None = None
@@ -219,9 +248,17 @@ class _Editor:
         return out + attn["b_O"] if "b_O" in attn else out
 
 
-def resume(params: Params, cfg: TransformerConfig, base: ActivationCache, layer: int, start: int, x: np.ndarray,
-           edits: Mapping[str, Callable[[np.ndarray], np.ndarray]] | None = None, frozen_from: int | None = None,
-           ablate: Mapping[int, Mapping[int, Ablation]] | None = None) -> np.ndarray:
+def resume(
+    params: Params,
+    cfg: TransformerConfig,
+    base: ActivationCache,
+    layer: int,
+    start: int,
+    x: np.ndarray,
+    edits: Mapping[str, Callable[[np.ndarray], np.ndarray]] | None = None,
+    frozen_from: int | None = None,
+    ablate: Mapping[int, Mapping[int, Ablation]] | None = None,
+) -> np.ndarray:
     """Run the blocks from `layer` on, for positions start, start + 1, ... only, from their residual
     stream x [pos - start, d_model]; the earlier positions' keys and values are `base`'s (their
     activations cannot change under a causal mask). Returns the last position's final stream [d_model]."""
@@ -235,10 +272,12 @@ def resume(params: Params, cfg: TransformerConfig, base: ActivationCache, layer:
 
 def _set_rows(new: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
     """Replace the first len(new) rows (the patched positions) of an activation."""
+
     def edit(value: np.ndarray) -> np.ndarray:
         value = value.copy()
-        value[:len(new)] = new
+        value[: len(new)] = new
         return value
+
     return edit
 
 
@@ -246,8 +285,14 @@ def _add(delta: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
     return lambda value: value + delta
 
 
-def patched_resid(params: Params, cfg: TransformerConfig, base: ActivationCache, source: ActivationCache,
-                  patch: Patch, frozen: bool = False) -> np.ndarray:
+def patched_resid(
+    params: Params,
+    cfg: TransformerConfig,
+    base: ActivationCache,
+    source: ActivationCache,
+    patch: Patch,
+    frozen: bool = False,
+) -> np.ndarray:
     """The last position's final residual stream [d_model] of `base`'s run with one activation from `source`'s."""
     n = base.tokens.size
     patch = check_patch(patch, cfg, n)
@@ -272,7 +317,7 @@ def patched_resid(params: Params, cfg: TransformerConfig, base: ActivationCache,
             v = base.past_kv.values[layer][cfg.kv_head(head)]  # [pos, d_head]
             z_new = source[b + "attn.hook_pattern"][head][rows] @ v
         delta = np.zeros((n - start, W_O.shape[1]), dtype=np.result_type(z_new, W_O))
-        delta[:len(z_new)] = (z_new - z_base) @ W_O
+        delta[: len(z_new)] = (z_new - z_base) @ W_O
         if cfg.attn_only or cfg.parallel_attn_mlp:
             # Nothing in this block reads its attention's output (no MLP, or one that reads the block's input):
             # its output is the unpatched run's plus the change, and the run resumes at the next layer.
@@ -284,13 +329,23 @@ def patched_resid(params: Params, cfg: TransformerConfig, base: ActivationCache,
     return resume(params, cfg, base, layer, start, x, edits, frozen_from if frozen else None)
 
 
-def patched_metric(params: Params, cfg: TransformerConfig, base: ActivationCache, source: ActivationCache,
-                   patch: Patch, answer: int, wrong: int, metric: str = "logit_diff", frozen: bool = False) -> float:
+def patched_metric(
+    params: Params,
+    cfg: TransformerConfig,
+    base: ActivationCache,
+    source: ActivationCache,
+    patch: Patch,
+    answer: int,
+    wrong: int,
+    metric: str = "logit_diff",
+    frozen: bool = False,
+) -> float:
     resid = patched_resid(params, cfg, base, source, patch, frozen)
     return metric_value(last_logits(params, cfg, resid, metric_columns(metric, answer, wrong)), metric, answer, wrong)
 
 
 # ------------------------------------------------------------------ sweeps
+
 
 @dataclass(frozen=True)
 class PatchingResult:
@@ -316,13 +371,22 @@ def sweep_cells(cfg: TransformerConfig, n: int, target: str) -> tuple[list[str],
     check_target(target, cfg)
     layers, heads, positions = range(cfg.n_layers), range(cfg.n_heads), range(n)
     if target in POSITION_TARGETS:
-        return ([f"L{la}" for la in layers], [str(p) for p in positions],
-                [[Patch(target, la, None, p) for p in positions] for la in layers])
+        return (
+            [f"L{la}" for la in layers],
+            [str(p) for p in positions],
+            [[Patch(target, la, None, p) for p in positions] for la in layers],
+        )
     if target in HEAD_TARGETS:
-        return ([f"L{la}" for la in layers], [f"H{h}" for h in heads],
-                [[Patch(target, la, h) for h in heads] for la in layers])
-    return ([f"L{la}H{h}" for la in layers for h in heads], [str(p) for p in positions],
-            [[Patch("attn_head", la, h, p) for p in positions] for la in layers for h in heads])
+        return (
+            [f"L{la}" for la in layers],
+            [f"H{h}" for h in heads],
+            [[Patch(target, la, h) for h in heads] for la in layers],
+        )
+    return (
+        [f"L{la}H{h}" for la in layers for h in heads],
+        [str(p) for p in positions],
+        [[Patch("attn_head", la, h, p) for p in positions] for la in layers for h in heads],
+    )
 
 
 def sweep_passes(cfg: TransformerConfig, n: int, target: str) -> int:
@@ -355,22 +419,41 @@ def sweep_work(cfg: TransformerConfig, n: int, target: str, metric: str = "logit
     return whole + sum(tail(c.layer, c.pos or 0) for row in cells for c in row)
 
 
-def sweep(params: Params, cfg: TransformerConfig, clean, corrupted, answer: int, wrong: int, target: str, *,
-          direction: str = "denoise", metric: str = "logit_diff", frozen: bool = False) -> PatchingResult:
+def sweep(
+    params: Params,
+    cfg: TransformerConfig,
+    clean,
+    corrupted,
+    answer: int,
+    wrong: int,
+    target: str,
+    *,
+    direction: str = "denoise",
+    metric: str = "logit_diff",
+    frozen: bool = False,
+) -> PatchingResult:
     """Patch every cell of a target's grid, one patched run per cell (see the module docstring)."""
     require_causal_decoder(cfg)
     clean, corrupted = check_pair(clean, corrupted)
     check_target(target, cfg)
     if direction not in DIRECTIONS:
-        raise InputError(_("direction {direction!r} is not one of {choices}").format(
-                           direction=direction, choices=', '.join(DIRECTIONS)))
+        raise InputError(
+            _("direction {direction!r} is not one of {choices}").format(
+                direction=direction, choices=", ".join(DIRECTIONS)
+            )
+        )
     if metric not in METRICS:
-        raise InputError(_("metric {metric!r} is not one of {choices}").format(
-                           metric=metric, choices=', '.join(METRICS)))
+        raise InputError(
+            _("metric {metric!r} is not one of {choices}").format(metric=metric, choices=", ".join(METRICS))
+        )
     answer, wrong = check_token(answer, cfg), check_token(wrong, cfg)
     if metric == "logit_diff" and answer == wrong:
-        raise InputError(_("the answer and the wrong token are the same token: their logit "
-                           "difference is always 0; choose a different wrong token"))
+        raise InputError(
+            _(
+                "the answer and the wrong token are the same token: their logit "
+                "difference is always 0; choose a different wrong token"
+            )
+        )
     clean_run = run_for_patching(params, cfg, clean, target, frozen)
     corrupted_run = run_for_patching(params, cfg, corrupted, target, frozen)
     columns = metric_columns(metric, answer, wrong)
@@ -382,26 +465,32 @@ def sweep(params: Params, cfg: TransformerConfig, clean, corrupted, answer: int,
     # (so that a cell that restores a run exactly gives its metric exactly)
     clean_metric, corrupted_metric = map(float, measure(np.stack([final_resid(clean_run), final_resid(corrupted_run)])))
     if clean_metric == corrupted_metric:
-        raise InputError(_("the clean and corrupted texts give the same {metric} "
-                           "({clean_metric:.6g}): there is no difference for a patch to restore; "
-                           "change the corrupted text where it matters, or choose other answer and "
-                           "wrong tokens").format(
-                           metric=metric, clean_metric=clean_metric))
+        raise InputError(
+            _(
+                "the clean and corrupted texts give the same {metric} "
+                "({clean_metric:.6g}): there is no difference for a patch to restore; "
+                "change the corrupted text where it matters, or choose other answer and "
+                "wrong tokens"
+            ).format(metric=metric, clean_metric=clean_metric)
+        )
     base, source = (corrupted_run, clean_run) if direction == "denoise" else (clean_run, corrupted_run)
     rows, cols, cells = sweep_cells(cfg, clean.size, target)
-    streams = np.stack([final_resid(clean_run), final_resid(corrupted_run)]
-                       + [patched_resid(params, cfg, base, source, cell, frozen) for row in cells for cell in row])
+    streams = np.stack(
+        [final_resid(clean_run), final_resid(corrupted_run)]
+        + [patched_resid(params, cfg, base, source, cell, frozen) for row in cells for cell in row]
+    )
     values = measure(streams)
     clean_metric, corrupted_metric = float(values[0]), float(values[1])
     raw = values[2:].reshape(len(cells), len(cells[0]))
-    return PatchingResult(target, direction, metric, frozen, clean_metric, corrupted_metric, raw, rows, cols,
-                          raw.size)
+    return PatchingResult(target, direction, metric, frozen, clean_metric, corrupted_metric, raw, rows, cols, raw.size)
 
 
 # ------------------------------------------------------------------ ablation, frozen or recomputed
 
-def ablated_logits(params: Params, cfg: TransformerConfig, tokens, ablate: Mapping[tuple[int, int], Ablation], *,
-                   frozen: bool = False) -> np.ndarray:
+
+def ablated_logits(
+    params: Params, cfg: TransformerConfig, tokens, ablate: Mapping[tuple[int, int], Ablation], *, frozen: bool = False
+) -> np.ndarray:
     """The last position's logits [d_vocab] with heads ablated ({(layer, head): "zero"|"mean"}, as
     core.model.forward's `ablate`), every later attention pattern recomputed (frozen=False: the same
     numbers as forward(ablate=...)) or held at the unablated run's (frozen=True: only the ablated heads'
@@ -416,12 +505,14 @@ def ablated_logits(params: Params, cfg: TransformerConfig, tokens, ablate: Mappi
     _logits, base = run_with_cache(params, cfg, tokens, names=names, logits=False)
     if first == cfg.n_layers:
         return last_logits(params, cfg, final_resid(base))
-    resid = resume(params, cfg, base, first, 0, base[f"blocks.{first}.hook_resid_pre"], None,
-                   first if frozen else None, by_layer)
+    resid = resume(
+        params, cfg, base, first, 0, base[f"blocks.{first}.hook_resid_pre"], None, first if frozen else None, by_layer
+    )
     return last_logits(params, cfg, resid)
 
 
 # ------------------------------------------------------------------ the induction example
+
 
 def induction_example(alphabet: str, length: int, seed: int = 0) -> tuple[str, str, str, str]:
     """A clean text whose end only induction predicts, and its corrupted twin: (clean, corrupted, answer, wrong).
@@ -431,8 +522,11 @@ def induction_example(alphabet: str, length: int, seed: int = 0) -> tuple[str, s
     nothing earlier says what comes next; its own first half ends in `wrong` = r[-1], where a copier
     that lost track would land instead."""
     if length < 2 or len(alphabet) < 2:
-        raise InputError(_("an induction example needs at least 2 characters of at least 2 kinds, "
-                           "got {length} of {kinds}").format(length=length, kinds=len(alphabet)))
+        raise InputError(
+            _("an induction example needs at least 2 characters of at least 2 kinds, got {length} of {kinds}").format(
+                length=length, kinds=len(alphabet)
+            )
+        )
     rng = np.random.default_rng(seed)
     letters = list(alphabet)
     s = "".join(rng.choice(letters, length))

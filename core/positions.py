@@ -34,8 +34,9 @@ def sinusoidal(n_pos: int, d: int) -> np.ndarray:  # -> [n_pos, d]
 def rotary_angles(positions: np.ndarray, d_head: int, base: float = ROPE_BASE) -> np.ndarray:
     """θ_{p,i} = p · base^(-2i/d_head) for each position p and pair i.  # -> [pos, d_head/2]"""
     if d_head % 2:
-        raise InputError(_("rotary embeddings rotate pairs of dimensions: d_head={d_head} must be "
-                           "even").format(d_head=d_head))
+        raise InputError(
+            _("rotary embeddings rotate pairs of dimensions: d_head={d_head} must be even").format(d_head=d_head)
+        )
     inv_freq = base ** (-np.arange(0, d_head, 2) / d_head)  # [d_head/2]
     return np.asarray(positions, dtype=np.float64)[:, None] * inv_freq[None, :]
 
@@ -57,8 +58,15 @@ def apply_rotary(x: np.ndarray, positions: np.ndarray | None = None, base: float
     return out
 
 
-def rotary(x: np.ndarray, positions: np.ndarray, *, rotary_dim: int | None = None, base: float = ROPE_BASE,
-           adjacent_pairs: bool = True, out: np.ndarray | None = None) -> np.ndarray:
+def rotary(
+    x: np.ndarray,
+    positions: np.ndarray,
+    *,
+    rotary_dim: int | None = None,
+    base: float = ROPE_BASE,
+    adjacent_pairs: bool = True,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
     """Rotary embeddings as every family applies them: a base, a partial dimension and a pair layout.
 
     x: [..., pos, d_head]. Only the first `rotary_dim` dimensions are rotated (GPT-NeoX rotates a
@@ -71,8 +79,11 @@ def rotary(x: np.ndarray, positions: np.ndarray, *, rotary_dim: int | None = Non
     d_head = x.shape[-1]
     rotary_dim = d_head if rotary_dim is None else rotary_dim
     if rotary_dim % 2 or not 0 < rotary_dim <= d_head:
-        raise InputError(_("rotary_dim={rotary_dim} must be even and between 2 and d_head={d_head}").format(
-                           rotary_dim=rotary_dim, d_head=d_head))
+        raise InputError(
+            _("rotary_dim={rotary_dim} must be even and between 2 and d_head={d_head}").format(
+                rotary_dim=rotary_dim, d_head=d_head
+            )
+        )
     angles = rotary_angles(positions, rotary_dim, base)  # [pos, rotary_dim/2]
     cos, sin = np.cos(angles).astype(x.dtype), np.sin(angles).astype(x.dtype)
     out = np.empty_like(x) if out is None else out

@@ -64,9 +64,19 @@ NASI_LEMAK_PHRASES = ("ali makan nasi lemak", "makan nasi lemak", "nasi lemak")
 NASI_LEMAK_PROMPT, NASI_LEMAK_TARGET = "nasi ", "l"
 
 
-def setting(default: Any = dataclasses.MISSING, *, help: str | None = None, label: str | None = None,
-            hint: str | None = None, ge: float | None = None, gt: float | None = None, le: float | None = None,
-            choices: tuple[str, ...] = (), api: bool = True, cli: bool = True) -> Any:
+def setting(
+    default: Any = dataclasses.MISSING,
+    *,
+    help: str | None = None,
+    label: str | None = None,
+    hint: str | None = None,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    choices: tuple[str, ...] = (),
+    api: bool = True,
+    cli: bool = True,
+) -> Any:
     """A TrainSettings field with what the faces need to offer it, so that each setting is declared once,
     here: `help`, its description (the API's, `python -m core.train --help`'s); `label` (and `hint`), the
     training page's control, if it has one; `ge`/`gt`/`le`, the bounds a request may ask within (the
@@ -74,8 +84,18 @@ def setting(default: Any = dataclasses.MISSING, *, help: str | None = None, labe
     only); `cli=False`: not an option of the command line. app/api/requests.py (TrainRequest),
     app/pages/train.py (the form) and `core.train.main` (its options) derive from them."""
     bounds = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le)) if v is not None}
-    return dataclasses.field(default=default, metadata={"help": help, "label": label, "hint": hint, "bounds": bounds,
-                                                        "choices": choices, "api": api, "cli": cli})
+    return dataclasses.field(
+        default=default,
+        metadata={
+            "help": help,
+            "label": label,
+            "hint": hint,
+            "bounds": bounds,
+            "choices": choices,
+            "api": api,
+            "cli": cli,
+        },
+    )
 
 
 @dataclass(frozen=True)
@@ -94,14 +114,19 @@ class TrainSettings:
     n_heads: int = setting(4, help="must divide d_model", label=N_("Heads"), ge=1, le=MAX_HEADS)
     d_model: int = setting(64, label=N_("Width d_model"), ge=1, le=MAX_D_MODEL)
     d_mlp: int | None = setting(None, help="default 4 × d_model", ge=1, le=4 * MAX_D_MODEL)
-    attn_only: bool = setting(False, help="blocks without an MLP (the induction recipe's default)",
-                              label=N_("Attention only"), hint=N_("(no MLP: the classic setting for induction heads)"))
+    attn_only: bool = setting(
+        False,
+        help="blocks without an MLP (the induction recipe's default)",
+        label=N_("Attention only"),
+        hint=N_("(no MLP: the classic setting for induction heads)"),
+    )
     lr: float = setting(3e-3, help="peak learning rate (AdamW)", label=N_("Learning rate"), gt=0, le=1)
     min_lr: float | None = setting(None, help="the cosine decay's floor", api=False)  # None: lr / 10
     batch_size: int = setting(32, help="sequences per step", label=N_("Batch"), ge=1, le=MAX_BATCH)
     # tokens per sequence: the model's context, n_ctx
-    seq_len: int = setting(32, help="tokens per sequence (the context)", label=N_("Context (tokens)"), ge=2,
-                           le=MAX_SEQ_LEN)
+    seq_len: int = setting(
+        32, help="tokens per sequence (the context)", label=N_("Context (tokens)"), ge=2, le=MAX_SEQ_LEN
+    )
     warmup: int = setting(0, help="steps of linear warm-up", ge=0, le=MAX_STEPS)
     weight_decay: float = setting(0.01, ge=0, le=1)  # AdamW's decoupled decay, on matrices only
     # clip the gradient's global norm to this
@@ -114,8 +139,14 @@ class TrainSettings:
     dtype: str = setting("float32", choices=DTYPES, api=False)
     # the text recipe: the share of training sequences in which a passage comes again further on, as a text
     # quoting itself (what teaches an induction head on natural text: core/trained/python-docs-induction)
-    repeats: float = setting(0.0, help="text recipe: the share of training sequences that repeat a passage of "
-                                       "themselves further on (0: the text as it is)", ge=0, le=1, api=False)
+    repeats: float = setting(
+        0.0,
+        help="text recipe: the share of training sequences that repeat a passage of "
+        "themselves further on (0: the text as it is)",
+        ge=0,
+        le=1,
+        api=False,
+    )
 
     def replace(self, **changes) -> TrainSettings:
         return dataclasses.replace(self, **changes)
@@ -140,8 +171,11 @@ class TrainSettings:
 def setting_fields(*, api: bool | None = None, cli: bool | None = None) -> list[dataclasses.Field]:
     """TrainSettings' settings (every field but the recipe), in order; only the API's (or the command
     line's) with api=True (cli=True)."""
-    return [f for f in dataclasses.fields(TrainSettings) if f.metadata
-            and (api is None or f.metadata["api"] == api) and (cli is None or f.metadata["cli"] == cli)]
+    return [
+        f
+        for f in dataclasses.fields(TrainSettings)
+        if f.metadata and (api is None or f.metadata["api"] == api) and (cli is None or f.metadata["cli"] == cli)
+    ]
 
 
 def setting_type(f: dataclasses.Field) -> type:
@@ -155,26 +189,60 @@ DEFAULTS: dict[str, dict] = {
     # A setting in which PyTorch training was measured to form an induction head, so the two trainers are
     # compared on it (bench/training.py): 2-layer 4-head d_model 64 attention-only, batch 32, AdamW at a
     # constant 3e-3.
-    "induction": dict(steps=1000, batch_size=32, seq_len=32, n_layers=2, n_heads=4, d_model=64, attn_only=True,
-                      lr=3e-3, min_lr=3e-3, warmup=0, eval_interval=50),
+    "induction": dict(
+        steps=1000,
+        batch_size=32,
+        seq_len=32,
+        n_layers=2,
+        n_heads=4,
+        d_model=64,
+        attn_only=True,
+        lr=3e-3,
+        min_lr=3e-3,
+        warmup=0,
+        eval_interval=50,
+    ),
     # The spec's forward-pass model: its shape is fixed (see NasiLemak.FIXED).
-    "nasi-lemak": dict(steps=300, batch_size=16, seq_len=16, n_layers=1, n_heads=2, d_model=16, d_mlp=64,
-                       lr=1e-2, warmup=10, eval_interval=20),
-    "text": dict(steps=3000, batch_size=32, seq_len=128, n_layers=2, n_heads=4, d_model=96, lr=3e-3,
-                 warmup=100, eval_interval=100),
+    "nasi-lemak": dict(
+        steps=300,
+        batch_size=16,
+        seq_len=16,
+        n_layers=1,
+        n_heads=2,
+        d_model=16,
+        d_mlp=64,
+        lr=1e-2,
+        warmup=10,
+        eval_interval=20,
+    ),
+    "text": dict(
+        steps=3000,
+        batch_size=32,
+        seq_len=128,
+        n_layers=2,
+        n_heads=4,
+        d_model=96,
+        lr=3e-3,
+        warmup=100,
+        eval_interval=100,
+    ),
 }
 
 
 def settings(recipe: str, **changes) -> TrainSettings:
     """The recipe's defaults with `changes` applied (None values are ignored), checked."""
     if recipe not in DEFAULTS:
-        raise InputError(_("recipe {recipe!r} is not one of {choices}").format(
-                           recipe=recipe, choices=', '.join(DEFAULTS)))
+        raise InputError(
+            _("recipe {recipe!r} is not one of {choices}").format(recipe=recipe, choices=", ".join(DEFAULTS))
+        )
     fields = {f.name for f in dataclasses.fields(TrainSettings)} - {"recipe"}
     unknown = sorted(set(changes) - fields)
     if unknown:
-        raise InputError(_("unknown setting {unknown}: the settings are {choices}").format(
-                           unknown=', '.join(unknown), choices=', '.join(sorted(fields))))
+        raise InputError(
+            _("unknown setting {unknown}: the settings are {choices}").format(
+                unknown=", ".join(unknown), choices=", ".join(sorted(fields))
+            )
+        )
     given = {k: v for k, v in changes.items() if v is not None}
     values = DEFAULTS[recipe] | given
     steps = values["steps"]
@@ -194,17 +262,28 @@ def text_hash(text: str) -> str:
 
 # ---------------------------------------------------------------------------- checks
 
+
 def _integer(name: str, value, low: int, high: int, hint: str = "") -> None:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not low <= value <= high:
-        raise InputError(_("{name}={value!r} must be an integer from {low:,} to {high:,}{hint}").format(
-                           name=name, value=value, low=low, high=high, hint=hint))
+        raise InputError(
+            _("{name}={value!r} must be an integer from {low:,} to {high:,}{hint}").format(
+                name=name, value=value, low=low, high=high, hint=hint
+            )
+        )
 
 
 def _number(name: str, value, low: float, high: float, hint: str = "") -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or not low <= value <= high:
-        raise InputError(_("{name}={value!r} must be a number from {low:g} to {high:g}{hint}").format(
-                           name=name, value=value, low=low, high=high, hint=hint))
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or not low <= value <= high
+    ):
+        raise InputError(
+            _("{name}={value!r} must be a number from {low:g} to {high:g}{hint}").format(
+                name=name, value=value, low=low, high=high, hint=hint
+            )
+        )
 
 
 def check(s: TrainSettings) -> None:
@@ -218,9 +297,12 @@ def check(s: TrainSettings) -> None:
     _integer("d_model", s.d_model, 1, MAX_D_MODEL)
     if s.d_model % s.n_heads:
         nearest = s.n_heads * max(1, round(s.d_model / s.n_heads))
-        raise InputError(_("d_model={d_model} is not divisible by n_heads={n_heads}: choose a width "
-                           "that is a multiple of the number of heads (e.g. d_model={nearest})").format(
-                           d_model=s.d_model, n_heads=s.n_heads, nearest=nearest))
+        raise InputError(
+            _(
+                "d_model={d_model} is not divisible by n_heads={n_heads}: choose a width "
+                "that is a multiple of the number of heads (e.g. d_model={nearest})"
+            ).format(d_model=s.d_model, n_heads=s.n_heads, nearest=nearest)
+        )
     if s.d_mlp is not None:
         _integer("d_mlp", s.d_mlp, 1, 4 * MAX_D_MODEL)
     if not isinstance(s.attn_only, bool):
@@ -230,23 +312,34 @@ def check(s: TrainSettings) -> None:
     _integer("warmup", s.warmup, 0, s.steps - 1, _(" (warm-up steps, fewer than steps={steps})").format(steps=s.steps))
     _number("weight_decay", s.weight_decay, 0.0, 1.0)
     _number("grad_clip", s.grad_clip, 0.0, 1e6, _(" (0 turns clipping off)"))
-    _integer("eval_interval", s.eval_interval, 1, s.steps,
-             _(" (steps between records, at most steps={steps})").format(steps=s.steps))
+    _integer(
+        "eval_interval",
+        s.eval_interval,
+        1,
+        s.steps,
+        _(" (steps between records, at most steps={steps})").format(steps=s.steps),
+    )
     if s.snapshot_interval is not None:
         _integer("snapshot_interval", s.snapshot_interval, 1, MAX_STEPS)
     if s.dtype not in DTYPES:
-        raise InputError(_("dtype={dtype!r} is not one of {choices}").format(
-                           dtype=s.dtype, choices=', '.join(DTYPES)))
+        raise InputError(_("dtype={dtype!r} is not one of {choices}").format(dtype=s.dtype, choices=", ".join(DTYPES)))
     if s.text is not None and s.recipe != "text":
-        raise InputError(_("a text is what the text recipe trains on; the {recipe} recipe makes its "
-                           "own data").format(recipe=s.recipe))
+        raise InputError(
+            _("a text is what the text recipe trains on; the {recipe} recipe makes its own data").format(
+                recipe=s.recipe
+            )
+        )
     _number("repeats", s.repeats, 0.0, 1.0, " (a share of the training sequences)")
     if s.repeats and s.recipe != "text":
-        raise InputError(_("repeats mixes repeated passages into the text recipe's data; the "
-                           "{recipe} recipe makes its own").format(recipe=s.recipe))
+        raise InputError(
+            _("repeats mixes repeated passages into the text recipe's data; the {recipe} recipe makes its own").format(
+                recipe=s.recipe
+            )
+        )
 
 
 # ---------------------------------------------------------------------------- recipes
+
 
 def training_init(cfg: TransformerConfig, seed: int, dtype=np.float32) -> Params:
     """Initial weights for training, PyTorch's defaults: token and position tables N(0, 1) (nn.Embedding),
@@ -294,9 +387,17 @@ class Recipe:
         """GPT-2's layout (pre-norm, learned positions, GELU), with an untied unembedding and no biases
         on the linear maps (nanoGPT's bias=False; GPT-2's format has no unembedding bias to hold one)."""
         s = self.settings
-        return TransformerConfig(d_model=s.d_model, n_layers=s.n_layers, n_heads=s.n_heads, d_vocab=len(self.vocab),
-                                 n_ctx=s.seq_len, d_mlp=s.d_mlp, attn_only=s.attn_only, tied_embeddings=False,
-                                 bias=False)
+        return TransformerConfig(
+            d_model=s.d_model,
+            n_layers=s.n_layers,
+            n_heads=s.n_heads,
+            d_vocab=len(self.vocab),
+            n_ctx=s.seq_len,
+            d_mlp=s.d_mlp,
+            attn_only=s.attn_only,
+            tied_embeddings=False,
+            bias=False,
+        )
 
     def init_params(self) -> Params:
         return training_init(self.cfg, self.settings.seed, self.dtype)
@@ -324,7 +425,7 @@ class Recipe:
         rows = []
         for k in np.linspace(n // 2, min(MIN_REPEAT, n // 2), self.n_probes).round().astype(int):
             ids = self._probe_rng.integers(self.first_character_id, len(self.vocab), size=n - k)
-            rows.append(np.concatenate([ids, ids[n - 2 * k:]]))
+            rows.append(np.concatenate([ids, ids[n - 2 * k :]]))
         return np.stack(rows)
 
     @property
@@ -347,8 +448,11 @@ class Recipe:
         unk = stoi.get(UNK)
         unknown = sorted({c for c in text if c not in stoi})
         if unknown and unk is None:
-            raise InputError(_("characters {unknown!r} are not in the vocabulary {vocab!r}").format(
-                               unknown=''.join(unknown), vocab=''.join(self.vocab)))
+            raise InputError(
+                _("characters {unknown!r} are not in the vocabulary {vocab!r}").format(
+                    unknown="".join(unknown), vocab="".join(self.vocab)
+                )
+            )
         return np.array([stoi.get(c, unk) for c in text], dtype=np.int64)
 
     def decode(self, ids) -> str:
@@ -364,8 +468,11 @@ class Induction(Recipe):
     def __init__(self, s: TrainSettings):
         super().__init__(s)
         if s.seq_len < 2 * MIN_REPEAT:
-            raise InputError(_("seq_len={seq_len} cannot hold a segment of {n} tokens twice: use seq_len of at "
-                               "least {least}").format(seq_len=s.seq_len, n=MIN_REPEAT, least=2 * MIN_REPEAT))
+            raise InputError(
+                _(
+                    "seq_len={seq_len} cannot hold a segment of {n} tokens twice: use seq_len of at least {least}"
+                ).format(seq_len=s.seq_len, n=MIN_REPEAT, least=2 * MIN_REPEAT)
+            )
 
     def batch(self, rng: np.random.Generator) -> np.ndarray:
         """Random tokens in which a segment of length k appears twice, with random tokens before, between
@@ -388,7 +495,7 @@ class Induction(Recipe):
         half = len(seq) // 2
         logits = logits_of(seq)[half:-1]  # the predictions of tokens half + 1 .. end: the copy's
         z = np.exp(logits - logits.max(-1, keepdims=True))
-        return float(np.mean((z / z.sum(-1, keepdims=True))[np.arange(len(logits)), seq[half + 1:]]))
+        return float(np.mean((z / z.sum(-1, keepdims=True))[np.arange(len(logits)), seq[half + 1 :]]))
 
     def control(self) -> TrainSettings:
         """The 1-layer control: the same run with one layer, which cannot form an induction head."""
@@ -405,20 +512,32 @@ class NasiLemak(Recipe):
         super().__init__(s)
         changed = {k: getattr(s, k) for k, v in self.FIXED.items() if getattr(s, k) != v}
         if changed:
-            raise InputError(_("nasi-lemak trains the spec's own model, whose shape is fixed ({shape}): leave out "
-                               "{changed}").format(shape=", ".join(f"{k}={v}" for k, v in self.FIXED.items()),
-                                                    changed=", ".join(changed)))
+            raise InputError(
+                _("nasi-lemak trains the spec's own model, whose shape is fixed ({shape}): leave out {changed}").format(
+                    shape=", ".join(f"{k}={v}" for k, v in self.FIXED.items()), changed=", ".join(changed)
+                )
+            )
         if s.seq_len < len(NASI_LEMAK_PROMPT) + 1:
-            raise InputError(_("seq_len={seq_len} cannot hold {prompt!r} and the letter after it: use seq_len of at "
-                               "least {least}").format(seq_len=s.seq_len, prompt=NASI_LEMAK_PROMPT,
-                                                      least=len(NASI_LEMAK_PROMPT) + 1))
+            raise InputError(
+                _(
+                    "seq_len={seq_len} cannot hold {prompt!r} and the letter after it: use seq_len of at least {least}"
+                ).format(seq_len=s.seq_len, prompt=NASI_LEMAK_PROMPT, least=len(NASI_LEMAK_PROMPT) + 1)
+            )
 
     @cached_property
     def cfg(self) -> TransformerConfig:
         """The spec's snippet as a config: scale-free layer norms, no biases, ReLU, tied unembedding."""
-        return TransformerConfig(d_model=16, n_layers=1, n_heads=2, d_vocab=len(self.vocab),
-                                 n_ctx=self.settings.seq_len, d_mlp=64, act_fn="relu", normalization_type="LNPre",
-                                 bias=False)
+        return TransformerConfig(
+            d_model=16,
+            n_layers=1,
+            n_heads=2,
+            d_vocab=len(self.vocab),
+            n_ctx=self.settings.seq_len,
+            d_mlp=64,
+            act_fn="relu",
+            normalization_type="LNPre",
+            bias=False,
+        )
 
     def init_params(self) -> Params:
         """The spec's random weights, drawn in the spec's order from its seed (42), so the untrained
@@ -429,10 +548,14 @@ class NasiLemak(Recipe):
         tok_emb, pos_emb = P(V, d), P(T, d)
         W_qkv, W_o, W_1, W_2 = P(d, 3 * d), P(d, d), P(d, d_ff), P(d_ff, d)
         pos_emb = np.concatenate([pos_emb, P(self.settings.seq_len - T, d)])
-        params = {"embed": {"W_E": tok_emb}, "pos_embed": {"W_pos": pos_emb},
-                  "blocks": [{"ln1": {}, "attn": {"W_QKV": W_qkv, "W_O": W_o}, "ln2": {},
-                              "mlp": {"W_in": W_1, "W_out": W_2}}],
-                  "ln_final": {}}
+        params = {
+            "embed": {"W_E": tok_emb},
+            "pos_embed": {"W_pos": pos_emb},
+            "blocks": [
+                {"ln1": {}, "attn": {"W_QKV": W_qkv, "W_O": W_o}, "ln2": {}, "mlp": {"W_in": W_1, "W_out": W_2}}
+            ],
+            "ln_final": {},
+        }
         return _cast(params, self.dtype)
 
     def batch(self, rng: np.random.Generator) -> np.ndarray:
@@ -478,18 +601,27 @@ class Text(Recipe):
         if not isinstance(text, str):
             raise InputError(_("text must be a string"))
         if len(text) > TEXT_MAX_CHARS:
-            raise InputError(_("the text has {n:,} characters; at most {most:,} are accepted: shorten it").format(
-                n=len(text), most=TEXT_MAX_CHARS))
+            raise InputError(
+                _("the text has {n:,} characters; at most {most:,} are accepted: shorten it").format(
+                    n=len(text), most=TEXT_MAX_CHARS
+                )
+            )
         chars = sorted(set(text))
         if len(chars) > TEXT_MAX_VOCAB:
-            raise InputError(_("the text has {n:,} distinct characters; a character model here holds at most "
-                               "{most}: use a text in fewer scripts or symbols").format(n=len(chars),
-                                                                                      most=TEXT_MAX_VOCAB))
+            raise InputError(
+                _(
+                    "the text has {n:,} distinct characters; a character model here holds at most "
+                    "{most}: use a text in fewer scripts or symbols"
+                ).format(n=len(chars), most=TEXT_MAX_VOCAB)
+            )
         need = math.ceil((s.seq_len + 1) / self.held_out_fraction)
         if len(text) < need:
-            raise InputError(_("the text has {n:,} characters; with seq_len={seq_len} it needs at least {need:,} (a "
-                               "tenth is held out and must hold one sequence): lengthen it or lower seq_len").format(
-                n=len(text), seq_len=s.seq_len, need=need))
+            raise InputError(
+                _(
+                    "the text has {n:,} characters; with seq_len={seq_len} it needs at least {need:,} (a "
+                    "tenth is held out and must hold one sequence): lengthen it or lower seq_len"
+                ).format(n=len(text), seq_len=s.seq_len, need=need)
+            )
         self.text = text
         self.vocab = (UNK, *chars)
         ids = self.encode(text)
@@ -518,8 +650,9 @@ class Text(Recipe):
 
     @cached_property
     def held_out(self) -> np.ndarray:
-        return np.concatenate([self._windows(self.held_out_ids, self._held_out_rng)
-                               for _ in range(self.n_held_out_batches)])
+        return np.concatenate(
+            [self._windows(self.held_out_ids, self._held_out_rng) for _ in range(self.n_held_out_batches)]
+        )
 
     def sample_prompt(self) -> np.ndarray:
         prompt = self.held_out_ids[:16]
@@ -537,8 +670,9 @@ def probe_tokens(s: TrainSettings) -> list[str]:
 
 def make_recipe(s: TrainSettings) -> Recipe:
     if s.recipe not in RECIPES:
-        raise InputError(_("recipe {recipe!r} is not one of {choices}").format(
-                           recipe=s.recipe, choices=', '.join(RECIPES)))
+        raise InputError(
+            _("recipe {recipe!r} is not one of {choices}").format(recipe=s.recipe, choices=", ".join(RECIPES))
+        )
     return RECIPES[s.recipe](s)
 
 

@@ -33,8 +33,8 @@ from .errors import InputError
 from .functional import softmax
 from .i18n import _
 
-
 # ------------------------------------------------------------------ the settings
+
 
 @dataclass(frozen=True)
 class Sampling:
@@ -50,11 +50,15 @@ class Sampling:
         if not _is_number(t) or not (math.isfinite(t) and t >= 0):
             raise InputError(_("temperature must be 0 (greedy) or a positive number, got {t!r}").format(t=t))
         if k is not None and (isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1):
-            raise InputError(_("top_k must be a whole number of tokens, at least 1 (or null for no "
-                               "top-k), got {k!r}").format(k=k))
+            raise InputError(
+                _("top_k must be a whole number of tokens, at least 1 (or null for no top-k), got {k!r}").format(k=k)
+            )
         if not _is_number(p) or not (0 < p <= 1):
-            raise InputError(_("top_p must lie in (0, 1]: the share of probability to keep (1 keeps "
-                               "every token), got {p!r}").format(p=p))
+            raise InputError(
+                _("top_p must lie in (0, 1]: the share of probability to keep (1 keeps every token), got {p!r}").format(
+                    p=p
+                )
+            )
         if not _is_number(r) or not (math.isfinite(r) and r > 0):
             raise InputError(_("repetition_penalty must be a positive number (1: none), got {r!r}").format(r=r))
 
@@ -92,6 +96,7 @@ def sampler(seed: int) -> np.random.Generator:
 
 # ------------------------------------------------------------------ the ranking
 
+
 def ranked(logits: np.ndarray, n: int | None = None) -> np.ndarray:
     """Token ids from the most to the least likely (by logit; ties: the lower id first); the first n only.
     # [d_vocab] -> [n]"""
@@ -114,6 +119,7 @@ def rank_of(logits: np.ndarray, token: int) -> int:
 
 
 # ------------------------------------------------------------------ each setting
+
 
 def apply_repetition_penalty(logits: np.ndarray, previous: Iterable[int], penalty: float) -> np.ndarray:
     """Every token already in the text made less likely: a positive logit divided by the penalty, a
@@ -171,6 +177,7 @@ def apply_greedy(logits: np.ndarray) -> np.ndarray:
 
 # ------------------------------------------------------------------ all of them, and the draw
 
+
 @dataclass(frozen=True)
 class Warped:
     """One step's distributions: the model's, then after each setting in turn (`stages` names them).
@@ -206,8 +213,9 @@ class Warped:
         top = [int(i) for i in ranked(before_cut, n)]
         extra = [int(i) for i in dict.fromkeys(also) if int(i) not in top]
         ranks = [*range(len(top)), *(rank_of(before_cut, t) for t in extra)]
-        return [TableRow(t, r, tuple(float(p[t]) for p in self.probs), self.cut_by(t))
-                for r, t in zip(ranks, top + extra)]
+        return [
+            TableRow(t, r, tuple(float(p[t]) for p in self.probs), self.cut_by(t)) for r, t in zip(ranks, top + extra)
+        ]
 
     def cut_from(self) -> int:
         """The index of the first stage that can cut tokens away (top-k, top-p, greedy), or len(stages)."""
@@ -262,8 +270,9 @@ def draw(probs: np.ndarray, u: float) -> int:
     return int(kept[min(i, kept.size - 1)])  # u × total rounds below the total; min() guards the last bit
 
 
-def sample(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator | None, previous: Iterable[int] = ()
-           ) -> tuple[int, Warped, float | None]:
+def sample(
+    logits: np.ndarray, sampling: Sampling, rng: np.random.Generator | None, previous: Iterable[int] = ()
+) -> tuple[int, Warped, float | None]:
     """The next token: every stage, then greedy (no number drawn) or one draw. Returns the token, the
     distributions and u (None when greedy)."""
     warped = warp(logits, sampling, previous)

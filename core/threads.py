@@ -88,7 +88,7 @@ class Slabs:
         if slab is None:
             raw = np.empty(size + self.ALIGN, np.uint8)
             start = -raw.ctypes.data % self.ALIGN
-            slab = raw[start:start + size]
+            slab = raw[start : start + size]
         return np.asarray(_Lease(slab, self))[:nbytes].view(dtype).reshape(shape)
 
     def _back(self, slab: np.ndarray) -> None:
@@ -211,8 +211,11 @@ def _numpy_blas():
         try:
             from threadpoolctl import ThreadpoolController
 
-            found = [c for c in ThreadpoolController().select(user_api="blas").lib_controllers
-                     if "numpy" in (c.filepath or "")]
+            found = [
+                c
+                for c in ThreadpoolController().select(user_api="blas").lib_controllers
+                if "numpy" in (c.filepath or "")
+            ]
             _blas = ThreadpoolController().select(filepath=found[0].filepath) if found else False
         except Exception:  # no threadpoolctl, or a BLAS it cannot see (Accelerate): the BLAS's own threads
             _blas = False

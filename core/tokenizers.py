@@ -54,7 +54,8 @@ class CharTokenizer:
         if unknown:
             raise InputError(
                 _("characters {unknown!r} are not in the vocabulary {vocab!r}").format(
-                  unknown=''.join(unknown), vocab=''.join(self.vocab))
+                    unknown="".join(unknown), vocab="".join(self.vocab)
+                )
             )
         return [stoi[c] for c in text]
 

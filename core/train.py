@@ -48,11 +48,10 @@ import numpy as np
 
 from . import backprop
 from .analysis import detector_score, induction_keys, previous_token_keys
-from .optim import AdamW, ParamVector, clip_grad_norm, learning_rate
 from .errors import InputError
-from .recipes import (DEFAULTS, UNK, Induction, TrainSettings, make_recipe, setting_fields, setting_type,
-                      settings)
 from .i18n import _
+from .optim import AdamW, ParamVector, clip_grad_norm, learning_rate
+from .recipes import DEFAULTS, UNK, Induction, TrainSettings, make_recipe, setting_fields, setting_type, settings
 
 SAMPLE_TOKENS = 96  # longest sample (and never past the model's context)
 
@@ -114,9 +113,15 @@ class Snapshot:
     def save(self, path: str | Path) -> Path:
         """One .npz; written beside the target and renamed into place, so a reader never sees half a file."""
         path = Path(path)
-        meta = {"settings": asdict(self.settings), "step": self.step, "t": self.t,
-                "data_rng_state": self.data_rng_state, "pending_losses": self.pending_losses,
-                "grad_norm": self.grad_norm, "elapsed_s": self.elapsed_s}
+        meta = {
+            "settings": asdict(self.settings),
+            "step": self.step,
+            "t": self.t,
+            "data_rng_state": self.data_rng_state,
+            "pending_losses": self.pending_losses,
+            "grad_norm": self.grad_norm,
+            "elapsed_s": self.elapsed_s,
+        }
         tmp = path.with_name(path.name + ".tmp")
         with open(tmp, "wb") as f:
             np.savez(f, params=self.params, m=self.m, v=self.v, meta=np.array(json.dumps(meta)))
@@ -127,8 +132,18 @@ class Snapshot:
     def load(cls, path: str | Path) -> Snapshot:
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(str(z["meta"]))
-            return cls(TrainSettings(**meta["settings"]), meta["step"], z["params"], z["m"], z["v"], meta["t"],
-                       meta["data_rng_state"], meta["pending_losses"], meta["grad_norm"], meta["elapsed_s"])
+            return cls(
+                TrainSettings(**meta["settings"]),
+                meta["step"],
+                z["params"],
+                z["m"],
+                z["v"],
+                meta["t"],
+                meta["data_rng_state"],
+                meta["pending_losses"],
+                meta["grad_norm"],
+                meta["elapsed_s"],
+            )
 
 
 # A batch is run through the model this many tokens at a time (gradient accumulation), so that each
@@ -137,8 +152,9 @@ class Snapshot:
 MICRO_BATCH_TOKENS = 1024
 
 
-def optimisation_step(vector: ParamVector, optimizer: AdamW, cfg, batch: np.ndarray, lr: float,
-                      grad_clip: float) -> tuple[float, float]:
+def optimisation_step(
+    vector: ParamVector, optimizer: AdamW, cfg, batch: np.ndarray, lr: float, grad_clip: float
+) -> tuple[float, float]:
     """Loss and gradients of batch [batch, pos + 1] (inputs [:, :-1], targets [:, 1:]), the gradient clipped
     to a global norm of grad_clip (0: not clipped), one AdamW update at this learning rate.
     Returns the loss and the gradient's norm before clipping."""
@@ -191,8 +207,12 @@ def blas_in_use() -> dict | None:
     if not blas:
         return None
     i = blas[0]
-    return {"library": i.get("internal_api"), "version": i.get("version"), "kernel": i.get("architecture"),
-            "threads": i.get("num_threads")}
+    return {
+        "library": i.get("internal_api"),
+        "version": i.get("version"),
+        "kernel": i.get("architecture"),
+        "threads": i.get("num_threads"),
+    }
 
 
 class Training:
@@ -227,18 +247,23 @@ class Training:
     def train_step(self) -> float:
         """Draw a batch and take one optimisation step on it. Returns the batch's loss."""
         batch = self.recipe.batch(self.recipe.data_rng)  # [batch, seq_len + 1]
-        loss, self.grad_norm = optimisation_step(self.vector, self.optimizer, self.cfg, batch, self.lr(self.step),
-                                                 self.settings.grad_clip)
+        loss, self.grad_norm = optimisation_step(
+            self.vector, self.optimizer, self.cfg, batch, self.lr(self.step), self.settings.grad_clip
+        )
         if not math.isfinite(loss):
-            raise InputError(_("the loss became {loss} at step {step}: training diverged; lower the "
-                               "learning rate (lr={lr:g}) or keep gradient clipping on").format(
-                               loss=loss, step=self.step + 1, lr=self.settings.lr))
+            raise InputError(
+                _(
+                    "the loss became {loss} at step {step}: training diverged; lower the "
+                    "learning rate (lr={lr:g}) or keep gradient clipping on"
+                ).format(loss=loss, step=self.step + 1, lr=self.settings.lr)
+            )
         self.step += 1
         self._pending.append(loss)
         return loss
 
-    def records(self, stop: Callable[[], bool] | None = None,
-                progress: Callable[[int, float], None] | None = None) -> Iterator[Record]:
+    def records(
+        self, stop: Callable[[], bool] | None = None, progress: Callable[[int, float], None] | None = None
+    ) -> Iterator[Record]:
         """Train to settings.steps, yielding a Record at step 0 (fresh runs), every eval_interval steps
         and at the last step. `stop()` is asked before every step; when it says True the run stops
         there (take a snapshot to continue it later). `progress(step, loss)` is told after every step
@@ -277,8 +302,9 @@ class Training:
         # Held-out loss, position by position, MICRO_BATCH_TOKENS at a time (as training runs a batch).
         held_out = recipe.held_out
         parts = max(1, min(len(held_out), held_out[:, 1:].size // MICRO_BATCH_TOKENS))
-        losses = np.concatenate([_token_losses(self._logits(chunk[:, :-1]), chunk[:, 1:])
-                                 for chunk in np.array_split(held_out, parts)])
+        losses = np.concatenate(
+            [_token_losses(self._logits(chunk[:, :-1]), chunk[:, 1:]) for chunk in np.array_split(held_out, parts)]
+        )
         quarter = max(1, losses.shape[1] // 4)
         icl = float(losses[:, -quarter:].mean() - losses[:, :quarter].mean())
 
@@ -290,10 +316,17 @@ class Training:
 
         target = recipe.target(lambda tokens: self._logits(np.asarray(tokens)[None])[0])
         record = Record(
-            step=self.step, steps=s.steps, lr=self.lr(max(0, self.step - 1)),
-            train_loss=float(np.mean(self._pending)) if self._pending else None, val_loss=float(losses.mean()),
-            grad_norm=self.grad_norm, previous_token=prev.tolist(), induction=ind.tolist(), icl_score=icl,
-            target=target, patterns=pattern[0].astype(np.float64).tolist() if patterns else None,
+            step=self.step,
+            steps=s.steps,
+            lr=self.lr(max(0, self.step - 1)),
+            train_loss=float(np.mean(self._pending)) if self._pending else None,
+            val_loss=float(losses.mean()),
+            grad_norm=self.grad_norm,
+            previous_token=prev.tolist(),
+            induction=ind.tolist(),
+            icl_score=icl,
+            target=target,
+            patterns=pattern[0].astype(np.float64).tolist() if patterns else None,
             sample=self.sample() if sample else None,
         )
         self._pending = []
@@ -321,23 +354,39 @@ class Training:
     # ------------------------------------------------------------------ snapshots and export
 
     def snapshot(self) -> Snapshot:
-        return Snapshot(self.settings, self.step, self.vector.flat.copy(), self.optimizer.state.m.copy(),
-                        self.optimizer.state.v.copy(), self.optimizer.state.t,
-                        self.recipe.data_rng.bit_generator.state, list(self._pending), self.grad_norm, self._elapsed)
+        return Snapshot(
+            self.settings,
+            self.step,
+            self.vector.flat.copy(),
+            self.optimizer.state.m.copy(),
+            self.optimizer.state.v.copy(),
+            self.optimizer.state.t,
+            self.recipe.data_rng.bit_generator.state,
+            list(self._pending),
+            self.grad_norm,
+            self._elapsed,
+        )
 
     @classmethod
     def resume(cls, snap: Snapshot) -> Training:
         run = cls(snap.settings)
         if snap.params.shape != run.vector.flat.shape:
-            raise InputError(_("the snapshot holds {held} parameters, the settings' model {expected}: it belongs to "
-                               "another run").format(held=snap.params.size, expected=run.vector.size))
+            raise InputError(
+                _(
+                    "the snapshot holds {held} parameters, the settings' model {expected}: it belongs to another run"
+                ).format(held=snap.params.size, expected=run.vector.size)
+            )
         run.vector.flat[:] = snap.params
         run.optimizer.state.m[:] = snap.m
         run.optimizer.state.v[:] = snap.v
         run.optimizer.state.t = snap.t
         run.recipe.data_rng.bit_generator.state = snap.data_rng_state
-        run.step, run._pending, run.grad_norm, run._elapsed = snap.step, list(snap.pending_losses), snap.grad_norm, \
-            snap.elapsed_s
+        run.step, run._pending, run.grad_norm, run._elapsed = (
+            snap.step,
+            list(snap.pending_losses),
+            snap.grad_norm,
+            snap.elapsed_s,
+        )
         return run
 
     def export(self, folder: str | Path) -> Path:
@@ -358,21 +407,28 @@ def _token_losses(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
 
 # ---------------------------------------------------------------------------- command line
 
+
 def _line(name: str, r: Record, target_name: str | None) -> str:
     loss = "    -   " if r.train_loss is None else f"{r.train_loss:7.4f} "
     prev = np.nanmax(r.previous_token[0])
-    text = (f"{name} step {r.step:>6}/{r.steps}  loss {loss} val {r.val_loss:7.4f}  lr {r.lr:.2e}  "
-            f"prev-token(L0) {prev:.2f}  induction(L{len(r.induction) - 1}) {r.best_induction:.2f}  "
-            f"icl {r.icl_score:+.2f}")
+    text = (
+        f"{name} step {r.step:>6}/{r.steps}  loss {loss} val {r.val_loss:7.4f}  lr {r.lr:.2e}  "
+        f"prev-token(L0) {prev:.2f}  induction(L{len(r.induction) - 1}) {r.best_induction:.2f}  "
+        f"icl {r.icl_score:+.2f}"
+    )
     if r.target is not None:
         text += f"  target {r.target:.3f}"
     return text + f"  {r.elapsed_s:6.1f} s"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m core.train", description=(
-        "Train a recipe's model in NumPy and print one line per evaluation. "
-        "Same settings, NumPy, BLAS kernel and thread count: the same weights, bit for bit."))
+    parser = argparse.ArgumentParser(
+        prog="python -m core.train",
+        description=(
+            "Train a recipe's model in NumPy and print one line per evaluation. "
+            "Same settings, NumPy, BLAS kernel and thread count: the same weights, bit for bit."
+        ),
+    )
     parser.add_argument("recipe", choices=list(DEFAULTS))
     options = setting_fields(cli=True)  # TrainSettings' own: --steps, --seq-len, --attn-only/--no-attn-only ...
     for f in options:
@@ -390,9 +446,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="save the trained model here as a Hugging Face GPT-2 folder")
     parser.add_argument("--snapshot", type=Path, help="save a snapshot here at the end (or on Ctrl-C)")
     parser.add_argument("--resume", type=Path, help="continue from this snapshot (its settings are used)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="BLAS threads (default 1: reproducible bit for bit with the same BLAS kernel, and "
-                             "the fastest at these sizes)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="BLAS threads (default 1: reproducible bit for bit with the same BLAS kernel, and "
+        "the fastest at these sizes)",
+    )
     parser.add_argument("--quiet", action="store_true", help="print only the last record")
     args = parser.parse_args(argv)
 

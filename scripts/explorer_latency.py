@@ -107,16 +107,21 @@ window.__explorerWatch = async function (act, first, settle) {
 };
 }"""
 
-EDIT = """async ([text, settle]) => {
+EDIT = (
+    """async ([text, settle]) => {
   const box = document.getElementById('text');
   const rows = text.length;
   return await window.__explorerWatch(async () => {
     box.value = text;
     box.dispatchEvent(new Event('input', {bubbles: true}));
-  }, el => """ + SHOWN_ROWS + """(el) === rows, settle);
+  }, el => """
+    + SHOWN_ROWS
+    + """(el) === rows, settle);
 }"""
+)
 
-BURST = """async ([text, keys, gap, settle]) => {
+BURST = (
+    """async ([text, keys, gap, settle]) => {
   const box = document.getElementById('text');
   const rows = text.length + keys.length;
   const pause = ms => new Promise(r => setTimeout(r, ms));
@@ -129,13 +134,21 @@ BURST = """async ([text, keys, gap, settle]) => {
   return await window.__explorerWatch(async () => {
     box.value += keys[keys.length - 1];
     box.dispatchEvent(new Event('input', {bubbles: true}));
-  }, el => """ + SHOWN_ROWS + """(el) === rows, settle);
+  }, el => """
+    + SHOWN_ROWS
+    + """(el) === rows, settle);
 }"""
+)
 
 # A click on a head thumbnail or a layer chip; done when the weights heatmap shows that head's whole
 # pattern (as many rows as before, and another matrix) and, for a layer, the title says so.
-SWITCH = """async ([forId, settle]) => {
-  const rows = """ + SHOWN_ROWS + """, hash = """ + SHOWN_HASH + """;
+SWITCH = (
+    """async ([forId, settle]) => {
+  const rows = """
+    + SHOWN_ROWS
+    + """, hash = """
+    + SHOWN_HASH
+    + """;
   const weights = document.querySelector('#stage-weights [data-figure]');
   const before = hash(weights), n = rows(weights);
   const layer = forId.startsWith('layer-') ? forId.slice(6) : null;
@@ -144,6 +157,7 @@ SWITCH = """async ([forId, settle]) => {
   }, p => rows(p) === n && hash(p) !== before
        && (layer === null || document.querySelector('#attn-title').textContent.includes('layer ' + layer)), settle);
 }"""
+)
 
 
 def debounce_ms() -> float:
@@ -184,9 +198,17 @@ def measure(page, url: str, tokens: int, edits: int, switches: int) -> dict[str,
     page.evaluate(WATCH)
     page.evaluate(EDIT, [text_of(tokens), SETTLE_MS])  # warm-up
     page.evaluate(EDIT, [text_of(tokens - 1), SETTLE_MS])
-    out: dict[str, list[float]] = {"edit_first": [], "edit_all": [], "edit_server": [], "edit_bytes": [],
-                                   "burst_first": [], "head": [], "layer": [],
-                                   "load_first": load_first, "load_all": load_all}
+    out: dict[str, list[float]] = {
+        "edit_first": [],
+        "edit_all": [],
+        "edit_server": [],
+        "edit_bytes": [],
+        "burst_first": [],
+        "head": [],
+        "layer": [],
+        "load_first": load_first,
+        "load_all": load_all,
+    }
     for i in range(edits):
         # alternate n and n - 1 characters, a different last letter each time
         text = text_of(tokens - 1) + LETTERS[i % 26]
@@ -197,7 +219,7 @@ def measure(page, url: str, tokens: int, edits: int, switches: int) -> dict[str,
         out["edit_bytes"].append(r["bytes"])
         page.evaluate(EDIT, [text_of(tokens - 1), SETTLE_MS])
     for i in range(max(1, edits // 4)):
-        r = page.evaluate(BURST, [text_of(tokens - 5), list(LETTERS[i % 20: i % 20 + 5]), 40, SETTLE_MS])
+        r = page.evaluate(BURST, [text_of(tokens - 5), list(LETTERS[i % 20 : i % 20 + 5]), 40, SETTLE_MS])
         out["burst_first"].append(r["first"])
         page.evaluate(EDIT, [text_of(tokens - 1), SETTLE_MS])
     n_heads = page.locator(".head-grid .head").count()
@@ -222,12 +244,16 @@ def run(tokens: list[int], edits: int, switches: int) -> dict[int, dict[str, lis
     return results
 
 
-ROWS = [("edit_first", "edit -> first heatmap redrawn"),
-        ("edit_server", "  of which the server (update sent -> its first byte)"),
-        ("edit_all", "edit -> every figure redrawn"),
-        ("burst_first", "last key of a burst (5 keys, 40 ms apart) -> first heatmap"),
-        ("head", "switch head -> its heatmap redrawn"), ("layer", "switch layer -> its heatmap redrawn"),
-        ("load_first", "first load -> weights heatmap drawn"), ("load_all", "first load -> every figure drawn")]
+ROWS = [
+    ("edit_first", "edit -> first heatmap redrawn"),
+    ("edit_server", "  of which the server (update sent -> its first byte)"),
+    ("edit_all", "edit -> every figure redrawn"),
+    ("burst_first", "last key of a burst (5 keys, 40 ms apart) -> first heatmap"),
+    ("head", "switch head -> its heatmap redrawn"),
+    ("layer", "switch layer -> its heatmap redrawn"),
+    ("load_first", "first load -> weights heatmap drawn"),
+    ("load_all", "first load -> every figure drawn"),
+]
 
 
 def summary(results: dict[int, dict[str, list[float]]]) -> list[list[str]]:
@@ -239,8 +265,9 @@ def summary(results: dict[int, dict[str, list[float]]]) -> list[list[str]]:
             cells.append(f"{statistics.median(xs):.0f} ({min(xs):.0f}-{max(xs):.0f})" if xs else "-")
         rows.append(cells)
     sizes = [[x for x in r["edit_bytes"] if x is not None] for r in results.values()]
-    rows.append(["bytes of one update as sent (KB)"] + [f"{statistics.median(xs) / 1024:.0f}" if xs else "-"
-                                                        for xs in sizes])
+    rows.append(
+        ["bytes of one update as sent (KB)"] + [f"{statistics.median(xs) / 1024:.0f}" if xs else "-" for xs in sizes]
+    )
     return rows
 
 
@@ -251,8 +278,10 @@ def main() -> None:
     ap.add_argument("--switches", type=int, default=10)
     args = ap.parse_args()
     results = run(args.tokens, args.edits, args.switches)
-    print(f"toy model, median (min-max) ms, debounce {debounce_ms():.0f} ms (first key after a pause sent at once), "
-          f"load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"toy model, median (min-max) ms, debounce {debounce_ms():.0f} ms (first key after a pause sent at once), "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
     print("| measure | " + " | ".join(f"{n} tokens" for n in results) + " |")
     print("|---|" + "---|" * len(results))
     for row in summary(results):

@@ -36,8 +36,10 @@ class Tally:
 
     def summary(self) -> str:
         statuses = ", ".join(f"{s}: {n}" for s, n in sorted(self.by_status.items()))
-        lines = [f"fuzz: {self.requests} requests, statuses {{{statuses}}}, "
-                 f"{self.unsendable} unsendable, {len(self.problems)} problems"]
+        lines = [
+            f"fuzz: {self.requests} requests, statuses {{{statuses}}}, "
+            f"{self.unsendable} unsendable, {len(self.problems)} problems"
+        ]
         lines += [f"  {op}: {n}" for op, n in sorted(self.by_operation.items())]
         lines += [f"  PROBLEM {p}" for p in self.problems[:20]]
         return "\n".join(lines)
@@ -82,9 +84,15 @@ def fuzz(base_url: str, examples_per_operation: int, *, seed: int = 0, tally: Ta
         operation = result.ok()
         label = f"{operation.method.upper()} {operation.path}"
         for mode in MODES:
-            @hypothesis.settings(max_examples=examples_per_operation, deadline=None, database=None,
-                                 phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck),
-                                 derandomize=False)
+
+            @hypothesis.settings(
+                max_examples=examples_per_operation,
+                deadline=None,
+                database=None,
+                phases=[Phase.explicit, Phase.generate],
+                suppress_health_check=list(HealthCheck),
+                derandomize=False,
+            )
             @hypothesis.seed(seed)
             @given(case=operation.as_strategy(generation_mode=mode))
             def one(case):
@@ -143,6 +151,7 @@ def main() -> int:
         tally = run(args.url.rstrip("/"))
     else:
         from liveserver import live_server
+
         with live_server() as server:
             tally = run(server.url)
     return 1 if tally.problems else 0

@@ -54,6 +54,7 @@ class CheckFailed(Exception):
 
 # ------------------------------------------------------------------ the engine
 
+
 def pick_engine(wanted: str | None) -> str:
     if wanted:
         if not shutil.which(wanted):
@@ -63,8 +64,10 @@ def pick_engine(wanted: str | None) -> str:
         return "podman"
     if shutil.which("docker") and subprocess.run(["docker", "info"], capture_output=True).returncode == 0:
         return "docker"
-    sys.exit("image-test: no container engine. Install Docker, or podman with the base images "
-             "(../shared/tools/local-docker.sh -f Dockerfile where Docker Hub is unreachable).")
+    sys.exit(
+        "image-test: no container engine. Install Docker, or podman with the base images "
+        "(../shared/tools/local-docker.sh -f Dockerfile where Docker Hub is unreachable)."
+    )
 
 
 @dataclass
@@ -74,8 +77,10 @@ class Engine:
     def run(self, *args: str, check: bool = True, timeout: float | None = None) -> subprocess.CompletedProcess:
         result = subprocess.run([self.name, *args], capture_output=True, text=True, timeout=timeout)
         if check and result.returncode != 0:
-            raise CheckFailed(f"{self.name} {' '.join(args[:3])} ...: exit {result.returncode}: "
-                              f"{(result.stderr or result.stdout).strip()[-800:]}")
+            raise CheckFailed(
+                f"{self.name} {' '.join(args[:3])} ...: exit {result.returncode}: "
+                f"{(result.stderr or result.stdout).strip()[-800:]}"
+            )
         return result
 
     def inspect(self, kind: str, name: str) -> dict:
@@ -83,6 +88,7 @@ class Engine:
 
 
 # ------------------------------------------------------------------ compose's settings
+
 
 def seconds(duration: str) -> float:
     """A Compose duration of whole units: 15s, 2m, 1m30s."""
@@ -99,6 +105,7 @@ def seconds(duration: str) -> float:
 @dataclass
 class Service:
     """What docker-compose.yml says about the explorer service, as `run` options."""
+
     image: str
     context: Path
     dockerfile: str
@@ -110,8 +117,7 @@ class Service:
 
 # The service's keys this test applies to its container, and those it leaves out (and why). A key in
 # neither stops the test: a new compose setting must be run here too, or said why not.
-APPLIED_KEYS = {"build", "image", "ports", "environment", "read_only", "tmpfs", "init", "stop_grace_period",
-                "volumes"}
+APPLIED_KEYS = {"build", "image", "ports", "environment", "read_only", "tmpfs", "init", "stop_grace_period", "volumes"}
 LEFT_OUT_KEYS = {"restart": "the test stops and starts the container itself"}
 
 
@@ -138,12 +144,19 @@ def read_compose(path: Path) -> Service:
     for v in service.get("volumes", []):
         source, target, *mode = v.split(":")
         volumes.append((source, target, mode[0] if mode else "rw"))
-    return Service(image=service["image"], context=(path.parent / context).resolve(), dockerfile=dockerfile,
-                   container_port=str(port).split(":")[-1].split("/")[0],
-                   grace_s=seconds(service.get("stop_grace_period", "10s")), options=options, volumes=volumes)
+    return Service(
+        image=service["image"],
+        context=(path.parent / context).resolve(),
+        dockerfile=dockerfile,
+        container_port=str(port).split(":")[-1].split("/")[0],
+        grace_s=seconds(service.get("stop_grace_period", "10s")),
+        options=options,
+        volumes=volumes,
+    )
 
 
 # ------------------------------------------------------------------ HTTP from the host
+
 
 def http(url: str, body: dict | None = None) -> tuple[int, bytes]:
     data = None if body is None else json.dumps(body).encode()
@@ -163,6 +176,7 @@ def get_json(url: str, path: str, body: dict | None = None, status: int = 200) -
 
 
 # ------------------------------------------------------------------ the run
+
 
 class Smoke:
     def __init__(self, engine: Engine, service: Service, models_dir: Path):
@@ -202,8 +216,16 @@ class Smoke:
 
     def start(self) -> str:
         s = self.service
-        self.engine.run("run", "--detach", f"--name={self.container}", *s.options, *self.mounts(),
-                        f"--publish=127.0.0.1::{s.container_port}", f"--stop-timeout={int(s.grace_s)}", s.image)
+        self.engine.run(
+            "run",
+            "--detach",
+            f"--name={self.container}",
+            *s.options,
+            *self.mounts(),
+            f"--publish=127.0.0.1::{s.container_port}",
+            f"--stop-timeout={int(s.grace_s)}",
+            s.image,
+        )
         return self.wait_until_serving()
 
     def wait_until_serving(self) -> str:
@@ -263,22 +285,25 @@ class Smoke:
                 assert run["top_k"] == [], f"{m['name']}: an encoder predicts no next token"
             else:
                 probs = [t["prob"] for t in run["top_k"]]
-                assert len(probs) == 3 and probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1 + 1e-6, \
+                assert len(probs) == 3 and probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1 + 1e-6, (
                     f"{m['name']}: top_k {run['top_k']}"
+                )
             ran.append(f"{m['name']} ({len(run['tokens'])} tokens)")
         return f"ran {', '.join(ran)}; from /models: {', '.join(sorted(mounted))}"
 
     def user(self) -> str:
         # The server process itself (not a shell started by exec): its real and effective ids.
-        code = ("import grp, os, pwd\n"
-                "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
-                "    cmd = open(f'/proc/{pid}/cmdline', 'rb').read().split(b'\\0')\n"
-                "    if cmd[:3] == [b'python', b'-m', b'app']:\n"
-                "        st = dict(l.split(':', 1) for l in open(f'/proc/{pid}/status'))\n"
-                "        uid, gid = int(st['Uid'].split()[1]), int(st['Gid'].split()[1])\n"
-                "        user = pwd.getpwuid(uid)\n"
-                "        print(uid, gid, user.pw_name, grp.getgrgid(gid).gr_name, user.pw_gid)\n"
-                "        break\n")
+        code = (
+            "import grp, os, pwd\n"
+            "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
+            "    cmd = open(f'/proc/{pid}/cmdline', 'rb').read().split(b'\\0')\n"
+            "    if cmd[:3] == [b'python', b'-m', b'app']:\n"
+            "        st = dict(l.split(':', 1) for l in open(f'/proc/{pid}/status'))\n"
+            "        uid, gid = int(st['Uid'].split()[1]), int(st['Gid'].split()[1])\n"
+            "        user = pwd.getpwuid(uid)\n"
+            "        print(uid, gid, user.pw_name, grp.getgrgid(gid).gr_name, user.pw_gid)\n"
+            "        break\n"
+        )
         out = self.engine.run("exec", self.container, "python", "-c", code).stdout.split()
         assert len(out) == 5, f"no `python -m app` process found, or its ids have no names: {out}"
         uid, gid, user, group, primary_gid = out
@@ -299,8 +324,10 @@ class Smoke:
     def healthcheck(self) -> str:
         image = self.engine.inspect("image", self.service.image)
         hc = image["Config"].get("Healthcheck") or image.get("Healthcheck")  # docker | podman
-        assert hc and hc.get("Test"), ("the image has no HEALTHCHECK (podman: build --format docker; the docker "
-                                       "CLI on podman's API does not see it: use --engine podman)")
+        assert hc and hc.get("Test"), (
+            "the image has no HEALTHCHECK (podman: build --format docker; the docker "
+            "CLI on podman's API does not see it: use --engine podman)"
+        )
         # The check must be able to fail: its command, pointed at a port nothing listens on.
         kind, *command = hc["Test"]
         probe = ["sh", "-c", command[0]] if kind == "CMD-SHELL" else command
@@ -328,8 +355,9 @@ class Smoke:
         try:
             code = self.engine.run("wait", self.container, timeout=self.service.grace_s).stdout.strip()
         except subprocess.TimeoutExpired:
-            raise CheckFailed(f"still running {self.service.grace_s:.0f} s after SIGTERM "
-                              "(compose would kill it)") from None
+            raise CheckFailed(
+                f"still running {self.service.grace_s:.0f} s after SIGTERM (compose would kill it)"
+            ) from None
         took = time.monotonic() - t0
         assert code == "0", f"exit code {code} after SIGTERM:\n{self.logs()}"
         return f"exit 0 after {took:.1f} s (grace {self.service.grace_s:.0f} s)"
@@ -401,11 +429,19 @@ class ScaleStack:
     def compose(self, *args: str, timeout: float = SCALE_START_S) -> subprocess.CompletedProcess:
         command = ["podman-compose"] if self.engine.name == "podman" else ["docker", "compose"]
         env = os.environ | {"REDIS_PASSWORD": self.password, "PUBLISHED_PORT": str(self.port)}
-        result = subprocess.run([*command, "-p", self.name, "-f", str(self.root / SCALE_FILE), *args], cwd=self.root,
-                                env=env, capture_output=True, text=True, timeout=timeout)
+        result = subprocess.run(
+            [*command, "-p", self.name, "-f", str(self.root / SCALE_FILE), *args],
+            cwd=self.root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if result.returncode != 0:
-            raise CheckFailed(f"{' '.join(command)} {' '.join(args)}: exit {result.returncode}: "
-                              f"{(result.stderr or result.stdout)[-1500:]}")
+            raise CheckFailed(
+                f"{' '.join(command)} {' '.join(args)}: exit {result.returncode}: "
+                f"{(result.stderr or result.stdout)[-1500:]}"
+            )
         return result
 
     def container(self, service: str) -> str:
@@ -426,14 +462,23 @@ class ScaleStack:
             except OSError:
                 pass
             time.sleep(1)
-        raise CheckFailed(f"no ready replica behind Caddy within {SCALE_START_S} s:\n"
-                          f"{self.engine.run('logs', '--tail=20', self.container('app1'), check=False).stderr}")
+        raise CheckFailed(
+            f"no ready replica behind Caddy within {SCALE_START_S} s:\n"
+            f"{self.engine.run('logs', '--tail=20', self.container('app1'), check=False).stderr}"
+        )
 
     def down(self) -> None:
-        names = [n for n in self.engine.run("ps", "--all", "--format", "{{.Names}}").stdout.split()
-                 if n.startswith(self.name)]
-        anonymous = [m["Name"] for n in names for m in self.engine.inspect("container", n).get("Mounts", [])
-                     if m.get("Type") == "volume" and m.get("Name") and not m["Name"].startswith(self.name)]
+        names = [
+            n
+            for n in self.engine.run("ps", "--all", "--format", "{{.Names}}").stdout.split()
+            if n.startswith(self.name)
+        ]
+        anonymous = [
+            m["Name"]
+            for n in names
+            for m in self.engine.inspect("container", n).get("Mounts", [])
+            if m.get("Type") == "volume" and m.get("Name") and not m["Name"].startswith(self.name)
+        ]
         try:
             self.compose("down", "-v", timeout=120)
         except (CheckFailed, subprocess.TimeoutExpired) as e:
@@ -453,8 +498,10 @@ class ScaleStack:
                 raise CheckFailed(f"run {id} still {run['status']} after {TRAIN_TIMEOUT_S} s")
             time.sleep(1)
         assert run["status"] == "done" and run["model"] == id, run
-        answers = {json.dumps(get_json(self.url, "/api/v1/run", {"model": id, "text": "nasi ", "top_k": 1})["top_k"])
-                   for _ in range(6)}  # asked of several replicas: each reads the weights from Redis once
+        answers = {
+            json.dumps(get_json(self.url, "/api/v1/run", {"model": id, "text": "nasi ", "top_k": 1})["top_k"])
+            for _ in range(6)
+        }  # asked of several replicas: each reads the weights from Redis once
         assert len(answers) == 1, answers
         return f"{id} trained by a worker; its model answers alike through Caddy: {answers.pop()}"
 
@@ -506,6 +553,7 @@ def scale_checks(engine: Engine, models_dir: Path, failures: list[str]) -> int:
 
 # ------------------------------------------------------------------ main
 
+
 def models_folder(root: Path) -> Path:
     """A models folder like ./models, holding the fixture checkpoint, readable by the image's user."""
     folder = root / "models"
@@ -529,8 +577,18 @@ def main() -> int:
     if not args.no_build:
         t0 = time.monotonic()
         fmt = ["--format=docker"] if engine.name == "podman" else []  # OCI would drop the HEALTHCHECK
-        build = subprocess.run([engine.name, "build", *fmt, "--tag", service.image,
-                                "--file", str(service.context / service.dockerfile), str(service.context)])
+        build = subprocess.run(
+            [
+                engine.name,
+                "build",
+                *fmt,
+                "--tag",
+                service.image,
+                "--file",
+                str(service.context / service.dockerfile),
+                str(service.context),
+            ]
+        )
         if build.returncode != 0:
             print(f"FAIL  build: {engine.name} build exited {build.returncode}")
             return 1
@@ -566,8 +624,10 @@ def main() -> int:
         if not args.no_scale:
             smoke.passed += scale_checks(engine, smoke.models_dir, smoke.failures)
     total = time.monotonic() - t_all
-    print(f"image-test: {smoke.passed} passed, {len(smoke.failures)} failed; checks "
-          f"{time.monotonic() - t_checks:.0f} s, all {total:.0f} s")
+    print(
+        f"image-test: {smoke.passed} passed, {len(smoke.failures)} failed; checks "
+        f"{time.monotonic() - t_checks:.0f} s, all {total:.0f} s"
+    )
     return 1 if smoke.failures else 0
 
 

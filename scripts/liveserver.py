@@ -15,9 +15,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Iterator
 
 import httpx
 
@@ -50,8 +50,14 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def live_server(env: dict[str, str] | None = None, *, no_outbound: bool = False, entry_point: bool = False,
-                startup_timeout_s: float = 60.0, python: str | os.PathLike | None = None) -> Iterator[LiveServer]:
+def live_server(
+    env: dict[str, str] | None = None,
+    *,
+    no_outbound: bool = False,
+    entry_point: bool = False,
+    startup_timeout_s: float = 60.0,
+    python: str | os.PathLike | None = None,
+) -> Iterator[LiveServer]:
     """entry_point=True runs `python -m app` (the image's command: host, port, workers and log level
     from EXPLORER_* settings) instead of the uvicorn command line; `env` may also set PYTHONPATH.
     python: the interpreter to run the app with (default this one; the benchmarks, which run in a
@@ -60,8 +66,21 @@ def live_server(env: dict[str, str] | None = None, *, no_outbound: bool = False,
     child_env = {**os.environ, **(env or {})}
     python = str(python or sys.executable)
     # The same HTTP protocol as `python -m app` (app/__main__.py): it answers an over-long URL with a JSON 414.
-    cmd = [python, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port),
-           "--log-level", "warning", "--no-access-log", "--http", HTTP_PROTOCOL]
+    cmd = [
+        python,
+        "-m",
+        "uvicorn",
+        "app.main:app",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        "--no-access-log",
+        "--http",
+        HTTP_PROTOCOL,
+    ]
     if entry_point:
         cmd = [python, "-m", "app"]
         child_env |= {"EXPLORER_HOST": "127.0.0.1", "EXPLORER_PORT": str(port)}

@@ -50,8 +50,16 @@ import numpy as np
 import torch
 import transformers
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-from transformers import (AutoModelForCausalLM, GPTNeoConfig, GPTNeoXConfig, LlamaConfig, MistralConfig,
-                          PreTrainedTokenizerFast, Qwen2Config, Qwen3Config)
+from transformers import (
+    AutoModelForCausalLM,
+    GPTNeoConfig,
+    GPTNeoXConfig,
+    LlamaConfig,
+    MistralConfig,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen3Config,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "fixtures" / "families"
@@ -70,13 +78,18 @@ TEXTS = ["The cat sat on the mat, and the dog sat on the log.", "Ali makan\nnasi
 
 # ---------------------------------------------------------------------------- tokenizers
 
+
 def byte_level_bpe() -> Tokenizer:
     """GPT-2/Qwen/Pythia style: bytes as printable characters, "Ġ" for a space."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=330, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=330,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(CORPUS, trainer)
     return tok
 
@@ -95,14 +108,16 @@ def sentencepiece_bpe() -> Tokenizer:
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in learned["merges"]]
     tok = Tokenizer(models.BPE(vocab, merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True))
     tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
-    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                     decoders.Strip(" ", 1, 0)])
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
     tok.add_special_tokens(specials)
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
     return tok
 
 
 # ---------------------------------------------------------------------------- models
+
 
 @torch.no_grad()
 def redraw(model: torch.nn.Module, seed: int) -> None:
@@ -144,13 +159,21 @@ def record(model, tokenizer: PreTrainedTokenizerFast, texts: list[str]) -> dict[
     def first_tensor(x):
         return x if isinstance(x, torch.Tensor) else x[0]
 
-    hooks = [b.register_forward_pre_hook(
-        lambda m, args, kwargs: seen["resid_pre"].append(first_tensor(kwargs.get("hidden_states", args and args[0]))),
-        with_kwargs=True) for b in blocks]
+    hooks = [
+        b.register_forward_pre_hook(
+            lambda m, args, kwargs: seen["resid_pre"].append(
+                first_tensor(kwargs.get("hidden_states", args and args[0]))
+            ),
+            with_kwargs=True,
+        )
+        for b in blocks
+    ]
     hooks.append(blocks[-1].register_forward_hook(lambda m, a, out: seen["resid_post"].append(first_tensor(out))))
     hooks.append(final_norm.register_forward_hook(lambda m, a, out: seen["normalized"].append(out)))
-    out: dict[str, np.ndarray] = {"transformers_version": np.array(transformers.__version__),
-                                  "torch_version": np.array(torch.__version__)}
+    out: dict[str, np.ndarray] = {
+        "transformers_version": np.array(transformers.__version__),
+        "torch_version": np.array(torch.__version__),
+    }
     try:
         for i, text in enumerate(texts):
             for v in seen.values():
@@ -189,16 +212,72 @@ def family_fixtures() -> None:
     sp_vocab, bl_vocab = sp.get_vocab_size(), bl.get_vocab_size()
     small = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, max_position_embeddings=64)
 
-    save("llama-gqa", build(LlamaConfig(**small, vocab_size=sp_vocab, num_attention_heads=4, num_key_value_heads=2,
-                                        tie_word_embeddings=True, rope_theta=500.0, rms_norm_eps=1e-5), 11), sp, TEXTS)
-    save("llama-mqa-bias", build(LlamaConfig(**small, vocab_size=sp_vocab, num_attention_heads=4, num_key_value_heads=1,
-                                             head_dim=12, attention_bias=True, mlp_bias=True,
-                                             tie_word_embeddings=False), 12), sp, TEXTS)
-    save("qwen2-sliding", build(Qwen2Config(**(small | {"hidden_size": 48}), vocab_size=bl_vocab, num_attention_heads=6,
-                                            num_key_value_heads=2, tie_word_embeddings=True, use_sliding_window=True,
-                                            sliding_window=4, max_window_layers=1, rope_theta=1e6), 13), bl, TEXTS)
-    qwen3 = build(Qwen3Config(**small, vocab_size=bl_vocab, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                              tie_word_embeddings=False, rope_theta=1e6), 14)
+    save(
+        "llama-gqa",
+        build(
+            LlamaConfig(
+                **small,
+                vocab_size=sp_vocab,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                tie_word_embeddings=True,
+                rope_theta=500.0,
+                rms_norm_eps=1e-5,
+            ),
+            11,
+        ),
+        sp,
+        TEXTS,
+    )
+    save(
+        "llama-mqa-bias",
+        build(
+            LlamaConfig(
+                **small,
+                vocab_size=sp_vocab,
+                num_attention_heads=4,
+                num_key_value_heads=1,
+                head_dim=12,
+                attention_bias=True,
+                mlp_bias=True,
+                tie_word_embeddings=False,
+            ),
+            12,
+        ),
+        sp,
+        TEXTS,
+    )
+    save(
+        "qwen2-sliding",
+        build(
+            Qwen2Config(
+                **(small | {"hidden_size": 48}),
+                vocab_size=bl_vocab,
+                num_attention_heads=6,
+                num_key_value_heads=2,
+                tie_word_embeddings=True,
+                use_sliding_window=True,
+                sliding_window=4,
+                max_window_layers=1,
+                rope_theta=1e6,
+            ),
+            13,
+        ),
+        bl,
+        TEXTS,
+    )
+    qwen3 = build(
+        Qwen3Config(
+            **small,
+            vocab_size=bl_vocab,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            tie_word_embeddings=False,
+            rope_theta=1e6,
+        ),
+        14,
+    )
     save("qwen3-qk-norm", qwen3, bl, TEXTS)
     # The same weights in bfloat16, sharded. Its references are those of the rounded weights run in
     # float32; only the weights are rounded (model.to(bfloat16) would round the rotary inv_freq
@@ -213,20 +292,79 @@ def family_fixtures() -> None:
     qwen3.load_state_dict({k: v.to(torch.float32) for k, v in rounded.items()})
     reference = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
     np.savez_compressed(OUT / "qwen3-qk-norm-bf16.npz", **record(qwen3, reference, TEXTS))
-    save("mistral-window", build(MistralConfig(**small, vocab_size=sp_vocab, num_attention_heads=4,
-                                               num_key_value_heads=1, head_dim=8, sliding_window=3,
-                                               tie_word_embeddings=False), 15), sp, TEXTS)
+    save(
+        "mistral-window",
+        build(
+            MistralConfig(
+                **small,
+                vocab_size=sp_vocab,
+                num_attention_heads=4,
+                num_key_value_heads=1,
+                head_dim=8,
+                sliding_window=3,
+                tie_word_embeddings=False,
+            ),
+            15,
+        ),
+        sp,
+        TEXTS,
+    )
     padded = -(-bl_vocab // 64) * 64  # Pythia pads its embedding beyond the tokenizer's vocabulary
-    save("gpt-neox-parallel", build(GPTNeoXConfig(**small, vocab_size=padded, num_attention_heads=2,
-                                                  rotary_pct=0.25, use_parallel_residual=True,
-                                                  tie_word_embeddings=False, hidden_act="gelu"), 16), bl, TEXTS)
-    save("gpt-neox-sequential", build(GPTNeoXConfig(**small, vocab_size=bl_vocab, num_attention_heads=4,
-                                                    rotary_pct=0.5, use_parallel_residual=False, attention_bias=False,
-                                                    tie_word_embeddings=True, hidden_act="gelu_new"), 17), bl, TEXTS)
-    save("gpt-neo-local", build(GPTNeoConfig(vocab_size=bl_vocab, hidden_size=32, num_layers=2, num_heads=4,
-                                             max_position_embeddings=64, attention_types=[[["global", "local"], 1]],
-                                             window_size=3, intermediate_size=None, bos_token_id=0,
-                                             eos_token_id=0), 18), bl, TEXTS)
+    save(
+        "gpt-neox-parallel",
+        build(
+            GPTNeoXConfig(
+                **small,
+                vocab_size=padded,
+                num_attention_heads=2,
+                rotary_pct=0.25,
+                use_parallel_residual=True,
+                tie_word_embeddings=False,
+                hidden_act="gelu",
+            ),
+            16,
+        ),
+        bl,
+        TEXTS,
+    )
+    save(
+        "gpt-neox-sequential",
+        build(
+            GPTNeoXConfig(
+                **small,
+                vocab_size=bl_vocab,
+                num_attention_heads=4,
+                rotary_pct=0.5,
+                use_parallel_residual=False,
+                attention_bias=False,
+                tie_word_embeddings=True,
+                hidden_act="gelu_new",
+            ),
+            17,
+        ),
+        bl,
+        TEXTS,
+    )
+    save(
+        "gpt-neo-local",
+        build(
+            GPTNeoConfig(
+                vocab_size=bl_vocab,
+                hidden_size=32,
+                num_layers=2,
+                num_heads=4,
+                max_position_embeddings=64,
+                attention_types=[[["global", "local"], 1]],
+                window_size=3,
+                intermediate_size=None,
+                bos_token_id=0,
+                eos_token_id=0,
+            ),
+            18,
+        ),
+        bl,
+        TEXTS,
+    )
 
 
 # ---------------------------------------------------------------------------- presets
@@ -234,29 +372,87 @@ def family_fixtures() -> None:
 # The named models' config.json values on the Hub (model_type and the fields that set their
 # sizes); transformers fills in the rest with its defaults.
 HUB_CONFIGS = {
-    "smollm2-135m": LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                                num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
-                                rms_norm_eps=1e-5, rope_theta=100000, tie_word_embeddings=True, head_dim=64),
-    "tinyllama-1.1b": LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
-                                  num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=2048,
-                                  rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False),
-    "qwen2.5-0.5b": Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                                num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
-                                rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
-                                use_sliding_window=False, sliding_window=32768, max_window_layers=24),
-    "qwen3-0.6b": Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-                              num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-                              max_position_embeddings=40960,
-                              rms_norm_eps=1e-6, rope_theta=1000000, tie_word_embeddings=True, use_sliding_window=False,
-                              max_window_layers=28),
-    "pythia-70m": GPTNeoXConfig(vocab_size=50304, hidden_size=512, intermediate_size=2048, num_hidden_layers=6,
-                                num_attention_heads=8, max_position_embeddings=2048, rotary_pct=0.25,
-                                rotary_emb_base=10000, use_parallel_residual=True, tie_word_embeddings=False,
-                                hidden_act="gelu", layer_norm_eps=1e-5),
-    "tinystories-33m": GPTNeoConfig(vocab_size=50257, hidden_size=768, num_layers=4, num_heads=16,
-                                    max_position_embeddings=2048, attention_types=[[["global", "local"], 2]],
-                                    window_size=256, intermediate_size=None, activation_function="gelu_new",
-                                    layer_norm_epsilon=1e-5),
+    "smollm2-135m": LlamaConfig(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-5,
+        rope_theta=100000,
+        tie_word_embeddings=True,
+        head_dim=64,
+    ),
+    "tinyllama-1.1b": LlamaConfig(
+        vocab_size=32000,
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_hidden_layers=22,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+    ),
+    "qwen2.5-0.5b": Qwen2Config(
+        vocab_size=151936,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        max_position_embeddings=32768,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        tie_word_embeddings=True,
+        use_sliding_window=False,
+        sliding_window=32768,
+        max_window_layers=24,
+    ),
+    "qwen3-0.6b": Qwen3Config(
+        vocab_size=151936,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=40960,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000,
+        tie_word_embeddings=True,
+        use_sliding_window=False,
+        max_window_layers=28,
+    ),
+    "pythia-70m": GPTNeoXConfig(
+        vocab_size=50304,
+        hidden_size=512,
+        intermediate_size=2048,
+        num_hidden_layers=6,
+        num_attention_heads=8,
+        max_position_embeddings=2048,
+        rotary_pct=0.25,
+        rotary_emb_base=10000,
+        use_parallel_residual=True,
+        tie_word_embeddings=False,
+        hidden_act="gelu",
+        layer_norm_eps=1e-5,
+    ),
+    "tinystories-33m": GPTNeoConfig(
+        vocab_size=50257,
+        hidden_size=768,
+        num_layers=4,
+        num_heads=16,
+        max_position_embeddings=2048,
+        attention_types=[[["global", "local"], 2]],
+        window_size=256,
+        intermediate_size=None,
+        activation_function="gelu_new",
+        layer_norm_epsilon=1e-5,
+    ),
 }
 
 

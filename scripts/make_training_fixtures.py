@@ -43,24 +43,86 @@ STEPS = 50
 # name -> (config, dtype, batch, seq_len, optimiser settings). Between them every switch training supports.
 OPT = dict(lr=3e-3, min_lr=3e-4, warmup=5, weight_decay=0.1, grad_clip=0.5, betas=(0.9, 0.999), eps=1e-8)
 CASES = {
-    "attn_only_f64": (dict(d_model=16, n_layers=2, n_heads=4, d_vocab=16, n_ctx=12, attn_only=True), "float64", 8, 12,
-                      OPT | dict(grad_clip=1.0)),
-    "mlp_untied_f64": (dict(d_model=12, n_layers=2, n_heads=3, d_vocab=11, n_ctx=10, d_mlp=20, act_fn="gelu_new",
-                            tied_embeddings=False), "float64", 6, 10, OPT),
-    "rotary_lnpre_relu_f64": (dict(d_model=16, n_layers=2, n_heads=2, d_vocab=9, n_ctx=8, d_mlp=24, act_fn="relu",
-                                   normalization_type="LNPre", positional_embedding_type="rotary", bias=False,
-                                   attn_temperature=1.5), "float64", 6, 8, OPT | dict(grad_clip=0.0)),
-    "sinusoidal_bidirectional_f64": (dict(d_model=16, n_layers=1, n_heads=4, d_vocab=7, n_ctx=8, d_mlp=32,
-                                          positional_embedding_type="sinusoidal", attention_dir="bidirectional",
-                                          use_attn_scale=False), "float64", 5, 8, OPT | dict(warmup=0)),
+    "attn_only_f64": (
+        dict(d_model=16, n_layers=2, n_heads=4, d_vocab=16, n_ctx=12, attn_only=True),
+        "float64",
+        8,
+        12,
+        OPT | dict(grad_clip=1.0),
+    ),
+    "mlp_untied_f64": (
+        dict(
+            d_model=12, n_layers=2, n_heads=3, d_vocab=11, n_ctx=10, d_mlp=20, act_fn="gelu_new", tied_embeddings=False
+        ),
+        "float64",
+        6,
+        10,
+        OPT,
+    ),
+    "rotary_lnpre_relu_f64": (
+        dict(
+            d_model=16,
+            n_layers=2,
+            n_heads=2,
+            d_vocab=9,
+            n_ctx=8,
+            d_mlp=24,
+            act_fn="relu",
+            normalization_type="LNPre",
+            positional_embedding_type="rotary",
+            bias=False,
+            attn_temperature=1.5,
+        ),
+        "float64",
+        6,
+        8,
+        OPT | dict(grad_clip=0.0),
+    ),
+    "sinusoidal_bidirectional_f64": (
+        dict(
+            d_model=16,
+            n_layers=1,
+            n_heads=4,
+            d_vocab=7,
+            n_ctx=8,
+            d_mlp=32,
+            positional_embedding_type="sinusoidal",
+            attention_dir="bidirectional",
+            use_attn_scale=False,
+        ),
+        "float64",
+        5,
+        8,
+        OPT | dict(warmup=0),
+    ),
     # float32 cases have no biases: the key bias's gradient is exactly 0 in exact arithmetic (adding one
     # number to every score of a row leaves the softmax unchanged), so in float32 it is rounding noise,
     # which AdamW divides by its own tiny RMS into steps of up to lr, differently in each implementation.
     # (In float64 the noise, ~1e-17, is far below AdamW's eps, so the float64 cases keep their biases.)
-    "mlp_untied_f32": (dict(d_model=12, n_layers=2, n_heads=3, d_vocab=11, n_ctx=10, d_mlp=20, act_fn="gelu_new",
-                            tied_embeddings=False, bias=False), "float32", 6, 10, OPT | dict(grad_clip=1.0)),
-    "gelu_erf_f32": (dict(d_model=16, n_layers=2, n_heads=2, d_vocab=9, n_ctx=8, d_mlp=32, act_fn="gelu", bias=False),
-                     "float32", 6, 8, OPT | dict(grad_clip=1.0)),
+    "mlp_untied_f32": (
+        dict(
+            d_model=12,
+            n_layers=2,
+            n_heads=3,
+            d_vocab=11,
+            n_ctx=10,
+            d_mlp=20,
+            act_fn="gelu_new",
+            tied_embeddings=False,
+            bias=False,
+        ),
+        "float32",
+        6,
+        10,
+        OPT | dict(grad_clip=1.0),
+    ),
+    "gelu_erf_f32": (
+        dict(d_model=16, n_layers=2, n_heads=2, d_vocab=9, n_ctx=8, d_mlp=32, act_fn="gelu", bias=False),
+        "float32",
+        6,
+        8,
+        OPT | dict(grad_clip=1.0),
+    ),
 }
 
 
@@ -107,8 +169,13 @@ def training_case(name: str, seed: int) -> dict[str, np.ndarray]:
     for (n, a), t in zip(np_params, tm.leaves(p)):
         out[f"{name}/initial/{n}"] = a
         out[f"{name}/final/{n}"] = t.detach().numpy().copy()
-    meta = {"cfg": cfg_kwargs, "dtype": dtype, "steps": STEPS, "opt": opt,
-            "clipped_steps": int(sum(g > opt["grad_clip"] for g in grad_norms)) if opt["grad_clip"] > 0 else 0}
+    meta = {
+        "cfg": cfg_kwargs,
+        "dtype": dtype,
+        "steps": STEPS,
+        "opt": opt,
+        "clipped_steps": int(sum(g > opt["grad_clip"] for g in grad_norms)) if opt["grad_clip"] > 0 else 0,
+    }
     out[f"{name}/meta"] = np.array(json.dumps(meta))
     out[f"{name}/batches"] = batches.astype(np.uint8)  # token ids < 256: a quarter of int64's bytes
     out[f"{name}/losses"] = np.array(losses)
@@ -121,11 +188,15 @@ def training_case(name: str, seed: int) -> dict[str, np.ndarray]:
 TRAINED_TEXTS = {
     "induction": ["Ali makan nasi lemak. Ali makan nasi lemak.", "the cat sat on the mat. the cat sat on the mat."],
     "nasi-lemak": ["nasi ", "makan nasi lemak"],  # within its context of 16
-    "python-docs": ["The for statement is used to iterate over the elements of a sequence.",
-                    "def f(x):\n    return x + 1  # café"],
-    "python-docs-induction": ["The for statement is used to iterate over the elements of a sequence. "
-                              "The for statement is used to iterate over the elements of a sequence.",
-                              "Ali makan nasi lemak di kedai. Ali makan nasi lemak di kedai."],
+    "python-docs": [
+        "The for statement is used to iterate over the elements of a sequence.",
+        "def f(x):\n    return x + 1  # café",
+    ],
+    "python-docs-induction": [
+        "The for statement is used to iterate over the elements of a sequence. "
+        "The for statement is used to iterate over the elements of a sequence.",
+        "Ali makan nasi lemak di kedai. Ali makan nasi lemak di kedai.",
+    ],
 }
 
 

@@ -24,21 +24,54 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 GETS = [
-    "/healthz", "/api/v1/models", "/api/v1/hooks", "/api/v1/hooks?model=spec-forward",
-    "/api/v1/lessons/attention", "/api/v1/lessons/attention?causal=true", "/api/v1/lessons/scaling",
-    "/api/v1/lessons/multihead", "/api/v1/lessons/positions", "/api/v1/lessons/forward",
-    "/api/v1/params", "/api/v1/params?preset=gpt2-small", "/api/v1/kv-cache", "/api/v1/kv-cache?preset=gpt2-xl",
+    "/healthz",
+    "/api/v1/models",
+    "/api/v1/hooks",
+    "/api/v1/hooks?model=spec-forward",
+    "/api/v1/lessons/attention",
+    "/api/v1/lessons/attention?causal=true",
+    "/api/v1/lessons/scaling",
+    "/api/v1/lessons/multihead",
+    "/api/v1/lessons/positions",
+    "/api/v1/lessons/forward",
+    "/api/v1/params",
+    "/api/v1/params?preset=gpt2-small",
+    "/api/v1/kv-cache",
+    "/api/v1/kv-cache?preset=gpt2-xl",
 ]
 PAGES = [
-    "/", "/?causal=0", "/?view=compare", "/?rollout=1&layer=1&head=2", "/?ablate=0.1&ablate=1.3",
-    "/?ablate=0.0&ablate_method=mean", "/?positional_embedding_type=rotary&n_heads=2",
-    "/?model=spec-forward", "/?model=all-MiniLM-L6-v2", "/?model=nope", "/?text=" + quote("a <b> & c"),
-    "/lessons", "/lessons/attention", "/lessons/scaling", "/lessons/causal", "/lessons/multihead",
-    "/lessons/positions", "/lessons/params", "/lessons/forward", "/lessons/forward/snippet.py",
-    "/lessons/attention/snippet.py?d_k=3", "/lessons/attention?d_model=0", "/params", "/params?preset=gpt2-xl",
-    "/inspect", "/inspect?view=lens", "/inspect?view=detectors", "/inspect?view=kvcache",
-    "/inspect?view=compare", "/inspect?view=compare&b_text=Ali+makan+nasi+goreng",
-    "/inspect?view=lens&model=all-MiniLM-L6-v2", "/inspect?view=detectors&model=all-MiniLM-L6-v2",
+    "/",
+    "/?causal=0",
+    "/?view=compare",
+    "/?rollout=1&layer=1&head=2",
+    "/?ablate=0.1&ablate=1.3",
+    "/?ablate=0.0&ablate_method=mean",
+    "/?positional_embedding_type=rotary&n_heads=2",
+    "/?model=spec-forward",
+    "/?model=all-MiniLM-L6-v2",
+    "/?model=nope",
+    "/?text=" + quote("a <b> & c"),
+    "/lessons",
+    "/lessons/attention",
+    "/lessons/scaling",
+    "/lessons/causal",
+    "/lessons/multihead",
+    "/lessons/positions",
+    "/lessons/params",
+    "/lessons/forward",
+    "/lessons/forward/snippet.py",
+    "/lessons/attention/snippet.py?d_k=3",
+    "/lessons/attention?d_model=0",
+    "/params",
+    "/params?preset=gpt2-xl",
+    "/inspect",
+    "/inspect?view=lens",
+    "/inspect?view=detectors",
+    "/inspect?view=kvcache",
+    "/inspect?view=compare",
+    "/inspect?view=compare&b_text=Ali+makan+nasi+goreng",
+    "/inspect?view=lens&model=all-MiniLM-L6-v2",
+    "/inspect?view=detectors&model=all-MiniLM-L6-v2",
 ]
 
 
@@ -106,7 +139,7 @@ def _same(a: tuple[int, str, str], b: tuple[int, str, str]) -> str | None:
     if squash(a[2]) != squash(b[2]):
         x, y = squash(a[2]), squash(b[2])
         at = next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
-        return f"HTML differs at {at}: {x[max(0, at - 80):at + 80]!r} -> {y[max(0, at - 80):at + 80]!r}"
+        return f"HTML differs at {at}: {x[max(0, at - 80) : at + 80]!r} -> {y[max(0, at - 80) : at + 80]!r}"
     return None
 
 
@@ -123,8 +156,9 @@ def main() -> int:
         return 0
     before = json.loads((args.folder / "snapshot.json").read_text())
     problems = [f"{name}: missing now" for name in before if name not in now]
-    problems += [f"{name}: {why}" for name in before if name in now
-                 for why in [_same(tuple(before[name]), now[name])] if why]
+    problems += [
+        f"{name}: {why}" for name in before if name in now for why in [_same(tuple(before[name]), now[name])] if why
+    ]
     for p in problems:
         print(p)
     print(f"{len(before) - len(problems)} of {len(before)} responses unchanged")

@@ -24,15 +24,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-
 from liveserver import live_server
 
 SHED = {429, 503}  # deliberate load shedding, not an error
 
 # What a class types: short sentences, some accents, emoji, right-to-left and combining marks.
-TEXTS = ["nasi lemak", "the cat sat on the mat", "Ali makan nasi lemak", "attention is all you need",
-         "héllo wörld", "emoji 🙂🚀 ok", "مرحبا بالعالم", "e\u0301 combining", "x",
-         "a longer sentence that a curious student might paste in to see what happens to the heatmap"]
+TEXTS = [
+    "nasi lemak",
+    "the cat sat on the mat",
+    "Ali makan nasi lemak",
+    "attention is all you need",
+    "héllo wörld",
+    "emoji 🙂🚀 ok",
+    "مرحبا بالعالم",
+    "e\u0301 combining",
+    "x",
+    "a longer sentence that a curious student might paste in to see what happens to the heatmap",
+]
 
 
 @dataclass(frozen=True)
@@ -64,8 +72,16 @@ def mix(rng: random.Random, models: list[str], paths: set[str]) -> Call:
         candidates += [
             (30, Call("run", "POST", "/api/v1/run", json=body, ok=ok)),
             (5, Call("run-bad", "POST", "/api/v1/run", json={"model": "toy", "text": "  "}, ok=frozenset({422}))),
-            (3, Call("run-bad", "POST", "/api/v1/run", json={"model": "toy", "text": "hi", "d_model": 10,
-                                                              "n_heads": 4}, ok=frozenset({422}))),
+            (
+                3,
+                Call(
+                    "run-bad",
+                    "POST",
+                    "/api/v1/run",
+                    json={"model": "toy", "text": "hi", "d_model": 10, "n_heads": 4},
+                    ok=frozenset({422}),
+                ),
+            ),
         ]
     lessons = {
         "/api/v1/lessons/attention": {"text": text, "causal": rng.choice(["true", "false"])},
@@ -75,10 +91,15 @@ def mix(rng: random.Random, models: list[str], paths: set[str]) -> Call:
         "/api/v1/lessons/forward": {},
     }
     candidates += [(4, Call("lesson", "GET", p, params=q)) for p, q in lessons.items() if p in paths]
-    cheap = {"/api/v1/models": None, "/api/v1/params": {"preset": "gpt2-small"},
-             "/api/v1/kv-cache": {"preset": "gpt2-small"}, "/openapi.json": None}
-    candidates += [(2, Call("cheap", "GET", p, params=q)) for p, q in cheap.items()
-                   if p in paths or p == "/openapi.json"]
+    cheap = {
+        "/api/v1/models": None,
+        "/api/v1/params": {"preset": "gpt2-small"},
+        "/api/v1/kv-cache": {"preset": "gpt2-small"},
+        "/openapi.json": None,
+    }
+    candidates += [
+        (2, Call("cheap", "GET", p, params=q)) for p, q in cheap.items() if p in paths or p == "/openapi.json"
+    ]
     weights, calls = zip(*candidates)
     call = rng.choices(calls, weights=weights)[0]
     return call
@@ -106,6 +127,7 @@ async def hammer(base: str, n: int, clients: int, seed: int, models: list[str], 
     # race the server's close of the connection it reuses (a ReadError that is the client's fault).
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients, keepalive_expiry=2.0)
     async with httpx.AsyncClient(base_url=base, limits=limits, timeout=120) as client:
+
         async def worker() -> None:
             nonlocal remaining
             while remaining > 0:
@@ -164,21 +186,29 @@ def main() -> int:
     growth = (rss_end - rss_warm) / rss_warm
     mb = 1 / 2**20
     lat = tally.latencies_ms
-    print(f"soak: {args.requests} requests ({args.clients} concurrent clients, models {models}) "
-          f"in {elapsed:.1f} s = {args.requests / elapsed:.0f} req/s")
+    print(
+        f"soak: {args.requests} requests ({args.clients} concurrent clients, models {models}) "
+        f"in {elapsed:.1f} s = {args.requests / elapsed:.0f} req/s"
+    )
     print(f"  statuses: {dict(sorted(tally.by_status.items()))}")
     for kind, count in sorted(tally.by_kind.items()):
         print(f"    {kind}: {count}")
-    print(f"  latency ms: p50 {percentile(lat, 50):.1f}, p95 {percentile(lat, 95):.1f}, "
-          f"p99 {percentile(lat, 99):.1f}, max {max(lat, default=0):.1f}")
+    print(
+        f"  latency ms: p50 {percentile(lat, 50):.1f}, p95 {percentile(lat, 95):.1f}, "
+        f"p99 {percentile(lat, 99):.1f}, max {max(lat, default=0):.1f}"
+    )
     hz = tally.healthz_ms
-    print(f"  /healthz latency ms: p50 {percentile(hz, 50):.1f}, p95 {percentile(hz, 95):.1f}, "
-          f"max {max(hz, default=0):.1f}")
+    print(
+        f"  /healthz latency ms: p50 {percentile(hz, 50):.1f}, p95 {percentile(hz, 95):.1f}, "
+        f"max {max(hz, default=0):.1f}"
+    )
     print(f"  errors: {sum(tally.errors.values())} (warm-up round: {sum(warm.errors.values())})")
     for what, count in tally.errors.most_common(10):
         print(f"    {count} x {what}")
-    print(f"  RSS: start {rss_start * mb:.1f} MiB, warm {rss_warm * mb:.1f} MiB, end {rss_end * mb:.1f} MiB, "
-          f"growth warm->end {growth:+.1%} (limit {args.max_rss_growth:.0%})")
+    print(
+        f"  RSS: start {rss_start * mb:.1f} MiB, warm {rss_warm * mb:.1f} MiB, end {rss_end * mb:.1f} MiB, "
+        f"growth warm->end {growth:+.1%} (limit {args.max_rss_growth:.0%})"
+    )
     failed = sum(tally.errors.values()) + sum(warm.errors.values()) > 0 or growth >= args.max_rss_growth
     print("soak: FAIL" if failed else "soak: PASS")
     return 1 if failed else 0

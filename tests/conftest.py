@@ -17,8 +17,8 @@ os.environ.setdefault("EXPLORER_DEFAULT_MODEL", "toy")
 import pytest
 from fastapi.testclient import TestClient
 
-from app.models.catalog import Catalog, build_catalog
 from app.main import app, create_app
+from app.models.catalog import Catalog, build_catalog
 from app.service import Service
 from app.settings import Settings, get_settings
 

@@ -23,8 +23,17 @@ APP = ROOT / "app"
 # What each package of app/ may import from the app (besides itself), and whether it may import core.
 # The faces (api, pages) format; the service prepares; core computes (ARCHITECTURE.md).
 # The JSON face never reaches into the HTML face; the pages validate their state with the API's request models.
-API_MAY_IMPORT = {"app.service", "app.http.jsonio", "app.http.errors", "app.http.security", "app.http.language",
-                  "app.deps", "app.settings", "app.paths", "app"}
+API_MAY_IMPORT = {
+    "app.service",
+    "app.http.jsonio",
+    "app.http.errors",
+    "app.http.security",
+    "app.http.language",
+    "app.deps",
+    "app.settings",
+    "app.paths",
+    "app",
+}
 PAGES_MAY_IMPORT = API_MAY_IMPORT | {"app.api.requests"}
 MAY_IMPORT: dict[str, tuple[set[str], bool]] = {
     "app.http": ({"app.settings", "app.service.errors"}, True),  # core: only InputError, to map it to 422
@@ -59,8 +68,12 @@ def imports(path: Path) -> list[str]:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(anchor + ([node.module] if node.module else []))
             # `from app.pages import web` imports the module app.pages.web
-            out += [f"{base}.{a.name}" if (ROOT / (base + "." + a.name).replace(".", "/")).with_suffix(".py").exists()
-                    else base for a in node.names]
+            out += [
+                f"{base}.{a.name}"
+                if (ROOT / (base + "." + a.name).replace(".", "/")).with_suffix(".py").exists()
+                else base
+                for a in node.names
+            ]
     return out
 
 
@@ -110,8 +123,9 @@ def test_no_module_or_class_grows_past_what_a_reader_can_hold():
 def test_core_imports_nothing_from_the_app():
     for path in (ROOT / "core").rglob("*.py"):
         for module in imports(path):
-            assert module.split(".")[0] not in ("app", "fastapi", "starlette", "pydantic"), \
+            assert module.split(".")[0] not in ("app", "fastapi", "starlette", "pydantic"), (
                 f"{path.relative_to(ROOT)} imports {module}"
+            )
 
 
 @pytest.fixture
@@ -129,10 +143,16 @@ def counted():
         yield client, services
 
 
-@pytest.mark.parametrize("query", [
-    {}, {"view": "compare"}, {"ablate": "0.1"}, {"view": "compare", "ablate": ["0.1", "1.2"], "rollout": 1},
-    {"model": "spec-forward", "view": "compare"},
-])
+@pytest.mark.parametrize(
+    "query",
+    [
+        {},
+        {"view": "compare"},
+        {"ablate": "0.1"},
+        {"view": "compare", "ablate": ["0.1", "1.2"], "rollout": 1},
+        {"model": "spec-forward", "view": "compare"},
+    ],
+)
 def test_one_explorer_request_prepares_its_model_once(counted, query):
     """Compare (the mask flipped), an ablation's baseline and rollout reuse the one preparation."""
     client, services = counted
@@ -143,8 +163,12 @@ def test_one_explorer_request_prepares_its_model_once(counted, query):
 
 def test_every_api_operation_has_a_description(client):
     schema = client.get("/openapi.json").json()
-    missing = [f"{method.upper()} {path}" for path, ops in schema["paths"].items() for method, op in ops.items()
-               if not (op.get("description") or "").strip() or not (op.get("summary") or "").strip()]
+    missing = [
+        f"{method.upper()} {path}"
+        for path, ops in schema["paths"].items()
+        for method, op in ops.items()
+        if not (op.get("description") or "").strip() or not (op.get("summary") or "").strip()
+    ]
     assert missing == []
 
 

@@ -37,11 +37,47 @@ PENDING: dict[str, str] = {}
 # Words a Malay page keeps as they are: names from code and the field's symbols (also allowed in an
 # English literal outside the catalogue, where they are all the literal says).
 TECHNICAL = {
-    "api", "json", "csv", "numpy", "python", "gpt", "bert", "relu", "rope", "rms", "swiglu", "softmax", "logit",
-    "logits", "transformer", "explorer", "bm", "en", "kv", "mlp", "max", "sin", "cos", "pe", "dim", "ali",
-    "makan", "nasi", "lemak", "goreng", "py", "float32", "float16", "bfloat16", "dtype",
-    "learned", "rotary", "sinusoidal", "alibi",  # positional_embedding_type's values
-    "top-k", "top-p",  # the sampling settings, named as transformers names them
+    "api",
+    "json",
+    "csv",
+    "numpy",
+    "python",
+    "gpt",
+    "bert",
+    "relu",
+    "rope",
+    "rms",
+    "swiglu",
+    "softmax",
+    "logit",
+    "logits",
+    "transformer",
+    "explorer",
+    "bm",
+    "en",
+    "kv",
+    "mlp",
+    "max",
+    "sin",
+    "cos",
+    "pe",
+    "dim",
+    "ali",
+    "makan",
+    "nasi",
+    "lemak",
+    "goreng",
+    "py",
+    "float32",
+    "float16",
+    "bfloat16",
+    "dtype",
+    "learned",
+    "rotary",
+    "sinusoidal",
+    "alibi",  # positional_embedding_type's values
+    "top-k",
+    "top-p",  # the sampling settings, named as transformers names them
 }
 
 
@@ -55,7 +91,8 @@ def extracted() -> set:
         method_map, options_map = parse_mapping_cfg(fh)
     found = set()
     for _file, _line, message, _comments, _context in extract_from_dir(
-            str(ROOT), method_map, options_map, strip_comment_tags=True):
+        str(ROOT), method_map, options_map, strip_comment_tags=True
+    ):
         found.add(message if isinstance(message, str) else tuple(message[:2]))
     return found
 
@@ -91,7 +128,7 @@ def test_a_translation_keeps_every_placeholder(lang):
         if not m.id:
             continue
         english = m.id if isinstance(m.id, str) else m.id[-1]
-        for translated in (m.string if isinstance(m.string, tuple) else (m.string,)):
+        for translated in m.string if isinstance(m.string, tuple) else (m.string,):
             if sorted(PLACEHOLDER.findall(english)) != sorted(PLACEHOLDER.findall(translated)):
                 wrong.append((english, translated))
     assert wrong == []
@@ -110,8 +147,33 @@ def test_the_compiled_catalogue_is_the_po_files(lang):
 # ------------------------------------------------------------------ no user-facing literal outside it
 
 WORD = re.compile(r"[A-Za-z][A-Za-z'’-]*")
-FUNCTION_WORDS = {"the", "a", "an", "of", "to", "on", "in", "by", "for", "is", "with", "and", "or", "per", "at",
-                  "from", "its", "it", "this", "be", "not", "no", "as", "each", "every"}
+FUNCTION_WORDS = {
+    "the",
+    "a",
+    "an",
+    "of",
+    "to",
+    "on",
+    "in",
+    "by",
+    "for",
+    "is",
+    "with",
+    "and",
+    "or",
+    "per",
+    "at",
+    "from",
+    "its",
+    "it",
+    "this",
+    "be",
+    "not",
+    "no",
+    "as",
+    "each",
+    "every",
+}
 
 
 def english_words(text: str) -> list[str]:
@@ -167,8 +229,12 @@ def _prose(const: str) -> bool:
     """A string constant in a template that reads as words for people (a label, a help text), not a name,
     a CSS class, an id or a format: capitalised words, or words joined by English function words."""
     words = english_words(const)
-    return bool(words) and (const[:1].isupper() and any(c.islower() for c in const)
-                            or len(words) > 1 and any(w.lower() in FUNCTION_WORDS for w in words))
+    return bool(words) and (
+        const[:1].isupper()
+        and any(c.islower() for c in const)
+        or len(words) > 1
+        and any(w.lower() in FUNCTION_WORDS for w in words)
+    )
 
 
 TEMPLATES = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "templates").rglob("*.html"))
@@ -188,9 +254,17 @@ def test_a_template_has_no_text_for_people_outside_the_catalogue(name):
 
 
 # Modules whose text people read: every string in one of the places below must be a gettext call's argument.
-CHECKED_MODULES = ["app/pages/lessons.py", "app/pages/inspect.py", "app/pages/train.py", "app/pages/web.py",
-                   "app/pages/glossary.py", "app/pages/explorer.py", "app/pages/generate.py", "app/pages/circuits.py",
-                   "app/http/errors.py"]
+CHECKED_MODULES = [
+    "app/pages/lessons.py",
+    "app/pages/inspect.py",
+    "app/pages/train.py",
+    "app/pages/web.py",
+    "app/pages/glossary.py",
+    "app/pages/explorer.py",
+    "app/pages/generate.py",
+    "app/pages/circuits.py",
+    "app/http/errors.py",
+]
 RAISED = {"InputError", "NotFound", "Unavailable", "ValueError"}
 SHOWN_KEYS = {"title", "caption", "label", "summary", "hint", "legend", "help", "note", "reason", "message"}
 SHOWN_KEYWORDS = SHOWN_KEYS - {"summary"} | {"x_title", "y_title", "value_name"}  # summary=: OpenAPI's
@@ -229,12 +303,18 @@ def shown_literals(tree: ast.AST) -> list[tuple[int, list[str]]]:
             func = node.exc.func
             if (func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)) in RAISED:
                 shown.append(node.exc.args[0])
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "append" \
-                and isinstance(node.func.value, ast.Name) and node.func.value.id == "errors":
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "append"
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "errors"
+        ):
             shown += node.args
         elif isinstance(node, ast.Dict):
-            shown += [v for k, v in zip(node.keys, node.values)
-                      if isinstance(k, ast.Constant) and k.value in SHOWN_KEYS]
+            shown += [
+                v for k, v in zip(node.keys, node.values) if isinstance(k, ast.Constant) and k.value in SHOWN_KEYS
+            ]
         if isinstance(node, ast.Call):
             shown += [k.value for k in node.keywords if k.arg in SHOWN_KEYWORDS]
         found += [(n.lineno, words) for n in shown if (words := _literal_words(n))]
@@ -257,8 +337,16 @@ MESSAGE_MODULES = sorted(p.relative_to(ROOT).as_posix() for pkg in MESSAGE_PACKA
 
 # Functions whose arguments after the first become part of an error message (what a limit counts, what to
 # reduce, the view that cannot run).
-MESSAGE_PIECES = {"check_count", "check_cost", "check_hook_values", "load", "require_pre_norm",
-                  "require_causal_decoder", "next_token_reason", "_require_next_token"}
+MESSAGE_PIECES = {
+    "check_count",
+    "check_cost",
+    "check_hook_values",
+    "load",
+    "require_pre_norm",
+    "require_causal_decoder",
+    "next_token_reason",
+    "_require_next_token",
+}
 
 
 def raised_literals(tree: ast.AST) -> list[tuple[int, list[str]]]:
@@ -293,20 +381,30 @@ def test_every_pending_module_exists():
 
 def test_the_literal_checks_find_what_they_look_for():
     """The checks themselves: each kind of place they look at, caught when it is not translated."""
-    code = ast.parse('raise InputError(f"d_model={d} is too large")\nerrors.append("not a number")\n'
-                     'x = {"title": "Head " + str(h)}\nchart(x_title="position")\nok = {"title": _("Head")}\n'
-                     'raise InputError(_("{n} is not a number").format(n=n))')
+    code = ast.parse(
+        'raise InputError(f"d_model={d} is too large")\nerrors.append("not a number")\n'
+        'x = {"title": "Head " + str(h)}\nchart(x_title="position")\nok = {"title": _("Head")}\n'
+        'raise InputError(_("{n} is not a number").format(n=n))'
+    )
     assert [line for line, _ in shown_literals(code)] == [1, 2, 3, 4]
-    code = ast.parse('raise NotFound(f"no run {id!r}")\nreturn Unavailable("training is off", retry_after_s=5)\n'
-                     'errors.append("not a number")\nraise InputError(_("{n} is not a number").format(n=n))\n'
-                     'raise InputError(reason)\nraise ValueError("its header is " + kind)\n'
-                     'raise PydanticCustomError("too_long", f"more than {most} pairs")\n'
-                     'raise PydanticCustomError("too_long", _("more than {most} pairs").format(most=most))\n'
-                     'self.limits.check_count("the text", n, limit, _("use a shorter text"))')
+    code = ast.parse(
+        'raise NotFound(f"no run {id!r}")\nreturn Unavailable("training is off", retry_after_s=5)\n'
+        'errors.append("not a number")\nraise InputError(_("{n} is not a number").format(n=n))\n'
+        'raise InputError(reason)\nraise ValueError("its header is " + kind)\n'
+        'raise PydanticCustomError("too_long", f"more than {most} pairs")\n'
+        'raise PydanticCustomError("too_long", _("more than {most} pairs").format(most=most))\n'
+        'self.limits.check_count("the text", n, limit, _("use a shorter text"))'
+    )
     assert [line for line, _ in raised_literals(code)] == [1, 2, 3, 6, 7, 9]
     out, consts = [], []
-    _flatten(templates.env.parse('<p title="Hover me">Hello {{ x }}</p>{{ m.text("text", "Words") }}'
-                                 '<p>{% trans %}Fine{% endtrans %} {{ _("Fine") }}</p>'), out, consts)
+    _flatten(
+        templates.env.parse(
+            '<p title="Hover me">Hello {{ x }}</p>{{ m.text("text", "Words") }}'
+            '<p>{% trans %}Fine{% endtrans %} {{ _("Fine") }}</p>'
+        ),
+        out,
+        consts,
+    )
     parser = _Text()
     parser.feed("".join(out))
     assert [t for t in parser.found if english_words(t.replace("\0", " "))] == ["Hover me", "Hello \0"]

@@ -33,8 +33,9 @@ def _strings(node: ast.AST, nested: set[int]) -> list[str]:
     out: list[str] = []
     items = [k for k in node.keys if k is not None] if isinstance(node, ast.Dict) else node.elts
     if isinstance(node, ast.Dict):
-        items += [v for k, v in zip(node.keys, node.values)
-                  if not (isinstance(k, ast.Constant) and k.value == "examples")]
+        items += [
+            v for k, v in zip(node.keys, node.values) if not (isinstance(k, ast.Constant) and k.value == "examples")
+        ]
     for item in items:
         if isinstance(item, ast.Constant) and isinstance(item.value, str):
             out.append(item.value)
@@ -53,8 +54,12 @@ def spellings(path: Path, names: set[str], root: Path = ROOT) -> list[str]:
         if isinstance(node, ast.keyword) and node.arg == "examples":
             nested |= {id(n) for n in ast.walk(node.value)}
         if isinstance(node, ast.Dict):
-            nested |= {id(n) for k, v in zip(node.keys, node.values)
-                       if isinstance(k, ast.Constant) and k.value == "examples" for n in ast.walk(v)}
+            nested |= {
+                id(n)
+                for k, v in zip(node.keys, node.values)
+                if isinstance(k, ast.Constant) and k.value == "examples"
+                for n in ast.walk(v)
+            }
         if isinstance(node, (ast.Tuple, ast.List, ast.Set, ast.Dict)) and id(node) not in nested:
             named = sorted(set(_strings(node, nested)) & names)
             if len(named) >= AT_LEAST:
@@ -73,8 +78,11 @@ def template_spellings(path: Path, names: set[str], root: Path = ROOT) -> list[s
 
 
 def sources(root: Path = ROOT) -> dict[str, list[Path]]:
-    return {"app": sorted((root / "app").rglob("*.py")), "core": sorted((root / "core").rglob("*.py")),
-            "templates": sorted((root / "templates").rglob("*.html"))}
+    return {
+        "app": sorted((root / "app").rglob("*.py")),
+        "core": sorted((root / "core").rglob("*.py")),
+        "templates": sorted((root / "templates").rglob("*.html")),
+    }
 
 
 def spelled_out(root: Path = ROOT) -> dict[str, list[str]]:
@@ -103,14 +111,22 @@ def test_the_rule_finds_a_set_spelled_out(tmp_path):
         'SIZES = [(name, label) for name, label in (("n_heads", "Heads"), ("d_model", "Width"), ("seed", "Seed"))]\n'
         'def defaults(cfg):\n    return {"causal": cfg.causal, "scale": cfg.scale, "n_layers": cfg.n_layers}\n'
         'ONE = "causal" in ("causal", "seed")\n'  # two names: a use, not the set
-        'EXAMPLE = dict(examples=[{"causal": False, "n_heads": 2, "seed": 3}])\n')  # a sample request
+        'EXAMPLE = dict(examples=[{"causal": False, "n_heads": 2, "seed": 3}])\n'
+    )  # a sample request
     (tmp_path / "core" / "train.py").write_text(
         'FIELDS = ("d_model", "n_layers", "n_heads")\n'  # the config's own names, in core
-        'OPTIONS = (("steps", int), ("seed", int), ("batch_size", int))\n')
+        'OPTIONS = (("steps", int), ("seed", int), ("batch_size", int))\n'
+    )
     (tmp_path / "templates" / "train.html").write_text(
-        '{% for name in ("steps", "lr", "seq_len") %}{{ name }}{% endfor %}')
+        '{% for name in ("steps", "lr", "seq_len") %}{{ name }}{% endfor %}'
+    )
     found = spelled_out(tmp_path)
-    assert [s.split(":")[:2] for s in found["run toggles"]] == [["app/pages/web.py", "1"], ["app/pages/web.py", "2"],
-                                                                ["app/pages/web.py", "4"]]
-    assert [s.split(":")[:2] for s in found["training settings"]] == [["core/train.py", "2"],
-                                                                      ["templates/train.html", "1"]]
+    assert [s.split(":")[:2] for s in found["run toggles"]] == [
+        ["app/pages/web.py", "1"],
+        ["app/pages/web.py", "2"],
+        ["app/pages/web.py", "4"],
+    ]
+    assert [s.split(":")[:2] for s in found["training settings"]] == [
+        ["core/train.py", "2"],
+        ["templates/train.html", "1"],
+    ]

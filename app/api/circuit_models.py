@@ -24,11 +24,13 @@ Target = Literal[TARGETS]  # type: ignore[valid-type]
 Direction = Literal[DIRECTIONS]  # type: ignore[valid-type]
 Metric = Literal[METRICS]  # type: ignore[valid-type]
 
-TARGET_HELP = ("what to patch, one patched run per cell of the grid: resid_pre, resid_mid, resid_post (the residual "
-               "stream at one layer and position: rows layers, columns positions), mlp_out (an MLP's output at one "
-               "position), attn_head (a head's output at every position: rows layers, columns heads), attn_head_pos "
-               "(a head's output at one position: rows L{layer}H{head}, columns positions), pattern (a head's whole "
-               "attention pattern: rows layers, columns heads). Attention-only models have no resid_mid or mlp_out")
+TARGET_HELP = (
+    "what to patch, one patched run per cell of the grid: resid_pre, resid_mid, resid_post (the residual "
+    "stream at one layer and position: rows layers, columns positions), mlp_out (an MLP's output at one "
+    "position), attn_head (a head's output at every position: rows layers, columns heads), attn_head_pos "
+    "(a head's output at one position: rows L{layer}H{head}, columns positions), pattern (a head's whole "
+    "attention pattern: rows layers, columns heads). Attention-only models have no resid_mid or mlp_out"
+)
 TOKEN_TEXT = requests.TextUpTo("max_text_chars")
 
 
@@ -40,58 +42,150 @@ class _PatchingRequest(requests.Request):
 
 # The model request's fields (the model and every knob) but its text, then the patching's own.
 PatchingRequest = create_model(
-    "PatchingRequest", __base__=_PatchingRequest, __module__=__name__,
+    "PatchingRequest",
+    __base__=_PatchingRequest,
+    __module__=__name__,
     __doc__="Activation patching: two texts of the same length, the answer and wrong tokens, what to patch.",
     **{name: (f.annotation, f) for name, f in requests.ModelRequest.model_fields.items() if name != "text"},
-    clean=(TOKEN_TEXT, Field(json_schema_extra=requests.stating(
-        "the text where the model does the thing (predicts the answer); at most {max_text_chars:,} characters and "
-        "{max_tokens:,} tokens"))),
-    corrupted=(TOKEN_TEXT, Field(description="a text of as many tokens as `clean`, changed where it matters (422 "
-                                             "naming both counts otherwise)")),
-    answer=(str | None, Field(None, min_length=1, max_length=200, description=(
-        "the token the clean run should predict after its last token: one of the texts' tokens as the API shows "
-        "them (\"␣the\" or \" the\"), or a text that is one token; null: the clean run's most likely next token"))),
-    wrong=(str | None, Field(None, min_length=1, max_length=200, description=(
-        "the token the metric compares the answer with; null: the corrupted run's most likely next token (the "
-        "clean run's next best when that is the answer)"))),
-    target=(Target, Field("resid_pre", json_schema_extra=requests.stating(
-        TARGET_HELP.replace("{", "{{").replace("}", "}}") + ". A sweep makes one patched run per cell: at most "
-        "{patching_max_passes:,} on this server, counted before anything runs (422 naming how many were asked)"))),
-    direction=(Direction, Field("denoise", description=(
-        "denoise: the corrupted run with one activation from the clean run (how much does it restore?); noise: the "
-        "clean run with one activation from the corrupted run (how much does the behaviour depend on it?)"))),
-    metric=(Metric, Field("logit_diff", description=(
-        "logit_diff: the answer's logit minus the wrong token's at the last position; prob: the answer's "
-        "probability there"))),
-    frozen_attention=(bool, Field(False, description=(
-        "hold every attention pattern downstream of the patch at its value in the unpatched run: what is left is "
-        "the effect through values and the direct path, not through later heads' queries and keys"))),
+    clean=(
+        TOKEN_TEXT,
+        Field(
+            json_schema_extra=requests.stating(
+                "the text where the model does the thing (predicts the answer); at most {max_text_chars:,} "
+                "characters and {max_tokens:,} tokens"
+            )
+        ),
+    ),
+    corrupted=(
+        TOKEN_TEXT,
+        Field(
+            description="a text of as many tokens as `clean`, changed where it matters (422 "
+            "naming both counts otherwise)"
+        ),
+    ),
+    answer=(
+        str | None,
+        Field(
+            None,
+            min_length=1,
+            max_length=200,
+            description=(
+                "the token the clean run should predict after its last token: one of the texts' tokens as the API "
+                'shows them ("␣the" or " the"), or a text that is one token; null: the clean run\'s most likely '
+                "next token"
+            ),
+        ),
+    ),
+    wrong=(
+        str | None,
+        Field(
+            None,
+            min_length=1,
+            max_length=200,
+            description=(
+                "the token the metric compares the answer with; null: the corrupted run's most likely next token (the "
+                "clean run's next best when that is the answer)"
+            ),
+        ),
+    ),
+    target=(
+        Target,
+        Field(
+            "resid_pre",
+            json_schema_extra=requests.stating(
+                TARGET_HELP.replace("{", "{{").replace("}", "}}") + ". A sweep makes one patched run per cell: at most "
+                "{patching_max_passes:,} on this server, counted before anything runs (422 naming how many were asked)"
+            ),
+        ),
+    ),
+    direction=(
+        Direction,
+        Field(
+            "denoise",
+            description=(
+                "denoise: the corrupted run with one activation from the clean run (how much does it restore?); "
+                "noise: the clean run with one activation from the corrupted run (how much does the behaviour "
+                "depend on it?)"
+            ),
+        ),
+    ),
+    metric=(
+        Metric,
+        Field(
+            "logit_diff",
+            description=(
+                "logit_diff: the answer's logit minus the wrong token's at the last position; prob: the answer's "
+                "probability there"
+            ),
+        ),
+    ),
+    frozen_attention=(
+        bool,
+        Field(
+            False,
+            description=(
+                "hold every attention pattern downstream of the patch at its value in the unpatched run: what is "
+                "left is the effect through values and the direct path, not through later heads' queries and keys"
+            ),
+        ),
+    ),
 )
-PatchingRequest.model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-    {"model": "induction", "clean": "wqnhibbaevqxnpzsqooyhvrawqnhibbaevqxnpzsqooyhvr",
-     "corrupted": "kwoatswecwaochmkkaadarnqwqnhibbaevqxnpzsqooyhvr", "answer": "a", "wrong": "q",
-     "target": "attn_head", "direction": "noise"},
-    {"model": "toy", "clean": "the cat sat on the mat", "corrupted": "the dog sat on the mat",
-     "target": "resid_pre"},
-]})
+PatchingRequest.model_config = ConfigDict(
+    extra="forbid",
+    json_schema_extra={
+        "examples": [
+            {
+                "model": "induction",
+                "clean": "wqnhibbaevqxnpzsqooyhvrawqnhibbaevqxnpzsqooyhvr",
+                "corrupted": "kwoatswecwaochmkkaadarnqwqnhibbaevqxnpzsqooyhvr",
+                "answer": "a",
+                "wrong": "q",
+                "target": "attn_head",
+                "direction": "noise",
+            },
+            {
+                "model": "toy",
+                "clean": "the cat sat on the mat",
+                "corrupted": "the dog sat on the mat",
+                "target": "resid_pre",
+            },
+        ]
+    },
+)
 PatchingRequest.model_rebuild(force=True)
 
 
 class QKCircuitRequest(requests.ModelRequest):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"model": "induction", "text": "mntyadvygiwlmntyadvygiw", "layer": 1, "head": 0, "query": 22, "key": 11},
-        {"model": "toy", "text": "Ali makan nasi lemak", "layer": 1, "head": 2}]})
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "model": "induction",
+                    "text": "mntyadvygiwlmntyadvygiw",
+                    "layer": 1,
+                    "head": 0,
+                    "query": 22,
+                    "key": 11,
+                },
+                {"model": "toy", "text": "Ali makan nasi lemak", "layer": 1, "head": 2},
+            ]
+        },
+    )
 
     layer: requests.LayerIndex = Field(description="counted from 0, below the model's n_layers")
     head: requests.HeadIndex = Field(description="the query head, counted from 0, below the model's n_heads")
     query: requests.Position = -1
-    key: requests.Position | None = Field(None, description="the key position, at or before the query (causal); null: "
-                                                            "where this head's query looks most")
+    key: requests.Position | None = Field(
+        None, description="the key position, at or before the query (causal); null: where this head's query looks most"
+    )
 
 
 class _WeightsRequest(requests.ModelRequest):
-    text: TOKEN_TEXT | None = Field(None, description="null: the model's default text (a text sizes only a model "
-                                                      "whose shape follows it, the spec's)")
+    text: TOKEN_TEXT | None = Field(
+        None,
+        description="null: the model's default text (a text sizes only a model whose shape follows it, the spec's)",
+    )
 
 
 class CompositionRequest(_WeightsRequest):
@@ -99,17 +193,24 @@ class CompositionRequest(_WeightsRequest):
 
 
 class OVCircuitRequest(_WeightsRequest):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"model": "induction", "layer": 1, "head": 0, "top_k": 5, "text": "abc"}]})
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"model": "induction", "layer": 1, "head": 0, "top_k": 5, "text": "abc"}]},
+    )
 
-    text: TOKEN_TEXT | None = Field(None, json_schema_extra=requests.stating(
-        "its distinct tokens are the sources (at most {ov_max_sources}); null: the model's default text"))
+    text: TOKEN_TEXT | None = Field(
+        None,
+        json_schema_extra=requests.stating(
+            "its distinct tokens are the sources (at most {ov_max_sources}); null: the model's default text"
+        ),
+    )
     layer: requests.LayerIndex = Field(description="counted from 0, below the model's n_layers")
     head: requests.HeadIndex = Field(description="counted from 0, below the model's n_heads")
     top_k: requests.IntUpTo("max_top_k") = Field(5, description="output tokens listed per source")
 
 
 # ------------------------------------------------------------------ responses
+
 
 class PatchingResponse(ModelResultResponse):
     tokens: dict[str, list[str]] = Field(description="`clean` and `corrupted`, as the model reads them")
@@ -122,11 +223,13 @@ class PatchingResponse(ModelResultResponse):
     frozen_attention: bool
     clean_metric: float = Field(description="the metric of the clean run")
     corrupted_metric: float = Field(description="the metric of the corrupted run")
-    grid: Matrix = Field(description="[rows][columns], normalised: (metric − corrupted_metric) / (clean_metric − "
-                                     "corrupted_metric), so 0 is the corrupted run and 1 the clean run")
+    grid: Matrix = Field(
+        description="[rows][columns], normalised: (metric − corrupted_metric) / (clean_metric − "
+        "corrupted_metric), so 0 is the corrupted run and 1 the clean run"
+    )
     raw_grid: Matrix = Field(description="[rows][columns], the metric of each patched run")
     rows: list[str] = Field(description="L{layer}, or L{layer}H{head} for attn_head_pos")
-    columns: list[str] = Field(description="positions (\"0\", \"1\", ...) or heads (\"H0\", ...)")
+    columns: list[str] = Field(description='positions ("0", "1", ...) or heads ("H0", ...)')
     passes: int = Field(description="patched runs made (besides the clean and corrupted runs)")
 
 
@@ -146,12 +249,16 @@ class QKCircuitResponse(ModelResultResponse):
     score: float = Field(description="the model's pre-softmax score (scaled; hook_attn_scores)")
     weight: float = Field(description="the attention weight on this key after the softmax")
     top_key: int = Field(description="where this query looks most")
-    query_parts: list[str] = Field(description="what wrote the residual stream at the query: embed, pos_embed, "
-                                               "L{layer}H{head}, L{layer} attn bias, L{layer} mlp, L{layer} mlp "
-                                               "bias, then bias (the norm's bias through W_Q and b_Q) if any")
+    query_parts: list[str] = Field(
+        description="what wrote the residual stream at the query: embed, pos_embed, "
+        "L{layer}H{head}, L{layer} attn bias, L{layer} mlp, L{layer} mlp "
+        "bias, then bias (the norm's bias through W_Q and b_Q) if any"
+    )
     key_parts: list[str] = Field(description="the same at the key (bias: through W_K and b_K)")
-    contributions: Matrix = Field(description="[query part][key part]: each pair's term of the score, the norms' "
-                                              "scales frozen from the run; they sum to `total`")
+    contributions: Matrix = Field(
+        description="[query part][key part]: each pair's term of the score, the norms' "
+        "scales frozen from the run; they sum to `total`"
+    )
     total: float = Field(description="the sum of the contributions: the score, up to rounding")
     bias_terms: dict[str, float] = Field(description="the terms involving a bias, summed by kind")
     query_scale: float = Field(description="the layer norm's σ at the query, frozen")
@@ -161,8 +268,10 @@ class QKCircuitResponse(ModelResultResponse):
 
 class CompositionResponse(ModelResultResponse):
     heads: list[str] = Field(description="L{layer}H{head}, every head in layer order (the rows and the columns)")
-    q: Matrix = Field(description="[later head][earlier head]: Q-composition, ‖W_OV W_QK‖ / (‖W_OV‖ ‖W_QK‖); null "
-                                  "where the column's head is not in an earlier layer")
+    q: Matrix = Field(
+        description="[later head][earlier head]: Q-composition, ‖W_OV W_QK‖ / (‖W_OV‖ ‖W_QK‖); null "
+        "where the column's head is not in an earlier layer"
+    )
     k: Matrix = Field(description="K-composition, ‖W_OV W_QKᵀ‖ / (‖W_OV‖ ‖W_QK‖)")
     v: Matrix = Field(description="V-composition, ‖W_OV W_OV'‖ / (‖W_OV‖ ‖W_OV'‖)")
     baseline: float = Field(description="the mean score of random matrices of the same shapes")
@@ -178,15 +287,18 @@ class OVLogit(ResponseModel):
 class OVSourceModel(ResponseModel):
     token: str
     id: int
-    self_rank: int = Field(description="where the source token itself ranks among the outputs it raises (0: first: "
-                                       "the head copies it)")
+    self_rank: int = Field(
+        description="where the source token itself ranks among the outputs it raises (0: first: the head copies it)"
+    )
     top: list[OVLogit]
 
 
 class OVCircuitResponse(ModelResultResponse):
     layer: int
     head: int
-    copying_score: float = Field(description="Σλ / Σ|λ| over the eigenvalues of W_E W_V W_O W_U: 1 for a head that "
-                                             "only copies, −1 for one that only suppresses")
+    copying_score: float = Field(
+        description="Σλ / Σ|λ| over the eigenvalues of W_E W_V W_O W_U: 1 for a head that "
+        "only copies, −1 for one that only suppresses"
+    )
     eigenvalues: list[Vector] = Field(description="[real, imaginary] of each nonzero eigenvalue, largest |λ| first")
     sources: list[OVSourceModel] = Field(description="the text's distinct tokens, each with the outputs it raises most")

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Iterator
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from app.api.generation_models import SAMPLING_HELP, GenerateRequest, GenerateResponse, GeneratedModel, StepModel
+from app.api.generation_models import SAMPLING_HELP, GeneratedModel, GenerateRequest, GenerateResponse, StepModel
 from app.deps import ServiceDep
 from app.http.jsonio import FastJSONResponse, dumps
 from app.service.generation import GenerationRun
@@ -26,19 +26,25 @@ router = APIRouter(prefix="/api/v1", tags=["api v1"], default_response_class=Fas
 
 EVENT_STREAM = "text/event-stream"
 _RESPONSES = {
-    200: {"content": {EVENT_STREAM: {}},
-          "description": "The whole generation as JSON; with `Accept: text/event-stream`, Server-Sent Events: `start` "
-                         "(the response's fields but steps, generated and finish_reason), `step` (one per token, as "
-                         "`steps[i]`), `end` (`finish_reason`, `generated`)"},
-    422: {"description": "Invalid input, or a generation beyond the limits (temperature < 0, top_p outside (0, 1], "
-                         "top_k < 1, max_new_tokens past the limit or the model's context, an encoder): "
-                         "`detail[].msg` says what to change"},
+    200: {
+        "content": {EVENT_STREAM: {}},
+        "description": "The whole generation as JSON; with `Accept: text/event-stream`, Server-Sent Events: `start` "
+        "(the response's fields but steps, generated and finish_reason), `step` (one per token, as "
+        "`steps[i]`), `end` (`finish_reason`, `generated`)",
+    },
+    422: {
+        "description": "Invalid input, or a generation beyond the limits (temperature < 0, top_p outside (0, 1], "
+        "top_k < 1, max_new_tokens past the limit or the model's context, an encoder): "
+        "`detail[].msg` says what to change"
+    },
 }
 
 
 def _event(name: str, data: object, id: str | None = None) -> bytes:
-    return (f"id: {id}\n".encode() if id is not None else b"") + b"event: %s\ndata: %s\n\n" % (name.encode(),
-                                                                                             dumps(data))
+    return (f"id: {id}\n".encode() if id is not None else b"") + b"event: %s\ndata: %s\n\n" % (
+        name.encode(),
+        dumps(data),
+    )
 
 
 def head(run: GenerationRun) -> dict:
@@ -57,22 +63,34 @@ async def events(run: GenerationRun, request: Request) -> AsyncIterator[bytes]:
             break
         yield _event("step", StepModel.model_validate(step).model_dump(), id=str(step.index))
     result = run.result()
-    yield _event("end", {"finish_reason": result.finish_reason,
-                         "generated": GeneratedModel.model_validate(result.generated).model_dump()})
+    yield _event(
+        "end",
+        {
+            "finish_reason": result.finish_reason,
+            "generated": GeneratedModel.model_validate(result.generated).model_dump(),
+        },
+    )
 
 
-@router.post("/generate", response_model=GenerateResponse, responses=_RESPONSES,
-             summary="Write with a model: temperature, top-k, top-p, each token's distribution and attention",
-             description="Continues `text` by up to `max_new_tokens` tokens through the KV cache. Every step "
-                         "records the token and its probability, its distribution before and after each setting "
-                         "(the top 20 and the cut-off), the attention row of the query that chose it in every layer "
-                         "and head (over every token so far), the cache's bytes and the heads acting as attention "
-                         "sinks (weight on the first token above `sink_threshold`). Decoders only. " + SAMPLING_HELP)
+@router.post(
+    "/generate",
+    response_model=GenerateResponse,
+    responses=_RESPONSES,
+    summary="Write with a model: temperature, top-k, top-p, each token's distribution and attention",
+    description="Continues `text` by up to `max_new_tokens` tokens through the KV cache. Every step "
+    "records the token and its probability, its distribution before and after each setting "
+    "(the top 20 and the cut-off), the attention row of the query that chose it in every layer "
+    "and head (over every token so far), the cache's bytes and the heads acting as attention "
+    "sinks (weight on the first token above `sink_threshold`). Decoders only. " + SAMPLING_HELP,
+)
 async def generate(req: GenerateRequest, request: Request, svc: ServiceDep):
     spec, settings = req.spec(), req.generate_settings()
     if EVENT_STREAM in request.headers.get("accept", ""):
         run = await asyncio.to_thread(svc.generation.start, spec, settings)  # a 422 here, before the stream
-        return StreamingResponse(events(run, request), media_type=EVENT_STREAM,
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return StreamingResponse(
+            events(run, request),
+            media_type=EVENT_STREAM,
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
     result = await asyncio.to_thread(svc.generation.generate, spec, settings)
     return FastJSONResponse(GenerateResponse.model_validate(result).model_dump())

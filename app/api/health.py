@@ -10,8 +10,8 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel
 
 from app import __version__
-from app.paths import STATIC_DIR
 from app.deps import SettingsDep
+from app.paths import STATIC_DIR
 from app.service import Service
 
 router = APIRouter(tags=["health"])
@@ -67,8 +67,12 @@ def vendor_asset_problems(static_dir: Path) -> list[str]:
     return problems
 
 
-@router.get("/readyz", response_model=Readiness, summary="Can the server serve pages and models?",
-            responses={503: {"model": Readiness, "description": "not ready; `reasons` says why"}})
+@router.get(
+    "/readyz",
+    response_model=Readiness,
+    summary="Can the server serve pages and models?",
+    responses={503: {"model": Readiness, "description": "not ready; `reasons` says why"}},
+)
 def readyz(request: Request, response: Response, settings: SettingsDep) -> Readiness:
     """200 when the front-end files are in place, the models folder, if set, can be read and Redis, if set
     (EXPLORER_REDIS_URL), answers; 503 with the `reasons` an operator has to fix otherwise. Point a load

@@ -25,17 +25,17 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator
 from pydantic_core import PydanticCustomError, PydanticKnownError, core_schema
 
-from core import DTYPE_BYTES, POSITION_SCHEMES, PRESETS, TransformerConfig, lessons, recipes
-from core.config import NORMALIZATION_TYPES
-
+from app.http.language import _
 from app.service import AblatedHead, RunSpec, knobs
 from app.settings import Settings, settings_in_effect
-from app.http.language import _
+from core import DTYPE_BYTES, POSITION_SCHEMES, PRESETS, TransformerConfig, lessons, recipes
+from core.config import NORMALIZATION_TYPES
 
 MAX_SEED = knobs.MAX_SEED
 
 
 # ------------------------------------------------------------------ limits that are settings
+
 
 def setting(of: str | Callable[[Settings], int]) -> int:
     """A setting's value in effect now (`of`: its name, or a function of the settings)."""
@@ -59,8 +59,9 @@ class Limit:
 
             def count_first(value: Any, validate: Callable) -> Any:
                 if isinstance(value, (list, tuple)) and len(value) > (bound := setting(of)):
-                    raise PydanticKnownError("too_long", {"field_type": "List", "max_length": bound,
-                                                          "actual_length": len(value)})
+                    raise PydanticKnownError(
+                        "too_long", {"field_type": "List", "max_length": bound, "actual_length": len(value)}
+                    )
                 return validate(value)
 
             return core_schema.no_info_wrap_validator_function(count_first, schema)
@@ -76,8 +77,9 @@ class Limit:
             if kind == "max_length" and len(value) > bound:
                 if on == "str":
                     raise PydanticKnownError("string_too_long", {"max_length": bound})
-                raise PydanticKnownError("too_long", {"field_type": "Value", "max_length": bound,
-                                                      "actual_length": len(value)})
+                raise PydanticKnownError(
+                    "too_long", {"field_type": "Value", "max_length": bound, "actual_length": len(value)}
+                )
             return value
 
         return core_schema.no_info_after_validator_function(check, schema)
@@ -86,7 +88,8 @@ class Limit:
         js = handler(schema)
         target = next((b for b in js.get("anyOf", ()) if b.get("type") != "null"), js)
         key = {"le": "maximum", "ge": "minimum"}.get(self.kind) or (
-            "maxLength" if target.get("type") == "string" else "maxItems")
+            "maxLength" if target.get("type") == "string" else "maxItems"
+        )
         target[key] = setting(self.of)
         return js
 
@@ -104,8 +107,10 @@ def upper_bound(model: type[BaseModel], name: str) -> int | float | None:
 def stating(template: str) -> Callable[[dict], None]:
     """A description that states settings ("at most {max_tokens:,} tokens"), written with those in effect
     (a field's `json_schema_extra`)."""
+
     def describe(schema: dict) -> None:
         schema["description"] = template.format_map(vars(settings_in_effect()))
+
     return describe
 
 
@@ -123,8 +128,9 @@ def _non_blank(text: str) -> str:
     if not text.strip():
         raise PydanticCustomError("text_empty", _("the text is empty or only spaces: type at least one word"))
     if re.search("[\ud800-\udfff]", text):
-        raise PydanticCustomError("text_surrogate", _("the text contains an unpaired UTF-16 surrogate, which is not a "
-                                                      "character: remove it"))
+        raise PydanticCustomError(
+            "text_surrogate", _("the text contains an unpaired UTF-16 surrogate, which is not a character: remove it")
+        )
     return text
 
 
@@ -148,12 +154,18 @@ class Request(BaseModel):
 def _int_list(value: str, name: str, low: int, high: int) -> tuple[int, ...]:
     items = tuple(int(x) for x in value.split(","))
     if len(items) > (most := setting("max_dims")):
-        raise PydanticCustomError("too_long", _("{{n}} {name} given, more than the limit of {most}").format(
-            name=name, most=most), {"n": len(items)})
+        raise PydanticCustomError(
+            "too_long",
+            _("{{n}} {name} given, more than the limit of {most}").format(name=name, most=most),
+            {"n": len(items)},
+        )
     bad = [x for x in items if not low <= x <= high]
     if bad:
-        raise PydanticCustomError("out_of_range", _("{name} must each lie in {low} … {high:,}; got {{bad}}").format(
-            name=name, low=low, high=high), {"bad": bad[0]})
+        raise PydanticCustomError(
+            "out_of_range",
+            _("{name} must each lie in {low} … {high:,}; got {{bad}}").format(name=name, low=low, high=high),
+            {"bad": bad[0]},
+        )
     return items
 
 
@@ -163,22 +175,27 @@ LESSON_TEXT = stating("words split on spaces, at most {max_tokens:,} words and {
 
 
 class AttentionQuery(Request):
-    text: TextUpTo("max_text_chars") = Field(lessons.DEFAULT_TEXT, json_schema_extra=LESSON_TEXT,
-                                             examples=["the cat sat down"])
+    text: TextUpTo("max_text_chars") = Field(
+        lessons.DEFAULT_TEXT, json_schema_extra=LESSON_TEXT, examples=["the cat sat down"]
+    )
     seed: Seed = default(lessons.attention, "seed")
-    d_model: IntUpTo("max_d_model") = Field(default(lessons.attention, "d_model"),
-                                            description="width of each token's embedding")
-    d_k: IntUpTo("max_d_model") = Field(default(lessons.attention, "d_k"),
-                                        description="width of queries, keys and values")
+    d_model: IntUpTo("max_d_model") = Field(
+        default(lessons.attention, "d_model"), description="width of each token's embedding"
+    )
+    d_k: IntUpTo("max_d_model") = Field(
+        default(lessons.attention, "d_k"), description="width of queries, keys and values"
+    )
     causal: bool = Field(default(lessons.attention, "causal"), description="forbid attending to later tokens")
     scale: bool = Field(default(lessons.attention, "scale"), description="divide the scores by √d_k")
 
 
 class ScalingQuery(Request):
-    dims: str = Field(",".join(map(str, default(lessons.scaling, "dims"))), pattern=r"^\d{1,9}(,\d{1,9})*$",
-                      json_schema_extra=stating("comma-separated widths d, at most {max_dims}, each 1 … "
-                                                "{calc_max_width:,}"),
-                      examples=["4,64,512"])
+    dims: str = Field(
+        ",".join(map(str, default(lessons.scaling, "dims"))),
+        pattern=r"^\d{1,9}(,\d{1,9})*$",
+        json_schema_extra=stating("comma-separated widths d, at most {max_dims}, each 1 … {calc_max_width:,}"),
+        examples=["4,64,512"],
+    )
     n_queries: IntUpTo("max_queries") = default(lessons.scaling, "n_queries")
     n_keys: IntUpTo("max_tokens") = default(lessons.scaling, "n_keys")
     seed: Seed = default(lessons.scaling, "seed")
@@ -197,8 +214,9 @@ class ScalingQuery(Request):
 class MultiheadQuery(Request):
     text: TextUpTo("max_text_chars") = Field(lessons.DEFAULT_TEXT, json_schema_extra=LESSON_TEXT)
     seed: Seed = default(lessons.multihead, "seed")
-    d_model: IntUpTo("max_d_model") = Field(default(lessons.multihead, "d_model"),
-                                            description="width; must be a multiple of n_heads")
+    d_model: IntUpTo("max_d_model") = Field(
+        default(lessons.multihead, "d_model"), description="width; must be a multiple of n_heads"
+    )
     n_heads: IntUpTo("max_heads") = default(lessons.multihead, "n_heads")
     causal: bool = Field(default(lessons.multihead, "causal"), description="forbid attending to later tokens")
     scale: bool = Field(default(lessons.multihead, "scale"), description="divide the scores by √d_head")
@@ -207,11 +225,16 @@ class MultiheadQuery(Request):
 class PositionsQuery(Request):
     n_pos: IntUpTo("max_tokens") = Field(default(lessons.positions, "n_pos"), description="positions")
     d: IntUpTo("max_d_model", low=2) = Field(default(lessons.positions, "d"), description="width (even)")
-    pairs: str | None = Field(None, pattern=r"^\d{1,7}:\d{1,7}(,\d{1,7}:\d{1,7})*$",
-                              json_schema_extra=stating("comma-separated i:j position pairs whose dot products to "
-                                                        "show, at most {max_dims}; default: the spec's pairs that "
-                                                        "fit in n_pos"),
-                              examples=["10:10,10:11,30:35"])
+    pairs: str | None = Field(
+        None,
+        pattern=r"^\d{1,7}:\d{1,7}(,\d{1,7}:\d{1,7})*$",
+        json_schema_extra=stating(
+            "comma-separated i:j position pairs whose dot products to "
+            "show, at most {max_dims}; default: the spec's pairs that "
+            "fit in n_pos"
+        ),
+        examples=["10:10,10:11,30:35"],
+    )
 
     @field_validator("pairs")
     @classmethod
@@ -228,11 +251,13 @@ class PositionsQuery(Request):
 
 
 class ForwardQuery(Request):
-    text: TextUpTo("max_text_chars") = Field(default(lessons.forward, "text"),
-                                             description="corpus whose sorted distinct characters are the vocabulary")
+    text: TextUpTo("max_text_chars") = Field(
+        default(lessons.forward, "text"), description="corpus whose sorted distinct characters are the vocabulary"
+    )
     prompt: TextUpTo("max_tokens") = Field(
         default(lessons.forward, "prompt"),
-        json_schema_extra=stating("characters to run (one token each, at most {max_tokens:,}), all from the text"))
+        json_schema_extra=stating("characters to run (one token each, at most {max_tokens:,}), all from the text"),
+    )
     seed: Seed = default(lessons.forward, "seed")
     d_model: IntUpTo("max_d_model") = default(lessons.forward, "d_model")
     n_heads: IntUpTo("max_heads") = default(lessons.forward, "n_heads")
@@ -241,10 +266,12 @@ class ForwardQuery(Request):
 
 # ------------------------------------------------------------------ calculator queries
 
-PRESET_DESCRIPTION = ("start from this configuration (default: toy); a field given replaces the preset's. "
-                      "toy and gpt2-*: GPT-2's design; smollm2-135m, tinyllama-1.1b, qwen2.5-0.5b, qwen3-0.6b: "
-                      "Llama's (RMS norm, gated MLP, rotary, grouped-query attention); pythia-70m: GPT-NeoX; "
-                      "tinystories-33m: GPT-Neo")
+PRESET_DESCRIPTION = (
+    "start from this configuration (default: toy); a field given replaces the preset's. "
+    "toy and gpt2-*: GPT-2's design; smollm2-135m, tinyllama-1.1b, qwen2.5-0.5b, qwen3-0.6b: "
+    "Llama's (RMS norm, gated MLP, rotary, grouped-query attention); pythia-70m: GPT-NeoX; "
+    "tinystories-33m: GPT-Neo"
+)
 
 
 class SizesQuery(Request):
@@ -267,19 +294,24 @@ class ParamsQuery(SizesQuery):
     """The shape of a model: a preset, with any of these replacing its own. Fields left null keep the preset's."""
 
     n_heads: IntUpTo("calc_max_width") | None = Field(
-        None, description="query heads; must divide d_model unless d_head is given")
+        None, description="query heads; must divide d_model unless d_head is given"
+    )
     n_key_value_heads: IntUpTo("calc_max_width") | None = Field(
         None,
         description="key/value heads, each shared by n_heads / n_key_value_heads query heads (grouped-query "
-                    "attention; 1: multi-query); must divide n_heads. Default: one per query head, or the preset's")
+        "attention; 1: multi-query); must divide n_heads. Default: one per query head, or the preset's",
+    )
     d_head: IntUpTo("calc_max_width") | None = Field(
-        None, description="width of each head (default d_model / n_heads; Qwen3's is wider)")
+        None, description="width of each head (default d_model / n_heads; Qwen3's is wider)"
+    )
     gated_mlp: bool | None = Field(None, description="a gated (SwiGLU) MLP: a third matrix W_gate beside W_in, W_out")
     normalization_type: NormalizationType | None = Field(
-        None, description="LN: layer norm, gain and bias; RMS: RMS norm, gain only (Llama); LNPre, RMSPre: no "
-                          "parameters")
+        None,
+        description="LN: layer norm, gain and bias; RMS: RMS norm, gain only (Llama); LNPre, RMSPre: no parameters",
+    )
     positional_embedding_type: PositionScheme | None = Field(
-        None, description="learned positions add an n_ctx × d_model table; the others have no parameters")
+        None, description="learned positions add an n_ctx × d_model table; the others have no parameters"
+    )
     bias: bool | None = Field(None, description="biases on every linear map (GPT-2: yes; Llama: no)")
     qkv_bias: bool | None = Field(None, description="biases of Q, K and V only (Qwen2: yes); default as bias")
     use_qk_norm: bool | None = Field(None, description="an RMS gain on every head's queries and keys (Qwen3)")
@@ -295,7 +327,8 @@ class KVCacheQuery(Request):
     n_key_value_heads: IntUpTo("calc_max_width") | None = Field(
         None,
         description="heads whose keys and values are cached (grouped-query attention shares each among "
-                    "n_heads / n_key_value_heads query heads); must divide n_heads")
+        "n_heads / n_key_value_heads query heads); must divide n_heads",
+    )
     d_head: IntUpTo("calc_max_width") | None = Field(None, description="default d_model / n_heads")
     seq_len: IntUpTo("calc_max_ctx") | None = Field(None, description="cached tokens (default: n_ctx)")
     batch: IntUpTo("calc_max_batch") = 1
@@ -326,9 +359,12 @@ def knob_field(knob: knobs.Knob, describe: bool = True) -> tuple[Any, Any]:
 
 
 HooksQuery = create_model(
-    "HooksQuery", __base__=Request, __module__=__name__,
+    "HooksQuery",
+    __base__=Request,
+    __module__=__name__,
     model=(str, Field("toy", max_length=200, description="a name from GET /api/v1/models")),
-    **{k.name: knob_field(k) for k in map(knobs.by_name, ("n_layers", "positional_embedding_type"))})
+    **{k.name: knob_field(k) for k in map(knobs.by_name, ("n_layers", "positional_embedding_type"))},
+)
 
 
 # ------------------------------------------------------------------ run
@@ -344,100 +380,155 @@ class HeadAblation(Request):
     layer: LayerIndex = Field(description="the head's layer, counted from 0, below the model's n_layers")
     head: HeadIndex = Field(description="the query head within its layer, counted from 0, below n_heads")
     method: Literal["zero", "mean"] = Field(
-        "zero", description="zero: the head writes nothing; mean: it writes its mean output over the text's "
-                            "positions (what it says whatever the token)")
+        "zero",
+        description="zero: the head writes nothing; mean: it writes its mean output over the text's "
+        "positions (what it says whatever the token)",
+    )
 
 
-COST = ("The cost of a request is checked before anything is computed: at most {max_work:,} multiply-adds "
-        "(random draws included) on a toy, whose weights are drawn for the request; at most "
-        "{max_pretrained_work:,} on a pretrained model, whose weights are loaded once (one 128-token pass of a "
-        "0.5B-parameter model is about 6.4 × 10¹⁰); and no array of more than {max_elements:,} numbers (a toy's "
-        "drawn weights included, a pretrained model's loaded ones not). Beyond a limit: 422 saying what to reduce.")
+COST = (
+    "The cost of a request is checked before anything is computed: at most {max_work:,} multiply-adds "
+    "(random draws included) on a toy, whose weights are drawn for the request; at most "
+    "{max_pretrained_work:,} on a pretrained model, whose weights are loaded once (one 128-token pass of a "
+    "0.5B-parameter model is about 6.4 × 10¹⁰); and no array of more than {max_elements:,} numbers (a toy's "
+    "drawn weights included, a pretrained model's loaded ones not). Beyond a limit: 422 saying what to reduce."
+)
 
 
 class _ModelRequest(Request):
     def spec(self) -> RunSpec:
         """What to run, as the service's typed specification."""
         ablate = tuple(AblatedHead(a.layer, a.head, a.method) for a in getattr(self, "ablate", ()))
-        return RunSpec(model=self.model, text=self.text, ablate=ablate,
-                       **{name: getattr(self, name) for name in knobs.names()})
+        return RunSpec(
+            model=self.model, text=self.text, ablate=ablate, **{name: getattr(self, name) for name in knobs.names()}
+        )
 
 
 # A model, a text and the toggles (one field per knob: app/models/knobs.py).
 ModelRequest = create_model(
-    "ModelRequest", __base__=_ModelRequest, __module__=__name__,
+    "ModelRequest",
+    __base__=_ModelRequest,
+    __module__=__name__,
     __doc__="A model, a text and the toggles: what every model endpoint (run and the analyses) reads.",
     model=(str, Field("toy", max_length=200, json_schema_extra=stating("a name from GET /api/v1/models. " + COST))),
-    text=(TextUpTo("max_text_chars"),
-          Field(json_schema_extra=stating("the input; at most {max_text_chars:,} characters and {max_tokens:,} "
-                                          "tokens"))),
-    **{k.name: knob_field(k) for k in knobs.KNOBS})
+    text=(
+        TextUpTo("max_text_chars"),
+        Field(json_schema_extra=stating("the input; at most {max_text_chars:,} characters and {max_tokens:,} tokens")),
+    ),
+    **{k.name: knob_field(k) for k in knobs.KNOBS},
+)
 
 
 class AblatingRequest(ModelRequest):
     ablate: Annotated[list[HeadAblation], Limit("max_length", "max_ablations")] = Field(
         default_factory=list,
-        json_schema_extra=stating("heads whose output is replaced before W_O (at most {max_ablations}, each head "
-                                  "once); every later activation and the prediction change, earlier ones do not"))
+        json_schema_extra=stating(
+            "heads whose output is replaced before W_O (at most {max_ablations}, each head "
+            "once); every later activation and the prediction change, earlier ones do not"
+        ),
+    )
 
 
 class RunRequest(AblatingRequest):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"model": "toy", "text": "Ali makan nasi lemak", "hooks": ["blocks.0.attn.hook_pattern"], "top_k": 5},
-        {"model": "spec-forward", "text": "nasi ", "top_k": 9},
-        {"model": "toy", "text": "the cat sat", "causal": False, "n_heads": 2, "n_layers": 1,
-         "positional_embedding_type": "rotary", "seed": 3, "hooks": ["blocks.0.attn.hook_attn_scores"]},
-        {"model": "toy", "text": "the cat sat", "hooks": ["blocks.1.attn.hook_pattern"],
-         "ablate": [{"layer": 0, "head": 2, "method": "zero"}]},
-    ]})
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"model": "toy", "text": "Ali makan nasi lemak", "hooks": ["blocks.0.attn.hook_pattern"], "top_k": 5},
+                {"model": "spec-forward", "text": "nasi ", "top_k": 9},
+                {
+                    "model": "toy",
+                    "text": "the cat sat",
+                    "causal": False,
+                    "n_heads": 2,
+                    "n_layers": 1,
+                    "positional_embedding_type": "rotary",
+                    "seed": 3,
+                    "hooks": ["blocks.0.attn.hook_attn_scores"],
+                },
+                {
+                    "model": "toy",
+                    "text": "the cat sat",
+                    "hooks": ["blocks.1.attn.hook_pattern"],
+                    "ablate": [{"layer": 0, "head": 2, "method": "zero"}],
+                },
+            ]
+        },
+    )
 
     hooks: Annotated[list[Annotated[str, Field(max_length=200)]], Limit("max_length", "max_hooks")] = Field(
         default_factory=list,
-        json_schema_extra=stating("activation names to return (GET /api/v1/hooks lists them), at most {max_hooks}, "
-                                  "holding at most {max_hook_values:,} numbers in all"))
+        json_schema_extra=stating(
+            "activation names to return (GET /api/v1/hooks lists them), at most {max_hooks}, "
+            "holding at most {max_hook_values:,} numbers in all"
+        ),
+    )
     top_k: IntUpTo("max_top_k", low=0) = Field(5, description="how many next-token predictions to return")
 
 
 # ------------------------------------------------------------------ looking inside (analysis)
 
-Position = Annotated[int, Limit("ge", lambda s: -s.max_tokens), Limit("le", lambda s: s.max_tokens - 1),
-                     Field(description="a token position, from 0; negative counts from the end (-1 = last)")]
+Position = Annotated[
+    int,
+    Limit("ge", lambda s: -s.max_tokens),
+    Limit("le", lambda s: s.max_tokens - 1),
+    Field(description="a token position, from 0; negative counts from the end (-1 = last)"),
+]
 
 
 class DecomposeRequest(AblatingRequest):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"model": "toy", "text": "Ali makan nasi lemak"},
-        {"model": "spec-forward", "text": "nasi ", "pos": -1, "target": 2},
-    ]})
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"model": "toy", "text": "Ali makan nasi lemak"},
+                {"model": "spec-forward", "text": "nasi ", "pos": -1, "target": 2},
+            ]
+        },
+    )
 
     pos: Position = -1
     target: IntUpTo(lambda s: s.calc_max_vocab - 1, low=0) | None = Field(
-        None, description="the token id whose logit to attribute (below the model's d_vocab); "
-                          "null: the model's most likely next token at `pos`")
+        None,
+        description="the token id whose logit to attribute (below the model's d_vocab); "
+        "null: the model's most likely next token at `pos`",
+    )
 
 
 class LogitLensRequest(AblatingRequest):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"model": "toy", "text": "Ali makan nasi lemak", "top_k": 3}]})
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"model": "toy", "text": "Ali makan nasi lemak", "top_k": 3}]}
+    )
 
     top_k: IntUpTo("max_top_k") = Field(5, description="tokens kept per layer and position")
 
 
 class DetectorsRequest(AblatingRequest):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"model": "toy", "text": "the cat sat on the mat. the cat sat"},
-        {"model": "all-MiniLM-L6-v2", "text": "The cat sat on the mat. The cat sat on the mat.",
-         "random_length": 20}]})
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"model": "toy", "text": "the cat sat on the mat. the cat sat"},
+                {
+                    "model": "all-MiniLM-L6-v2",
+                    "text": "The cat sat on the mat. The cat sat on the mat.",
+                    "random_length": 20,
+                },
+            ]
+        },
+    )
 
     random_length: IntUpTo(lambda s: s.max_tokens // 2, low=2) = Field(
-        20, description="length of the random sequence, which is then repeated once")
+        20, description="length of the random sequence, which is then repeated once"
+    )
     random_seed: int = Field(0, ge=0, le=MAX_SEED, description="seed of the random sequence")
     threshold: float = Field(0.4, ge=0, le=1, description="a head is flagged when its score reaches this")
 
 
 class KVStepsRequest(ModelRequest):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"model": "toy", "text": "Ali makan", "n_new": 8}]})
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"model": "toy", "text": "Ali makan", "n_new": 8}]}
+    )
 
     n_new: IntUpTo("max_new_tokens", low=0) = Field(8, description="tokens to generate greedily after the text")
 
@@ -454,20 +545,30 @@ class _CompareSide(Request):
 # The second side may change the text, every knob that keeps the model's shape (the same weights, or
 # the same shape drawn from another seed: its heads compare one to one) and the ablations.
 CompareSide = create_model(
-    "CompareSide", __base__=_CompareSide, __module__=__name__,
+    "CompareSide",
+    __base__=_CompareSide,
+    __module__=__name__,
     __doc__="What the second side changes; a field left null keeps the first side's value.",
     text=(Annotated[NonBlank | None, Limit("max_length", "max_text_chars")], Field(None, min_length=1)),
     **{k.name: knob_field(k, describe=False) for k in knobs.KNOBS if not k.reshapes},
-    ablate=(Annotated[list[HeadAblation], Limit("max_length", "max_ablations")] | None,
-            Field(None, description="replaces the first side's list (use [] for none)")))
+    ablate=(
+        Annotated[list[HeadAblation], Limit("max_length", "max_ablations")] | None,
+        Field(None, description="replaces the first side's list (use [] for none)"),
+    ),
+)
 
 
 class CompareRequest(AblatingRequest):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"model": "toy", "text": "Ali makan nasi", "other": {"causal": False}, "layer": 1, "head": 0},
-        {"model": "toy", "text": "the cat sat", "other": {"text": "the dog sat"}},
-        {"model": "toy", "text": "the cat sat", "layer": 1, "other": {"ablate": [{"layer": 0, "head": 1}]}},
-    ]})
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"model": "toy", "text": "Ali makan nasi", "other": {"causal": False}, "layer": 1, "head": 0},
+                {"model": "toy", "text": "the cat sat", "other": {"text": "the dog sat"}},
+                {"model": "toy", "text": "the cat sat", "layer": 1, "other": {"ablate": [{"layer": 0, "head": 1}]}},
+            ]
+        },
+    )
 
     other: CompareSide = Field(description="the second side: the first side's settings with these changed")
     layer: LayerIndex = Field(0, description="counted from 0, below the model's n_layers")
@@ -475,8 +576,9 @@ class CompareRequest(AblatingRequest):
 
 
 class RolloutRequest(AblatingRequest):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"model": "toy", "text": "Ali makan nasi lemak"}]})
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"model": "toy", "text": "Ali makan nasi lemak"}]}
+    )
 
 
 # ------------------------------------------------------------------ training (v1 additions)
@@ -511,8 +613,9 @@ def _train_control(f: dataclasses.Field) -> TrainControl:
     if kind is bool:
         return TrainControl(f.name, meta["label"], meta["hint"], "check")
     real = kind is float
-    return TrainControl(f.name, meta["label"], meta["hint"], "number", "any" if real else "1",
-                        "decimal" if real else "numeric")
+    return TrainControl(
+        f.name, meta["label"], meta["hint"], "number", "any" if real else "1", "decimal" if real else "numeric"
+    )
 
 
 # The settings the training page offers: the API's that have a label (core/recipes.py), in its order.
@@ -520,17 +623,23 @@ TRAIN_FORM = [_train_control(f) for f in recipes.setting_fields(api=True) if f.m
 
 
 class _TrainRequest(Request):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"recipe": "nasi-lemak", "steps": 40},
-        {"recipe": "induction"},
-        {"recipe": "induction", "n_layers": 1},
-        {"recipe": "text", "text": "to be or not to be, that is the question. " * 20, "steps": 200},
-    ]})
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"recipe": "nasi-lemak", "steps": 40},
+                {"recipe": "induction"},
+                {"recipe": "induction", "n_layers": 1},
+                {"recipe": "text", "text": "to be or not to be, that is the question. " * 20, "steps": 200},
+            ]
+        },
+    )
 
     recipe: Literal["induction", "nasi-lemak", "text"] = Field(
         description="induction: random characters with a repeated segment (a 2-layer attention-only model grows "
-                    "an induction head); nasi-lemak: the spec's one-block model on its Malay phrases; text: a "
-                    "character-level GPT on Python's documentation or your own text")
+        "an induction head); nasi-lemak: the spec's one-block model on its Malay phrases; text: a "
+        "character-level GPT on Python's documentation or your own text"
+    )
 
     def changes(self) -> dict[str, object]:
         """The settings this request sets (the rest are the recipe's defaults)."""
@@ -538,12 +647,24 @@ class _TrainRequest(Request):
 
 
 TrainRequest = create_model(
-    "TrainRequest", __base__=_TrainRequest, __module__=__name__,
+    "TrainRequest",
+    __base__=_TrainRequest,
+    __module__=__name__,
     __doc__="""A training run: a recipe and any settings that differ from its working defaults (null keeps the
     recipe's). The same request names the same run (its id is a hash of the settings).""",
-    **{f.name: train_field(f) for f in recipes.setting_fields(api=True)} | {
+    **{f.name: train_field(f) for f in recipes.setting_fields(api=True)}
+    | {
         # a text of your own: this server's limit on it, not core's
-        "text": (Annotated[NonBlank | None, Limit("max_length", "train_max_text_chars")],
-                 Field(None, min_length=1,
-                       json_schema_extra=stating("the text recipe's corpus, at most {train_max_text_chars:,} "
-                                                 "characters; null: Python's documentation")))})
+        "text": (
+            Annotated[NonBlank | None, Limit("max_length", "train_max_text_chars")],
+            Field(
+                None,
+                min_length=1,
+                json_schema_extra=stating(
+                    "the text recipe's corpus, at most {train_max_text_chars:,} "
+                    "characters; null: Python's documentation"
+                ),
+            ),
+        )
+    },
+)

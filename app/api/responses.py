@@ -11,11 +11,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, WithJsonSchema
 
-from core import TransformerConfig
-
 from app.service import STATUSES, AblatedHead
 from app.service.lessons import Dot
 from app.service.results import AblationEffect, FlaggedHead, HookShape, TokenRef, TopToken
+from core import TransformerConfig
 
 # Arrays go out as they are (app/http/jsonio.py writes NumPy); their JSON schema is stated here.
 Matrix = Annotated[Any, WithJsonSchema(TypeAdapter(list[list[float | None]]).json_schema())]
@@ -125,7 +124,8 @@ class ModelInfo(ResponseModel):
     name: str
     kind: Literal["toy", "pretrained", "trained"] = Field(
         description="toy: random weights drawn here; trained: by core.train (shipped with the app, or a run); "
-                    "pretrained: a checkpoint")
+        "pretrained: a checkpoint"
+    )
     description: str
     config: TransformerConfig
     toggles: list[str] = Field(description="run request fields this model accepts")
@@ -166,11 +166,14 @@ class RunResponse(ModelResultResponse):
     hook_shapes: dict[str, HookShape]
     top_k: list[TopToken] = Field(description="most likely next tokens; empty for encoders")
     ablation_effect: AblationEffect | None = Field(
-        None, description="with `ablate`, on a decoder: the prediction without the ablation and how much each of "
-                          "its top tokens' probability changed")
+        None,
+        description="with `ablate`, on a decoder: the prediction without the ablation and how much each of "
+        "its top tokens' probability changed",
+    )
 
 
 # ------------------------------------------------------------------ looking inside (analysis)
+
 
 class AnalysisResponse(ModelResultResponse):
     ablate: list[AblatedHead] = Field(description="the heads ablated in this computation")
@@ -179,8 +182,9 @@ class AnalysisResponse(ModelResultResponse):
 class DecomposeResponse(AnalysisResponse):
     pos: int = Field(description="the position decomposed (a negative request counts from the end)")
     target: TokenRef = Field(description="the token whose logit is attributed")
-    labels: list[str] = Field(description="embed, pos_embed, L{layer}H{head} per head, L{layer} attn bias, "
-                                          "L{layer} mlp, L{layer} mlp bias")
+    labels: list[str] = Field(
+        description="embed, pos_embed, L{layer}H{head} per head, L{layer} attn bias, L{layer} mlp, L{layer} mlp bias"
+    )
     direct_logit: Vector = Field(description="each part's direct contribution to the target's logit")
     logit_bias: float = Field(description="ln_final.b · W_U[:, target] + b_U[target]: written by no part")
     scale: float = Field(description="the final layer norm's σ at pos, frozen from the run")
@@ -190,14 +194,17 @@ class DecomposeResponse(AnalysisResponse):
 
 
 class LogitLensResponse(AnalysisResponse):
-    points: list[str] = Field(description="where the residual stream is read: each layer's resid_pre and "
-                                          "resid_mid, then the last resid_post (the model's output)")
+    points: list[str] = Field(
+        description="where the residual stream is read: each layer's resid_pre and "
+        "resid_mid, then the last resid_post (the model's output)"
+    )
     top_k: list[list[list[TopToken]]] = Field(description="[point][pos][k], most probable first")
 
 
 class DetectorScores(ResponseModel):
-    text: Matrix = Field(description="[n_layers, n_heads] on the request's text; null when no token qualifies "
-                                     "(e.g. nothing repeats)")
+    text: Matrix = Field(
+        description="[n_layers, n_heads] on the request's text; null when no token qualifies (e.g. nothing repeats)"
+    )
     random: Matrix = Field(description="[n_layers, n_heads] on the repeated random sequence")
 
 
@@ -214,8 +221,10 @@ class KVStepModel(ResponseModel):
     token: str
     id: int
     generated: bool = Field(description="false while reading the text, true for tokens the model chose")
-    k_shape: list[int] = Field(description="each layer's K after this step: [n_key_value_heads, pos + 1, d_head] "
-                                           "(n_key_value_heads = n_heads unless grouped-query attention shares them)")
+    k_shape: list[int] = Field(
+        description="each layer's K after this step: [n_key_value_heads, pos + 1, d_head] "
+        "(n_key_value_heads = n_heads unless grouped-query attention shares them)"
+    )
     v_shape: list[int] = Field(description="each layer's V after this step: [n_key_value_heads, pos + 1, d_head]")
     cache_bytes: int = Field(description="bytes of every layer's K and V")
     max_abs_diff: float = Field(description="max |cached logits − full recomputation's logits| at this position")
@@ -226,9 +235,11 @@ class KVStepsResponse(AnalysisResponse):
     steps: list[KVStepModel]
     generated_text: str = Field(description="the tokens generated after the text, joined")
     dtype: str
-    bytes_formula: str = Field(description="how cache_bytes grows: 2 (K and V) × n_layers × n_key_value_heads × "
-                                           "d_head × bytes per number, per token (only the key/value heads are "
-                                           "cached: under grouped-query attention fewer than the query heads)")
+    bytes_formula: str = Field(
+        description="how cache_bytes grows: 2 (K and V) × n_layers × n_key_value_heads × "
+        "d_head × bytes per number, per token (only the key/value heads are "
+        "cached: under grouped-query attention fewer than the query heads)"
+    )
     max_abs_diff: float = Field(description="the largest difference over all steps")
 
 
@@ -245,17 +256,21 @@ class CompareResponse(ResponseModel):
     head: int
     a: ComparedSideModel
     b: ComparedSideModel
-    difference: Matrix | None = Field(description="b − a, [query_pos, key_pos]; null when the two have "
-                                                  "different numbers of tokens")
+    difference: Matrix | None = Field(
+        description="b − a, [query_pos, key_pos]; null when the two have different numbers of tokens"
+    )
     note: str | None = Field(description="why there is no difference, if there is none")
 
 
 class RolloutResponse(AnalysisResponse):
-    rollout: Matrices = Field(description="[n_layers, query_pos, key_pos]: how much each input token "
-                                          "flows into each position after each layer; rows sum to 1")
+    rollout: Matrices = Field(
+        description="[n_layers, query_pos, key_pos]: how much each input token "
+        "flows into each position after each layer; rows sum to 1"
+    )
 
 
 # ------------------------------------------------------------------ training runs
+
 
 class TrainingRunLinks(ResponseModel):
     self: str
@@ -277,20 +292,24 @@ class TrainingMetrics(ResponseModel):
     loss: list[float | None] = Field(description="mean training loss since the previous record")
     val_loss: list[float] = Field(description="loss on the recipe's fixed held-out sequences")
     lr: list[float]
-    icl_score: list[float] = Field(description="held-out loss late in the context minus early (negative: "
-                                               "the context helps)")
-    target: list[float | None] = Field(description="the recipe's target probability: nasi-lemak's P('l' | "
-                                                   "'nasi '), induction's on a repeated segment")
+    icl_score: list[float] = Field(
+        description="held-out loss late in the context minus early (negative: the context helps)"
+    )
+    target: list[float | None] = Field(
+        description="the recipe's target probability: nasi-lemak's P('l' | 'nasi '), induction's on a repeated segment"
+    )
     grad_norm: list[float | None]
     elapsed_s: list[float]
 
 
 class TrainingHeadScores(ResponseModel):
     step: list[int]
-    previous_token: list[Matrix] = Field(description="[step][layer][head]: attention to the previous token on "
-                                                     "the probe")
-    induction: list[Matrix] = Field(description="[step][layer][head]: attention to what followed the current "
-                                                "token last time")
+    previous_token: list[Matrix] = Field(
+        description="[step][layer][head]: attention to the previous token on the probe"
+    )
+    induction: list[Matrix] = Field(
+        description="[step][layer][head]: attention to what followed the current token last time"
+    )
 
 
 class Sample(ResponseModel):
@@ -315,8 +334,9 @@ class TrainingRun(ResponseModel):
     heads: TrainingHeadScores
     samples: list[Sample]
     snapshots: list[int] = Field(description="steps whose attention patterns GET .../patterns/{step} returns")
-    model: str | None = Field(description="the model name /api/v1/run, /api/v1/analysis/* and the pages accept, "
-                                          "once the run has weights")
+    model: str | None = Field(
+        description="the model name /api/v1/run, /api/v1/analysis/* and the pages accept, once the run has weights"
+    )
     error: str | None
     queue_position: int | None
     resumable: bool = Field(description="a snapshot exists: POST the same request again to continue")

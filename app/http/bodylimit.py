@@ -71,12 +71,22 @@ class BodySizeLimitMiddleware:
         return self.larger.get(scope["path"], self.max_bytes)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, body_done: bool = False) -> None:
-        msg = _("the request body is larger than this server's limit of {limit:,} bytes: send a shorter text or "
-                "fewer hook names").format(limit=self.limit(scope))
+        msg = _(
+            "the request body is larger than this server's limit of {limit:,} bytes: send a shorter text or "
+            "fewer hook names"
+        ).format(limit=self.limit(scope))
         body = _error(msg, "body", "body_too_large")
-        await send({"type": "http.response.start", "status": 413, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-            (b"connection", b"close")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
         # See the module's docstring: the whole answer now, then the rest of the body is dropped.
         await send({"type": "http.response.body", "body": body, "more_body": True})
         waiting = dict(scope["headers"]).get(b"expect", b"").lower() == b"100-continue"
@@ -136,9 +146,10 @@ class UrlLengthLimitMiddleware:
         if scope["type"] == "http":
             n = url_bytes(scope)
             if n > self.max_bytes:
-                msg = _("the URL is {n:,} bytes, more than this server's limit of {limit:,}: shorten the text, or "
-                        "send it in the JSON body of a POST to the /api/v1 endpoint (see /docs)").format(
-                    n=n, limit=self.max_bytes)
+                msg = _(
+                    "the URL is {n:,} bytes, more than this server's limit of {limit:,}: shorten the text, or "
+                    "send it in the JSON body of a POST to the /api/v1 endpoint (see /docs)"
+                ).format(n=n, limit=self.max_bytes)
                 return await _send_json(send, 414, _error(msg, "query", "url_too_long"))
         await self.app(scope, receive, send)
 

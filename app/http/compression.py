@@ -68,8 +68,14 @@ class GZipMiddleware:
         # no-transform: the body says gzip does not pay for it (the explorer's packed figure data,
         # base64 of float64 bits, shrinks by a quarter at a cost of ~30 ms per MB)
         keep = "no-transform" in headers.get("cache-control", "")
-        if (len(body) < MINIMUM_SIZE or not compressible or keep or "content-encoding" in headers
-                or start["status"] != 200 and start["status"] < 400):  # not a 206 range or a 304
+        if (
+            len(body) < MINIMUM_SIZE
+            or not compressible
+            or keep
+            or "content-encoding" in headers
+            or start["status"] != 200
+            and start["status"] < 400
+        ):  # not a 206 range or a 304
             await send(start)
             await send({"type": "http.response.body", "body": body})
             return

@@ -24,11 +24,10 @@ from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from core import InputError
-
 from app.http.jsonio import FastJSONResponse
 from app.http.language import DEFAULT, N_, _, current
 from app.service.errors import NotFound, Unavailable
+from core import InputError
 
 log = logging.getLogger("app.http.errors")
 
@@ -99,13 +98,20 @@ def readable(err: dict) -> dict:
     if err.get("type") == "extra_forbidden":
         msg = _("is not a field this endpoint accepts (check its spelling against /docs)")
     elif err.get("type") == "json_invalid":  # loc is ("body", character offset)
-        return {"loc": ["body"], "type": "json_invalid",
-                "msg": _("the body is not valid JSON: {error} at character {at}").format(
-                    error=err.get("ctx", {}).get("error", "syntax error"), at=err["loc"][-1])}
+        return {
+            "loc": ["body"],
+            "type": "json_invalid",
+            "msg": _("the body is not valid JSON: {error} at character {at}").format(
+                error=err.get("ctx", {}).get("error", "syntax error"), at=err["loc"][-1]
+            ),
+        }
     elif err.get("type") == "string_unicode":
         msg = _("contains an unpaired UTF-16 surrogate, which is not a character: remove it")
-    return {"loc": list(err.get("loc", ())), "msg": f"{field}: {msg}" if field else msg,
-            "type": err.get("type", "value_error")}
+    return {
+        "loc": list(err.get("loc", ())),
+        "msg": f"{field}: {msg}" if field else msg,
+        "type": err.get("type", "value_error"),
+    }
 
 
 async def validation_error(request: Request, exc: RequestValidationError) -> FastJSONResponse:
@@ -119,8 +125,11 @@ async def bad_input(request: Request, exc: Exception) -> FastJSONResponse:
 
 async def unavailable(request: Request, exc: Unavailable) -> FastJSONResponse:
     headers = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s else None
-    return FastJSONResponse(error_body(str(exc), type_="unavailable" if exc.status_code == 503 else "too_many"),
-                            status_code=exc.status_code, headers=headers)
+    return FastJSONResponse(
+        error_body(str(exc), type_="unavailable" if exc.status_code == 503 else "too_many"),
+        status_code=exc.status_code,
+        headers=headers,
+    )
 
 
 async def not_found(request: Request, exc: NotFound) -> FastJSONResponse:
@@ -133,14 +142,19 @@ async def http_error(request: Request, exc: StarletteHTTPException):
     msg = exc.detail if isinstance(exc.detail, str) else "error"
     if exc.status_code == 404:
         msg = _("{path} is not an endpoint of this server: see /docs for the API").format(path=request.url.path)
-    return FastJSONResponse(error_body(msg, type_=f"http_{exc.status_code}"), status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
+    return FastJSONResponse(
+        error_body(msg, type_=f"http_{exc.status_code}"),
+        status_code=exc.status_code,
+        headers=getattr(exc, "headers", None),
+    )
 
 
 async def unexpected(request: Request, exc: Exception) -> FastJSONResponse:
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return FastJSONResponse(error_body(_("internal error: this is a bug in the server, not in your request"),
-                                       type_="internal_error"), status_code=500)
+    return FastJSONResponse(
+        error_body(_("internal error: this is a bug in the server, not in your request"), type_="internal_error"),
+        status_code=500,
+    )
 
 
 def install(app: FastAPI) -> None:

@@ -26,8 +26,19 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from core.i18n import ENGLISH, N_, _, ngettext, use
 
-__all__ = ["LANGUAGES", "DEFAULT", "LanguageMiddleware", "_", "N_", "ngettext", "current", "translations",
-           "negotiate", "localized", "switched"]
+__all__ = [
+    "LANGUAGES",
+    "DEFAULT",
+    "LanguageMiddleware",
+    "_",
+    "N_",
+    "ngettext",
+    "current",
+    "translations",
+    "negotiate",
+    "localized",
+    "switched",
+]
 
 LANGUAGES = {"en": "English", "ms": "Bahasa Melayu"}  # code -> its own name
 DEFAULT = "en"
@@ -47,8 +58,10 @@ def translations(lang: str) -> gettext.NullTranslations:
     try:
         return gettext.translation(DOMAIN, LOCALES_DIR, languages=[lang])
     except FileNotFoundError as exc:
-        raise RuntimeError(f"{LOCALES_DIR}/{lang}/LC_MESSAGES/{DOMAIN}.mo is missing: compile the catalogues "
-                           "with `make setup` (pybabel compile -d app/locales)") from exc
+        raise RuntimeError(
+            f"{LOCALES_DIR}/{lang}/LC_MESSAGES/{DOMAIN}.mo is missing: compile the catalogues "
+            "with `make setup` (pybabel compile -d app/locales)"
+        ) from exc
 
 
 def current() -> str:
@@ -118,13 +131,18 @@ class LanguageMiddleware:
         if scope["type"] != "http" or scope["path"].startswith("/static/"):
             await self.app(scope, receive, send)
             return
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]
-                   if k in (b"cookie", b"accept-language")}
+        headers = {
+            k.decode("latin-1"): v.decode("latin-1")
+            for k, v in scope["headers"]
+            if k in (b"cookie", b"accept-language")
+        }
         api = _is_api(scope["path"])
         param = None
         if not api:
-            param = next((v for k, v in reversed(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
-                          if k == PARAM), None)
+            param = next(
+                (v for k, v in reversed(parse_qsl(scope.get("query_string", b"").decode("latin-1"))) if k == PARAM),
+                None,
+            )
         cookie = None
         if not api and "cookie" in headers:
             jar = SimpleCookie()
@@ -149,8 +167,9 @@ class LanguageMiddleware:
                 if not api:
                     out.append((b"content-language", lang.encode()))
                 if remember:
-                    out.append((b"set-cookie", f"{COOKIE}={lang}; Path=/; Max-Age={COOKIE_MAX_AGE_S}; "
-                                               "SameSite=Lax".encode()))
+                    out.append(
+                        (b"set-cookie", f"{COOKIE}={lang}; Path=/; Max-Age={COOKIE_MAX_AGE_S}; SameSite=Lax".encode())
+                    )
                 message = {**message, "headers": out}
             await send(message)
 

@@ -50,9 +50,14 @@ def install(app: FastAPI, settings: Settings) -> None:
 
         _metrics.update(
             requests=Counter("explorer_http_requests", "HTTP requests answered", ["route", "method", "status"]),
-            duration=Histogram("explorer_http_request_duration_seconds", "Time to answer, from arrival to the last "
-                               "byte", ["route", "method"], buckets=BUCKETS_S),
-            rejected=Counter("explorer_compute_rejections", "Requests the compute limiter answered 503 (busy)"))
+            duration=Histogram(
+                "explorer_http_request_duration_seconds",
+                "Time to answer, from arrival to the last byte",
+                ["route", "method"],
+                buckets=BUCKETS_S,
+            ),
+            rejected=Counter("explorer_compute_rejections", "Requests the compute limiter answered 503 (busy)"),
+        )
     app.add_middleware(MetricsMiddleware)
 
     @app.get("/metrics", include_in_schema=False)
@@ -135,10 +140,15 @@ class TrainingCollector:
         for status, n in stats["runs"].items():
             runs.add_metric([status], n)
         yield runs
-        yield GaugeMetricFamily("explorer_training_queue_length", "Training runs waiting to start",
-                                value=stats["queue"])
+        yield GaugeMetricFamily(
+            "explorer_training_queue_length", "Training runs waiting to start", value=stats["queue"]
+        )
         if stats.get("workers") is not None:
-            yield GaugeMetricFamily("explorer_training_workers", "Celery training processes alive (last 30 s)",
-                                    value=stats["workers"])
-            yield GaugeMetricFamily("explorer_training_worker_nodes", "Celery workers (machines) alive (last 30 s)",
-                                    value=stats["worker_nodes"])
+            yield GaugeMetricFamily(
+                "explorer_training_workers", "Celery training processes alive (last 30 s)", value=stats["workers"]
+            )
+            yield GaugeMetricFamily(
+                "explorer_training_worker_nodes",
+                "Celery workers (machines) alive (last 30 s)",
+                value=stats["worker_nodes"],
+            )

@@ -17,7 +17,7 @@ import json
 import logging
 import sys
 import time
-from datetime import datetime, UTC
+from datetime import UTC, datetime
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -81,11 +81,16 @@ class AccessLogMiddleware:
             await self.app(scope, receive, send_and_record)
         finally:
             client = scope.get("client")
-            self.logger.info("request", extra={"fields": {
-                "method": scope["method"],
-                "path": scope["path"],
-                "status": status,
-                "duration_ms": round((time.perf_counter() - start) * 1000, 3),
-                "bytes": n_bytes,
-                "client": client[0] if client else None,
-            }})
+            self.logger.info(
+                "request",
+                extra={
+                    "fields": {
+                        "method": scope["method"],
+                        "path": scope["path"],
+                        "status": status,
+                        "duration_ms": round((time.perf_counter() - start) * 1000, 3),
+                        "bytes": n_bytes,
+                        "client": client[0] if client else None,
+                    }
+                },
+            )

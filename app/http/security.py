@@ -28,18 +28,20 @@ from app.http.language import _
 # - img-src data: blob:: Plotly's "download as PNG" builds the image as a data:/blob: URL.
 # - connect-src 'self': htmx and fetch may only talk to this server (no exfiltration).
 # - frame-ancestors 'none' (and X-Frame-Options for old browsers): no clickjacking via <iframe>.
-CONTENT_SECURITY_POLICY = "; ".join([
-    "default-src 'self'",
-    "script-src 'self'",
-    "style-src 'self' 'unsafe-inline'",
-    "img-src 'self' data: blob:",
-    "font-src 'self'",
-    "connect-src 'self'",
-    "object-src 'none'",
-    "frame-ancestors 'none'",
-    "base-uri 'self'",
-    "form-action 'self'",
-])
+CONTENT_SECURITY_POLICY = "; ".join(
+    [
+        "default-src 'self'",
+        "script-src 'self'",
+        "style-src 'self' 'unsafe-inline'",
+        "img-src 'self' data: blob:",
+        "font-src 'self'",
+        "connect-src 'self'",
+        "object-src 'none'",
+        "frame-ancestors 'none'",
+        "base-uri 'self'",
+        "form-action 'self'",
+    ]
+)
 
 SECURITY_HEADERS: dict[str, str] = {
     "content-security-policy": CONTENT_SECURITY_POLICY,
@@ -128,8 +130,9 @@ class ComputeLimitMiddleware:
             release()
 
     async def _busy(self, scope: Scope, send: Send) -> None:
-        msg = _("The server is busy: {limit} computations are already running. Please try again in {seconds} "
-                "s.").format(limit=self.limit, seconds=self.retry_after_s)
+        msg = _(
+            "The server is busy: {limit} computations are already running. Please try again in {seconds} s."
+        ).format(limit=self.limit, seconds=self.retry_after_s)
         if scope["path"].startswith("/api/"):
             # The same shape as FastAPI's validation errors, so clients read every error alike.
             body = json.dumps({"detail": [{"msg": msg, "type": "server_busy"}]}).encode()
@@ -137,11 +140,17 @@ class ComputeLimitMiddleware:
         else:
             body = msg.encode()
             content_type = b"text/plain; charset=utf-8"
-        await send({"type": "http.response.start", "status": 503, "headers": [
-            (b"content-type", content_type),
-            (b"content-length", str(len(body)).encode()),
-            (b"retry-after", str(self.retry_after_s).encode()),
-        ]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 503,
+                "headers": [
+                    (b"content-type", content_type),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"retry-after", str(self.retry_after_s).encode()),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
 

@@ -17,16 +17,15 @@ from typing import Literal
 
 import numpy as np
 
+from app.models import knobs, pretrained
+from app.settings import Settings
+from app.training.store import TrainingStore, open_store
 from core import PRESETS, InputError, TransformerConfig, init_params, lessons, run_with_cache
 from core.cache import pattern_hooks
 from core.checkpoints import FAMILIES, CheckpointError, CheckpointSpec, read_spec
+from core.i18n import N_, _
 from core.model import Params
 from core.tokenizers import AsciiTokenizer, CharTokenizer, Encoding, Tokenizer
-
-from app.models import knobs, pretrained
-from app.training.store import TrainingStore, open_store
-from app.settings import Settings
-from core.i18n import N_, _
 
 # The run's toggles (app/models/knobs.py): a toy takes every one. Trained weights are what they are:
 # only the knobs that change how they attend apply (not their shape, seed or position scheme), and an
@@ -123,14 +122,16 @@ class ParamsCache:
 
 # ------------------------------------------------------------------ the built-in models
 
+
 def weights_key(cfg: TransformerConfig) -> TransformerConfig:
     """The config that decides a toy's weights: attention toggles and the position scheme do not.
 
     Drawing always as if positions were learned keeps the random stream identical, so flipping
     the position scheme or the mask changes how the same weights are used, not the weights.
     """
-    return cfg.replace(positional_embedding_type="learned", attention_dir="causal",
-                       use_attn_scale=True, attn_temperature=1.0)
+    return cfg.replace(
+        positional_embedding_type="learned", attention_dir="causal", use_attn_scale=True, attn_temperature=1.0
+    )
 
 
 class SpecCharTokenizer:
@@ -155,8 +156,7 @@ def _spec_forward_cfg(cfg: TransformerConfig, sizes: dict[str, int], n_tokens: i
 def _spec_forward_params(cfg: TransformerConfig, seed: int, encoding: Encoding) -> Params:
     """The weights the spec's snippet draws for this prompt length, width and seed."""
     prompt = "".join(encoding.tokens)
-    return lessons.forward(prompt=prompt, seed=seed, d_model=cfg.d_model, n_heads=cfg.n_heads,
-                           d_mlp=cfg.d_mlp).params
+    return lessons.forward(prompt=prompt, seed=seed, d_model=cfg.d_model, n_heads=cfg.n_heads, d_mlp=cfg.d_mlp).params
 
 
 def built_in_models(toy_cache: ParamsCache) -> dict[str, Model]:
@@ -170,41 +170,72 @@ def built_in_models(toy_cache: ParamsCache) -> dict[str, Model]:
 
     return {
         "spec-forward": Model(
-            name="spec-forward", kind="toy",
-            description=N_("The spec's \"A full forward pass\" model: characters of \"nasi lemak\", one block, "
-                           "two heads, d_model 16, ReLU, no biases, scale-free layer norm, random weights "
-                           "drawn the spec's way. \"nasi \" gives the spec's next-character probabilities."),
-            cfg=spec.cfg, tokenizer=SpecCharTokenizer("".join(spec.vocab)), load_params=_spec_forward_params,
+            name="spec-forward",
+            kind="toy",
+            description=N_(
+                'The spec\'s "A full forward pass" model: characters of "nasi lemak", one block, '
+                "two heads, d_model 16, ReLU, no biases, scale-free layer norm, random weights "
+                "drawn the spec's way. \"nasi \" gives the spec's next-character probabilities."
+            ),
+            cfg=spec.cfg,
+            tokenizer=SpecCharTokenizer("".join(spec.vocab)),
+            load_params=_spec_forward_params,
             toggles=tuple(t for t in ALL_TOGGLES if t != "n_layers"),  # the spec's model is one block
-            default_seed=42, default_text=spec.prompt, make_cfg=_spec_forward_cfg,
+            default_seed=42,
+            default_text=spec.prompt,
+            make_cfg=_spec_forward_cfg,
         ),
         "toy": Model(
-            name="toy", kind="toy",
-            description=N_("A character-level GPT-style decoder with random weights: printable ASCII plus "
-                           "[UNK] for any other character, 2 layers of 4 heads, d_model 64, learned positions, "
-                           "GELU, pre-norm. Every toggle applies."),
-            cfg=toy_cfg, tokenizer=toy_tokenizer, load_params=toy_params,
-            default_seed=0, default_text="Ali makan nasi lemak",
+            name="toy",
+            kind="toy",
+            description=N_(
+                "A character-level GPT-style decoder with random weights: printable ASCII plus "
+                "[UNK] for any other character, 2 layers of 4 heads, d_model 64, learned positions, "
+                "GELU, pre-norm. Every toggle applies."
+            ),
+            cfg=toy_cfg,
+            tokenizer=toy_tokenizer,
+            load_params=toy_params,
+            default_seed=0,
+            default_text="Ali makan nasi lemak",
         ),
     }
 
 
 # ------------------------------------------------------------------ pretrained checkpoints as models
 
+
 def spec_said(spec: CheckpointSpec) -> str:
     """CheckpointSpec.description (the API's, in English) in the reader's language."""
     c = spec.cfg
-    heads = (_("{n} heads").format(n=c.n_heads) if c.n_key_value_heads == c.n_heads else
-             _("{n} heads sharing {kv} key/value heads").format(n=c.n_heads, kv=c.n_key_value_heads))
+    heads = (
+        _("{n} heads").format(n=c.n_heads)
+        if c.n_key_value_heads == c.n_heads
+        else _("{n} heads sharing {kv} key/value heads").format(n=c.n_heads, kv=c.n_key_value_heads)
+    )
     return _("{family}: {n_layers} layers, {heads}, d_model {d_model}, vocabulary {d_vocab}, context {n_ctx}").format(
-        family=_(FAMILIES[spec.family].LABEL), n_layers=c.n_layers, heads=heads, d_model=c.d_model,
-        d_vocab=c.d_vocab, n_ctx=c.n_ctx)
+        family=_(FAMILIES[spec.family].LABEL),
+        n_layers=c.n_layers,
+        heads=heads,
+        d_model=c.d_model,
+        d_vocab=c.d_vocab,
+        n_ctx=c.n_ctx,
+    )
 
 
 def _checkpoint_model(name: str, entry: pretrained.CheckpointLoader | pretrained.Broken) -> Model:
     if isinstance(entry, pretrained.Broken):
-        return Model(name=name, kind="pretrained", description=N_("cannot run: see error"), cfg=entry.cfg,
-                     tokenizer=None, load_params=None, toggles=(), draws_weights=False, static_error=entry.error)
+        return Model(
+            name=name,
+            kind="pretrained",
+            description=N_("cannot run: see error"),
+            cfg=entry.cfg,
+            tokenizer=None,
+            load_params=None,
+            toggles=(),
+            draws_weights=False,
+            static_error=entry.error,
+        )
     spec = entry.spec
     recipe = pretrained.trained_recipe(spec)
     if recipe is not None:  # trained by core.train: it says which recipe, so which text suits it
@@ -212,17 +243,32 @@ def _checkpoint_model(name: str, entry: pretrained.CheckpointLoader | pretrained
         about_said = (lambda: _(about)) if about else (lambda: _("trained here ({recipe})").format(recipe=recipe))
         about = about or f"trained here ({recipe})"
         return Model(
-            name=name, kind="trained", description=f"{spec.description}; {about}; {entry.origin}", cfg=spec.cfg,
+            name=name,
+            kind="trained",
+            description=f"{spec.description}; {about}; {entry.origin}",
+            cfg=spec.cfg,
             describe=lambda: "; ".join([spec_said(spec), about_said(), entry.origin_said()]),
-            tokenizer=pretrained.LazyTokenizer(entry), load_params=lambda cfg, seed, encoding: entry.params(),
-            toggles=DECODER_TOGGLES, default_text=pretrained.TRAINED_DEFAULT_TEXT.get(recipe, "the "),
-            is_encoder=False, draws_weights=False, loader=entry, default_head=_clearest_head(entry, recipe))
+            tokenizer=pretrained.LazyTokenizer(entry),
+            load_params=lambda cfg, seed, encoding: entry.params(),
+            toggles=DECODER_TOGGLES,
+            default_text=pretrained.TRAINED_DEFAULT_TEXT.get(recipe, "the "),
+            is_encoder=False,
+            draws_weights=False,
+            loader=entry,
+            default_head=_clearest_head(entry, recipe),
+        )
     return Model(
-        name=name, kind="pretrained", description=f"{spec.description}; {entry.origin}", cfg=spec.cfg,
+        name=name,
+        kind="pretrained",
+        description=f"{spec.description}; {entry.origin}",
+        cfg=spec.cfg,
         describe=lambda: "; ".join(part for part in (spec_said(spec), entry.origin_said()) if part),
-        tokenizer=pretrained.LazyTokenizer(entry), load_params=lambda cfg, seed, encoding: entry.params(),
+        tokenizer=pretrained.LazyTokenizer(entry),
+        load_params=lambda cfg, seed, encoding: entry.params(),
         toggles=_checkpoint_toggles(spec.cfg, spec.is_encoder),
-        default_text=pretrained.DEFAULT_TEXT[spec.family], is_encoder=spec.is_encoder, draws_weights=False,
+        default_text=pretrained.DEFAULT_TEXT[spec.family],
+        is_encoder=spec.is_encoder,
+        draws_weights=False,
         loader=entry,
     )
 
@@ -238,8 +284,9 @@ def _clearest_head(entry: pretrained.CheckpointLoader, recipe: str) -> tuple[int
     are tiny: one forward pass of a few dozen tokens at start-up)."""
     try:
         ids = entry.tokenizer().encode(pretrained.TRAINED_DEFAULT_TEXT.get(recipe, "the ")).ids
-        _, cache = run_with_cache(entry.params(), entry.spec.cfg, ids, names=pattern_hooks(entry.spec.cfg),
-                                  logits=False)
+        _, cache = run_with_cache(
+            entry.params(), entry.spec.cfg, ids, names=pattern_hooks(entry.spec.cfg), logits=False
+        )
     except InputError:  # it cannot run: the listing says why when it is asked for
         return (0, 0)
     detector = OPENING_DETECTOR.get(recipe, "previous_token")
@@ -262,8 +309,13 @@ class Catalog(Mapping[str, Model]):
     (the bundled MiniLM and EXPLORER_MODELS_DIR's folders), then the runs trained here that have
     weights (app/training/store.py), which appear as they finish without a restart."""
 
-    def __init__(self, models: dict[str, Model], checkpoints: pretrained.Checkpoints | None = None,
-                 toy_cache: ParamsCache | None = None, training_runs: TrainingStore | None = None):
+    def __init__(
+        self,
+        models: dict[str, Model],
+        checkpoints: pretrained.Checkpoints | None = None,
+        toy_cache: ParamsCache | None = None,
+        training_runs: TrainingStore | None = None,
+    ):
         self._models = models
         self.checkpoints = checkpoints  # the pretrained loaders and their memory budget
         self.toy_cache = toy_cache  # the toys' drawn weights
@@ -282,8 +334,9 @@ class Catalog(Mapping[str, Model]):
             if key not in self._trained:
                 budget = self.checkpoints.budget if self.checkpoints else pretrained.MemoryBudget(2**31)
                 try:
-                    entry = pretrained.CheckpointLoader(id, read_spec(folder), budget,
-                                                        N_("trained here: run {id} (/train?run={id})"), id=id)
+                    entry = pretrained.CheckpointLoader(
+                        id, read_spec(folder), budget, N_("trained here: run {id} (/train?run={id})"), id=id
+                    )
                 except CheckpointError as e:
                     entry = pretrained.Broken(id, str(e))
                 self._trained = {k: v for k, v in self._trained.items() if k[0] != id}  # an older export
@@ -312,11 +365,14 @@ class Catalog(Mapping[str, Model]):
             return self[name]
         except KeyError:
             if self.training_runs is not None and self.training_runs.exists(name):
-                message = _("unknown model {name!r} (that run has no weights yet: its model appears once it has "
-                            "trained): choose one of {choices} or a trained run (GET /api/v1/models lists them)")
+                message = _(
+                    "unknown model {name!r} (that run has no weights yet: its model appears once it has "
+                    "trained): choose one of {choices} or a trained run (GET /api/v1/models lists them)"
+                )
             else:
-                message = _("unknown model {name!r}: choose one of {choices} or a trained run (GET /api/v1/models "
-                            "lists them)")
+                message = _(
+                    "unknown model {name!r}: choose one of {choices} or a trained run (GET /api/v1/models lists them)"
+                )
             raise InputError(message.format(name=name, choices=", ".join(self._models))) from None
 
 
@@ -324,8 +380,9 @@ def build_catalog(settings: Settings) -> Catalog:
     """The built-ins and the checkpoints these settings point at, found once (config.json only)."""
     toy_cache = ParamsCache(PARAMS_CACHE_SIZE)
     models = built_in_models(toy_cache)
-    checkpoints = pretrained.Checkpoints(settings.models_dir, settings.pretrained_memory_mb * 2**20,
-                                        taken=frozenset(models))
+    checkpoints = pretrained.Checkpoints(
+        settings.models_dir, settings.pretrained_memory_mb * 2**20, taken=frozenset(models)
+    )
     models |= {name: _checkpoint_model(name, entry) for name, entry in checkpoints.entries.items()}
     runs = open_store(settings)  # the runs folder, or Redis with EXPLORER_REDIS_URL (app/training/store.py)
     return Catalog(models, checkpoints, toy_cache, runs)

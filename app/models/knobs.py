@@ -28,8 +28,10 @@ MAX_SEED = 2**32 - 1  # NumPy's RandomState, which the spec's np.random.seed use
 Group = Literal["attention", "size"]
 # The form's fieldsets, in order: (legend, hint). attention: how a model computes with the same weights;
 # size: which weights it has (its shape, and the seed they are drawn from).
-GROUPS: dict[str, tuple[str, str | None]] = {"attention": (N_("Attention"), None),
-                                             "size": (N_("Model shape"), N_("(new random weights)"))}
+GROUPS: dict[str, tuple[str, str | None]] = {
+    "attention": (N_("Attention"), None),
+    "size": (N_("Model shape"), N_("(new random weights)")),
+}
 
 
 @dataclass(frozen=True)
@@ -75,22 +77,71 @@ class Knob:
 
 
 KNOBS: tuple[Knob, ...] = (
-    Knob("causal", bool, "attention", N_("Causal mask"), help="null: the model's default", hint=N_("(hide the future)"),
-         config="attention_dir", config_values=ATTENTION_DIRS, trained_weights=True),
-    Knob("scale", bool, "attention", N_("Scale by 1/√d_head"),
-         help="divide scores by √d_head; null: the model's default", config="use_attn_scale", trained_weights=True),
-    Knob("temperature", float, "attention", N_("Softmax temperature"),
-         help="attention softmax temperature (scores ÷ it)", config="attn_temperature", low=0, low_exclusive=True,
-         high=100, trained_weights=True),
-    Knob("positional_embedding_type", str, "attention", N_("Positions"), config="positional_embedding_type",
-         choices=POSITION_SCHEMES),
+    Knob(
+        "causal",
+        bool,
+        "attention",
+        N_("Causal mask"),
+        help="null: the model's default",
+        hint=N_("(hide the future)"),
+        config="attention_dir",
+        config_values=ATTENTION_DIRS,
+        trained_weights=True,
+    ),
+    Knob(
+        "scale",
+        bool,
+        "attention",
+        N_("Scale by 1/√d_head"),
+        help="divide scores by √d_head; null: the model's default",
+        config="use_attn_scale",
+        trained_weights=True,
+    ),
+    Knob(
+        "temperature",
+        float,
+        "attention",
+        N_("Softmax temperature"),
+        help="attention softmax temperature (scores ÷ it)",
+        config="attn_temperature",
+        low=0,
+        low_exclusive=True,
+        high=100,
+        trained_weights=True,
+    ),
+    Knob(
+        "positional_embedding_type",
+        str,
+        "attention",
+        N_("Positions"),
+        config="positional_embedding_type",
+        choices=POSITION_SCHEMES,
+    ),
     # The API lists the sizes as heads, layers, width; the form as heads, width, layers, then the seed.
-    Knob("n_heads", int, "size", N_("Heads"), help="must divide d_model", config="n_heads", low=1, limit="max_heads",
-         form_order=1),
+    Knob(
+        "n_heads",
+        int,
+        "size",
+        N_("Heads"),
+        help="must divide d_model",
+        config="n_heads",
+        low=1,
+        limit="max_heads",
+        form_order=1,
+    ),
     Knob("n_layers", int, "size", N_("Layers"), config="n_layers", low=1, limit="max_layers", form_order=3),
     Knob("d_model", int, "size", N_("Width d_model"), config="d_model", low=1, limit="max_d_model", form_order=2),
-    Knob("seed", int, "size", N_("Seed"), help="weights' seed; null: the model's default", model_default="default_seed",
-         low=0, high=MAX_SEED, form_order=4),
+    Knob(
+        "seed",
+        int,
+        "size",
+        N_("Seed"),
+        help="weights' seed; null: the model's default",
+        model_default="default_seed",
+        low=0,
+        high=MAX_SEED,
+        form_order=4,
+    ),
 )
 
 

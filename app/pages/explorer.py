@@ -28,11 +28,11 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 
-from app.pages import figures, web
 from app.api import requests
 from app.deps import ServiceDep
 from app.http import language
 from app.http.language import _, ngettext
+from app.pages import figures, inspect_figures, web
 from app.service import Service
 from app.service.results import AttentionStages, ExplorerView
 
@@ -51,58 +51,102 @@ READ_CACHE_BYTES = 128 * 2**20
 def _config_line(v: ExplorerView) -> str:
     cfg = v.config
     divisor = (f"√{cfg.d_head}" if cfg.use_attn_scale else "1") + (
-        f" × {cfg.attn_temperature:g}" if cfg.attn_temperature != 1 else "")
+        f" × {cfg.attn_temperature:g}" if cfg.attn_temperature != 1 else ""
+    )
     kv = cfg.n_key_value_heads
-    heads = (_("{n} heads").format(n=cfg.n_heads) if kv == cfg.n_heads else
-             ngettext("{n} query heads share {kv} K/V head", "{n} query heads share {kv} K/V heads", kv).format(
-                 n=cfg.n_heads, kv=kv))
-    return " · ".join([
-        _("{model}: {n} tokens").format(model=v.model, n=len(v.tokens)), f"d_model {cfg.d_model}",
-        f"{heads} × d_head {cfg.d_head}",
-        ngettext("{n} layer", "{n} layers", cfg.n_layers).format(n=cfg.n_layers), f"d_mlp {cfg.d_mlp}",
-        _("{scheme} positions").format(scheme=cfg.positional_embedding_type),
-        _("causal") if cfg.causal else _("bidirectional"), _("scores ÷ {divisor}").format(divisor=divisor),
-        _("seed {seed}").format(seed=v.seed)])
+    heads = (
+        _("{n} heads").format(n=cfg.n_heads)
+        if kv == cfg.n_heads
+        else ngettext("{n} query heads share {kv} K/V head", "{n} query heads share {kv} K/V heads", kv).format(
+            n=cfg.n_heads, kv=kv
+        )
+    )
+    return " · ".join(
+        [
+            _("{model}: {n} tokens").format(model=v.model, n=len(v.tokens)),
+            f"d_model {cfg.d_model}",
+            f"{heads} × d_head {cfg.d_head}",
+            ngettext("{n} layer", "{n} layers", cfg.n_layers).format(n=cfg.n_layers),
+            f"d_mlp {cfg.d_mlp}",
+            _("{scheme} positions").format(scheme=cfg.positional_embedding_type),
+            _("causal") if cfg.causal else _("bidirectional"),
+            _("scores ÷ {divisor}").format(divisor=divisor),
+            _("seed {seed}").format(seed=v.seed),
+        ]
+    )
 
 
 def _stage_figures(st: AttentionStages, v: ExplorerView, where: str, only_weights: bool = False) -> list[dict]:
     cfg = v.config
     # one colour range, so scaling shows
     top = None if only_weights else figures.score_range(st.raw, st.scaled, st.masked)
-    divisor = ("√d_head = √" + f"{cfg.d_head} = {math.sqrt(cfg.d_head):.3g}") if cfg.use_attn_scale \
+    divisor = (
+        ("√d_head = √" + f"{cfg.d_head} = {math.sqrt(cfg.d_head):.3g}")
+        if cfg.use_attn_scale
         else _("1 (scaling is off)")
+    )
     if cfg.attn_temperature != 1:
         divisor += _(", then ÷ the temperature {t:g}").format(t=cfg.attn_temperature)
     specs = [
-        ("raw", _("1 · Raw scores  Q Kᵀ"), st.raw, "scores", None,
-         _("How well each query matches each key: a dot product. Orange is positive, purple negative.")),
+        (
+            "raw",
+            _("1 · Raw scores  Q Kᵀ"),
+            st.raw,
+            "scores",
+            None,
+            _("How well each query matches each key: a dot product. Orange is positive, purple negative."),
+        ),
         ("scaled", _("2 · Scaled"), st.scaled, "scores", None, _scaling_caption(cfg, divisor)),
         ("masked", _("3 · Masked"), st.masked, "scores", st.mask, _mask_caption(v)),
-        ("weights", _("4 · Softmax weights"), st.weights, "weights", st.mask,
-         _("Each row exponentiated and normalised: weights are ≥ 0 and each row sums to 1.")),
+        (
+            "weights",
+            _("4 · Softmax weights"),
+            st.weights,
+            "weights",
+            st.mask,
+            _("Each row exponentiated and normalised: weights are ≥ 0 and each row sums to 1."),
+        ),
     ]
     if only_weights:
         specs = specs[-1:]
-    return [{"key": key, "title": title, "caption": caption,
-             "figure": figures.attention_heatmap(matrix, v.tokens, kind=kind, mask=mask,
-                                                 zmax=top if kind == "scores" else None,
-                                                 export_name=f"{where}-{key}", read=f"stage-{key}")}
-            for key, title, matrix, kind, mask, caption in specs]
+    return [
+        {
+            "key": key,
+            "title": title,
+            "caption": caption,
+            "figure": figures.attention_heatmap(
+                matrix,
+                v.tokens,
+                kind=kind,
+                mask=mask,
+                zmax=top if kind == "scores" else None,
+                export_name=f"{where}-{key}",
+                read=f"stage-{key}",
+            ),
+        }
+        for key, title, matrix, kind, mask, caption in specs
+    ]
 
 
 # ------------------------------------------------------------------ words that fit the model shown
+
 
 def _scaling_caption(cfg, divisor: str) -> str:
     """Stage 2: what the scores are divided by, and why; when they are not (scaling switched off, or a model
     that never scales, GPT-Neo), what that means."""
     if cfg.use_attn_scale:
-        return _("Every score divided by {divisor}, so the softmax does not saturate as d_head grows. Same colour "
-                 "range as stage 1.").format(divisor=divisor)
+        return _(
+            "Every score divided by {divisor}, so the softmax does not saturate as d_head grows. Same colour "
+            "range as stage 1."
+        ).format(divisor=divisor)
     if cfg.attn_temperature != 1:
-        return _("Scores are not divided by √d_head here, only by the temperature {t:g}. Same colour range as "
-                 "stage 1.").format(t=cfg.attn_temperature)
-    return _("Scores are not divided by √d_head here: this stage equals stage 1, and the softmax saturates sooner as "
-             "d_head grows.")
+        return _(
+            "Scores are not divided by √d_head here, only by the temperature {t:g}. Same colour range as stage 1."
+        ).format(t=cfg.attn_temperature)
+    return _(
+        "Scores are not divided by √d_head here: this stage equals stage 1, and the softmax saturates sooner as "
+        "d_head grows."
+    )
 
 
 def _mask_caption(v: ExplorerView) -> str:
@@ -111,13 +155,17 @@ def _mask_caption(v: ExplorerView) -> str:
     cfg = v.config
     window = cfg.window(v.layer)
     if cfg.causal and window is not None:
-        return _("The mask sets to −∞ (hatched) every key after the query and, in this local layer, every key more "
-                 "than {back} tokens back: a token sees itself and the {back} before it.").format(back=window - 1)
+        return _(
+            "The mask sets to −∞ (hatched) every key after the query and, in this local layer, every key more "
+            "than {back} tokens back: a token sees itself and the {back} before it."
+        ).format(back=window - 1)
     if cfg.causal:
         return _("The causal mask sets every key after the query to −∞ (hatched): a token cannot see the future.")
     if "causal" not in v.prepared.model.toggles:
-        return _("No mask: this model reads the whole text at once, every token looking at every token, the later "
-                 "ones included.")
+        return _(
+            "No mask: this model reads the whole text at once, every token looking at every token, the later "
+            "ones included."
+        )
     return _("No mask: every token may look at every token. Turn on the causal mask to hide the future.")
 
 
@@ -125,9 +173,10 @@ def _next_caption(v: ExplorerView) -> str:
     """Under the next-token bars: what the weights behind them are (random, trained here, a checkpoint's)."""
     model = v.prepared.model
     if model.draws_weights:
-        kind = _("Random weights: these preferences are noise, not knowledge (a uniform guess would give each of the "
-                 "{n} tokens {p:.3f}); every language model starts from weights like these.").format(
-                     n=v.config.d_vocab, p=1 / v.config.d_vocab)
+        kind = _(
+            "Random weights: these preferences are noise, not knowledge (a uniform guess would give each of the "
+            "{n} tokens {p:.3f}); every language model starts from weights like these."
+        ).format(n=v.config.d_vocab, p=1 / v.config.d_vocab)
     elif model.kind == "trained":
         kind = _("Weights trained by core.train: the bars are what this model learned to expect after such a text.")
     else:
@@ -141,49 +190,74 @@ def _residual_captions(cfg) -> tuple[str, str]:
     """The residual stream's two figures: what each column of the stream is, and what each sub-layer writes,
     as this model's blocks compute them (pre-norm, parallel, post-norm, attention only)."""
     if cfg.attn_only:
-        stream = _("Every column is the stream at one point: the token embedding, then for each layer its input "
-                   "(pre = resid_pre) and after attention adds to it (post = resid_post); this model's blocks have no "
-                   "MLP.")
-        writes = _("Each attention sub-layer adds to the stream (these blocks have no MLP); this is the size of what "
-                   "it adds to each token.")
+        stream = _(
+            "Every column is the stream at one point: the token embedding, then for each layer its input "
+            "(pre = resid_pre) and after attention adds to it (post = resid_post); this model's blocks have no "
+            "MLP."
+        )
+        writes = _(
+            "Each attention sub-layer adds to the stream (these blocks have no MLP); this is the size of what "
+            "it adds to each token."
+        )
     elif cfg.block_type == "post_norm":
-        stream = _("Every column is the stream at one point: the token embedding, then for each layer its input "
-                   "(pre = resid_pre), attention's output added and normalised (mid = resid_mid), and the MLP's "
-                   "output added and normalised (post = resid_post).")
-        writes = _("Each attention and MLP sub-layer adds to the stream, and a layer norm then rescales the sum; this "
-                   "is the size of what each adds to each token, before the norm.")
+        stream = _(
+            "Every column is the stream at one point: the token embedding, then for each layer its input "
+            "(pre = resid_pre), attention's output added and normalised (mid = resid_mid), and the MLP's "
+            "output added and normalised (post = resid_post)."
+        )
+        writes = _(
+            "Each attention and MLP sub-layer adds to the stream, and a layer norm then rescales the sum; this "
+            "is the size of what each adds to each token, before the norm."
+        )
     elif cfg.parallel_attn_mlp:
-        stream = _("Every column is the stream at one point: the token embedding, then for each layer its input "
-                   "(pre = resid_pre), attention's output added to it (mid = resid_mid, a partial sum: the MLP reads "
-                   "the input too) and the MLP's output added as well (post = resid_post).")
-        writes = _("Attention and the MLP both read a layer's input and add to the stream side by side; this is the "
-                   "size of what each adds to each token.")
+        stream = _(
+            "Every column is the stream at one point: the token embedding, then for each layer its input "
+            "(pre = resid_pre), attention's output added to it (mid = resid_mid, a partial sum: the MLP reads "
+            "the input too) and the MLP's output added as well (post = resid_post)."
+        )
+        writes = _(
+            "Attention and the MLP both read a layer's input and add to the stream side by side; this is the "
+            "size of what each adds to each token."
+        )
     else:
-        stream = _("Every column is the stream at one point: the token embedding, then for each layer its input "
-                   "(pre = resid_pre), after attention adds to it (mid = resid_mid) and after the MLP adds to it "
-                   "(post = resid_post).")
-        writes = _("Each attention and MLP sub-layer only adds to the stream; this is the size of what it adds to "
-                   "each token.")
+        stream = _(
+            "Every column is the stream at one point: the token embedding, then for each layer its input "
+            "(pre = resid_pre), after attention adds to it (mid = resid_mid) and after the MLP adds to it "
+            "(post = resid_post)."
+        )
+        writes = _(
+            "Each attention and MLP sub-layer only adds to the stream; this is the size of what it adds to each token."
+        )
     return stream, writes
 
 
 def _compare_figures(v: ExplorerView, where: str) -> list[dict]:
     """The chosen head with and without the causal mask, the masked one first."""
     pair = sorted([(v.config.causal, v.stages), (not v.config.causal, v.other_stages)], key=lambda p: not p[0])
-    return [{"key": "causal" if is_causal else "bidirectional",
-             "title": _("With the causal mask") if is_causal else _("Without the mask (bidirectional)"),
-             "caption": (_("Each token mixes only itself and earlier tokens; rows are renormalised.")
-                         if is_causal else _("Each token mixes every token, later ones included.")),
-             "figure": figures.attention_heatmap(st.weights, v.tokens, kind="weights",
-                                                 mask=st.mask if is_causal else None,
-                                                 export_name=f"{where}-weights-"
-                                                             f"{'causal' if is_causal else 'bidirectional'}",
-                                                 read="compare-causal" if is_causal else "compare-bidirectional")}
-            for is_causal, st in pair]
+    return [
+        {
+            "key": "causal" if is_causal else "bidirectional",
+            "title": _("With the causal mask") if is_causal else _("Without the mask (bidirectional)"),
+            "caption": (
+                _("Each token mixes only itself and earlier tokens; rows are renormalised.")
+                if is_causal
+                else _("Each token mixes every token, later ones included.")
+            ),
+            "figure": figures.attention_heatmap(
+                st.weights,
+                v.tokens,
+                kind="weights",
+                mask=st.mask if is_causal else None,
+                export_name=f"{where}-weights-{'causal' if is_causal else 'bidirectional'}",
+                read="compare-causal" if is_causal else "compare-bidirectional",
+            ),
+        }
+        for is_causal, st in pair
+    ]
 
 
 def _short(stage: str) -> str:
-    """"1 resid_mid" -> "1 mid": the stream's columns stay legible for deep models."""
+    """ "1 resid_mid" -> "1 mid": the stream's columns stay legible for deep models."""
     return stage.replace("resid_", "")
 
 
@@ -197,45 +271,82 @@ def view_context(v: ExplorerView, ablated: set[tuple[int, int]], all_stages: boo
     next_figure = frozen_figure = None
     if v.ablation_effect is not None and v.ablation_effect.changes:
         changes = v.ablation_effect.changes
-        next_figure = figures.probability_change_bars([t.token for t in changes], [t.baseline_prob for t in changes],
-                                                      [t.prob for t in changes])
+        next_figure = inspect_figures.probability_change_bars(
+            [t.token for t in changes], [t.baseline_prob for t in changes], [t.prob for t in changes]
+        )
         if v.frozen_ablation is not None:  # the same tokens with every later attention pattern frozen
-            frozen_figure = figures.probability_change_bars(
-                [t.token for t in v.frozen_ablation], [t.baseline_prob for t in v.frozen_ablation],
-                [t.prob for t in v.frozen_ablation], export_name="next-token-ablation-frozen")
+            frozen_figure = inspect_figures.probability_change_bars(
+                [t.token for t in v.frozen_ablation],
+                [t.baseline_prob for t in v.frozen_ablation],
+                [t.prob for t in v.frozen_ablation],
+                export_name="next-token-ablation-frozen",
+            )
     elif v.top_k:
         next_figure = figures.probability_bars([t.token for t in v.top_k], [t.prob for t in v.top_k])
     rollout = None
     if v.rollout is not None:
-        rollout = figures.attention_heatmap(v.rollout, v.tokens, kind="weights", value_name=_("rollout"),
-                                            export_name=f"rollout-through-layer{layer}", read="rollout")
+        rollout = figures.attention_heatmap(
+            v.rollout,
+            v.tokens,
+            kind="weights",
+            value_name=_("rollout"),
+            export_name=f"rollout-through-layer{layer}",
+            read="rollout",
+        )
     norms = v.residual
     on_request = len(v.tokens) >= STAGES_ON_REQUEST_TOKENS
     stages = _stage_figures(v.stages, v, where, only_weights=on_request and not all_stages)
     residual_caption, writes_caption = _residual_captions(v.config)
     return {
-        "ablated": ablated, "ablation": v.ablation_effect, "rollout_figure": rollout,
-        "model_name": v.model, "tokens": v.tokens, "token_labels": [figures.visible(t) for t in v.tokens],
-        "config_line": _config_line(v), "layer": layer, "head": head, "n_layers": v.config.n_layers,
-        "head_figures": head_figures, "stages": stages, "stages_on_request": on_request,
+        "ablated": ablated,
+        "ablation": v.ablation_effect,
+        "rollout_figure": rollout,
+        "model_name": v.model,
+        "tokens": v.tokens,
+        "token_labels": [figures.visible(t) for t in v.tokens],
+        "config_line": _config_line(v),
+        "layer": layer,
+        "head": head,
+        "n_layers": v.config.n_layers,
+        "head_figures": head_figures,
+        "stages": stages,
+        "stages_on_request": on_request,
         # under grouped-query attention, the K/V head each query head reads (its card says so)
         "kv_heads": v.kv_heads if v.config.n_key_value_heads != v.config.n_heads else None,
         "compare": _compare_figures(v, where) if v.other_stages is not None else None,
-        "residual_figure": figures.stage_heatmap(norms.stream, v.tokens, [_short(n) for n in norms.stream_names],
-                                                 value_name="‖x‖", export_name="residual-stream-norms"),
-        "writes_figure": figures.stage_heatmap(norms.writes, v.tokens, norms.writes_names,
-                                               value_name=_("‖added‖"), export_name="sublayer-output-norms"),
-        "next_figure": next_figure, "next_caption": _next_caption(v),
-        "frozen_figure": frozen_figure, "frozen_ablation": v.frozen_ablation,
+        "residual_figure": figures.stage_heatmap(
+            norms.stream,
+            v.tokens,
+            [_short(n) for n in norms.stream_names],
+            value_name="‖x‖",
+            export_name="residual-stream-norms",
+        ),
+        "writes_figure": figures.stage_heatmap(
+            norms.writes, v.tokens, norms.writes_names, value_name=_("‖added‖"), export_name="sublayer-output-norms"
+        ),
+        "next_figure": next_figure,
+        "next_caption": _next_caption(v),
+        "frozen_figure": frozen_figure,
+        "frozen_ablation": v.frozen_ablation,
         # the chosen head on the circuits page (/circuits: why it attends, what it writes, what patching it does)
-        "circuits_url": (language.localized("/circuits?" + urlencode({"model": v.model, "layer": layer, "head": head}))
-                         if v.config.block_type == "pre_norm" and not v.prepared.model.is_encoder else None),
-        "residual_caption": residual_caption, "writes_caption": writes_caption,
-        "heads_hint": (_("— softmax weights; pick one to see its weights (tick “All four stages” for its scores too), "
-                         "or ablate it to see what depends on it") if on_request and not all_stages else
-                       _("— softmax weights; pick one to see its four stages, or ablate it to see what depends on it")),
-        "shapes": [{"name": r.name, "axes": r.axes, "shape": web.shape(r.dims), "layer_start": r.layer_start}
-                   for r in v.shapes],
+        "circuits_url": (
+            language.localized("/circuits?" + urlencode({"model": v.model, "layer": layer, "head": head}))
+            if v.config.block_type == "pre_norm" and not v.prepared.model.is_encoder
+            else None
+        ),
+        "residual_caption": residual_caption,
+        "writes_caption": writes_caption,
+        "heads_hint": (
+            _(
+                "— softmax weights; pick one to see its weights (tick “All four stages” for its scores too), "
+                "or ablate it to see what depends on it"
+            )
+            if on_request and not all_stages
+            else _("— softmax weights; pick one to see its four stages, or ablate it to see what depends on it")
+        ),
+        "shapes": [
+            {"name": r.name, "axes": r.axes, "shape": web.shape(r.dims), "layer_start": r.layer_start} for r in v.shapes
+        ],
     }
 
 
@@ -263,8 +374,11 @@ def head_levels(v: ExplorerView) -> dict[str, np.ndarray]:
     (more than THUMB_MAX_CELLS tokens): a click on one repaints the weights from these at once."""
     if len(v.tokens) <= figures.THUMB_MAX_CELLS:
         return {}
-    return {f"head-{h}": figures.weights_levels(v.patterns[h], v.stages.mask)
-            for h in range(v.config.n_heads) if h != v.head}
+    return {
+        f"head-{h}": figures.weights_levels(v.patterns[h], v.stages.mask)
+        for h in range(v.config.n_heads)
+        if h != v.head
+    }
 
 
 class ReadCache:
@@ -315,8 +429,9 @@ def _run(request: Request, svc: Service, parsed: web.Parsed) -> tuple[ExplorerVi
     c.ablate = tuple((layer, head) for layer, head in c.ablate if layer < n_layers and head < n_heads)
     try:
         spec = requests.AblatingRequest(**parsed.request()).spec()
-        v = svc.views.explorer(spec, c.layer, c.head, compare=c.compare, rollout=c.rollout,
-                               top_k=0 if model.is_encoder else TOP_K)
+        v = svc.views.explorer(
+            spec, c.layer, c.head, compare=c.compare, rollout=c.rollout, top_k=0 if model.is_encoder else TOP_K
+        )
     except web.PAGE_ERRORS as exc:
         return None, web.error_message(exc)
     c.layer, c.head = v.layer, v.head  # what is shown is what the URL will say
@@ -330,31 +445,43 @@ def explorer(request: Request, svc: ServiceDep) -> Response:
         return explorer_values(request, svc)
     model_changed = web.is_fragment(request) and request.headers.get("hx-trigger-name") == "model"
     models = svc.views.models()
-    parsed = web.parse_explorer(request.query_params, models, preferred=svc.settings.default_model,
-                                model_changed=model_changed)
+    parsed = web.parse_explorer(
+        request.query_params, models, preferred=svc.settings.default_model, model_changed=model_changed
+    )
     c = parsed.controls
     model = models[c.model]
     v, error = _run(request, svc, parsed)
     url = web.explorer_query(parsed)
     context = {
-        "controls": c, "view": None if v is None else view_context(v, set(c.ablate), c.all_stages),
-        "values_url": url, "error": error, "models": list(models.values()),
+        "controls": c,
+        "view": None if v is None else view_context(v, set(c.ablate), c.all_stages),
+        "values_url": url,
+        "error": error,
+        "models": list(models.values()),
         "accepted": set(model.toggles),
-        "text_hint": (_("the model reads it one character at a time") if model.kind == "toy"
-                      else _("split into tokens by the model's own tokeniser")),
+        "text_hint": (
+            _("the model reads it one character at a time")
+            if model.kind == "toy"
+            else _("split into tokens by the model's own tokeniser")
+        ),
         "model_description": model.described(),
-        "limits": web.page_limits(svc.settings), "classroom": c.classroom,
-        "token_limit": svc.limits.explorer_token_limit(model), "knob_fieldsets": web.knob_fieldsets(svc.settings),
-        "nav": "explorer", "form_id": "explorer", "inspect_links": web.inspect_links(parsed),
+        "limits": web.page_limits(svc.settings),
+        "classroom": c.classroom,
+        "token_limit": svc.limits.explorer_token_limit(model),
+        "knob_fieldsets": web.knob_fieldsets(svc.settings),
+        "nav": "explorer",
+        "form_id": "explorer",
+        "inspect_links": web.inspect_links(parsed),
     }
     # gzip (app/http/compression.py, level 1): a painted matrix's levels are bytes of base64 that
     # mostly repeat (a long text's 1,024-token answer: 4 MB as written, under 1 MB as sent)
-    return web.render(request, "explorer.html", context, block="explorer" if model_changed else "results",
-                      url=url, error=error)
+    return web.render(
+        request, "explorer.html", context, block="explorer" if model_changed else "results", url=url, error=error
+    )
 
 
 def _rows(text: str | None, n: int) -> tuple[int, int] | None:
-    """"from-to" (to excluded) within [0, n], or None."""
+    """ "from-to" (to excluded) within [0, n], or None."""
     start, dash, stop = (text or "").partition("-")
     if not (dash and start.isdigit() and stop.isdigit()) or not 0 <= int(start) < int(stop) <= n:
         return None
@@ -380,20 +507,26 @@ def explorer_values(request: Request, svc: ServiceDep) -> Response:
         key = query["levels"]
         levels = kept.get(key) if key.startswith("head-") else None
         if levels is None:
-            return PlainTextResponse(f"levels={key!r}: no other head's levels in this view (a head of its layer "
-                                     "other than the one shown, when the text is long)", status_code=422)
+            return PlainTextResponse(
+                f"levels={key!r}: no other head's levels in this view (a head of its layer "
+                "other than the one shown, when the text is long)",
+                status_code=422,
+            )
         return _binary(request, levels.tobytes())
     key = query["values"]
     matrix = kept.get(key) if not key.startswith("head-") else None
     if matrix is None:
-        return PlainTextResponse(f"values={key!r}: this view paints no such matrix; it paints "
-                                 f"{', '.join(k for k in kept if not k.startswith('head-')) or 'none'}",
-                                 status_code=422)
+        return PlainTextResponse(
+            f"values={key!r}: this view paints no such matrix; it paints "
+            f"{', '.join(k for k in kept if not k.startswith('head-')) or 'none'}",
+            status_code=422,
+        )
     rows = _rows(query.get("rows"), matrix.shape[0])
     if rows is None:
-        return PlainTextResponse(f"rows={query.get('rows')!r} is not from-to within 0-{matrix.shape[0]}, "
-                                 "e.g. rows=0-8", status_code=422)
-    part = np.array(matrix[rows[0]:rows[1]], dtype="<f8")
+        return PlainTextResponse(
+            f"rows={query.get('rows')!r} is not from-to within 0-{matrix.shape[0]}, e.g. rows=0-8", status_code=422
+        )
+    part = np.array(matrix[rows[0] : rows[1]], dtype="<f8")
     part[~np.isfinite(part)] = np.nan  # a masked score: no value
     return _binary(request, part.tobytes(), {"X-Shape": f"{rows[1] - rows[0]},{matrix.shape[1]}"})
 

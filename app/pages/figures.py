@@ -44,14 +44,29 @@ from app.http.language import DEFAULT, N_, _, current
 
 # ColorBrewer PuOr, purple (negative) -> white (0) -> orange (positive); safe for colour-blind readers.
 SCORES_COLORSCALE = [
-    [0.0, "#2d004b"], [0.1, "#542788"], [0.2, "#8073ac"], [0.3, "#b2abd2"], [0.4, "#d8daeb"],
+    [0.0, "#2d004b"],
+    [0.1, "#542788"],
+    [0.2, "#8073ac"],
+    [0.3, "#b2abd2"],
+    [0.4, "#d8daeb"],
     [0.5, "#f7f7f7"],
-    [0.6, "#fee0b6"], [0.7, "#fdb863"], [0.8, "#e08214"], [0.9, "#b35806"], [1.0, "#7f3b08"],
+    [0.6, "#fee0b6"],
+    [0.7, "#fdb863"],
+    [0.8, "#e08214"],
+    [0.9, "#b35806"],
+    [1.0, "#7f3b08"],
 ]
 # ColorBrewer YlGnBu, light (0) -> dark blue (high): zero reads as "blank paper" on a projector.
 WEIGHTS_COLORSCALE = [
-    [0.0, "#ffffd9"], [0.125, "#edf8b1"], [0.25, "#c7e9b4"], [0.375, "#7fcdbb"], [0.5, "#41b6c4"],
-    [0.625, "#1d91c0"], [0.75, "#225ea8"], [0.875, "#253494"], [1.0, "#081d58"],
+    [0.0, "#ffffd9"],
+    [0.125, "#edf8b1"],
+    [0.25, "#c7e9b4"],
+    [0.375, "#7fcdbb"],
+    [0.5, "#41b6c4"],
+    [0.625, "#1d91c0"],
+    [0.75, "#225ea8"],
+    [0.875, "#253494"],
+    [1.0, "#081d58"],
 ]
 MASK_FILL = {"shape": "/", "bgcolor": "#d9d9d9", "fgcolor": "#737373", "size": 8, "solidity": 0.25}
 MASKED_NAME = N_("masked (score −∞, weight 0)")
@@ -87,13 +102,13 @@ def token_label(token: str) -> str:
     return escape(visible(token))
 
 
-def _colorbar(title: str, **extra) -> dict:
+def colorbar(title: str, **extra) -> dict:
     """A heatmap's colour bar: its title (escaped: it may name user text) along the right side, and one
     thickness on every figure."""
     return {"title": {"text": escape(title), "side": "right"}, "thickness": 14, **extra}
 
 
-def _base_layout(**extra) -> dict:
+def base_layout(**extra) -> dict:
     layout = {
         "font": FONT,
         "paper_bgcolor": "#ffffff",
@@ -105,7 +120,7 @@ def _base_layout(**extra) -> dict:
     return layout
 
 
-def _finite_or_none(matrix: np.ndarray) -> np.ndarray:
+def finite_or_none(matrix: np.ndarray) -> np.ndarray:
     """A float64 copy with -inf/NaN as NaN: a masked score is "no value", not a colour. It stays an
     array: app/pages/web.py `figure_json` sends it packed (base64 float64, every bit kept), and NaN is
     what JSON writes as null and Plotly draws as a gap."""
@@ -120,7 +135,7 @@ def _block_reduce(a: np.ndarray, f: int, op, chunk: int = 64) -> np.ndarray:
     at a time: f passes over a slice that stays in the cache, not over the whole matrix from memory."""
     cols = np.empty((a.shape[0], -(-a.shape[1] // f)), dtype=a.dtype)
     for r in range(0, a.shape[0], chunk):
-        part, into = a[r:r + chunk], cols[r:r + chunk]
+        part, into = a[r : r + chunk], cols[r : r + chunk]
         np.copyto(into, part[:, 0::f])
         for j in range(1, f):
             op(into, part[:, j::f], out=into)
@@ -148,9 +163,13 @@ def _max_pool(matrix: np.ndarray, mask: np.ndarray | None, size: int) -> tuple[n
             mask = full
     # fmax: NaN only where both are. A matrix at a time: all of a layer's heads at once leave the cache
     # at each pass over them, several times slower.
-    pooled = (_block_reduce(matrix, f, np.fmax) if matrix.ndim == 2 else
-              np.stack([_block_reduce(m, f, np.fmax) for m in matrix.reshape(-1, rows * f, cols * f)])
-              .reshape(matrix.shape[:-2] + (rows, cols)))
+    pooled = (
+        _block_reduce(matrix, f, np.fmax)
+        if matrix.ndim == 2
+        else np.stack([_block_reduce(m, f, np.fmax) for m in matrix.reshape(-1, rows * f, cols * f)]).reshape(
+            matrix.shape[:-2] + (rows, cols)
+        )
+    )
     return pooled, None if mask is None else _block_reduce(mask, f, np.logical_and)
 
 
@@ -209,9 +228,18 @@ def _mask_overlay(mask: np.ndarray, shapes: bool = True) -> dict:
     else:
         xs = ys = np.empty(0)
     return {
-        "type": "scatter", "mode": "lines", "x": xs, "y": ys, "fill": "toself",
-        "fillcolor": MASK_FILL["bgcolor"], "fillpattern": MASK_FILL, "line": {"width": 0.5, "color": "#737373"},
-        "name": _(MASKED_NAME), "hoveron": "fills", "hoverinfo": "name", "showlegend": True,
+        "type": "scatter",
+        "mode": "lines",
+        "x": xs,
+        "y": ys,
+        "fill": "toself",
+        "fillcolor": MASK_FILL["bgcolor"],
+        "fillpattern": MASK_FILL,
+        "line": {"width": 0.5, "color": "#737373"},
+        "name": _(MASKED_NAME),
+        "hoveron": "fills",
+        "hoverinfo": "name",
+        "showlegend": True,
     }
 
 
@@ -232,13 +260,21 @@ def _token_margins(tokens: Sequence[str]) -> tuple[dict, int]:
     """(margin, x tick angle) for a heatmap with the tokens on both axes."""
     label = _label_px(tokens)
     short = label <= CHAR_PX * 2 + 10  # one or two characters fit upright
-    return {"l": AXIS_TITLE_PX + label, "r": 10, "t": 10, "b": AXIS_TITLE_PX + (22 if short else label)}, \
-        (0 if short else -90)
+    return {"l": AXIS_TITLE_PX + label, "r": 10, "t": 10, "b": AXIS_TITLE_PX + (22 if short else label)}, (
+        0 if short else -90
+    )
 
 
-def _token_axis(title: str | None, labels: list[str], *, small: bool) -> dict:
-    axis = {"tickmode": "array", "tickvals": list(range(len(labels))), "ticktext": labels,
-            "showgrid": False, "zeroline": False, "ticks": "", "range": [-0.5, len(labels) - 0.5]}
+def token_axis(title: str | None, labels: list[str], *, small: bool) -> dict:
+    axis = {
+        "tickmode": "array",
+        "tickvals": list(range(len(labels))),
+        "ticktext": labels,
+        "showgrid": False,
+        "zeroline": False,
+        "ticks": "",
+        "range": [-0.5, len(labels) - 0.5],
+    }
     if small:
         axis.update(showticklabels=False)
     else:
@@ -286,7 +322,7 @@ def attention_heatmap(
         if not (keep if masked is None else keep | masked).all():  # a cell without a value, not masked
             export["gaps"] = _mask_runs(~keep if masked is None else ~keep & ~masked)
     else:
-        z = _finite_or_none(m)  # [query_pos, key_pos]
+        z = finite_or_none(m)  # [query_pos, key_pos]
         trace["z"] = z.astype(np.float32) if n >= FLOAT32_MIN_TOKENS else z  # web.py packs it as "f4"
     gap = 1 if small and not image else 0  # gaps between a thumbnail's cells, while cells are pixels wide
     trace.update(xgap=gap, ygap=gap)
@@ -294,7 +330,7 @@ def attention_heatmap(
         trace.update(showscale=False, hoverinfo="skip")
     else:
         trace["hovertemplate"] = f"%{{text}}<br>{escape(value_name)} = %{{z:.4f}}<extra></extra>"
-        trace["colorbar"] = _colorbar(value_name, len=0.9)
+        trace["colorbar"] = colorbar(value_name, len=0.9)
     data = [trace]
     # The mask's hatched overlay: Plotly draws it over a per-cell heatmap; a painted matrix's masked cells
     # are painted from export "mask", and Plotly draws only the overlay's legend entry (no shapes sent).
@@ -310,19 +346,26 @@ def attention_heatmap(
         xaxis, yaxis = dict(axis), dict(axis)
     else:
         labels = [token_label(t) for t in tokens]
-        xaxis, yaxis = _token_axis(_(KEY_AXIS), labels, small=False), _token_axis(_(QUERY_AXIS), labels, small=False)
-        export.update(x=list(tokens), y=list(tokens), x_title=KEY_AXIS, y_title=QUERY_AXIS, value=value_name,
-                      cell_text=_("query {i} {y} → key {j} {x}"))
+        xaxis, yaxis = token_axis(_(KEY_AXIS), labels, small=False), token_axis(_(QUERY_AXIS), labels, small=False)
+        export.update(
+            x=list(tokens),
+            y=list(tokens),
+            x_title=KEY_AXIS,
+            y_title=QUERY_AXIS,
+            value=value_name,
+            cell_text=_("query {i} {y} → key {j} {x}"),
+        )
         if current() != DEFAULT:  # the readout's other words (static/js/explorer-cells.js has them in English)
-            export["words"] = {"masked": _("masked (no value)"),
-                               "largest": _("this row's largest {value}: key {j} {x}")}
-    layout = _base_layout(
+            export["words"] = {
+                "masked": _("masked (no value)"),
+                "largest": _("this row's largest {value}: key {j} {x}"),
+            }
+    layout = base_layout(
         xaxis={**xaxis, "range": [-0.5, n - 0.5]},
         yaxis={**yaxis, "autorange": None, "range": [n - 0.5, -0.5], "scaleanchor": "x", "constrain": "domain"},
         showlegend=masked is not None and not small,
         # above the plot, right-aligned: below it would collide with the key axis' title
-        legend={"orientation": "h", "x": 1, "y": 1.0, "yanchor": "bottom", "xanchor": "right",
-                "font": {"size": 12}},
+        legend={"orientation": "h", "x": 1, "y": 1.0, "yanchor": "bottom", "xanchor": "right", "font": {"size": 12}},
     )
     if image:
         export["draw"] = "image"
@@ -338,14 +381,17 @@ def attention_heatmap(
     return {"data": data, "layout": layout, "export": export}
 
 
-def head_thumbnails(patterns: np.ndarray, tokens: Sequence[str], *, mask: np.ndarray | None,
-                    export_names: Sequence[str]) -> list[dict]:
+def head_thumbnails(
+    patterns: np.ndarray, tokens: Sequence[str], *, mask: np.ndarray | None, export_names: Sequence[str]
+) -> list[dict]:
     """A layer's heads as thumbnails ([head_index, query_pos, key_pos] weights): attention_heatmap(small=True)
     each, a long text's pooled for every head at once (and its mask once)."""
     n = len(tokens)
     if n <= THUMB_MAX_CELLS:
-        return [attention_heatmap(p, tokens, kind="weights", mask=mask, small=True, export_name=name)
-                for p, name in zip(patterns, export_names)]
+        return [
+            attention_heatmap(p, tokens, kind="weights", mask=mask, small=True, export_name=name)
+            for p, name in zip(patterns, export_names)
+        ]
     pooled, pooled_mask = _max_pool(np.asarray(patterns, dtype=float), mask, THUMB_MAX_CELLS)
     cells = pooled.shape[-1]  # at least IMAGE_MIN_TOKENS: more than THUMB_MAX_CELLS / 2
     out = []
@@ -378,42 +424,74 @@ def stage_heatmap(
     labels = [token_label(t) for t in tokens]
     stage_labels = [escape(s) for s in stages]
     trace = {
-        "type": "heatmap", "z": _finite_or_none(v), "colorscale": WEIGHTS_COLORSCALE, "zmin": 0.0,
+        "type": "heatmap",
+        "z": finite_or_none(v),
+        "colorscale": WEIGHTS_COLORSCALE,
+        "zmin": 0.0,
         "hovertemplate": f"%{{text}}<br>{escape(value_name)} = %{{z:.4f}}<extra></extra>",
-        "colorbar": _colorbar(value_name),
+        "colorbar": colorbar(value_name),
     }
-    layout = _base_layout(
-        xaxis={"tickmode": "array", "tickvals": list(range(len(stages))), "ticktext": stage_labels,
-               "tickangle": -45, "showgrid": False},
-        yaxis={**_token_axis(_("token (row)"), labels, small=False), "range": [len(labels) - 0.5, -0.5]},
+    layout = base_layout(
+        xaxis={
+            "tickmode": "array",
+            "tickvals": list(range(len(stages))),
+            "ticktext": stage_labels,
+            "tickangle": -45,
+            "showgrid": False,
+        },
+        yaxis={**token_axis(_("token (row)"), labels, small=False), "range": [len(labels) - 0.5, -0.5]},
         margin={"l": AXIS_TITLE_PX + _label_px(tokens), "r": 10, "t": 10, "b": 10 + int(0.75 * _label_px(stages))},
     )
-    return {"data": [trace], "layout": layout,
-            "export": {"name": export_name, "kind": "matrix", "x": list(stages), "y": list(tokens),
-                       "x_title": "stage", "y_title": "token", "value": value_name,
-                       "cell_text": "token {i} {y} at {x}", "label_px": {"y": _label_px(tokens)}}}
+    return {
+        "data": [trace],
+        "layout": layout,
+        "export": {
+            "name": export_name,
+            "kind": "matrix",
+            "x": list(stages),
+            "y": list(tokens),
+            "x_title": "stage",
+            "y_title": "token",
+            "value": value_name,
+            "cell_text": "token {i} {y} at {x}",
+            "label_px": {"y": _label_px(tokens)},
+        },
+    }
 
 
 def probability_bars(tokens: Sequence[str], probs: Sequence[float], *, export_name: str = "next-token") -> dict:
     """Next-token probabilities, most likely on top."""
     labels = [token_label(t) for t in tokens]
     trace = {
-        "type": "bar", "orientation": "h", "x": [float(p) for p in probs], "y": list(range(len(labels))),
-        "marker": {"color": "#225ea8"}, "text": [f"{p:.3f}" for p in probs], "textposition": "outside",
-        "cliponaxis": False, "customdata": labels,
+        "type": "bar",
+        "orientation": "h",
+        "x": [float(p) for p in probs],
+        "y": list(range(len(labels))),
+        "marker": {"color": "#225ea8"},
+        "text": [f"{p:.3f}" for p in probs],
+        "textposition": "outside",
+        "cliponaxis": False,
+        "customdata": labels,
         "hovertemplate": _("next token") + " %{customdata}<br>p = %{x:.4f}<extra></extra>",
     }
     top = max((float(p) for p in probs), default=1.0)
-    layout = _base_layout(
+    layout = base_layout(
         xaxis={"title": {"text": _("probability")}, "range": [0, min(1.0, top * 1.25) or 1.0], "rangemode": "tozero"},
-        yaxis={"tickmode": "array", "tickvals": list(range(len(labels))), "ticktext": labels,
-               "range": [len(labels) - 0.5, -0.5], "title": {"text": _("next token")}},
+        yaxis={
+            "tickmode": "array",
+            "tickvals": list(range(len(labels))),
+            "ticktext": labels,
+            "range": [len(labels) - 0.5, -0.5],
+            "title": {"text": _("next token")},
+        },
         bargap=0.25,
         margin={"l": AXIS_TITLE_PX + _label_px(tokens), "r": 40, "t": 10, "b": 50},
     )
-    return {"data": [trace], "layout": layout,
-            "export": {"name": export_name, "kind": "bars", "x": list(tokens), "x_title": "token",
-                       "value": "probability"}}
+    return {
+        "data": [trace],
+        "layout": layout,
+        "export": {"name": export_name, "kind": "bars", "x": list(tokens), "x_title": "token", "value": "probability"},
+    }
 
 
 # ------------------------------------------------------------------ lessons and the calculator
@@ -443,30 +521,46 @@ def line_chart(
     data = []
     for k, (name, x, y) in enumerate(series):
         style = k % len(SERIES_COLORS)
-        data.append({
-            "type": "scatter", "mode": "lines+markers", "name": escape(name),
-            "x": [float(v) for v in x], "y": [float(v) for v in y],
-            "line": {"color": SERIES_COLORS[style], "dash": SERIES_DASHES[style], "width": 2.5},
-            "marker": {"symbol": SERIES_SYMBOLS[style], "size": 7},
-            "hovertemplate": f"{escape(name)}<br>{escape(x_title)} = %{{x}}<br>{escape(y_title)} = "
-                             f"%{{y:{y_hover}}}<extra></extra>",
-        })
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "lines+markers",
+                "name": escape(name),
+                "x": [float(v) for v in x],
+                "y": [float(v) for v in y],
+                "line": {"color": SERIES_COLORS[style], "dash": SERIES_DASHES[style], "width": 2.5},
+                "marker": {"symbol": SERIES_SYMBOLS[style], "size": 7},
+                "hovertemplate": f"{escape(name)}<br>{escape(x_title)} = %{{x}}<br>{escape(y_title)} = "
+                f"%{{y:{y_hover}}}<extra></extra>",
+            }
+        )
     xaxis: dict = {"title": {"text": escape(x_title)}, "type": "log" if x_log else "linear", "zeroline": False}
     if x_tickvals is not None:
-        xaxis.update(tickmode="array", tickvals=[float(v) for v in x_tickvals],
-                     ticktext=[f"{v:,.0f}" if float(v).is_integer() else f"{v:g}" for v in x_tickvals])
+        xaxis.update(
+            tickmode="array",
+            tickvals=[float(v) for v in x_tickvals],
+            ticktext=[f"{v:,.0f}" if float(v).is_integer() else f"{v:g}" for v in x_tickvals],
+        )
     yaxis: dict = {"title": {"text": escape(y_title)}, "type": "log" if y_log else "linear", "zeroline": False}
     if y_range is not None:
         yaxis["range"] = list(y_range)
     if y_tickformat:
         yaxis["tickformat"] = y_tickformat
-    layout = _base_layout(xaxis=xaxis, yaxis=yaxis, showlegend=True,
-                          legend={"orientation": "h", "x": 0, "y": 1.02, "yanchor": "bottom"})
+    layout = base_layout(
+        xaxis=xaxis, yaxis=yaxis, showlegend=True, legend={"orientation": "h", "x": 0, "y": 1.02, "yanchor": "bottom"}
+    )
     layout["margin"] = {"l": 70, "r": 20, "t": 30, "b": 60}
-    return {"data": data, "layout": layout,
-            "export": {"name": export_name, "kind": "series", "x_title": x_title, "y_title": y_title,
-                       "series": [{"name": n, "x": list(map(float, x)), "y": list(map(float, y))}
-                                  for n, x, y in series]}}
+    return {
+        "data": data,
+        "layout": layout,
+        "export": {
+            "name": export_name,
+            "kind": "series",
+            "x_title": x_title,
+            "y_title": y_title,
+            "series": [{"name": n, "x": list(map(float, x)), "y": list(map(float, y))} for n, x, y in series],
+        },
+    }
 
 
 def value_heatmap(
@@ -484,20 +578,35 @@ def value_heatmap(
         raise ValueError(f"expected a 2-d matrix, got shape {m.shape}")
     top = score_range(m)
     trace = {
-        "type": "heatmap", "z": _finite_or_none(m), "colorscale": SCORES_COLORSCALE, "zmin": -top, "zmax": top,
-        "zmid": 0, "hoverongaps": False,
+        "type": "heatmap",
+        "z": finite_or_none(m),
+        "colorscale": SCORES_COLORSCALE,
+        "zmin": -top,
+        "zmax": top,
+        "zmid": 0,
+        "hoverongaps": False,
         "hovertemplate": f"{escape(y_title)} %{{y}}, {escape(x_title)} %{{x}}<br>{escape(value_name)} = "
-                         f"%{{z:.4f}}<extra></extra>",
-        "colorbar": _colorbar(value_name, len=0.9),
+        f"%{{z:.4f}}<extra></extra>",
+        "colorbar": colorbar(value_name, len=0.9),
     }
-    layout = _base_layout(
+    layout = base_layout(
         xaxis={"title": {"text": escape(x_title)}, "showgrid": False, "zeroline": False},
         yaxis={"title": {"text": escape(y_title)}, "showgrid": False, "zeroline": False, "autorange": "reversed"},
     )
     rows, cols = m.shape
-    return {"data": [trace], "layout": layout,
-            "export": {"name": export_name, "kind": "matrix", "x": list(range(cols)), "y": list(range(rows)),
-                       "x_title": x_title, "y_title": y_title, "value": value_name}}
+    return {
+        "data": [trace],
+        "layout": layout,
+        "export": {
+            "name": export_name,
+            "kind": "matrix",
+            "x": list(range(cols)),
+            "y": list(range(rows)),
+            "x_title": x_title,
+            "y_title": y_title,
+            "value": value_name,
+        },
+    }
 
 
 def component_bars(
@@ -515,185 +624,40 @@ def component_bars(
     value_name = value_name or _("parameters")
     text = [f"{s:,}" if c else _("{n:,} (not counted)").format(n=s) for s, c in zip(sizes, counted)]
     trace = {
-        "type": "bar", "orientation": "h", "x": [int(s) for s in sizes], "y": list(range(len(labels))),
-        "marker": {"color": ["#225ea8" if c else NOT_COUNTED_COLOR for c in counted],
-                   "pattern": {"shape": ["" if c else "/" for c in counted], "fgcolor": "#737373"},
-                   "line": {"width": 0}},
-        "text": text, "textposition": "outside", "cliponaxis": False,
+        "type": "bar",
+        "orientation": "h",
+        "x": [int(s) for s in sizes],
+        "y": list(range(len(labels))),
+        "marker": {
+            "color": ["#225ea8" if c else NOT_COUNTED_COLOR for c in counted],
+            "pattern": {"shape": ["" if c else "/" for c in counted], "fgcolor": "#737373"},
+            "line": {"width": 0},
+        },
+        "text": text,
+        "textposition": "outside",
+        "cliponaxis": False,
         "customdata": [[lab, escape(note)] for lab, note in zip(labels, notes)],
         "hovertemplate": "%{customdata[0]}<br>%{x:,} " + escape(value_name) + "<br>%{customdata[1]}<extra></extra>",
     }
     top = max((int(s) for s in sizes), default=1) or 1
-    layout = _base_layout(
-        xaxis={"title": {"text": escape(value_name)}, "range": [0, top * 1.35], "tickformat": "~s",
-               "rangemode": "tozero"},
-        yaxis={"tickmode": "array", "tickvals": list(range(len(labels))), "ticktext": labels,
-               "range": [len(labels) - 0.5, -0.5], "automargin": True},
+    layout = base_layout(
+        xaxis={
+            "title": {"text": escape(value_name)},
+            "range": [0, top * 1.35],
+            "tickformat": "~s",
+            "rangemode": "tozero",
+        },
+        yaxis={
+            "tickmode": "array",
+            "tickvals": list(range(len(labels))),
+            "ticktext": labels,
+            "range": [len(labels) - 0.5, -0.5],
+            "automargin": True,
+        },
         bargap=0.3,
     )
-    return {"data": [trace], "layout": layout,
-            "export": {"name": export_name, "kind": "bars", "x": list(names), "x_title": "component",
-                       "value": value_name}}
-
-
-# ------------------------------------------------------------------ looking inside (the Inspect views)
-
-POSITIVE_COLOR, NEGATIVE_COLOR, TOTAL_COLOR = "#b35806", "#542788", "#1f2933"  # PuOr's ends, and ink
-
-
-def logit_waterfall(labels: Sequence[str], contributions: Sequence[float], logit_bias: float, logit: float,
-                    *, export_name: str = "direct-logit-attribution") -> dict:
-    """Direct logit attribution as a waterfall: each part's bar starts where the previous one ended, so
-    the last step lands on the logit, drawn as its own bar from 0. Bars are floating (`base`), since
-    the cartesian Plotly bundle has no waterfall trace. Orange raises the logit, purple lowers it."""
-    steps = [*map(float, contributions), float(logit_bias)]
-    names = [escape(label) for label in labels] + [_("bias (ln_final.b, b_U)")]
-    ends = np.cumsum(steps)
-    starts = ends - np.asarray(steps)
-    x = list(range(len(steps) + 1))
-    trace = {
-        "type": "bar", "x": x, "y": steps + [float(logit)], "base": [*map(float, starts), 0.0],
-        "marker": {"color": [POSITIVE_COLOR if s >= 0 else NEGATIVE_COLOR for s in steps] + [TOTAL_COLOR],
-                   "pattern": {"shape": ["" if s >= 0 else "/" for s in steps] + [""], "fgcolor": "#ffffff"}},
-        "customdata": [[n, float(e)] for n, e in zip(names, ends)] + [["logit", float(logit)]],
-        "hovertemplate": "%{customdata[0]}<br>" + _("adds") + " %{y:+.4f}<br>" + _("running total")
-                         + " %{customdata[1]:.4f}<extra></extra>",
+    return {
+        "data": [trace],
+        "layout": layout,
+        "export": {"name": export_name, "kind": "bars", "x": list(names), "x_title": "component", "value": value_name},
     }
-    layout = _base_layout(
-        xaxis={"tickmode": "array", "tickvals": x, "ticktext": names + ["<b>logit</b>"], "tickangle": -50,
-               "automargin": True, "title": {"text": _("part of the residual stream (in forward order)")}},
-        yaxis={"title": {"text": _("contribution to the logit")}, "zeroline": True, "zerolinecolor": "#737373"},
-        bargap=0.15, showlegend=False,
-    )
-    return {"data": [trace], "layout": layout,
-            "export": {"name": export_name, "kind": "bars", "x": [*labels, "bias", "logit"], "x_title": "part",
-                       "value": "direct logit contribution"}}
-
-
-def lens_heatmap(probs: np.ndarray, cell_tokens: Sequence[Sequence[str]], hover: Sequence[Sequence[str]],
-                 points: Sequence[str], tokens: Sequence[str], *, export_name: str = "logit-lens") -> dict:
-    """The logit lens: rows are points of the residual stream (first layer on top), columns positions.
-    Colour is the top token's probability; each cell is labelled with that token, and its hover lists
-    the top-k (`hover`, already escaped: "a 0.31<br>b 0.12 ...")."""
-    p = np.asarray(probs, dtype=float)  # [n_points, pos]
-    if p.shape != (len(points), len(tokens)):
-        raise ValueError(f"expected a [{len(points)}, {len(tokens)}] array, got shape {p.shape}")
-    labels = [token_label(t) for t in tokens]
-    trace = {
-        "type": "heatmap", "z": _finite_or_none(p), "colorscale": WEIGHTS_COLORSCALE, "zmin": 0.0, "zmax": 1.0,
-        "text": [[token_label(t) for t in row] for row in cell_tokens], "texttemplate": "%{text}",
-        "textfont": {"size": 11}, "customdata": [list(row) for row in hover],
-        "hovertemplate": "%{y} · " + _("position") + " %{x}<br>%{customdata}<extra></extra>",
-        "colorbar": _colorbar(_("top token's p")),
-    }
-    layout = _base_layout(
-        xaxis={**_token_axis(_("position (token read so far)"), labels, small=False), "automargin": True},
-        yaxis={"tickmode": "array", "tickvals": list(range(len(points))), "ticktext": [escape(s) for s in points],
-               "range": [len(points) - 0.5, -0.5], "automargin": True, "showgrid": False},
-    )
-    return {"data": [trace], "layout": layout,
-            "export": {"name": export_name, "kind": "matrix", "x": list(tokens), "y": list(points),
-                       "x_title": "position", "y_title": "residual stream point", "value": "top token probability"}}
-
-
-def head_heatmap(scores: np.ndarray, *, value_name: str, export_name: str) -> dict:
-    """One score per head: rows are layers, columns heads, 0 … 1 on the sequential scale, each cell
-    printed; a head with no score (nothing to detect) is a gap."""
-    s = np.asarray(scores, dtype=float)  # [n_layers, n_heads]
-    n_layers, n_heads = s.shape
-    trace = {
-        "type": "heatmap", "z": _finite_or_none(s), "colorscale": WEIGHTS_COLORSCALE, "zmin": 0.0, "zmax": 1.0,
-        "texttemplate": "%{z:.2f}", "textfont": {"size": 11}, "hoverongaps": False, "xgap": 1, "ygap": 1,
-        "hovertemplate": _("layer %{y} head %{x}") + f"<br>{escape(value_name)} = %{{z:.3f}}<extra></extra>",
-        "colorbar": _colorbar(value_name),
-    }
-    layout = _base_layout(
-        xaxis={"title": {"text": _("head")}, "tickmode": "array", "tickvals": list(range(n_heads)), "showgrid": False},
-        yaxis={"title": {"text": _("layer")}, "tickmode": "array", "tickvals": list(range(n_layers)),
-               "range": [n_layers - 0.5, -0.5], "showgrid": False},
-    )
-    return {"data": [trace], "layout": layout,
-            "export": {"name": export_name, "kind": "matrix", "x": list(range(n_heads)), "y": list(range(n_layers)),
-                       "x_title": "head", "y_title": "layer", "value": value_name}}
-
-
-def head_step_heatmap(scores: Sequence, steps: Sequence[int], *, value_name: str, export_name: str) -> dict:
-    """Every head's score over training: rows are heads (L{layer}H{head}), columns the record steps, 0 … 1
-    on the sequential scale. A head that becomes an induction head shows as a row turning dark.
-    scores: [step][layer][head]."""
-    s = np.asarray(scores, dtype=float)  # [n_steps, n_layers, n_heads]
-    if s.ndim != 3:
-        raise ValueError(f"expected scores [step][layer][head], got shape {s.shape}")
-    n_steps, n_layers, n_heads = s.shape
-    rows = [f"L{layer}H{head}" for layer in range(n_layers) for head in range(n_heads)]
-    z = s.reshape(n_steps, n_layers * n_heads).T  # [head, step]
-    trace = {
-        "type": "heatmap", "z": _finite_or_none(z), "x": [int(x) for x in steps], "y": list(range(len(rows))),
-        "colorscale": WEIGHTS_COLORSCALE, "zmin": 0.0, "zmax": 1.0, "hoverongaps": False, "ygap": 1,
-        "customdata": [[r] * n_steps for r in rows],
-        "hovertemplate": _("%{customdata} at step %{x}") + f"<br>{escape(value_name)} = %{{z:.3f}}<extra></extra>",
-        "colorbar": _colorbar(value_name),
-    }
-    layout = _base_layout(
-        xaxis={"title": {"text": _("step")}, "showgrid": False, "zeroline": False},
-        yaxis={"title": {"text": _("head")}, "tickmode": "array", "tickvals": list(range(len(rows))), "ticktext": rows,
-               "range": [len(rows) - 0.5, -0.5], "showgrid": False},
-    )
-    layout["margin"] = {"l": 80, "r": 20, "t": 10, "b": 50}
-    return {"data": [trace], "layout": layout,
-            "export": {"name": export_name, "kind": "matrix", "x": [int(x) for x in steps], "y": rows,
-                       "x_title": "step", "y_title": "head", "value": value_name}}
-
-
-def cache_growth(positions: Sequence[int], cache_bytes: Sequence[int], generated: Sequence[bool],
-                 *, export_name: str = "kv-cache-bytes") -> dict:
-    """The KV cache's bytes after each step: a straight line, one row of K and V per layer per token.
-    Steps reading the text and steps generating are two series (circles and diamonds)."""
-    series = []
-    for name, chosen, symbol, color in ((_("reading the text"), False, "circle", "#0072b2"),
-                                        (_("generating"), True, "diamond", "#e69f00")):
-        idx = [i for i, g in enumerate(generated) if g == chosen]
-        if idx:
-            series.append({"type": "scatter", "mode": "lines+markers", "name": name,
-                           "x": [int(positions[i]) + 1 for i in idx], "y": [int(cache_bytes[i]) for i in idx],
-                           "marker": {"symbol": symbol, "size": 8, "color": color}, "line": {"color": color},
-                           "hovertemplate": _("%{x} tokens cached<br>%{y:,} bytes") + "<extra></extra>"})
-    layout = _base_layout(
-        xaxis={"title": {"text": _("tokens in the cache")}, "rangemode": "tozero"},
-        yaxis={"title": {"text": _("bytes of K and V (all layers)")}, "rangemode": "tozero", "tickformat": "~s"},
-        showlegend=True, legend={"orientation": "h", "x": 0, "y": 1.02, "yanchor": "bottom"},
-    )
-    layout["margin"] = {**layout["margin"], "t": 30}
-    return {"data": series, "layout": layout,
-            "export": {"name": export_name, "kind": "bars", "x": [int(p) + 1 for p in positions],
-                       "x_title": "tokens cached", "value": "bytes"}}
-
-
-def probability_change_bars(tokens: Sequence[str], before: Sequence[float], after: Sequence[float],
-                            *, export_name: str = "next-token-ablation") -> dict:
-    """The most likely next tokens without the ablation (hatched grey) and with it (blue), side by side."""
-    labels = [token_label(t) for t in tokens]
-    y = list(range(len(labels)))
-    bars = []
-    for name, values, style in ((_("without ablation"), before, {"color": NOT_ABLATED_COLOR,
-                                                              "pattern": {"shape": "/", "fgcolor": "#737373"}}),
-                                (_("with ablation"), after, {"color": "#225ea8"})):
-        bars.append({"type": "bar", "orientation": "h", "name": name, "x": [float(v) for v in values], "y": y,
-                     "marker": style, "customdata": labels, "text": [f"{v:.3f}" for v in values],
-                     "textposition": "outside", "cliponaxis": False,
-                     "hovertemplate": _("next token") + f" %{{customdata}}<br>{name}: p = %{{x:.4f}}<extra></extra>"})
-    top = max([*map(float, before), *map(float, after)], default=1.0)
-    layout = _base_layout(
-        xaxis={"title": {"text": _("probability")}, "range": [0, min(1.0, top * 1.3) or 1.0]},
-        yaxis={"tickmode": "array", "tickvals": y, "ticktext": labels, "range": [len(labels) - 0.5, -0.5],
-               "automargin": True, "title": {"text": _("next token")}},
-        barmode="group", bargap=0.2, showlegend=True,
-        legend={"orientation": "h", "x": 0, "y": 1.02, "yanchor": "bottom"},
-    )
-    layout["margin"] = {**layout["margin"], "t": 30}
-    return {"data": bars, "layout": layout,
-            "export": {"name": export_name, "kind": "bars", "x": list(tokens), "x_title": "token",
-                       "value": "probability with ablation"}}
-
-
-NOT_ABLATED_COLOR = "#d9d9d9"

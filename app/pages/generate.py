@@ -30,8 +30,14 @@ from app.service.generation import GenerateSettings
 router = APIRouter(tags=["pages"], include_in_schema=False)
 
 DEFAULT = GenerateSettings()
-NUMBERS = {"max_new_tokens": int, "temperature": float, "top_k": int, "top_p": float, "seed": int,
-           "repetition_penalty": float}
+NUMBERS = {
+    "max_new_tokens": int,
+    "temperature": float,
+    "top_k": int,
+    "top_p": float,
+    "seed": int,
+    "repetition_penalty": float,
+}
 PICKS = ("step", "layer", "head")  # what is shown: the token (its step), and the layer and head of its strip
 TOP_K_SLIDER = 100  # the top-k slider's greatest value (a model with fewer tokens: its d_vocab)
 PACE_MS = 30  # tokens appear at most this often, so a fast model's text can be read as it grows
@@ -59,9 +65,14 @@ def script_words() -> dict[str, str]:
         "kept_one": _("The settings kept {n} token, holding {share} of the model's probability."),
         "kept": _("The settings kept {n} tokens, holding {share} of the model's probability."),
         "cache": _("KV cache: {bytes} bytes."),
-        "rank": _("rank"), "token": _("token"), "the_model": _("the model"), "after": _("after {stage}"),
-        "stage_repetition_penalty": _("repetition penalty"), "stage_temperature": _("temperature"),
-        "stage_greedy": _("greedy"), "stage_model": _("the model"),
+        "rank": _("rank"),
+        "token": _("token"),
+        "the_model": _("the model"),
+        "after": _("after {stage}"),
+        "stage_repetition_penalty": _("repetition penalty"),
+        "stage_temperature": _("temperature"),
+        "stage_greedy": _("greedy"),
+        "stage_model": _("the model"),
         "cutoff_one": _("cut-off: {n} token kept; below, cut by {stage}"),
         "cutoff": _("cut-off: {n} tokens kept; below, cut by {stage}"),
         "drawn": _("(drawn)"),
@@ -132,8 +143,9 @@ def canonical(state: GenerateState, default_model: str, default_text: str) -> st
 
 def api_body(state: GenerateState) -> dict:
     """The POST /api/v1/generate body this page's script sends."""
-    return {"model": state.model, "text": state.text} | {k: v for k, v in asdict(state.settings).items()
-                                                         if v is not None}
+    return {"model": state.model, "text": state.text} | {
+        k: v for k, v in asdict(state.settings).items() if v is not None
+    }
 
 
 def controls(svc: Service, model: Model, state: GenerateState, room: int | None) -> dict:
@@ -141,8 +153,12 @@ def controls(svc: Service, model: Model, state: GenerateState, room: int | None)
     s = state.settings
     cfg = model.cfg
     limit = max(1, min(svc.settings.generate_max_new_tokens, cfg.n_ctx if room is None else room))
-    return {"max_new_tokens": limit, "top_k_max": max(min(cfg.d_vocab, TOP_K_SLIDER), s.top_k or 1),
-            "temperature_max": max(2.0, s.temperature), "n_ctx": cfg.n_ctx}
+    return {
+        "max_new_tokens": limit,
+        "top_k_max": max(min(cfg.d_vocab, TOP_K_SLIDER), s.top_k or 1),
+        "temperature_max": max(2.0, s.temperature),
+        "n_ctx": cfg.n_ctx,
+    }
 
 
 @router.get("/generate", response_class=HTMLResponse, summary="Write with a model")
@@ -167,12 +183,21 @@ def generate_page(request: Request, svc: ServiceDep) -> HTMLResponse:
             error = web.error_message(exc)
     writers = [m for m in models.values() if not m.is_encoder]
     context = {
-        "state": state, "settings": state.settings, "model": model, "models": writers,
-        "encoders": [m.name for m in models.values() if m.is_encoder], "error": error,
-        "request_json": json.dumps(body) if body else None, "limits": controls(svc, model, state, room),
-        "picks": {"step": state.step, "layer": state.layer, "head": state.head}, "pace_ms": PACE_MS,
-        "nav": "generate", "form_id": "generate", "classroom": web.is_on(query, "classroom"),
-        "max_text_chars": svc.settings.max_text_chars, "words": script_words(),
+        "state": state,
+        "settings": state.settings,
+        "model": model,
+        "models": writers,
+        "encoders": [m.name for m in models.values() if m.is_encoder],
+        "error": error,
+        "request_json": json.dumps(body) if body else None,
+        "limits": controls(svc, model, state, room),
+        "picks": {"step": state.step, "layer": state.layer, "head": state.head},
+        "pace_ms": PACE_MS,
+        "nav": "generate",
+        "form_id": "generate",
+        "classroom": web.is_on(query, "classroom"),
+        "max_text_chars": svc.settings.max_text_chars,
+        "words": script_words(),
     }
     url = canonical(state, web.default_model(models, preferred), models[state.model].default_text)
     return web.render(request, "generate.html", context, url=url, error=error)

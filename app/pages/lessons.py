@@ -13,21 +13,20 @@ with status 422, and the controls keep the learner's values so they can fix them
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal, get_args
 from urllib.parse import urlencode
 
-import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, PlainTextResponse
 from pydantic import BaseModel, Field, field_validator
 
-from app.pages import figures, snippets, web
 from app.api import requests
 from app.deps import ServiceDep
 from app.http.language import N_, _, ngettext
+from app.pages import figures, snippets, web
+from app.pages.numbers import cells, fixed, full, human_bytes
 from app.service import Service, calculators
 from app.service.calculators import SPEC_FORMULA_PRESETS
 
@@ -37,6 +36,7 @@ PAGE_ONLY = ("classroom", "lang")  # in the URL, but not a field of the API requ
 
 
 # ------------------------------------------------------------------ the pages' own request models
+
 
 class CausalQuery(requests.AttentionQuery):
     """The attention lesson with the mask always on: the page shows it beside the unmasked weights."""
@@ -50,15 +50,17 @@ class ParamsLessonQuery(requests.SizesQuery):
     counts untied models and the other families too)."""
 
     preset: Literal[SPEC_FORMULA_PRESETS] = Field(  # type: ignore[valid-type]
-        "gpt2-small", description="start from this configuration (the calculator at /params has the other "
-                                  "families' presets)")
+        "gpt2-small",
+        description="start from this configuration (the calculator at /params has the other families' presets)",
+    )
 
     @field_validator("tied_embeddings")
     @classmethod
     def _tied(cls, v: bool | None) -> bool | None:
         if v is False:
-            raise ValueError(_("the spec's formula assumes a tied unembedding: count untied models in the "
-                               "calculator at /params"))
+            raise ValueError(
+                _("the spec's formula assumes a tied unembedding: count untied models in the calculator at /params")
+            )
         return v
 
 
@@ -69,37 +71,8 @@ class CalculatorQuery(requests.ParamsQuery, requests.KVCacheQuery):
     preset: requests.PresetName = Field("gpt2-small", description="start from this configuration")
 
 
-# ------------------------------------------------------------------ number formatting for tables
-
-def fixed(value: float, digits: int) -> str:
-    """As the spec's np.round(..., digits) prints it, in a table cell: 0.89, −∞ for a masked score.
-    (np.round rounds halves to even, 0.005 -> 0.0, where "%.2f" gives 0.01.)"""
-    if math.isinf(value):
-        return "−∞" if value < 0 else "∞"
-    text = f"{np.round(value, digits):.{digits}f}"
-    return "0." + "0" * digits if text == "-0." + "0" * digits else text
-
-
-def full(value: float) -> str:
-    """Full precision, for a cell's hover text."""
-    return _("−∞ (masked)") if math.isinf(value) and value < 0 else repr(float(value))
-
-
-def cells(row, digits: int = 2, masked=None) -> list[dict]:
-    """Table cells of one row; a cell is masked where `masked` says so, or where its score is −∞."""
-    flags = masked if masked is not None else [False] * len(row)
-    return [{"text": fixed(float(v), digits), "full": full(float(v)), "masked": bool(m) or math.isinf(float(v))}
-            for v, m in zip(row, flags)]
-
-
-def human_bytes(n: int) -> str:
-    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.3g} {unit}"
-    return _("{n} bytes").format(n=n)
-
-
 # ------------------------------------------------------------------ the lessons, one view builder each
+
 
 def view_attention(svc: Service, q: requests.AttentionQuery) -> dict:
     svc.limits.check_drawable(len(q.text.split()))
@@ -111,20 +84,42 @@ def view_attention(svc: Service, q: requests.AttentionQuery) -> dict:
     return {
         "tokens": tokens,
         "shapes": {"Q": web.shape(a.Q), "K": web.shape(a.K), "V": web.shape(a.V), "output": web.shape(a.result.output)},
-        "weights": [{"token": t, "cells": cells(row, masked=m), "sum": fixed(float(row.sum()), 2)}
-                    for t, row, m in zip(tokens, a.result.weights, a.mask)],
-        "last_token": tokens[-1], "last_scores": cells(r.scaled_scores[-1]),
+        "weights": [
+            {"token": t, "cells": cells(row, masked=m), "sum": fixed(float(row.sum()), 2)}
+            for t, row, m in zip(tokens, a.result.weights, a.mask)
+        ],
+        "last_token": tokens[-1],
+        "last_scores": cells(r.scaled_scores[-1]),
         "divisor": r.divisor,
         "figures": [
-            {"id": "scores", "title": _("Scores  Q Kᵀ / √d_k") if q.scale else _("Scores  Q Kᵀ (not scaled)"),
-             "caption": _("How well each query (row) matches each key (column). Orange is positive, purple negative.")
-                        + (" " + _("Hatched cells are masked: the key comes after the query.") if q.causal else ""),
-             "figure": figures.attention_heatmap(scores, tokens, kind="scores", mask=a.mask if q.causal else None,
-                                                 zmax=top, export_name="attention-scores")},
-            {"id": "weights", "title": _("Weights  softmax(scores)"),
-             "caption": _("Each row is a probability distribution over the keys: it sums to 1."),
-             "figure": figures.attention_heatmap(a.result.weights, tokens, kind="weights",
-                                                 mask=a.mask if q.causal else None, export_name="attention-weights")},
+            {
+                "id": "scores",
+                "title": _("Scores  Q Kᵀ / √d_k") if q.scale else _("Scores  Q Kᵀ (not scaled)"),
+                "caption": _(
+                    "How well each query (row) matches each key (column). Orange is positive, purple negative."
+                )
+                + (" " + _("Hatched cells are masked: the key comes after the query.") if q.causal else ""),
+                "figure": figures.attention_heatmap(
+                    scores,
+                    tokens,
+                    kind="scores",
+                    mask=a.mask if q.causal else None,
+                    zmax=top,
+                    export_name="attention-scores",
+                ),
+            },
+            {
+                "id": "weights",
+                "title": _("Weights  softmax(scores)"),
+                "caption": _("Each row is a probability distribution over the keys: it sums to 1."),
+                "figure": figures.attention_heatmap(
+                    a.result.weights,
+                    tokens,
+                    kind="weights",
+                    mask=a.mask if q.causal else None,
+                    export_name="attention-weights",
+                ),
+            },
         ],
         "snippet": snippets.attention(q.text, q.seed, q.d_model, q.d_k, q.causal, q.scale),
     }
@@ -134,28 +129,61 @@ def view_scaling(svc: Service, q: requests.ScalingQuery) -> dict:
     rows = svc.lessons.scaling(q.dim_list, q.n_queries, q.n_keys, q.seed)
     dims = [r.d for r in rows]
     return {
-        "rows": [{"d": r.d, "std": fixed(r.std, 1), "std_full": full(r.std), "sqrt_d": fixed(r.sqrt_d, 1),
-                  "unscaled": fixed(r.top_weight_unscaled, 2), "unscaled_full": full(r.top_weight_unscaled),
-                  "scaled": fixed(r.top_weight_scaled, 2), "scaled_full": full(r.top_weight_scaled)} for r in rows],
-        "uniform": fixed(1 / q.n_keys, 3), "n_keys": q.n_keys, "n_queries": q.n_queries,
+        "rows": [
+            {
+                "d": r.d,
+                "std": fixed(r.std, 1),
+                "std_full": full(r.std),
+                "sqrt_d": fixed(r.sqrt_d, 1),
+                "unscaled": fixed(r.top_weight_unscaled, 2),
+                "unscaled_full": full(r.top_weight_unscaled),
+                "scaled": fixed(r.top_weight_scaled, 2),
+                "scaled_full": full(r.top_weight_scaled),
+            }
+            for r in rows
+        ],
+        "uniform": fixed(1 / q.n_keys, 3),
+        "n_keys": q.n_keys,
+        "n_queries": q.n_queries,
         "figures": [
-            {"id": "top-weight", "title": _("Average top weight vs width d"),
-             "caption": _("The largest of {n_keys} softmax weights, averaged over {n_queries:,} random queries. "
-                          "Unscaled, it climbs towards 1 (a one-hot spike); scaled by 1/√d it stays put.").format(
-                 n_keys=q.n_keys, n_queries=q.n_queries),
-             "figure": figures.line_chart(
-                 [(_("unscaled: softmax(q·k)"), dims, [r.top_weight_unscaled for r in rows]),
-                  (_("scaled: softmax(q·k / √d)"), dims, [r.top_weight_scaled for r in rows]),
-                  (_("uniform: 1/{n_keys}").format(n_keys=q.n_keys), dims, [1 / q.n_keys] * len(dims))],
-                 x_title=_("d (width of q and k)"), y_title=_("average top weight"), export_name="top-weight-vs-d",
-                 x_log=len(dims) > 1 and max(dims) / min(dims) > 8, y_range=[0, 1.05], y_hover=".3f",
-                 x_tickvals=dims)},
-            {"id": "std", "title": _("Spread of the raw scores vs width d"),
-             "caption": _("The standard deviation of q·k grows like √d, which is exactly what dividing by √d undoes."),
-             "figure": figures.line_chart(
-                 [(_("std of q·k"), dims, [r.std for r in rows]), ("√d", dims, [r.sqrt_d for r in rows])],
-                 x_title=_("d (width of q and k)"), y_title=_("standard deviation"), export_name="std-vs-d",
-                 x_log=len(dims) > 1 and max(dims) / min(dims) > 8, y_hover=".2f", x_tickvals=dims)},
+            {
+                "id": "top-weight",
+                "title": _("Average top weight vs width d"),
+                "caption": _(
+                    "The largest of {n_keys} softmax weights, averaged over {n_queries:,} random queries. "
+                    "Unscaled, it climbs towards 1 (a one-hot spike); scaled by 1/√d it stays put."
+                ).format(n_keys=q.n_keys, n_queries=q.n_queries),
+                "figure": figures.line_chart(
+                    [
+                        (_("unscaled: softmax(q·k)"), dims, [r.top_weight_unscaled for r in rows]),
+                        (_("scaled: softmax(q·k / √d)"), dims, [r.top_weight_scaled for r in rows]),
+                        (_("uniform: 1/{n_keys}").format(n_keys=q.n_keys), dims, [1 / q.n_keys] * len(dims)),
+                    ],
+                    x_title=_("d (width of q and k)"),
+                    y_title=_("average top weight"),
+                    export_name="top-weight-vs-d",
+                    x_log=len(dims) > 1 and max(dims) / min(dims) > 8,
+                    y_range=[0, 1.05],
+                    y_hover=".3f",
+                    x_tickvals=dims,
+                ),
+            },
+            {
+                "id": "std",
+                "title": _("Spread of the raw scores vs width d"),
+                "caption": _(
+                    "The standard deviation of q·k grows like √d, which is exactly what dividing by √d undoes."
+                ),
+                "figure": figures.line_chart(
+                    [(_("std of q·k"), dims, [r.std for r in rows]), ("√d", dims, [r.sqrt_d for r in rows])],
+                    x_title=_("d (width of q and k)"),
+                    y_title=_("standard deviation"),
+                    export_name="std-vs-d",
+                    x_log=len(dims) > 1 and max(dims) / min(dims) > 8,
+                    y_hover=".2f",
+                    x_tickvals=dims,
+                ),
+            },
         ],
         "snippet": snippets.scaling(q.dim_list, q.n_queries, q.n_keys, q.seed),
     }
@@ -169,19 +197,30 @@ def view_causal(svc: Service, q: CausalQuery) -> dict:
     return {
         "tokens": tokens,
         "mask": [{"token": t, "cells": [int(c) for c in row]} for t, row in zip(tokens, masked.mask)],
-        "weights": [{"token": t, "cells": cells(row, masked=m)}
-                    for t, row, m in zip(tokens, masked.result.weights, masked.mask)],
+        "weights": [
+            {"token": t, "cells": cells(row, masked=m)} for t, row, m in zip(tokens, masked.result.weights, masked.mask)
+        ],
         "unmasked": [{"token": t, "cells": cells(row)} for t, row in zip(tokens, free.result.weights)],
         "figures": [
-            {"id": "without-mask", "title": _("Without the mask"),
-             "caption": _("Every token mixes every token, later ones included."),
-             "figure": figures.attention_heatmap(free.result.weights, tokens, kind="weights",
-                                                 export_name="weights-bidirectional")},
-            {"id": "with-mask", "title": _("With the causal mask"),
-             "caption": _("Hatched cells are −∞ before the softmax, so their weight is exactly 0; "
-                          "each row's remaining weights are renormalised."),
-             "figure": figures.attention_heatmap(masked.result.weights, tokens, kind="weights", mask=masked.mask,
-                                                 export_name="weights-causal")},
+            {
+                "id": "without-mask",
+                "title": _("Without the mask"),
+                "caption": _("Every token mixes every token, later ones included."),
+                "figure": figures.attention_heatmap(
+                    free.result.weights, tokens, kind="weights", export_name="weights-bidirectional"
+                ),
+            },
+            {
+                "id": "with-mask",
+                "title": _("With the causal mask"),
+                "caption": _(
+                    "Hatched cells are −∞ before the softmax, so their weight is exactly 0; "
+                    "each row's remaining weights are renormalised."
+                ),
+                "figure": figures.attention_heatmap(
+                    masked.result.weights, tokens, kind="weights", mask=masked.mask, export_name="weights-causal"
+                ),
+            },
         ],
         "snippet": snippets.causal(q.text, q.seed, q.d_model, q.d_k, q.scale),
     }
@@ -192,16 +231,26 @@ def view_multihead(svc: Service, q: requests.MultiheadQuery) -> dict:
     r = svc.lessons.multihead(q.text, q.seed, q.d_model, q.n_heads, q.causal, q.scale)
     m, mask = r.lesson, r.mask
     return {
-        "tokens": m.tokens, "d_head": m.d_head, "n_heads": m.n_heads,
+        "tokens": m.tokens,
+        "d_head": m.d_head,
+        "n_heads": m.n_heads,
         "shapes": {"Q": web.shape(m.Q), "weights": web.shape(m.result.weights), "out": web.shape(m.output)},
         "last_rows": [{"head": h, "cells": cells(w[-1])} for h, w in enumerate(m.result.weights)],
         "figures": [
-            {"id": f"head-{h}", "title": _("Head {head}").format(head=h),
-             "caption": (_("softmax(Q Kᵀ / √d_head) of head {head}, d_head = {d_head}") if q.scale else
-                         _("softmax(Q Kᵀ) of head {head}, d_head = {d_head}")).format(head=h, d_head=m.d_head),
-             "figure": figures.attention_heatmap(w, m.tokens, kind="weights", mask=mask,
-                                                 export_name=f"head-{h}-weights")}
-            for h, w in enumerate(m.result.weights)],
+            {
+                "id": f"head-{h}",
+                "title": _("Head {head}").format(head=h),
+                "caption": (
+                    _("softmax(Q Kᵀ / √d_head) of head {head}, d_head = {d_head}")
+                    if q.scale
+                    else _("softmax(Q Kᵀ) of head {head}, d_head = {d_head}")
+                ).format(head=h, d_head=m.d_head),
+                "figure": figures.attention_heatmap(
+                    w, m.tokens, kind="weights", mask=mask, export_name=f"head-{h}-weights"
+                ),
+            }
+            for h, w in enumerate(m.result.weights)
+        ],
         "snippet": snippets.multihead(q.text, q.seed, q.d_model, q.n_heads, q.causal, q.scale),
     }
 
@@ -214,39 +263,84 @@ def view_positions(svc: Service, q: requests.PositionsQuery) -> dict:
         "head": [cells(row) for row in p.encoding[:3, :6]],
         "dots": [{"i": i, "j": j, "gap": j - i, "dot": fixed(dot, 2), "full": full(dot)} for i, j, dot in p.dots],
         "figures": [
-            {"id": "encoding",
-             "title": _("The encoding: {n_pos} positions × {d} dimensions").format(n_pos=q.n_pos, d=q.d),
-             "caption": _("Row = position, column = dimension: sin on even dimensions, cos on odd ones. Early "
-                          "dimensions turn fast, later ones slowly."),
-             "figure": figures.value_heatmap(p.encoding, x_title=_("dimension"), y_title=_("position"),
-                                             value_name=_("value"), export_name="sinusoidal-encoding")},
-            {"id": "dot-vs-gap", "title": _("Dot product vs gap"),
-             "caption": _("pe[i] · pe[i + gap] for each starting position i: the lines coincide, because the dot "
-                          "product depends only on the gap. It does not fall smoothly with distance."),
-             "figure": figures.line_chart(series, x_title=_("gap (positions apart)"), y_title=_("dot product"),
-                                          export_name="dot-vs-gap", y_hover=".2f")},
+            {
+                "id": "encoding",
+                "title": _("The encoding: {n_pos} positions × {d} dimensions").format(n_pos=q.n_pos, d=q.d),
+                "caption": _(
+                    "Row = position, column = dimension: sin on even dimensions, cos on odd ones. Early "
+                    "dimensions turn fast, later ones slowly."
+                ),
+                "figure": figures.value_heatmap(
+                    p.encoding,
+                    x_title=_("dimension"),
+                    y_title=_("position"),
+                    value_name=_("value"),
+                    export_name="sinusoidal-encoding",
+                ),
+            },
+            {
+                "id": "dot-vs-gap",
+                "title": _("Dot product vs gap"),
+                "caption": _(
+                    "pe[i] · pe[i + gap] for each starting position i: the lines coincide, because the dot "
+                    "product depends only on the gap. It does not fall smoothly with distance."
+                ),
+                "figure": figures.line_chart(
+                    series,
+                    x_title=_("gap (positions apart)"),
+                    y_title=_("dot product"),
+                    export_name="dot-vs-gap",
+                    y_hover=".2f",
+                ),
+            },
         ],
         "snippet": snippets.positions(q.n_pos, q.d, tuple((i, j) for i, j, _ in p.dots)),
     }
 
 
 def _breakdown_figure(groups, export_name: str) -> dict:
-    return figures.component_bars([_(g.name) for g in groups], [g.size for g in groups], [g.counted for g in groups],
-                                  [_(g.note) for g in groups], export_name=export_name)
+    return figures.component_bars(
+        [_(g.name) for g in groups],
+        [g.size for g in groups],
+        [g.counted for g in groups],
+        [_(g.note) for g in groups],
+        export_name=export_name,
+    )
 
 
 def view_params_lesson(svc: Service, q: ParamsLessonQuery) -> dict:
     r = svc.lessons.params(q.preset, q.sizes())
-    rows = [{"name": row.name, "embeddings": f"{row.count.embeddings:,}", "per_block": f"{row.count.per_block:,}",
-             "total": f"{row.count.total:,}", "count": row.count, "cfg": row.cfg} for row in r.rows]
+    rows = [
+        {
+            "name": row.name,
+            "embeddings": f"{row.count.embeddings:,}",
+            "per_block": f"{row.count.per_block:,}",
+            "total": f"{row.count.total:,}",
+            "count": row.count,
+            "cfg": row.cfg,
+        }
+        for row in r.rows
+    ]
     mine = r.rows[1].count
     return {
-        "rows": rows, "d": r.rows[1].cfg.d_model, "rule": f"{r.rule:,}", "per_block": f"{mine.per_block:,}",
-        "rule_gap": f"{r.rule_gap:.2%}", "embedding_share": f"{r.embedding_share:.1%}", "name": r.name,
-        "figures": [{"id": "breakdown", "title": _("Where the parameters of {name} are").format(name=r.name),
-                     "caption": _("Counted components in blue; grey hatched ones exist but add nothing: the tied "
-                                  "unembedding reuses the token table, and the causal mask is a constant."),
-                     "figure": _breakdown_figure(r.groups, "parameter-breakdown")}],
+        "rows": rows,
+        "d": r.rows[1].cfg.d_model,
+        "rule": f"{r.rule:,}",
+        "per_block": f"{mine.per_block:,}",
+        "rule_gap": f"{r.rule_gap:.2%}",
+        "embedding_share": f"{r.embedding_share:.1%}",
+        "name": r.name,
+        "figures": [
+            {
+                "id": "breakdown",
+                "title": _("Where the parameters of {name} are").format(name=r.name),
+                "caption": _(
+                    "Counted components in blue; grey hatched ones exist but add nothing: the tied "
+                    "unembedding reuses the token table, and the causal mask is a constant."
+                ),
+                "figure": _breakdown_figure(r.groups, "parameter-breakdown"),
+            }
+        ],
         "snippet": snippets.params(r.spec_sizes),
     }
 
@@ -259,55 +353,106 @@ def view_forward(svc: Service, q: requests.ForwardQuery) -> dict:
     return {
         "steps": [{"name": n, "shape": web.shape(s)} for n, s in f.steps],
         "probs": [{"char": figures.visible(c), "p": fixed(p, 3), "full": full(p)} for c, p in probs.items()],
-        "vocab": "".join(figures.visible(c) for c in f.vocab), "n_vocab": len(f.vocab),
+        "vocab": "".join(figures.visible(c) for c in f.vocab),
+        "n_vocab": len(f.vocab),
         "uniform": fixed(1 / len(f.vocab), 3),
         "prompt": f.prompt,
         "figures": [
-            {"id": "next-char", "title": _("Next-character probabilities after the prompt"),
-             "caption": _("With random weights the guess is close to uniform (1/{n} ≈ {p:.3f}); any preference "
-                          "is noise.").format(n=len(f.vocab), p=1 / len(f.vocab)),
-             "figure": figures.probability_bars(list(probs), list(probs.values()), export_name="next-char")},
-        ] + [
-            {"id": f"head-{h}", "title": _("Head {head}: attention weights").format(head=h),
-             "caption": _("The upper triangle is masked: each character sees only itself and earlier ones."),
-             "figure": figures.attention_heatmap(w, tokens, kind="weights", mask=mask,
-                                                 export_name=f"forward-head-{h}-weights")}
-            for h, w in enumerate(pattern)],
+            {
+                "id": "next-char",
+                "title": _("Next-character probabilities after the prompt"),
+                "caption": _(
+                    "With random weights the guess is close to uniform (1/{n} ≈ {p:.3f}); any preference is noise."
+                ).format(n=len(f.vocab), p=1 / len(f.vocab)),
+                "figure": figures.probability_bars(list(probs), list(probs.values()), export_name="next-char"),
+            },
+        ]
+        + [
+            {
+                "id": f"head-{h}",
+                "title": _("Head {head}: attention weights").format(head=h),
+                "caption": _("The upper triangle is masked: each character sees only itself and earlier ones."),
+                "figure": figures.attention_heatmap(
+                    w, tokens, kind="weights", mask=mask, export_name=f"forward-head-{h}-weights"
+                ),
+            }
+            for h, w in enumerate(pattern)
+        ],
         "snippet": snippets.forward(q.text, q.prompt, q.seed, q.d_model, q.n_heads, q.d_mlp),
     }
 
 
 # ------------------------------------------------------------------ the calculator
 
+
 def view_calculator(svc: Service, q: CalculatorQuery) -> dict:
     r = calculators.calculator(q.preset, q.sizes(), q.seq_len, q.batch, q.dtype)
     cfg, count, kv = r.cfg, r.count, r.kv
-    series = [(ngettext("{dtype} ({size} byte)", "{dtype} ({size} bytes)", size).format(dtype=dtype, size=size),
-               r.lengths, r.kv_by_dtype[dtype])
-              for dtype, size in requests.DTYPE_BYTES.items()]
-    entries = [{"name": e.name, "shape": web.shape(e.shape), "copies": e.copies, "counted": e.counted,
-                "total": f"{e.elements:,}", "note": e.said()} for e in count.entries]
+    series = [
+        (
+            ngettext("{dtype} ({size} byte)", "{dtype} ({size} bytes)", size).format(dtype=dtype, size=size),
+            r.lengths,
+            r.kv_by_dtype[dtype],
+        )
+        for dtype, size in requests.DTYPE_BYTES.items()
+    ]
+    entries = [
+        {
+            "name": e.name,
+            "shape": web.shape(e.shape),
+            "copies": e.copies,
+            "counted": e.counted,
+            "total": f"{e.elements:,}",
+            "note": e.said(),
+        }
+        for e in count.entries
+    ]
     return {
-        "cfg": cfg, "embeddings": f"{count.embeddings:,}", "per_block": f"{count.per_block:,}",
-        "total": f"{count.total:,}", "entries": entries, "float32_weights": human_bytes(r.weights_bytes),
-        "kv": kv, "kv_bytes": f"{kv.bytes:,}", "kv_human": human_bytes(kv.bytes), "dtype": q.dtype,
+        "cfg": cfg,
+        "embeddings": f"{count.embeddings:,}",
+        "per_block": f"{count.per_block:,}",
+        "total": f"{count.total:,}",
+        "entries": entries,
+        "float32_weights": human_bytes(r.weights_bytes),
+        "kv": kv,
+        "kv_bytes": f"{kv.bytes:,}",
+        "kv_human": human_bytes(kv.bytes),
+        "dtype": q.dtype,
         "figures": [
-            {"id": "breakdown", "title": _("Where the parameters are"),
-             "caption": _("Counted components in blue; grey hatched ones exist but add nothing (a tied unembedding "
-                          "reuses the token table; the causal mask is a constant)."),
-             "figure": _breakdown_figure(r.groups, "parameter-breakdown")},
-            {"id": "kv-cache", "title": _("KV-cache size vs sequence length (batch {batch})").format(batch=q.batch),
-             "caption": _("Keys and values of every layer for every cached token: the cache grows linearly with "
-                          "the sequence length, and halves with each halving of the element size."),
-             "figure": figures.line_chart(series, x_title=_("sequence length (tokens)"),
-                                          y_title=_("cache size (bytes)"),
-                                          export_name="kv-cache-vs-length", x_log=True, y_log=True,
-                                          y_hover=",.0f", y_tickformat="~s", x_tickvals=r.ticks)},
+            {
+                "id": "breakdown",
+                "title": _("Where the parameters are"),
+                "caption": _(
+                    "Counted components in blue; grey hatched ones exist but add nothing (a tied unembedding "
+                    "reuses the token table; the causal mask is a constant)."
+                ),
+                "figure": _breakdown_figure(r.groups, "parameter-breakdown"),
+            },
+            {
+                "id": "kv-cache",
+                "title": _("KV-cache size vs sequence length (batch {batch})").format(batch=q.batch),
+                "caption": _(
+                    "Keys and values of every layer for every cached token: the cache grows linearly with "
+                    "the sequence length, and halves with each halving of the element size."
+                ),
+                "figure": figures.line_chart(
+                    series,
+                    x_title=_("sequence length (tokens)"),
+                    y_title=_("cache size (bytes)"),
+                    export_name="kv-cache-vs-length",
+                    x_log=True,
+                    y_log=True,
+                    y_hover=",.0f",
+                    y_tickformat="~s",
+                    x_tickvals=r.ticks,
+                ),
+            },
         ],
     }
 
 
 # ------------------------------------------------------------------ the page table
+
 
 @dataclass(frozen=True)
 class Page:
@@ -324,32 +469,76 @@ class Page:
 
 
 LESSONS = [
-    Page("attention", N_("Queries, keys and values"),
-         N_("Scaled dot-product attention on four words: scores, softmax weights, output."),
-         requests.AttentionQuery, view_attention, ("/api/v1/lessons/attention",)),
-    Page("scaling", N_("Why divide by √d_k"),
-         N_("Unscaled dot products grow with the width and the softmax collapses onto one key."),
-         requests.ScalingQuery, view_scaling, ("/api/v1/lessons/scaling",)),
-    Page("causal", N_("Causal masks"), N_("Forbid every token to look ahead, and watch the rows renormalise."),
-         CausalQuery, view_causal, ("/api/v1/lessons/attention",)),
-    Page("multihead", N_("Multiple heads"), N_("Several attentions side by side, heads as a batch axis."),
-         requests.MultiheadQuery, view_multihead, ("/api/v1/lessons/multihead",)),
-    Page("positions", N_("Positional information"),
-         N_("Sinusoidal encodings, whose dot products depend only on the gap between positions."),
-         requests.PositionsQuery, view_positions, ("/api/v1/lessons/positions",)),
-    Page("params", N_("Counting parameters"), N_("GPT-2 small to the last digit: 124,439,808."),
-         ParamsLessonQuery, view_params_lesson, ("/api/v1/params",)),
-    Page("forward", N_("A full forward pass"),
-         N_("One block, two heads, nine characters: every shape on the way to the next-character guess."),
-         requests.ForwardQuery, view_forward, ("/api/v1/lessons/forward",)),
+    Page(
+        "attention",
+        N_("Queries, keys and values"),
+        N_("Scaled dot-product attention on four words: scores, softmax weights, output."),
+        requests.AttentionQuery,
+        view_attention,
+        ("/api/v1/lessons/attention",),
+    ),
+    Page(
+        "scaling",
+        N_("Why divide by √d_k"),
+        N_("Unscaled dot products grow with the width and the softmax collapses onto one key."),
+        requests.ScalingQuery,
+        view_scaling,
+        ("/api/v1/lessons/scaling",),
+    ),
+    Page(
+        "causal",
+        N_("Causal masks"),
+        N_("Forbid every token to look ahead, and watch the rows renormalise."),
+        CausalQuery,
+        view_causal,
+        ("/api/v1/lessons/attention",),
+    ),
+    Page(
+        "multihead",
+        N_("Multiple heads"),
+        N_("Several attentions side by side, heads as a batch axis."),
+        requests.MultiheadQuery,
+        view_multihead,
+        ("/api/v1/lessons/multihead",),
+    ),
+    Page(
+        "positions",
+        N_("Positional information"),
+        N_("Sinusoidal encodings, whose dot products depend only on the gap between positions."),
+        requests.PositionsQuery,
+        view_positions,
+        ("/api/v1/lessons/positions",),
+    ),
+    Page(
+        "params",
+        N_("Counting parameters"),
+        N_("GPT-2 small to the last digit: 124,439,808."),
+        ParamsLessonQuery,
+        view_params_lesson,
+        ("/api/v1/params",),
+    ),
+    Page(
+        "forward",
+        N_("A full forward pass"),
+        N_("One block, two heads, nine characters: every shape on the way to the next-character guess."),
+        requests.ForwardQuery,
+        view_forward,
+        ("/api/v1/lessons/forward",),
+    ),
 ]
 BY_SLUG = {p.slug: p for p in LESSONS}
-CALCULATOR = Page("calculator", N_("Parameter and KV-cache calculator"),
-                  N_("Presets and free sizes; where the parameters are; KV-cache memory by length and dtype."),
-                  CalculatorQuery, view_calculator, ("/api/v1/params", "/api/v1/kv-cache"))
+CALCULATOR = Page(
+    "calculator",
+    N_("Parameter and KV-cache calculator"),
+    N_("Presets and free sizes; where the parameters are; KV-cache memory by length and dtype."),
+    CalculatorQuery,
+    view_calculator,
+    ("/api/v1/params", "/api/v1/kv-cache"),
+)
 
 
 # ------------------------------------------------------------------ query string <-> request model
+
 
 def _given(query: Mapping) -> dict[str, str]:
     """The URL's fields for the request model: the last value of each (a checkbox sends a hidden "0"
@@ -377,8 +566,9 @@ def _api_fields(q: BaseModel, model: type[BaseModel]) -> dict[str, str]:
     """This page's state as a query for one JSON endpoint: the fields it takes, where they differ from
     its defaults (a page may default otherwise: the causal lesson's mask, the params lesson's preset)."""
     fields = model.model_fields
-    return {k: _url_value(v) for k, v in q.model_dump().items()
-            if k in fields and v is not None and v != fields[k].default}
+    return {
+        k: _url_value(v) for k, v in q.model_dump().items() if k in fields and v is not None and v != fields[k].default
+    }
 
 
 def _with_query(path: str, params: Mapping[str, str]) -> str:
@@ -393,10 +583,15 @@ def _field_values(page: Page, given: Mapping[str, str], q: BaseModel | None) -> 
     return defaults | dict(given)
 
 
-API_QUERY = {"/api/v1/lessons/attention": requests.AttentionQuery, "/api/v1/lessons/scaling": requests.ScalingQuery,
-             "/api/v1/lessons/multihead": requests.MultiheadQuery, "/api/v1/lessons/positions": requests.PositionsQuery,
-             "/api/v1/lessons/forward": requests.ForwardQuery, "/api/v1/params": requests.ParamsQuery,
-             "/api/v1/kv-cache": requests.KVCacheQuery}
+API_QUERY = {
+    "/api/v1/lessons/attention": requests.AttentionQuery,
+    "/api/v1/lessons/scaling": requests.ScalingQuery,
+    "/api/v1/lessons/multihead": requests.MultiheadQuery,
+    "/api/v1/lessons/positions": requests.PositionsQuery,
+    "/api/v1/lessons/forward": requests.ForwardQuery,
+    "/api/v1/params": requests.ParamsQuery,
+    "/api/v1/kv-cache": requests.KVCacheQuery,
+}
 
 
 def _presets(page: Page) -> list[str]:
@@ -424,25 +619,42 @@ def render(request: Request, svc: Service, page: Page, path: str, template: str)
             "snippet": _with_query(f"{path}/snippet.py", canonical(q)) if "snippet" in view else None,
         }
     context = {
-        "page": page.shown(), "lessons": [p.shown() for p in LESSONS], "view": view, "error": error,
+        "page": page.shown(),
+        "lessons": [p.shown() for p in LESSONS],
+        "view": view,
+        "error": error,
         "values": _field_values(page, given, q),
-        "url": url, "path": path, "classroom": classroom, "form_id": "lesson",
-        "nav": "params" if page is CALCULATOR else "lessons", "presets": _presets(page),
-        "dtypes": list(requests.DTYPE_BYTES), "limits": svc.settings, "max_seed": requests.MAX_SEED,
-        "norm_types": list(requests.NORMALIZATION_TYPES), "position_schemes": list(requests.POSITION_SCHEMES),
+        "url": url,
+        "path": path,
+        "classroom": classroom,
+        "form_id": "lesson",
+        "nav": "params" if page is CALCULATOR else "lessons",
+        "presets": _presets(page),
+        "dtypes": list(requests.DTYPE_BYTES),
+        "limits": svc.settings,
+        "max_seed": requests.MAX_SEED,
+        "norm_types": list(requests.NORMALIZATION_TYPES),
+        "position_schemes": list(requests.POSITION_SCHEMES),
     }
     return web.render(request, template, context, url=url, error=error)
 
 
 # ------------------------------------------------------------------ routes
 
+
 def _index(request: Request, missing: str | None = None) -> HTMLResponse:
-    context = {"lessons": [p.shown() for p in LESSONS], "calculator": CALCULATOR.shown(), "nav": "lessons",
-               "classroom": False, "form_id": None}
+    context = {
+        "lessons": [p.shown() for p in LESSONS],
+        "calculator": CALCULATOR.shown(),
+        "nav": "lessons",
+        "classroom": False,
+        "form_id": None,
+    }
     if missing is not None:
         context["missing"] = missing
-    return web.templates.TemplateResponse(request, "lessons/index.html", context,
-                                          status_code=404 if missing is not None else 200)
+    return web.templates.TemplateResponse(
+        request, "lessons/index.html", context, status_code=404 if missing is not None else 200
+    )
 
 
 @router.get("/lessons", response_class=HTMLResponse, summary="The lessons")
@@ -468,8 +680,11 @@ def snippet(request: Request, slug: str, svc: ServiceDep) -> PlainTextResponse:
         view = page.build(svc, page.query.model_validate(_given(request.query_params)))
     except web.PAGE_ERRORS as exc:
         return PlainTextResponse(web.error_message(exc), status_code=422)
-    return PlainTextResponse(view["snippet"], media_type="text/x-python; charset=utf-8",
-                             headers={"Content-Disposition": f'attachment; filename="{slug}.py"'})
+    return PlainTextResponse(
+        view["snippet"],
+        media_type="text/x-python; charset=utf-8",
+        headers={"Content-Disposition": f'attachment; filename="{slug}.py"'},
+    )
 
 
 @router.get("/params", response_class=HTMLResponse, summary="The parameter and KV-cache calculator")

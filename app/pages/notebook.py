@@ -35,9 +35,18 @@ def to_plotly(fig: dict) -> go.Figure:
     return go.Figure(data=data, layout=fig.get("layout", {}))
 
 
-def explorer_figures(text: str, model: str = "toy", layer: int = 0, head: int = 0, *, compare: bool = False,
-                     rollout: bool = False, ablate: tuple[tuple[int, int], ...] = (), ablate_method: str = "zero",
-                     **toggles) -> dict[str, go.Figure]:
+def explorer_figures(
+    text: str,
+    model: str = "toy",
+    layer: int = 0,
+    head: int = 0,
+    *,
+    compare: bool = False,
+    rollout: bool = False,
+    ablate: tuple[tuple[int, int], ...] = (),
+    ablate_method: str = "zero",
+    **toggles,
+) -> dict[str, go.Figure]:
     """Every figure the explorer draws for this state, by name. `toggles` are the explorer's (causal,
     scale, temperature, positional_embedding_type, n_heads, n_layers, d_model, seed)."""
     svc = standalone_service()

@@ -36,16 +36,16 @@ def _fill(template: str, **values: object) -> str:
 
 # ------------------------------------------------------------------ queries, keys, values
 
-_SOFTMAX_STABLE = '''def softmax(z):
+_SOFTMAX_STABLE = """def softmax(z):
     z = z - z.max(axis=-1, keepdims=True)  # for numerical stability
     e = np.exp(z)
-    return e / e.sum(axis=-1, keepdims=True)'''
+    return e / e.sum(axis=-1, keepdims=True)"""
 
-_SOFTMAX = '''def softmax(z):
+_SOFTMAX = """def softmax(z):
     e = np.exp(z - z.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)'''
+    return e / e.sum(axis=-1, keepdims=True)"""
 
-_ATTENTION = '''import numpy as np
+_ATTENTION = """import numpy as np
 
 np.random.seed($seed)
 tokens = $tokens
@@ -70,27 +70,41 @@ for t, row in zip(tokens, w):
     print(f"  {t:<6}", np.round(row, 2), " sum =", round(row.sum(), 2))
 print("output shape:", out.shape)
 print($last_label, np.round(Q[$last] @ K.T$divide, 2))
-'''
+"""
 
 
 def attention(text: str, seed: int, d_model: int, d_k: int, causal: bool, scale: bool) -> str:
     """The spec's "Scaled dot-product attention" snippet (with a causal mask when asked)."""
     tokens = text.split()  # the lesson's word split (core.tokenizers.word_tokens)
-    lines = ["    scores = Q @ K.T / np.sqrt(K.shape[-1])" if scale else
-             "    scores = Q @ K.T                       # unscaled: not divided by √d_k"]
+    lines = [
+        "    scores = Q @ K.T / np.sqrt(K.shape[-1])"
+        if scale
+        else "    scores = Q @ K.T                       # unscaled: not divided by √d_k"
+    ]
     if causal:
-        lines += ["    T = len(Q)",
-                  "    mask = np.triu(np.ones((T, T), dtype=bool), k=1)   # True above the diagonal",
-                  "    scores = np.where(mask, -np.inf, scores)           # the future is forbidden"]
-    return _fill(_ATTENTION, seed=seed, tokens=_py_list(tokens), d_model=d_model, d_k=d_k, T=len(tokens),
-                 softmax=_SOFTMAX_STABLE, scores_lines="\n".join(lines),
-                 last_label=_py(f"scores for {tokens[-1]}:"), last=len(tokens) - 1,
-                 divide=" / np.sqrt(d_k)" if scale else "")
+        lines += [
+            "    T = len(Q)",
+            "    mask = np.triu(np.ones((T, T), dtype=bool), k=1)   # True above the diagonal",
+            "    scores = np.where(mask, -np.inf, scores)           # the future is forbidden",
+        ]
+    return _fill(
+        _ATTENTION,
+        seed=seed,
+        tokens=_py_list(tokens),
+        d_model=d_model,
+        d_k=d_k,
+        T=len(tokens),
+        softmax=_SOFTMAX_STABLE,
+        scores_lines="\n".join(lines),
+        last_label=_py(f"scores for {tokens[-1]}:"),
+        last=len(tokens) - 1,
+        divide=" / np.sqrt(d_k)" if scale else "",
+    )
 
 
 # ------------------------------------------------------------------ why divide by √d_k
 
-_SCALING = '''import numpy as np
+_SCALING = """import numpy as np
 
 rng = np.random.default_rng($seed)
 
@@ -104,18 +118,25 @@ for d in $dims:
     top_scaled = softmax(raw / np.sqrt(d)).max(axis=1).mean()
     print(f"d={d:<4} std of q.k = {raw.std():5.1f}   "
           f"avg top weight: unscaled {top_raw:.2f}, scaled {top_scaled:.2f}")
-'''
+"""
 
 
 def scaling(dims: tuple[int, ...], n_queries: int, n_keys: int, seed: int) -> str:
     """The spec's "Why divide by √d_k?" snippet."""
-    return _fill(_SCALING, seed=seed, softmax=_SOFTMAX, dims=list(dims), n_queries=n_queries,
-                 n_queries_words=f"{n_queries:,}", n_keys=n_keys)
+    return _fill(
+        _SCALING,
+        seed=seed,
+        softmax=_SOFTMAX,
+        dims=list(dims),
+        n_queries=n_queries,
+        n_queries_words=f"{n_queries:,}",
+        n_keys=n_keys,
+    )
 
 
 # ------------------------------------------------------------------ causal masks
 
-_CAUSAL = '''import numpy as np
+_CAUSAL = """import numpy as np
 
 np.random.seed($seed)
 tokens = $tokens  # only their number matters: the embeddings are random
@@ -131,19 +152,26 @@ e = np.exp(scores - scores.max(axis=-1, keepdims=True))
 weights = e / e.sum(axis=-1, keepdims=True)
 print(mask.astype(int))
 print(np.round(weights, 2))
-'''
+"""
 
 
 def causal(text: str, seed: int, d_model: int, d_k: int, scale: bool = True) -> str:
     """The spec's "Causal masks" snippet."""
     tokens = text.split()
-    return _fill(_CAUSAL, seed=seed, tokens=_py_list(tokens), T=len(tokens), d_model=d_model, d_k=d_k,
-                 divide=" / np.sqrt(d_k)" if scale else "   # unscaled: not divided by √d_k")
+    return _fill(
+        _CAUSAL,
+        seed=seed,
+        tokens=_py_list(tokens),
+        T=len(tokens),
+        d_model=d_model,
+        d_k=d_k,
+        divide=" / np.sqrt(d_k)" if scale else "   # unscaled: not divided by √d_k",
+    )
 
 
 # ------------------------------------------------------------------ multiple heads
 
-_MULTIHEAD = '''import numpy as np
+_MULTIHEAD = """import numpy as np
 
 np.random.seed($seed)
 tokens = $tokens  # only their number matters: the embeddings are random
@@ -165,7 +193,7 @@ out = concat @ W_o
 
 print("per-head Q:", Q.shape, " weights:", weights.shape, " out:", out.shape)
 $head_prints
-'''
+"""
 
 
 def multihead(text: str, seed: int, d_model: int, n_heads: int, causal: bool, scale: bool) -> str:
@@ -175,22 +203,34 @@ def multihead(text: str, seed: int, d_model: int, n_heads: int, causal: bool, sc
     weights_shape = web.shape((n_heads, T, T))
     divide = " / np.sqrt(d_head)" if scale else ""
     if causal:
-        lines = [f"scores = Q @ K.transpose(0, 2, 1){divide}" + ("" if scale else "   # unscaled"),
-                 "scores[:, np.triu(np.ones((T, T), bool), 1)] = -np.inf   # the future is forbidden",
-                 f"weights = softmax(scores)                               # {weights_shape}"]
+        lines = [
+            f"scores = Q @ K.transpose(0, 2, 1){divide}" + ("" if scale else "   # unscaled"),
+            "scores[:, np.triu(np.ones((T, T), bool), 1)] = -np.inf   # the future is forbidden",
+            f"weights = softmax(scores)                               # {weights_shape}",
+        ]
     elif scale:
         lines = [f"weights = softmax(Q @ K.transpose(0, 2, 1) / np.sqrt(d_head))   # {weights_shape}"]
     else:
         lines = [f"weights = softmax(Q @ K.transpose(0, 2, 1))   # {weights_shape}, unscaled"]
     prints = [f'print("head {h} weights for last token:", np.round(weights[{h}, -1], 2))' for h in range(n_heads)]
-    return _fill(_MULTIHEAD, seed=seed, tokens=_py_list(tokens), T=T, d_model=d_model, n_heads=n_heads,
-                 softmax=_SOFTMAX, qkv_shape=web.shape((T, d_model)), head_shape=web.shape((n_heads, T, d_head)),
-                 weights_lines="\n".join(lines), head_prints="\n".join(prints))
+    return _fill(
+        _MULTIHEAD,
+        seed=seed,
+        tokens=_py_list(tokens),
+        T=T,
+        d_model=d_model,
+        n_heads=n_heads,
+        softmax=_SOFTMAX,
+        qkv_shape=web.shape((T, d_model)),
+        head_shape=web.shape((n_heads, T, d_head)),
+        weights_lines="\n".join(lines),
+        head_prints="\n".join(prints),
+    )
 
 
 # ------------------------------------------------------------------ positions
 
-_POSITIONS = '''import numpy as np
+_POSITIONS = """import numpy as np
 
 def sinusoidal(n_pos, d):
     pos = np.arange(n_pos)[:, None]                 # (n_pos, 1)
@@ -203,7 +243,7 @@ def sinusoidal(n_pos, d):
 pe = sinusoidal($n_pos, $d)
 print(np.round(pe[:3, :6], 2))
 $dot_prints
-'''
+"""
 
 
 def _dot_prints(pairs: tuple[tuple[int, int], ...]) -> list[str]:
@@ -219,8 +259,10 @@ def _dot_prints(pairs: tuple[tuple[int, int], ...]) -> list[str]:
             note = f"   (same gap of {gaps[0]})" if gaps[0] in seen else ""
             lines.append(f'print(f"pos {i} vs pos {j:<3} dot = {{pe[{i}] @ pe[{j}]:.2f}}{note}")')
         else:
-            lines += [f"for gap in {gaps}:",
-                      f'    print(f"pos {i} vs pos {{{i} + gap:<3}} dot = {{pe[{i}] @ pe[{i} + gap]:.2f}}")']
+            lines += [
+                f"for gap in {gaps}:",
+                f'    print(f"pos {i} vs pos {{{i} + gap:<3}} dot = {{pe[{i}] @ pe[{i} + gap]:.2f}}")',
+            ]
         seen.update(gaps)
     return lines
 
@@ -232,7 +274,7 @@ def positions(n_pos: int, d: int, pairs: tuple[tuple[int, int], ...]) -> str:
 
 # ------------------------------------------------------------------ counting parameters
 
-_PARAMS = '''def gpt_params(vocab, n_ctx, d, n_layers, d_ff=None):
+_PARAMS = """def gpt_params(vocab, n_ctx, d, n_layers, d_ff=None):
     d_ff = d_ff or 4 * d
     embed = vocab * d + n_ctx * d                 # token + learned position tables
     attn = d * 3 * d + 3 * d + d * d + d          # W_qkv, biases, W_o, bias
@@ -245,7 +287,7 @@ _PARAMS = '''def gpt_params(vocab, n_ctx, d, n_layers, d_ff=None):
 for name, cfg in $models.items():
     embed, block, total = gpt_params(*cfg)
     print(f"{name:<12} embeddings {embed:>11,}  per block {block:>10,}  total {total:>12,}")
-'''
+"""
 
 
 def params(models: dict[str, tuple[int, ...]]) -> str:
@@ -256,7 +298,7 @@ def params(models: dict[str, tuple[int, ...]]) -> str:
 
 # ------------------------------------------------------------------ a full forward pass
 
-_FORWARD = '''import numpy as np
+_FORWARD = """import numpy as np
 
 rng = np.random.default_rng($seed)
 text = $text
@@ -288,15 +330,25 @@ x = x + np.maximum(0, layer_norm(x) @ W_1) @ W_2; print("after mlp ", x.shape)
 logits = layer_norm(x) @ tok_emb.T;             print("logits    ", logits.shape)
 p = softmax(logits[-1])
 print($probs_label, {c: round(float(pi), 3) for c, pi in zip(vocab, p)})
-'''
+"""
 
 
 def forward(text: str, prompt: str, seed: int, d_model: int, n_heads: int, d_mlp: int) -> str:
     """The spec's "A full forward pass" snippet."""
     n_vocab = len(set(text))
     note = f"{n_vocab} character{'s' if n_vocab != 1 else ''}" + (" incl. space" if " " in text else "")
-    return _fill(_FORWARD, seed=seed, text=_py(text), vocab_note=note, T=len(prompt), d=d_model, H=n_heads,
-                 d_ff=d_mlp, prompt=_py(prompt), probs_label=_py(f"next-char probs after '{prompt}':"))
+    return _fill(
+        _FORWARD,
+        seed=seed,
+        text=_py(text),
+        vocab_note=note,
+        T=len(prompt),
+        d=d_model,
+        H=n_heads,
+        d_ff=d_mlp,
+        prompt=_py(prompt),
+        probs_label=_py(f"next-char probs after '{prompt}':"),
+    )
 
 
 __all__ = ["attention", "scaling", "causal", "multihead", "positions", "params", "forward"]

@@ -17,21 +17,29 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
-from app.pages import figures, web
 from app.api import requests
 from app.deps import ServiceDep
 from app.http.language import N_, _, localized
 from app.http.security import client_address
-from app.service import FINISHED, TrainingRunInfo, Service
+from app.pages import figures, inspect_figures, web
+from app.service import FINISHED, Service, TrainingRunInfo
 
 router = APIRouter(tags=["pages"], include_in_schema=False)
 
-RECIPES = {"induction": N_("Induction heads: random characters with a repeated segment"),
-           "nasi-lemak": N_("Nasi lemak: the spec's one-block model on its Malay phrases"),
-           "text": N_("Text: a character-level GPT on Python's documentation, or your own text")}
+RECIPES = {
+    "induction": N_("Induction heads: random characters with a repeated segment"),
+    "nasi-lemak": N_("Nasi lemak: the spec's one-block model on its Malay phrases"),
+    "text": N_("Text: a character-level GPT on Python's documentation, or your own text"),
+}
 # A run's status as the page says it (the API's `status` values are the keys).
-STATUS_NAMES = {"queued": N_("queued"), "running": N_("running"), "done": N_("done"), "failed": N_("failed"),
-                "cancelled": N_("cancelled"), "interrupted": N_("interrupted")}
+STATUS_NAMES = {
+    "queued": N_("queued"),
+    "running": N_("running"),
+    "done": N_("done"),
+    "failed": N_("failed"),
+    "cancelled": N_("cancelled"),
+    "interrupted": N_("interrupted"),
+}
 DEFAULT_RECIPE = "induction"
 FORM_FIELDS = tuple(c.name for c in requests.TRAIN_FORM)  # the form's settings (core/recipes.py labels them)
 TARGETS = {"nasi-lemak": "P('l' | \"nasi \")", "induction": N_("P(the repeated token)"), "text": None}
@@ -50,6 +58,7 @@ def _request_fields(recipe: str, given: dict[str, str]) -> requests.TrainRequest
 
 # ------------------------------------------------------------------ figures of a run
 
+
 def _series(runs: list[tuple[str, TrainingRunInfo]], key: str) -> list[tuple[str, list, list]]:
     out = []
     for label, info in runs:
@@ -63,32 +72,67 @@ def _series(runs: list[tuple[str, TrainingRunInfo]], key: str) -> list[tuple[str
 def run_figures(runs: list[tuple[str, TrainingRunInfo]], recipe: str) -> list[dict]:
     """Loss curves (the control overlaid), every head's scores over the steps, the target's probability."""
     loss = _series(runs, "loss")
-    loss = [(_("{label}: training").format(label=label), x, y) for label, x, y in loss] + \
-        [(_("{label}: held-out").format(label=label), x, y) for label, x, y in _series(runs, "val_loss")]
-    out = [{"id": "loss", "title": _("Loss"),
-            "caption": _("Cross-entropy of the next token, nats: training (the mean since the previous record) and "
-                         "on fixed held-out sequences. The induction model sits on a plateau, then falls off a cliff "
-                         "as its induction head forms."),
-            "figure": figures.line_chart(loss or [(_("no records yet"), [0], [0])], x_title=_("step"),
-                                         y_title=_("loss"), export_name="loss")}]
+    loss = [(_("{label}: training").format(label=label), x, y) for label, x, y in loss] + [
+        (_("{label}: held-out").format(label=label), x, y) for label, x, y in _series(runs, "val_loss")
+    ]
+    out = [
+        {
+            "id": "loss",
+            "title": _("Loss"),
+            "caption": _(
+                "Cross-entropy of the next token, nats: training (the mean since the previous record) and "
+                "on fixed held-out sequences. The induction model sits on a plateau, then falls off a cliff "
+                "as its induction head forms."
+            ),
+            "figure": figures.line_chart(
+                loss or [(_("no records yet"), [0], [0])], x_title=_("step"), y_title=_("loss"), export_name="loss"
+            ),
+        }
+    ]
     info = runs[0][1]
     if info.records:
         for key, title, caption in (
-                ("induction", _("Induction score of every head"),
-                 _("Attention on the token that followed an earlier copy of the current one, on the probe. "
-                   "An induction head is a row that turns dark.")),
-                ("previous_token", _("Previous-token score of every head"),
-                 _("Attention on the token just before: the head an induction head reads from."))):
-            out.append({"id": f"heads-{key}", "title": title, "caption": caption,
-                        "figure": figures.head_step_heatmap(info.heads[key], info.heads["step"],
-                                                            value_name=_("score"),
-                                                            export_name=f"{key}-scores-by-step")})
+            (
+                "induction",
+                _("Induction score of every head"),
+                _(
+                    "Attention on the token that followed an earlier copy of the current one, on the probe. "
+                    "An induction head is a row that turns dark."
+                ),
+            ),
+            (
+                "previous_token",
+                _("Previous-token score of every head"),
+                _("Attention on the token just before: the head an induction head reads from."),
+            ),
+        ):
+            out.append(
+                {
+                    "id": f"heads-{key}",
+                    "title": title,
+                    "caption": caption,
+                    "figure": inspect_figures.head_step_heatmap(
+                        info.heads[key], info.heads["step"], value_name=_("score"), export_name=f"{key}-scores-by-step"
+                    ),
+                }
+            )
     target = TARGETS.get(recipe)
     series = _series(runs, "target")
     if target and series:
-        out.append({"id": "target", "title": _(target), "caption": _("The recipe's target probability as it trains."),
-                    "figure": figures.line_chart(series, x_title=_("step"), y_title=_("probability"), y_range=[0, 1.02],
-                                                 export_name="target-probability")})
+        out.append(
+            {
+                "id": "target",
+                "title": _(target),
+                "caption": _("The recipe's target probability as it trains."),
+                "figure": figures.line_chart(
+                    series,
+                    x_title=_("step"),
+                    y_title=_("probability"),
+                    y_range=[0, 1.02],
+                    export_name="target-probability",
+                ),
+            }
+        )
     return out
 
 
@@ -101,22 +145,27 @@ def pattern_figure(svc: Service, info: TrainingRunInfo, layer: int, head: int, s
     index = history.steps.index(shown)
     n = len(history.tokens)
     mask = [[j > i for j in range(n)] for i in range(n)]
-    fig = figures.attention_heatmap(history.patterns[index], history.tokens, kind="weights", mask=mask,
-                                    export_name=f"L{layer}H{head}-step{shown}")
+    fig = figures.attention_heatmap(
+        history.patterns[index], history.tokens, kind="weights", mask=mask, export_name=f"L{layer}H{head}-step{shown}"
+    )
     return {"figure": fig, "steps": history.steps, "step": shown, "patterns": history.patterns}
 
 
 # ------------------------------------------------------------------ the routes
+
 
 def _links(info: TrainingRunInfo, text: str, best_head: int | None) -> dict[str, str]:
     """Where to take the run's model: the explorer on its last layer's best induction head and a text that
     repeats (where an induction head shows), its heads on /inspect, its weights, its JSON."""
     model = info.model or info.id
     head = {"layer": info.config["n_layers"] - 1, "head": best_head} if best_head is not None else {}
-    return {"explorer": "/?" + urlencode({"model": model, "text": text} | head),
-            "inspect": "/inspect?" + urlencode({"view": "detectors", "model": model, "text": text}),
-            "checkpoint": f"/api/v1/runs/{info.id}/checkpoint", "api": f"/api/v1/runs/{info.id}",
-            "events": f"/api/v1/runs/{info.id}/events"}
+    return {
+        "explorer": "/?" + urlencode({"model": model, "text": text} | head),
+        "inspect": "/inspect?" + urlencode({"view": "detectors", "model": model, "text": text}),
+        "checkpoint": f"/api/v1/runs/{info.id}/checkpoint",
+        "api": f"/api/v1/runs/{info.id}",
+        "events": f"/api/v1/runs/{info.id}/events",
+    }
 
 
 EXPLORE_TEXT = {"nasi-lemak": "nasi ", "text": "The for statement is used to iterate"}
@@ -153,12 +202,22 @@ def run_view(svc: Service, query, errors: list[str]) -> dict | None:
     head = min(max(picks["head"] or 0, 0), info.config["n_heads"] - 1)
     pattern = pattern_figure(svc, info, layer, head, picks["step"])
     running = [r for _, r in runs if r.status not in FINISHED]
-    follow = (f"/api/v1/runs/{running[0].id}/events?" + urlencode({"since": running[0].event_id})
-              if running else None)
-    return {"run": info, "control": control, "runs": runs, "layer": layer, "head": head, "pattern": pattern,
-            "figures": run_figures(runs, info.recipe), "samples": info.samples[-5:][::-1],
-            "links": _links(info, explore_text(info.recipe, info.config["seq_len"]), best), "best_head": best,
-            "follow": follow, "finished": not running, "url": _canonical(query)}
+    follow = f"/api/v1/runs/{running[0].id}/events?" + urlencode({"since": running[0].event_id}) if running else None
+    return {
+        "run": info,
+        "control": control,
+        "runs": runs,
+        "layer": layer,
+        "head": head,
+        "pattern": pattern,
+        "figures": run_figures(runs, info.recipe),
+        "samples": info.samples[-5:][::-1],
+        "links": _links(info, explore_text(info.recipe, info.config["seq_len"]), best),
+        "best_head": best,
+        "follow": follow,
+        "finished": not running,
+        "url": _canonical(query),
+    }
 
 
 def _canonical(query) -> str:
@@ -195,8 +254,9 @@ async def start(request: Request, svc: ServiceDep):
         info, _ = await asyncio.to_thread(svc.training.start, req.recipe, req.changes(), client)
         target = {"run": info.id}
         if web.is_on(form, "control") and req.recipe == "induction":
-            control, _ = await asyncio.to_thread(svc.training.start, req.recipe, req.changes() | {"n_layers": 1},
-                                                 client)
+            control, _ = await asyncio.to_thread(
+                svc.training.start, req.recipe, req.changes() | {"n_layers": 1}, client
+            )
             target["control"] = control.id
         if web.is_on(form, "classroom"):
             target["classroom"] = "1"
@@ -218,21 +278,41 @@ async def stop(request: Request, svc: ServiceDep):
     return RedirectResponse(localized("/train?" + urlencode(target)), status_code=303)
 
 
-def _render(request: Request, svc: Service, recipe: str, given: dict[str, str], view: dict | None,
-            error: str | None, status: int = 422) -> HTMLResponse:
+def _render(
+    request: Request,
+    svc: Service,
+    recipe: str,
+    given: dict[str, str],
+    view: dict | None,
+    error: str | None,
+    status: int = 422,
+) -> HTMLResponse:
     defaults = svc.training.recipe_defaults(recipe if recipe in RECIPES else DEFAULT_RECIPE)
     values = {k: given.get(k, defaults.get(k)) for k in FORM_FIELDS} | {"text": given.get("text", "")}
     try:
         recent = svc.training.all()[:10]
     except web.PAGE_ERRORS:  # training is off here: the form says why when used
         recent = []
-    context = {"recipes": {key: _(label) for key, label in RECIPES.items()}, "recipe": recipe,
-               "status_names": {key: _(name) for key, name in STATUS_NAMES.items()}, "values": values, "view": view,
-               "error": error,
-               "recent": recent, "classroom": web.is_on(request.query_params, "classroom"), "nav": "train",
-               "form_id": "train", "form": [dataclasses.replace(c, label=_(c.label), hint=c.hint and _(c.hint))
-                                            for c in requests.TRAIN_FORM],
-               "limits": requests.TrainRequest.model_json_schema()["properties"],
-               "all_defaults": {r: svc.training.recipe_defaults(r) for r in RECIPES}}
-    return web.render(request, "train.html", context, url=_canonical(request.query_params) if view else None,
-                      error=error, status=status)
+    context = {
+        "recipes": {key: _(label) for key, label in RECIPES.items()},
+        "recipe": recipe,
+        "status_names": {key: _(name) for key, name in STATUS_NAMES.items()},
+        "values": values,
+        "view": view,
+        "error": error,
+        "recent": recent,
+        "classroom": web.is_on(request.query_params, "classroom"),
+        "nav": "train",
+        "form_id": "train",
+        "form": [dataclasses.replace(c, label=_(c.label), hint=c.hint and _(c.hint)) for c in requests.TRAIN_FORM],
+        "limits": requests.TrainRequest.model_json_schema()["properties"],
+        "all_defaults": {r: svc.training.recipe_defaults(r) for r in RECIPES},
+    }
+    return web.render(
+        request,
+        "train.html",
+        context,
+        url=_canonical(request.query_params) if view else None,
+        error=error,
+        status=status,
+    )

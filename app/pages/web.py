@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 
 # ------------------------------------------------------------------ the Jinja environment
 
+
 def _packed(value):
     """orjson's fallback for what figure dicts hold besides JSON types: a 2-D array (a heatmap's z)
     as Plotly's typed-array spec, base64 of its float64 bytes (every bit of every number, a third
@@ -89,9 +90,16 @@ def language_switch(request: Request, here: str | None = None) -> list[dict]:
     """The header's BM / EN links: this page (`here`, its canonical URL, else the request's) in each
     language (static/js/language.js points them at the address bar's URL when htmx has moved it on)."""
     here = here or str(request.url.path) + ("?" + request.url.query if request.url.query else "")
-    return [{"code": code, "label": code.replace("ms", "bm").upper(), "name": name,
-             "url": language.switched(here, code), "current": code == language.current()}
-            for code, name in language.LANGUAGES.items()]
+    return [
+        {
+            "code": code,
+            "label": code.replace("ms", "bm").upper(),
+            "name": name,
+            "url": language.switched(here, code),
+            "current": code == language.current(),
+        }
+        for code, name in language.LANGUAGES.items()
+    ]
 
 
 templates = Jinja2Blocks(directory=str(TEMPLATES_DIR))
@@ -113,15 +121,24 @@ def shape(array_or_dims) -> str:
 
 # ------------------------------------------------------------------ answering a page request
 
+
 def is_fragment(request: Request) -> bool:
     """An htmx request for part of the page (a history restore wants the whole page)."""
     headers = request.headers
     return headers.get("hx-request") == "true" and headers.get("hx-history-restore-request") != "true"
 
 
-def render(request: Request, template: str, context: dict[str, Any], *, block: str = "results",
-           url: str | None = None, error: str | None = None, status: int = 422,
-           compress: bool = True) -> HTMLResponse:
+def render(
+    request: Request,
+    template: str,
+    context: dict[str, Any],
+    *,
+    block: str = "results",
+    url: str | None = None,
+    error: str | None = None,
+    status: int = 422,
+    compress: bool = True,
+) -> HTMLResponse:
     """The page, or for htmx its `block` with `url` pushed to the address bar; `status` (422) when `error`.
     compress=False asks the gzip middleware to leave the body as it is (Cache-Control: no-transform)."""
     history_restore = request.headers.get("hx-history-restore-request") == "true"
@@ -131,8 +148,9 @@ def render(request: Request, template: str, context: dict[str, Any], *, block: s
     if is_fragment(request):
         if url is not None:
             headers["HX-Push-Url"] = language.localized(url)
-        return templates.TemplateResponse(request, template, context, block_name=block, status_code=status,
-                                          headers=headers)
+        return templates.TemplateResponse(
+            request, template, context, block_name=block, status_code=status, headers=headers
+        )
     return templates.TemplateResponse(request, template, context, status_code=status, headers=headers)
 
 
@@ -185,8 +203,11 @@ def parse_number(name: str, value: str, kind: type, errors: list[str]):
     try:
         number = kind(value)
     except ValueError:
-        errors.append((_("{name}={value!r} is not a whole number") if kind is int else
-                       _("{name}={value!r} is not a number")).format(name=name, value=value))
+        errors.append(
+            (
+                _("{name}={value!r} is not a whole number") if kind is int else _("{name}={value!r} is not a number")
+            ).format(name=name, value=value)
+        )
         return None
     if kind is float and not math.isfinite(number):
         errors.append(_("{name} must be a finite number, got {value!r}").format(name=name, value=value))
@@ -200,8 +221,9 @@ def parse_ablate(values: list[str], errors: list[str]) -> tuple[tuple[int, int],
     for value in values:
         layer, dot, head = value.strip().partition(".")
         if not (dot and layer.isdigit() and head.isdigit()):
-            errors.append(_("ablate={value!r} is not layer.head, e.g. ablate=0.2 for layer 0, head 2").format(
-                value=value))
+            errors.append(
+                _("ablate={value!r} is not layer.head, e.g. ablate=0.2 for layer 0, head 2").format(value=value)
+            )
             continue
         heads.add((int(layer), int(head)))
     return tuple(sorted(heads))
@@ -244,15 +266,34 @@ class KnobControl:
 def knob_fieldsets(settings: Settings) -> list[dict]:
     """The form's fieldsets (app/models/knobs.py GROUPS), each with its knobs' controls in the form's order;
     a number's greatest value is these settings' limit."""
+
     def kind(k: knobs.Knob) -> str:
         return "check" if k.type is bool else "select" if k.choices else "number" if k.type in (int, float) else "text"
 
-    controls = [KnobControl(k.name, _(k.label), k.hint and _(k.hint), kind(k), k.group, k.low, k.upper(settings),
-                            "0.1" if k.type is float else "1", "decimal" if k.type is float else "numeric", k.choices)
-                for k in knobs.on_form()]
-    return [{"group": group, "legend": _(legend), "hint": hint and _(hint),
-             "controls": [c for c in controls if c.group == group]}
-            for group, (legend, hint) in knobs.GROUPS.items()]
+    controls = [
+        KnobControl(
+            k.name,
+            _(k.label),
+            k.hint and _(k.hint),
+            kind(k),
+            k.group,
+            k.low,
+            k.upper(settings),
+            "0.1" if k.type is float else "1",
+            "decimal" if k.type is float else "numeric",
+            k.choices,
+        )
+        for k in knobs.on_form()
+    ]
+    return [
+        {
+            "group": group,
+            "legend": _(legend),
+            "hint": hint and _(hint),
+            "controls": [c for c in controls if c.group == group],
+        }
+        for group, (legend, hint) in knobs.GROUPS.items()
+    ]
 
 
 # ------------------------------------------------------------------ the explorer's state
@@ -290,7 +331,8 @@ class _Controls:
 # Its fields: the model, the text, one per knob (app/models/knobs.py, given by name), the head shown and
 # the view's own (_Controls).
 ExplorerState = dataclasses.make_dataclass(
-    "ExplorerState", [(k.name, k.type, field(kw_only=True)) for k in knobs.on_form()], bases=(_Controls,))
+    "ExplorerState", [(k.name, k.type, field(kw_only=True)) for k in knobs.on_form()], bases=(_Controls,)
+)
 ExplorerState.__module__ = __name__
 ExplorerState.__doc__ = "What the explorer's controls show: the URL's values, else the model's defaults."
 
@@ -316,8 +358,9 @@ def model_defaults(model: Model) -> dict[str, object]:
     return {k.name: k.default(model) for k in knobs.on_form()}
 
 
-def parse_explorer(query: Mapping, models: Mapping[str, Model], *, preferred: str,
-                   model_changed: bool = False) -> Parsed:
+def parse_explorer(
+    query: Mapping, models: Mapping[str, Model], *, preferred: str, model_changed: bool = False
+) -> Parsed:
     """The explorer's state from its query string; `preferred` is the model it opens on (when this
     server runs it). With model_changed, the new model's defaults replace the toggles (they belong
     to the previous model)."""
@@ -352,10 +395,19 @@ def parse_explorer(query: Mapping, models: Mapping[str, Model], *, preferred: st
         errors.append(_("ablate_method={method!r} is not zero or mean").format(method=method))
         method = "zero"
     defaults = model_defaults(model)
-    controls = ExplorerState(model=name, text=text, **(defaults | given), layer=picks["layer"], head=picks["head"],
-                             compare=last(query, "view") == "compare", classroom=is_on(query, "classroom"),
-                             ablate=ablate, ablate_method=method, rollout=is_on(query, "rollout"),
-                             all_stages=is_on(query, "stages"))
+    controls = ExplorerState(
+        model=name,
+        text=text,
+        **(defaults | given),
+        layer=picks["layer"],
+        head=picks["head"],
+        compare=last(query, "view") == "compare",
+        classroom=is_on(query, "classroom"),
+        ablate=ablate,
+        ablate_method=method,
+        rollout=is_on(query, "rollout"),
+        all_stages=is_on(query, "stages"),
+    )
     return Parsed(controls, given, defaults, errors, model.default_text, default, model.default_head)
 
 
@@ -406,5 +458,7 @@ def explorer_state(parsed: Parsed) -> list[tuple[str, str]]:
 def inspect_links(parsed: Parsed) -> list[dict]:
     """One link per Inspect view, carrying the explorer's current state (and a Malay page's language)."""
     state = explorer_state(parsed)
-    return [{"key": key, "label": _(label), "url": language.localized("/inspect?" + urlencode([("view", key)] + state))}
-            for key, label in INSPECT_VIEWS.items()]
+    return [
+        {"key": key, "label": _(label), "url": language.localized("/inspect?" + urlencode([("view", key)] + state))}
+        for key, label in INSPECT_VIEWS.items()
+    ]

@@ -36,8 +36,21 @@ from app.settings import Settings
 from app.training.store import FINISHED, STATUSES, TrainingRunInfo
 from core import InputError
 
-__all__ = ["FINISHED", "STATUSES", "AblatedHead", "InputError", "Method", "Model", "NotFound", "RunSpec", "Service",
-           "TrainingRunInfo", "Unavailable", "calculators", "knobs"]
+__all__ = [
+    "FINISHED",
+    "STATUSES",
+    "AblatedHead",
+    "InputError",
+    "Method",
+    "Model",
+    "NotFound",
+    "RunSpec",
+    "Service",
+    "TrainingRunInfo",
+    "Unavailable",
+    "calculators",
+    "knobs",
+]
 
 
 class Service:

@@ -11,6 +11,7 @@ from core import PRESETS, TransformerConfig
 from core.i18n import N_
 from core.params import DTYPE_BYTES, KVCacheSize, ParamCount, count_params, gpt_params, kv_cache_bytes
 
+
 @dataclass(frozen=True)
 class ParamGroup:
     """Parameters gathered into one of the spec's components (token table, attention weights...)."""
@@ -83,7 +84,6 @@ class KVCacheResult:
         return KVCacheTerms(k.n_layers, k.batch, k.seq_len, self.config.n_heads, k.n_kv_heads, k.d_head, k.dtype_bytes)
 
 
-
 @dataclass(frozen=True)
 class CalculatorResult:
     cfg: TransformerConfig
@@ -101,11 +101,14 @@ def params(preset: str | None, sizes: dict[str, object]) -> ParamsResult:
     cfg = calc_config(preset, **sizes)
     return ParamsResult(cfg, count_params(cfg))
 
-def kv_cache(preset: str | None, sizes: dict[str, object], seq_len: int | None, batch: int,
-             dtype: str) -> KVCacheResult:
+
+def kv_cache(
+    preset: str | None, sizes: dict[str, object], seq_len: int | None, batch: int, dtype: str
+) -> KVCacheResult:
     """The memory of a KV cache of `seq_len` tokens (default: the model's context)."""
     cfg = calc_config(preset, **sizes)
     return KVCacheResult(cfg, kv_cache_size(cfg, seq_len, batch, dtype), dtype)
+
 
 def params_lesson(preset: str, sizes: dict[str, object]) -> ParamsLessonResult:
     """The spec's "Counting parameters" lesson: the toy and this model, and the 12 d² rule of thumb."""
@@ -115,12 +118,20 @@ def params_lesson(preset: str, sizes: dict[str, object]) -> ParamsLessonResult:
     rows = [ParamsLessonRow(label, c, count_params(c)) for label, c in (("toy", toy_cfg), (name, cfg))]
     mine = rows[1].count
     rule = 12 * cfg.d_model * cfg.d_model
-    return ParamsLessonResult(name, rows, rule, abs(mine.per_block - rule) / mine.per_block,
-                              mine.embeddings / mine.total, param_groups(mine),
-                              {r.name: _spec_sizes(r.cfg) for r in rows})
+    return ParamsLessonResult(
+        name,
+        rows,
+        rule,
+        abs(mine.per_block - rule) / mine.per_block,
+        mine.embeddings / mine.total,
+        param_groups(mine),
+        {r.name: _spec_sizes(r.cfg) for r in rows},
+    )
 
-def calculator(preset: str | None, sizes: dict[str, object], seq_len: int | None, batch: int,
-               dtype: str) -> CalculatorResult:
+
+def calculator(
+    preset: str | None, sizes: dict[str, object], seq_len: int | None, batch: int, dtype: str
+) -> CalculatorResult:
     """The parameter count of one configuration, and its KV cache at this length and at every power of two."""
     cfg = calc_config(preset, **sizes)
     count = count_params(cfg)
@@ -128,13 +139,11 @@ def calculator(preset: str | None, sizes: dict[str, object], seq_len: int | None
     top = max(cfg.n_ctx, kv.seq_len)
     lengths = sorted({2**k for k in range(int(math.log2(top)) + 1)} | {cfg.n_ctx, kv.seq_len})
     powers = [n for n in lengths if n & (n - 1) == 0]
-    ticks = powers[::max(1, math.ceil(len(powers) / 8))]  # at most about 8 labels
+    ticks = powers[:: max(1, math.ceil(len(powers) / 8))]  # at most about 8 labels
     by_dtype = {d: [kv_cache_size(cfg, n, batch, d).bytes for n in lengths] for d in DTYPE_BYTES}
-    return CalculatorResult(cfg, count, param_groups(count), count.total * DTYPE_BYTES["float32"], kv,
-                            lengths, ticks, by_dtype)
-
-
-
+    return CalculatorResult(
+        cfg, count, param_groups(count), count.total * DTYPE_BYTES["float32"], kv, lengths, ticks, by_dtype
+    )
 
 
 def calc_config(preset: str | None, **sizes: int | bool | str | None) -> TransformerConfig:
@@ -145,8 +154,12 @@ def calc_config(preset: str | None, **sizes: int | bool | str | None) -> Transfo
     """
     base = PRESETS[preset or "toy"]
     changes = {k: v for k, v in sizes.items() if v is not None}
-    if ("n_heads" not in changes and "d_head" not in changes and "d_model" in changes
-            and changes["d_model"] % base.n_heads):
+    if (
+        "n_heads" not in changes
+        and "d_head" not in changes
+        and "d_model" in changes
+        and changes["d_model"] % base.n_heads
+    ):
         changes["n_heads"] = 1
         changes.setdefault("n_key_value_heads", 1)
     return base.replace(**changes) if changes else base
@@ -164,8 +177,9 @@ def _spec_sizes(cfg: TransformerConfig) -> tuple[int, ...]:
 
 # The presets the spec's closed formula counts exactly (GPT-2's design: learned positions, biases,
 # layer norms, an ungated MLP): the "Counting parameters" lesson offers these; the calculator, all.
-SPEC_FORMULA_PRESETS = tuple(name for name, cfg in PRESETS.items()
-                             if gpt_params(*_spec_sizes(cfg))[2] == count_params(cfg).total)
+SPEC_FORMULA_PRESETS = tuple(
+    name for name, cfg in PRESETS.items() if gpt_params(*_spec_sizes(cfg))[2] == count_params(cfg).total
+)
 
 
 def param_groups(count: ParamCount) -> list[ParamGroup]:
@@ -175,8 +189,11 @@ def param_groups(count: ParamCount) -> list[ParamGroup]:
     for e in count.entries:
         leaf = e.name.rsplit(".", 1)[-1]
         if not e.counted:
-            name = N_("unembedding (tied)") if e.name.startswith("unembed") else (
-                N_("causal mask buffers") if leaf == "mask" else e.name)
+            name = (
+                N_("unembedding (tied)")
+                if e.name.startswith("unembed")
+                else (N_("causal mask buffers") if leaf == "mask" else e.name)
+            )
         elif e.name.startswith("embed"):
             name = N_("token table")
         elif e.name.startswith(("pos_embed", "token_type_embed")):

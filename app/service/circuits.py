@@ -18,12 +18,32 @@ from app.service.results import ModelResult, TokenRef
 from app.service.spec import Prepared, RunSpec, Setup
 from app.service.views import ModelViews
 from core import InputError, forward, run_with_cache
-from core.circuits import (Composition, OVCircuit, QKDecomposition, composition_scores, composition_work, ov_circuit,
-                           ov_work, qk_decomposition, qk_hooks)
-from core.params import forward_work
-from core.patching import (DIRECTIONS, METRICS, TARGETS, PatchingResult, check_pair, check_target, induction_example,
-                           require_causal_decoder, sweep, sweep_passes, sweep_work)
+from core.circuits import (
+    Composition,
+    OVCircuit,
+    QKDecomposition,
+    composition_scores,
+    composition_work,
+    ov_circuit,
+    ov_work,
+    qk_decomposition,
+    qk_hooks,
+)
 from core.i18n import _
+from core.params import forward_work
+from core.patching import (
+    DIRECTIONS,
+    METRICS,
+    TARGETS,
+    PatchingResult,
+    check_pair,
+    check_target,
+    induction_example,
+    require_causal_decoder,
+    sweep,
+    sweep_passes,
+    sweep_work,
+)
 
 # How the pages and the API show whitespace inside a token (app/pages/figures.py, core/checkpoints/tokenizer.py).
 VISIBLE_WHITESPACE = str.maketrans({"␣": " ", "↵": "\n", "⇥": "\t", "␍": "\r"})
@@ -32,6 +52,7 @@ __all__ = ["DIRECTIONS", "METRICS", "TARGETS", "CircuitViews", "Prefill"]
 
 
 # ------------------------------------------------------------------ what the page opens on, per model
+
 
 @dataclass(frozen=True)
 class Prefill:
@@ -61,8 +82,9 @@ def _shift(text: str) -> str:
 # The induction recipe's example: a random sequence of letters repeated, and the same with its first half
 # resampled (core.patching.induction_example); 24 letters fit its 64-token context twice, and this seed's
 # L0H2 -> L1H0 path is the guided walk's (tests/api/test_circuits.py checks it).
-INDUCTION_PREFILL = Prefill(*induction_example(string.ascii_lowercase, 24, seed=0), target="attn_head",
-                            direction="noise")
+INDUCTION_PREFILL = Prefill(
+    *induction_example(string.ascii_lowercase, 24, seed=0), target="attn_head", direction="noise"
+)
 # The spec's vocabulary (" aeiklmns") has no room for a shifted text: "kasi " (same letters) predicts no "l".
 SPEC_PREFILL = Prefill("nasi ", "kasi ", "l", None)
 # python-docs-induction (natural text, both heads): a docs sentence said again up to "over the e", and the same
@@ -71,9 +93,14 @@ SPEC_PREFILL = Prefill("nasi ", "kasi ", "l", None)
 # so does noising the stream at the first copy's "e" in layer 0 or its "l" in layer 1 (where L0H3 has written
 # "e came before me"): tests/api/test_circuits.py.
 DOCS_SENTENCE = "The for statement is used to iterate over the elements of a sequence."
-DOCS_INDUCTION_PREFILL = Prefill(f"{DOCS_SENTENCE} {DOCS_SENTENCE[:47]}",
-                                 f"{_shift(DOCS_SENTENCE)} {DOCS_SENTENCE[:47]}", "l", "x", target="attn_head",
-                                 direction="noise")
+DOCS_INDUCTION_PREFILL = Prefill(
+    f"{DOCS_SENTENCE} {DOCS_SENTENCE[:47]}",
+    f"{_shift(DOCS_SENTENCE)} {DOCS_SENTENCE[:47]}",
+    "l",
+    "x",
+    target="attn_head",
+    direction="noise",
+)
 
 
 def prefill(model: Model) -> Prefill:
@@ -95,6 +122,7 @@ def prefill(model: Model) -> Prefill:
 
 
 # ------------------------------------------------------------------ results
+
 
 @dataclass(frozen=True)
 class PatchingView(ModelResult):
@@ -208,6 +236,7 @@ class OVView(ModelResult):
 
 # ------------------------------------------------------------------ the views
 
+
 class CircuitViews:
     """The circuits views of one request, on its ModelViews' preparation and limits."""
 
@@ -225,13 +254,18 @@ class CircuitViews:
         """The clean text's setup and the corrupted text's tokens: a causal decoder, the same number of tokens."""
         st = self.views.setup(spec)
         if st.model.is_encoder:
-            raise InputError(_("activation patching measures the next-token prediction at the last position; "
-                               "{model!r} is an encoder, which predicts no next token: choose a decoder such as "
-                               "'induction' or 'toy'").format(model=st.model.name))
+            raise InputError(
+                _(
+                    "activation patching measures the next-token prediction at the last position; "
+                    "{model!r} is an encoder, which predicts no next token: choose a decoder such as "
+                    "'induction' or 'toy'"
+                ).format(model=st.model.name)
+            )
         require_causal_decoder(st.cfg)
         encoding = st.model.tokenizer.encode(corrupted)
-        self.limits.check_count(_("the corrupted text"), len(encoding.ids), self.settings.max_tokens,
-                                _("use a shorter text"))
+        self.limits.check_count(
+            _("the corrupted text"), len(encoding.ids), self.settings.max_tokens, _("use a shorter text")
+        )
         check_pair(st.encoding.ids, encoding.ids)
         return st, list(encoding.ids), list(encoding.tokens)
 
@@ -248,20 +282,39 @@ class CircuitViews:
             try:
                 ids = tokenizer.encode(text).ids
             except InputError as exc:
-                raise InputError(_("{role} {given!r} is not a token of {model!r}: {error}").format(
-                                   role=role, given=given, model=st.model.name, error=exc)) from None
+                raise InputError(
+                    _("{role} {given!r} is not a token of {model!r}: {error}").format(
+                        role=role, given=given, model=st.model.name, error=exc
+                    )
+                ) from None
             if len(ids) == 2 and ids[0] == st.encoding.ids[0] and len(st.encoding.ids) > 1:
                 ids = ids[1:]  # a tokenizer that starts every text with <s>
             if len(ids) == 1:
                 return int(ids[0])
         pieces = tokenizer.encode(raw).ids
-        raise InputError(_("{role} {given!r} is {n} tokens for {model!r} ({pieces}): give one token, such as one of "
-                           "the texts' own").format(role=role, given=given, n=len(pieces), model=st.model.name,
-                                                     pieces=" ".join(repr(tokenizer.token_str(i)) for i in pieces)))
+        raise InputError(
+            _(
+                "{role} {given!r} is {n} tokens for {model!r} ({pieces}): give one token, such as one of the texts' own"
+            ).format(
+                role=role,
+                given=given,
+                n=len(pieces),
+                model=st.model.name,
+                pieces=" ".join(repr(tokenizer.token_str(i)) for i in pieces),
+            )
+        )
 
-    def patching(self, spec: RunSpec, corrupted: str, answer: str | None, wrong: str | None, target: str,
-                 direction: str = "denoise", metric: str = "logit_diff",
-                 frozen: tuple[bool, ...] = (False,)) -> list[PatchingView]:
+    def patching(
+        self,
+        spec: RunSpec,
+        corrupted: str,
+        answer: str | None,
+        wrong: str | None,
+        target: str,
+        direction: str = "denoise",
+        metric: str = "logit_diff",
+        frozen: tuple[bool, ...] = (False,),
+    ) -> list[PatchingView]:
         """One sweep per entry of `frozen` (the page asks for both), from one preparation of the model.
         answer None: the clean run's most likely next token; wrong None: the corrupted run's (or, if that is
         the answer, the clean run's second)."""
@@ -269,28 +322,44 @@ class CircuitViews:
         cfg, n = st.cfg, st.n
         check_target(target, cfg)
         if direction not in DIRECTIONS or metric not in METRICS:
-            raise InputError(_("direction must be one of {directions} and metric one of {metrics}").format(
-                               directions=", ".join(DIRECTIONS), metrics=", ".join(METRICS)))
+            raise InputError(
+                _("direction must be one of {directions} and metric one of {metrics}").format(
+                    directions=", ".join(DIRECTIONS), metrics=", ".join(METRICS)
+                )
+            )
         passes = sweep_passes(cfg, n, target) * len(frozen)
         if passes > (most := self.settings.patching_max_passes):
-            what = (_("{n_layers} layers × {n_heads} heads × {n} positions") if target == "attn_head_pos" else
-                    _("{n_layers} layers × {n_heads} heads") if target in ("attn_head", "pattern") else
-                    _("{n_layers} layers × {n} positions")).format(n_layers=cfg.n_layers, n_heads=cfg.n_heads, n=n)
+            what = (
+                _("{n_layers} layers × {n_heads} heads × {n} positions")
+                if target == "attn_head_pos"
+                else _("{n_layers} layers × {n_heads} heads")
+                if target in ("attn_head", "pattern")
+                else _("{n_layers} layers × {n} positions")
+            ).format(n_layers=cfg.n_layers, n_heads=cfg.n_heads, n=n)
             what += _(" × 2 (frozen and not)") if len(frozen) > 1 else ""
-            raise InputError(_("this sweep asks for {passes:,} patched runs ({what}), more than this "
-                               "server's limit of {most:,}: use a shorter text, or sweep heads "
-                               "(attn_head) instead of heads by position").format(
-                               passes=passes, what=what, most=most))
+            raise InputError(
+                _(
+                    "this sweep asks for {passes:,} patched runs ({what}), more than this "
+                    "server's limit of {most:,}: use a shorter text, or sweep heads "
+                    "(attn_head) instead of heads by position"
+                ).format(passes=passes, what=what, most=most)
+            )
         guess = answer is None or wrong is None
         work = sweep_work(cfg, n, target, metric) * len(frozen) + (2 * forward_work(cfg, n) if guess else 0)
-        p = self.views.load(st, work, cfg.d_vocab + cfg.n_layers * cfg.n_heads * n * n,
-                            _("the texts' length (or choose a sweep with fewer cells)"))
+        p = self.views.load(
+            st,
+            work,
+            cfg.d_vocab + cfg.n_layers * cfg.n_heads * n * n,
+            _("the texts' length (or choose a sweep with fewer cells)"),
+        )
         a = None if answer is None else self._token(st, answer, _("answer"), corrupted_tokens, corrupted_ids)
         w = None if wrong is None else self._token(st, wrong, _("wrong"), corrupted_tokens, corrupted_ids)
         if guess:
             a, w = self._guess(p, corrupted_ids, a, w)
-        results = [sweep(p.params, cfg, p.ids, corrupted_ids, a, w, target, direction=direction, metric=metric,
-                         frozen=f) for f in frozen]
+        results = [
+            sweep(p.params, cfg, p.ids, corrupted_ids, a, w, target, direction=direction, metric=metric, frozen=f)
+            for f in frozen
+        ]
         ref = lambda i: TokenRef(p.token_str(i), i)  # noqa: E731
         return [PatchingView(p, corrupted_tokens, corrupted_ids, ref(a), ref(w), r) for r in results]
 
@@ -313,16 +382,26 @@ class CircuitViews:
         cfg, n = st.cfg, st.n
         self._check_head(st, layer, head)
         if cfg.block_type != "pre_norm":
-            raise InputError(_("the QK decomposition splits the residual stream into what wrote it, which needs a "
-                               "pre-norm model; {model!r} is post-norm (its stream is re-normalised in every block): "
-                               "choose a decoder such as 'induction'").format(model=st.model.name))
+            raise InputError(
+                _(
+                    "the QK decomposition splits the residual stream into what wrote it, which needs a "
+                    "pre-norm model; {model!r} is post-norm (its stream is re-normalised in every block): "
+                    "choose a decoder such as 'induction'"
+                ).format(model=st.model.name)
+            )
         for name, pos in (("query", query), ("key", key)):
             if pos is not None and not -n <= pos < n:
-                raise InputError(_("{name}={pos} is outside the text's {n} tokens: use 0 … {last}, or -1 for the "
-                                   "last").format(name=name, pos=pos, n=n, last=n - 1))
+                raise InputError(
+                    _("{name}={pos} is outside the text's {n} tokens: use 0 … {last}, or -1 for the last").format(
+                        name=name, pos=pos, n=n, last=n - 1
+                    )
+                )
         n_parts = 3 + cfg.n_layers * (cfg.n_heads + 3) + 1
-        p = self.views.load(st, forward_work(cfg, n, logits=False) + 2 * n_parts * cfg.d_model * cfg.d_head,
-                            max(2 * n_parts * cfg.d_model, cfg.n_heads * n * n))
+        p = self.views.load(
+            st,
+            forward_work(cfg, n, logits=False) + 2 * n_parts * cfg.d_model * cfg.d_head,
+            max(2 * n_parts * cfg.d_model, cfg.n_heads * n * n),
+        )
         pattern = f"blocks.{layer}.attn.hook_pattern"
         _logits, cache = run_with_cache(p.params, cfg, p.ids, names=qk_hooks(cfg, layer) + [pattern], logits=False)
         query = query % n
@@ -337,11 +416,15 @@ class CircuitViews:
         weights alone: a text, by default the model's own, only sizes a model whose shape follows its text)."""
         st = self.views.setup(self._with_text(spec))
         if st.cfg.n_layers < 2:
-            raise InputError(_("composition needs heads in two layers; {model!r} has {n_layers}: choose a model with "
-                               "more layers").format(model=st.model.name, n_layers=st.cfg.n_layers))
+            raise InputError(
+                _(
+                    "composition needs heads in two layers; {model!r} has {n_layers}: choose a model with more layers"
+                ).format(model=st.model.name, n_layers=st.cfg.n_layers)
+            )
         H = st.cfg.n_layers * st.cfg.n_heads
-        p = self.views.load(st, composition_work(st.cfg), 3 * H * H + H * st.cfg.d_head * st.cfg.d_model,
-                            _("n_layers or n_heads"))
+        p = self.views.load(
+            st, composition_work(st.cfg), 3 * H * H + H * st.cfg.d_head * st.cfg.d_model, _("n_layers or n_heads")
+        )
         return CompositionView(p, composition_scores(p.params, p.cfg))
 
     def ov_circuit(self, spec: RunSpec, layer: int, head: int, top_k: int, first: int | None = None) -> OVView:
@@ -351,20 +434,38 @@ class CircuitViews:
         cfg = st.cfg
         self._check_head(st, layer, head)
         if st.model.is_encoder or cfg.block_type != "pre_norm":
-            raise InputError(_("the OV circuit reads a head's output through the final norm and the "
-                               "unembedding; {model!r} is an encoder (post-norm): choose a decoder "
-                               "such as 'induction'").format(model=st.model.name))
+            raise InputError(
+                _(
+                    "the OV circuit reads a head's output through the final norm and the "
+                    "unembedding; {model!r} is an encoder (post-norm): choose a decoder "
+                    "such as 'induction'"
+                ).format(model=st.model.name)
+            )
         sources = list(dict.fromkeys(st.encoding.ids))[:first]
         if len(sources) > (most := self.settings.ov_max_sources):
-            raise InputError(_("the text has {n} distinct tokens, more than the {most} sources one request lists: "
-                               "use a shorter text").format(n=len(sources), most=most))
-        p = self.views.load(st, ov_work(cfg, len(sources)), max(len(sources), cfg.d_head) * cfg.d_vocab,
-                            _("the number of distinct tokens in the text"))
+            raise InputError(
+                _(
+                    "the text has {n} distinct tokens, more than the {most} sources one request lists: "
+                    "use a shorter text"
+                ).format(n=len(sources), most=most)
+            )
+        p = self.views.load(
+            st,
+            ov_work(cfg, len(sources)),
+            max(len(sources), cfg.d_head) * cfg.d_vocab,
+            _("the number of distinct tokens in the text"),
+        )
         ov = ov_circuit(p.params, cfg, layer, head, sources)
         ids, logits = ov.top(top_k)
-        rows = [OVSource(p.token_str(s), int(s), int(rank),
-                         [TopLogit(p.token_str(int(i)), int(i), float(v)) for i, v in zip(row_ids, row_logits)])
-                for s, rank, row_ids, row_logits in zip(sources, ov.self_rank, ids, logits)]
+        rows = [
+            OVSource(
+                p.token_str(s),
+                int(s),
+                int(rank),
+                [TopLogit(p.token_str(int(i)), int(i), float(v)) for i, v in zip(row_ids, row_logits)],
+            )
+            for s, rank, row_ids, row_logits in zip(sources, ov.self_rank, ids, logits)
+        ]
         return OVView(p, ov, rows)
 
     def _with_text(self, spec: RunSpec) -> RunSpec:
@@ -373,6 +474,9 @@ class CircuitViews:
     @staticmethod
     def _check_head(st: Setup, layer: int, head: int) -> None:
         if layer >= st.cfg.n_layers or head >= st.cfg.n_heads:
-            raise InputError(_("layer {layer}, head {head} does not exist: {model!r} has {n_layers} layer(s) of "
-                               "{n_heads} head(s), counted from 0").format(
-                layer=layer, head=head, model=st.model.name, n_layers=st.cfg.n_layers, n_heads=st.cfg.n_heads))
+            raise InputError(
+                _(
+                    "layer {layer}, head {head} does not exist: {model!r} has {n_layers} layer(s) of "
+                    "{n_heads} head(s), counted from 0"
+                ).format(layer=layer, head=head, model=st.model.name, n_layers=st.cfg.n_layers, n_heads=st.cfg.n_heads)
+            )

@@ -25,8 +25,8 @@ from app.service.spec import Prepared, RunSpec, Setup
 from app.service.views import ModelViews
 from core import InputError, Sampling, TransformerConfig
 from core.generate import SINK_THRESHOLD, GenerationStep, check_generation, generate
-from core.params import forward_work
 from core.i18n import _
+from core.params import forward_work
 
 TOP_N = 20  # the candidates a step lists (and the drawn token, wherever it ranks)
 FINISH_REASONS = ("length", "stop")
@@ -148,8 +148,14 @@ class GenerationRun:
     """One generation, checked, priced and loaded: iterate for its steps (each computed when asked for);
     `finish_reason` and `result()` once it is over."""
 
-    def __init__(self, prepared: Prepared, settings: GenerateSettings, sampling: Sampling, stop_ids: list[int],
-                 decode: Callable[[list[int]], str]):
+    def __init__(
+        self,
+        prepared: Prepared,
+        settings: GenerateSettings,
+        sampling: Sampling,
+        stop_ids: list[int],
+        decode: Callable[[list[int]], str],
+    ):
         self.prepared, self.settings, self.sampling = prepared, settings, sampling
         self.stop_ids, self.decode = stop_ids, decode
         self.steps: list[GeneratedStep] = []
@@ -157,8 +163,9 @@ class GenerationRun:
 
     def __iter__(self) -> Iterator[GeneratedStep]:
         p, s = self.prepared, self.settings
-        core_steps = generate(p.params, p.cfg, p.ids, s.max_new_tokens, self.sampling, seed=s.seed,
-                              stop_ids=self.stop_ids)
+        core_steps = generate(
+            p.params, p.cfg, p.ids, s.max_new_tokens, self.sampling, seed=s.seed, stop_ids=self.stop_ids
+        )
         self.finish_reason = "length"
         for raw in core_steps:
             ids = [*(step.id for step in self.steps), raw.token]
@@ -173,19 +180,35 @@ class GenerationRun:
     def _told(self, raw: GenerationStep, stop: bool) -> GeneratedStep:
         """A core step as the faces show it: tokens as strings, the top TOP_N, the sink heads."""
         p, w = self.prepared, raw.warped
-        candidates = [Candidate(p.token_str(r.id), r.id, r.rank, r.probs[0], r.probs[-1], list(r.probs), r.kept,
-                                r.cut_by) for r in w.table(TOP_N, also=[raw.token])]
+        candidates = [
+            Candidate(p.token_str(r.id), r.id, r.rank, r.probs[0], r.probs[-1], list(r.probs), r.kept, r.cut_by)
+            for r in w.table(TOP_N, also=[raw.token])
+        ]
         kept = w.kept
         sinks = [SinkHead(layer, head, float(raw.attention[layer, head, 0])) for layer, head in raw.sink_heads()]
-        return GeneratedStep(raw.index, p.token_str(raw.token), raw.token, raw.prob, raw.drawn_prob, raw.u,
-                             list(w.stages), candidates, int(kept.size), float(w.probs[0][kept].sum()), raw.attention,
-                             sinks, raw.cache_bytes, stop)
+        return GeneratedStep(
+            raw.index,
+            p.token_str(raw.token),
+            raw.token,
+            raw.prob,
+            raw.drawn_prob,
+            raw.u,
+            list(w.stages),
+            candidates,
+            int(kept.size),
+            float(w.probs[0][kept].sum()),
+            raw.attention,
+            sinks,
+            raw.cache_bytes,
+            stop,
+        )
 
     def result(self) -> Generation:
         ids = [step.id for step in self.steps]
         text = GeneratedText(self.decode(ids), ids, [step.token for step in self.steps])
-        return Generation(self.prepared, self.settings, text, list(self.steps), self.finish_reason or "length",
-                          self.stop_ids)
+        return Generation(
+            self.prepared, self.settings, text, list(self.steps), self.finish_reason or "length", self.stop_ids
+        )
 
 
 class GenerationViews:
@@ -199,13 +222,17 @@ class GenerationViews:
     def reason(model: Model, cfg: TransformerConfig) -> str | None:
         """Why this model cannot write, or None."""
         if model.is_encoder:
-            return _("{model!r} is an encoder (BERT-style): it was trained to fill in masked words seeing both ways, "
-                     "not to predict the next token, so it cannot write. Choose a decoder such as 'toy' or a GPT-2, "
-                     "Llama or Qwen checkpoint").format(model=model.name)
+            return _(
+                "{model!r} is an encoder (BERT-style): it was trained to fill in masked words seeing both ways, "
+                "not to predict the next token, so it cannot write. Choose a decoder such as 'toy' or a GPT-2, "
+                "Llama or Qwen checkpoint"
+            ).format(model=model.name)
         if model.make_cfg is not None:  # the spec's model: its position table is drawn to fit each text
-            return _("{model!r} draws its position table with exactly one row per token of the text (as the spec's "
-                     "snippet does), so it has no position left to write into. Choose 'toy' or a trained model such "
-                     "as 'python-docs'").format(model=model.name)
+            return _(
+                "{model!r} draws its position table with exactly one row per token of the text (as the spec's "
+                "snippet does), so it has no position left to write into. Choose 'toy' or a trained model such "
+                "as 'python-docs'"
+            ).format(model=model.name)
         return None
 
     def attention_values(self, cfg: TransformerConfig, n: int, max_new_tokens: int) -> int:
@@ -225,8 +252,9 @@ class GenerationViews:
         """Check and price the whole generation, then load the weights; nothing is generated yet."""
         st, sampling = self.check(spec, settings)
         cfg, n, m = st.cfg, st.n, settings.max_new_tokens
-        p = self.views.load(st, self.work(cfg, n, m), cfg.d_vocab,
-                            _("max_new_tokens, the text's length, d_model, n_layers or n_heads"))
+        p = self.views.load(
+            st, self.work(cfg, n, m), cfg.d_vocab, _("max_new_tokens, the text's length, d_model, n_layers or n_heads")
+        )
         return GenerationRun(p, settings, sampling, end_of_text(st.model), text_decoder(st.model))
 
     def check(self, spec: RunSpec, settings: GenerateSettings) -> tuple[Setup, Sampling]:
@@ -242,20 +270,30 @@ class GenerationViews:
         if isinstance(m, bool) or not isinstance(m, int) or m < 1:
             raise InputError(_("max_new_tokens must be a whole number of tokens, at least 1, got {m!r}").format(m=m))
         if m > s.generate_max_new_tokens:
-            raise InputError(_("max_new_tokens={m} is more than this server's limit of {limit} tokens per "
-                               "generation: ask for fewer").format(m=m, limit=s.generate_max_new_tokens))
+            raise InputError(
+                _(
+                    "max_new_tokens={m} is more than this server's limit of {limit} tokens per "
+                    "generation: ask for fewer"
+                ).format(m=m, limit=s.generate_max_new_tokens)
+            )
         check_generation(cfg, n, m)  # the causal mask, and the model's context
         sampling = settings.sampling()  # temperature, top-k, top-p: InputError saying what to change
         if settings.top_k is not None and settings.top_k > cfg.d_vocab:
-            raise InputError(_("top_k={top_k} is more than {model!r}'s vocabulary of {d_vocab} tokens: choose at "
-                               "most that (or null for no top-k)").format(top_k=settings.top_k, model=model.name,
-                                                                           d_vocab=cfg.d_vocab))
+            raise InputError(
+                _(
+                    "top_k={top_k} is more than {model!r}'s vocabulary of {d_vocab} tokens: choose at "
+                    "most that (or null for no top-k)"
+                ).format(top_k=settings.top_k, model=model.name, d_vocab=cfg.d_vocab)
+            )
         values = self.attention_values(cfg, n, m)
         if values > s.generate_max_values:
-            raise InputError(_("this generation would return {values:,} attention weights ({n_layers} layers × "
-                               "{n_heads} heads × every key of every step), more than this server's limit of "
-                               "{limit:,}: reduce max_new_tokens or shorten the text").format(
-                values=values, n_layers=cfg.n_layers, n_heads=cfg.n_heads, limit=s.generate_max_values))
+            raise InputError(
+                _(
+                    "this generation would return {values:,} attention weights ({n_layers} layers × "
+                    "{n_heads} heads × every key of every step), more than this server's limit of "
+                    "{limit:,}: reduce max_new_tokens or shorten the text"
+                ).format(values=values, n_layers=cfg.n_layers, n_heads=cfg.n_heads, limit=s.generate_max_values)
+            )
         return st, sampling
 
     def room(self, spec: RunSpec) -> int:

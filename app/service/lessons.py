@@ -12,9 +12,10 @@ from app.service.calculators import ParamsLessonResult, params_lesson
 from app.service.limits import Limits
 from core import InputError, TransformerConfig, lessons
 from core.attention import attention_scale
+from core.i18n import _
 from core.params import count_params, forward_work, largest_array
 from core.tokenizers import word_tokens
-from core.i18n import _
+
 
 def _shapes(**arrays: np.ndarray) -> dict[str, list[int]]:
     return {name: list(a.shape) for name, a in arrays.items()}
@@ -44,8 +45,18 @@ class AttentionLessonResult:
     @property
     def shapes(self) -> dict[str, list[int]]:
         a = self.lesson
-        return _shapes(X=a.X, W_q=a.W_q, W_k=a.W_k, W_v=a.W_v, Q=a.Q, K=a.K, V=a.V, scores=a.result.scores,
-                       weights=a.result.weights, output=a.result.output)
+        return _shapes(
+            X=a.X,
+            W_q=a.W_q,
+            W_k=a.W_k,
+            W_v=a.W_v,
+            Q=a.Q,
+            K=a.K,
+            V=a.V,
+            scores=a.result.scores,
+            weights=a.result.weights,
+            output=a.result.output,
+        )
 
 
 @dataclass(frozen=True)
@@ -75,8 +86,18 @@ class MultiheadLessonResult:
     @property
     def shapes(self) -> dict[str, list[int]]:
         m = self.lesson
-        return _shapes(X=m.X, W_qkv=m.W_qkv, W_o=m.W_o, Q=m.Q, K=m.K, V=m.V, weights=m.result.weights,
-                       heads=m.result.output, concat=m.concat, output=m.output)
+        return _shapes(
+            X=m.X,
+            W_qkv=m.W_qkv,
+            W_o=m.W_o,
+            Q=m.Q,
+            K=m.K,
+            V=m.V,
+            weights=m.result.weights,
+            heads=m.result.output,
+            concat=m.concat,
+            output=m.output,
+        )
 
 
 @dataclass(frozen=True)
@@ -147,11 +168,15 @@ class Lessons:
         self.limits.check_count(_("the text"), len(tokens), self.limits.settings.max_tokens, _("use a shorter text"))
         return tokens
 
-    def attention(self, text: str, seed: int, d_model: int, d_k: int, causal: bool, scale: bool
-                  ) -> AttentionLessonResult:
+    def attention(
+        self, text: str, seed: int, d_model: int, d_k: int, causal: bool, scale: bool
+    ) -> AttentionLessonResult:
         T = len(self._check_words(text))
-        self.limits.check_cost(3 * T * d_model * d_k + 2 * T * T * d_k, max(T * T, T * d_model, d_model * d_k),
-                               _("the number of words, d_model or d_k"))
+        self.limits.check_cost(
+            3 * T * d_model * d_k + 2 * T * T * d_k,
+            max(T * T, T * d_model, d_model * d_k),
+            _("the number of words, d_model or d_k"),
+        )
         lesson = lessons.attention(text, seed, d_model, d_k, causal=causal, scale=scale)
         divisor = attention_scale(d_k, scale)
         return AttentionLessonResult(lesson, lesson.raw_scores / divisor, divisor)
@@ -161,24 +186,28 @@ class Lessons:
         masked = self.attention(text, seed, d_model, d_k, True, scale).lesson
         return CausalLessonResult(masked, self.attention(text, seed, d_model, d_k, False, scale).lesson)
 
-    def scaling(self, dims: tuple[int, ...], n_queries: int, n_keys: int, seed: int
-                ) -> list[lessons.ScalingRow]:
+    def scaling(self, dims: tuple[int, ...], n_queries: int, n_keys: int, seed: int) -> list[lessons.ScalingRow]:
         # every key entry is drawn and multiplied once; the key array of the widest d is the largest
-        self.limits.check_cost(2 * n_queries * n_keys * sum(dims), n_queries * n_keys * max(dims),
-                               _("n_queries, n_keys or the dims"))
+        self.limits.check_cost(
+            2 * n_queries * n_keys * sum(dims), n_queries * n_keys * max(dims), _("n_queries, n_keys or the dims")
+        )
         return lessons.scaling(dims, n_queries, n_keys, seed)
 
-    def multihead(self, text: str, seed: int, d_model: int, n_heads: int, causal: bool, scale: bool
-                  ) -> MultiheadLessonResult:
+    def multihead(
+        self, text: str, seed: int, d_model: int, n_heads: int, causal: bool, scale: bool
+    ) -> MultiheadLessonResult:
         T = len(self._check_words(text))
-        self.limits.check_cost(4 * T * d_model * d_model + 2 * T * T * d_model,
-                               max(n_heads * T * T, 3 * d_model * d_model),
-                               _("the number of words, d_model or n_heads"))
+        self.limits.check_cost(
+            4 * T * d_model * d_model + 2 * T * T * d_model,
+            max(n_heads * T * T, 3 * d_model * d_model),
+            _("the number of words, d_model or n_heads"),
+        )
         m = lessons.multihead(text, seed, d_model, n_heads, causal=causal, scale=scale)
         return MultiheadLessonResult(m, np.isneginf(m.result.scores[0]) if causal else None)
 
-    def positions(self, n_pos: int, d: int, pairs: tuple[tuple[int, int], ...] | None,
-                         series: bool = False) -> PositionsLessonResult:
+    def positions(
+        self, n_pos: int, d: int, pairs: tuple[tuple[int, int], ...] | None, series: bool = False
+    ) -> PositionsLessonResult:
         """With no pairs given, the spec's pairs that fit inside n_pos. With `series`, the dot product of
         each pair's first position with every later one (the page's chart)."""
         self.limits.check_cost(n_pos * d, n_pos * d, _("n_pos or d"))
@@ -192,20 +221,25 @@ class Lessons:
                 rows.append(DotSeries(i, list(range(n_pos - i)), dots))
         return PositionsLessonResult(p, rows)
 
-    def forward(self, text: str, prompt: str, seed: int, d_model: int, n_heads: int, d_mlp: int
-                ) -> ForwardLessonResult:
-        self.limits.check_count(_("the prompt"), len(prompt), self.limits.settings.max_tokens,
-                                _("use a shorter prompt"))
+    def forward(self, text: str, prompt: str, seed: int, d_model: int, n_heads: int, d_mlp: int) -> ForwardLessonResult:
+        self.limits.check_count(
+            _("the prompt"), len(prompt), self.limits.settings.max_tokens, _("use a shorter prompt")
+        )
         if not text:
             raise InputError(_("the text is empty: its characters are the vocabulary, so type at least one"))
         # the config the lesson will build, to price it first (and to explain d_model/n_heads errors)
         cfg = self.catalog.get_model("spec-forward").cfg.replace(
-            d_model=d_model, n_heads=n_heads, d_mlp=d_mlp, d_vocab=len(set(text)), n_ctx=max(len(prompt), 1))
-        self.limits.check_cost(count_params(cfg).total + forward_work(cfg, len(prompt)),
-                               largest_array(cfg, len(prompt)), _("the prompt, d_model, n_heads or d_mlp"))
+            d_model=d_model, n_heads=n_heads, d_mlp=d_mlp, d_vocab=len(set(text)), n_ctx=max(len(prompt), 1)
+        )
+        self.limits.check_cost(
+            count_params(cfg).total + forward_work(cfg, len(prompt)),
+            largest_array(cfg, len(prompt)),
+            _("the prompt, d_model, n_heads or d_mlp"),
+        )
         f = lessons.forward(text, prompt, seed, d_model, n_heads, d_mlp)
-        return ForwardLessonResult(f, f.cache["blocks.0.attn.hook_pattern"],
-                                   np.isneginf(f.cache["blocks.0.attn.hook_attn_scores"][0]))
+        return ForwardLessonResult(
+            f, f.cache["blocks.0.attn.hook_pattern"], np.isneginf(f.cache["blocks.0.attn.hook_attn_scores"][0])
+        )
 
     @staticmethod
     def params(preset: str, sizes: dict[str, object]) -> ParamsLessonResult:

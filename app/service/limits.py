@@ -11,7 +11,7 @@ from app.models.catalog import Model
 from app.settings import Settings
 from core import InputError, TransformerConfig
 from core.cache import pattern_hooks, residual_hooks, stage_hooks
-from core.model import hook_dims
+from core.hooks import hook_dims
 from core.i18n import _
 
 
@@ -52,7 +52,6 @@ class Limits:
     def __init__(self, settings: Settings):
         self.settings = settings
 
-
     def check_cost(self, work: int, largest: int, reduce: str, *, pretrained: bool = False) -> None:
         """Refuse a request whose work or largest array exceeds the limits, naming what to reduce.
 
@@ -61,22 +60,35 @@ class Limits:
         s = self.settings
         limit = s.max_pretrained_work if pretrained else s.max_work
         if work > limit:
-            message = (_("this request needs about {work} multiply-adds, more than this server's limit of {limit} "
-                         "for a pretrained model: reduce {reduce}") if pretrained else
-                       _("this request needs about {work} multiply-adds, more than this server's limit of {limit}: "
-                         "reduce {reduce}"))
+            message = (
+                _(
+                    "this request needs about {work} multiply-adds, more than this server's limit of {limit} "
+                    "for a pretrained model: reduce {reduce}"
+                )
+                if pretrained
+                else _(
+                    "this request needs about {work} multiply-adds, more than this server's limit of {limit}: "
+                    "reduce {reduce}"
+                )
+            )
             raise InputError(message.format(work=_fmt(work), limit=_fmt(limit), reduce=reduce))
         if largest > s.max_elements:
-            raise InputError(_("this request needs an array of {largest} numbers, more than this server's limit of "
-                               "{limit}: reduce {reduce}").format(largest=_fmt(largest), limit=_fmt(s.max_elements),
-                                                                 reduce=reduce))
+            raise InputError(
+                _(
+                    "this request needs an array of {largest} numbers, more than this server's limit of "
+                    "{limit}: reduce {reduce}"
+                ).format(largest=_fmt(largest), limit=_fmt(s.max_elements), reduce=reduce)
+            )
 
     @staticmethod
     def check_count(what: str, n: int, limit: int, hint: str) -> None:
         if n > limit:
             # what and hint: said through _() by the caller ("the text", "use a shorter text")
-            raise InputError(_("{what} has {n:,} tokens, more than the limit of {limit:,}: {hint}").format(
-                what=what, n=n, limit=limit, hint=hint))
+            raise InputError(
+                _("{what} has {n:,} tokens, more than the limit of {limit:,}: {hint}").format(
+                    what=what, n=n, limit=limit, hint=hint
+                )
+            )
 
     def check_drawable(self, n: int, prompt: bool = False) -> None:
         """A lesson page lays out T × T tables; beyond lesson_max_tokens they stop being legible
@@ -84,10 +96,17 @@ class Limits:
         text's words."""
         s = self.settings
         if n > s.lesson_max_tokens:
-            message = (_("the prompt has {n} characters; this page draws up to {limit} (the API takes up to "
-                         "{api_limit}): shorten it") if prompt else
-                       _("the text has {n} words; this page draws up to {limit} (the API takes up to {api_limit}): "
-                         "shorten it"))
+            message = (
+                _(
+                    "the prompt has {n} characters; this page draws up to {limit} (the API takes up to "
+                    "{api_limit}): shorten it"
+                )
+                if prompt
+                else _(
+                    "the text has {n} words; this page draws up to {limit} (the API takes up to {api_limit}): "
+                    "shorten it"
+                )
+            )
             raise InputError(message.format(n=n, limit=s.lesson_max_tokens, api_limit=s.max_tokens))
 
     def explorer_token_limit(self, model: Model) -> int:

@@ -165,9 +165,13 @@ class Lens(ModelResult):
     def top_k(self) -> list[list[list[TopToken]]]:
         """[point][pos][k], most probable first."""
         strs = self.token_strs
-        return [[[TopToken(strs[t], t, p) for t, p in zip(cell_ids, cell_probs)]
-                 for cell_ids, cell_probs in zip(point_ids, point_probs)]
-                for point_ids, point_probs in zip(self.lens.top_tokens.tolist(), self.lens.top_probs.tolist())]
+        return [
+            [
+                [TopToken(strs[t], t, p) for t, p in zip(cell_ids, cell_probs)]
+                for cell_ids, cell_probs in zip(point_ids, point_probs)
+            ]
+            for point_ids, point_probs in zip(self.lens.top_tokens.tolist(), self.lens.top_probs.tolist())
+        ]
 
 
 @dataclass(frozen=True)
@@ -213,9 +217,11 @@ class KVSteps(ModelResult):
     @property
     def bytes_formula(self) -> str:
         c = self.config
-        shared = (f" (shared by its {c.n_heads} query heads)" if c.n_key_value_heads != c.n_heads else "")
-        return (f"2 × n_layers {c.n_layers} × n_key_value_heads {c.n_key_value_heads}{shared} × d_head {c.d_head} × "
-                f"{self.itemsize} bytes = {self.bytes_per_token:,} bytes per token")
+        shared = f" (shared by its {c.n_heads} query heads)" if c.n_key_value_heads != c.n_heads else ""
+        return (
+            f"2 × n_layers {c.n_layers} × n_key_value_heads {c.n_key_value_heads}{shared} × d_head {c.d_head} × "
+            f"{self.itemsize} bytes = {self.bytes_per_token:,} bytes per token"
+        )
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,9 @@ import numpy as np
 from app.models import knobs
 from app.models.catalog import Model
 from core import InputError, TransformerConfig
+from core.i18n import _
 from core.model import Params
 from core.tokenizers import Encoding
-from core.i18n import _
-
 
 Method = Literal["zero", "mean"]
 
@@ -44,10 +43,15 @@ class _RunSpecMethods:
 # Its fields: the model, the text, one per knob (app/models/knobs.py, in its order) and the ablated heads.
 RunSpec = dataclasses.make_dataclass(
     "RunSpec",
-    [("model", str), ("text", str),
-     *[(k.name, k.type | None, dataclasses.field(default=None)) for k in knobs.KNOBS],
-     ("ablate", tuple[AblatedHead, ...], dataclasses.field(default=()))],
-    bases=(_RunSpecMethods,), frozen=True)
+    [
+        ("model", str),
+        ("text", str),
+        *[(k.name, k.type | None, dataclasses.field(default=None)) for k in knobs.KNOBS],
+        ("ablate", tuple[AblatedHead, ...], dataclasses.field(default=())),
+    ],
+    bases=(_RunSpecMethods,),
+    frozen=True,
+)
 RunSpec.__module__ = __name__
 RunSpec.__doc__ = """A model, a text and the toggles: what every model view runs. None keeps the model's default.
 
@@ -96,22 +100,25 @@ class Prepared:
         return self.model.tokenizer.token_str(int(token_id))
 
 
-
-
 def check_toggles(model: Model, given: dict[str, object]) -> None:
     refused = [k for k, v in given.items() if v is not None and k not in model.toggles]
     if "causal" in refused and not model.is_encoder and "local" in (model.cfg.attn_types or ()):
-        raise InputError(_("model {model!r} does not accept causal: its local (sliding-window) attention layers see "
-                           "only the last {window_size} tokens before each query, which is defined under the causal "
-                           "mask only; it takes {toggles}").format(
-            model=model.name, window_size=model.cfg.window_size, toggles=", ".join(model.toggles)))
+        raise InputError(
+            _(
+                "model {model!r} does not accept causal: its local (sliding-window) attention layers see "
+                "only the last {window_size} tokens before each query, which is defined under the causal "
+                "mask only; it takes {toggles}"
+            ).format(model=model.name, window_size=model.cfg.window_size, toggles=", ".join(model.toggles))
+        )
     if refused:
-        message = (_("model {model!r} does not accept {refused}: it takes {toggles}") if model.toggles else
-                   _("model {model!r} does not accept {refused}: it takes no toggles"))
+        message = (
+            _("model {model!r} does not accept {refused}: it takes {toggles}")
+            if model.toggles
+            else _("model {model!r} does not accept {refused}: it takes no toggles")
+        )
         if model.name != "toy":
             message += _("; the 'toy' model accepts every toggle")
-        raise InputError(message.format(model=model.name, refused=", ".join(refused),
-                                        toggles=", ".join(model.toggles)))
+        raise InputError(message.format(model=model.name, refused=", ".join(refused), toggles=", ".join(model.toggles)))
 
 
 def configure(model: Model, spec: RunSpec, n_tokens: int) -> TransformerConfig:
@@ -130,11 +137,17 @@ def ablation_map(ablate: tuple[AblatedHead, ...], cfg: TransformerConfig) -> dic
     out: dict[tuple[int, int], Method] = {}
     for a in ablate:
         if a.layer >= cfg.n_layers or a.head >= cfg.n_heads:
-            raise InputError(_("ablate: layer {layer} head {head} does not exist: this model has "
-                               "{n_layers} layer(s) of {n_heads} head(s), counted from 0").format(
-                layer=a.layer, head=a.head, n_layers=cfg.n_layers, n_heads=cfg.n_heads))
+            raise InputError(
+                _(
+                    "ablate: layer {layer} head {head} does not exist: this model has "
+                    "{n_layers} layer(s) of {n_heads} head(s), counted from 0"
+                ).format(layer=a.layer, head=a.head, n_layers=cfg.n_layers, n_heads=cfg.n_heads)
+            )
         if (a.layer, a.head) in out:
-            raise InputError(_("ablate: layer {layer} head {head} is listed twice: list each head once").format(
-                layer=a.layer, head=a.head))
+            raise InputError(
+                _("ablate: layer {layer} head {head} is listed twice: list each head once").format(
+                    layer=a.layer, head=a.head
+                )
+            )
         out[(a.layer, a.head)] = a.method
     return out

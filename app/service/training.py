@@ -21,9 +21,10 @@ from app.service.errors import NotFound, Unavailable
 from app.settings import Settings
 from app.training.store import NoRoom, Room, StoreUnavailable, TrainingRunInfo, TrainingStore, training_run_id
 from core import InputError
+from core.i18n import _
 from core.recipes import probe_tokens as recipe_probe_tokens
 from core.recipes import settings as train_settings
-from core.i18n import _
+
 
 @dataclass(frozen=True)
 class TrainingPatterns:
@@ -124,10 +125,13 @@ class TrainingService:
         info = self.get(id)
         patterns = self._store().patterns(id, step)
         if patterns is None:
-            raise NotFound((_("run {id!r} has no patterns at step {step}: its snapshot steps are {steps}")
-                            if info.snapshots else
-                            _("run {id!r} has no patterns at step {step}: it has no snapshot yet")).format(
-                id=id, step=step, steps=info.snapshots))
+            raise NotFound(
+                (
+                    _("run {id!r} has no patterns at step {step}: its snapshot steps are {steps}")
+                    if info.snapshots
+                    else _("run {id!r} has no patterns at step {step}: it has no snapshot yet")
+                ).format(id=id, step=step, steps=info.snapshots)
+            )
         return TrainingPatterns(id, step, self.probe_tokens(id), patterns)
 
     @_reachable
@@ -139,9 +143,12 @@ class TrainingService:
         settings = store.settings(id)
         n_layers, n_heads = settings.n_layers, settings.n_heads
         if not (0 <= layer < n_layers and 0 <= head < n_heads):
-            raise InputError(_("layer {layer}, head {head} does not exist: the run's model has "
-                               "{n_layers} layer(s) of {n_heads} head(s), counted from 0").format(
-                               layer=layer, head=head, n_layers=n_layers, n_heads=n_heads))
+            raise InputError(
+                _(
+                    "layer {layer}, head {head} does not exist: the run's model has "
+                    "{n_layers} layer(s) of {n_heads} head(s), counted from 0"
+                ).format(layer=layer, head=head, n_layers=n_layers, n_heads=n_heads)
+            )
         return HeadHistory(info.snapshots, self.probe_tokens(id), [p[layer][head] for p in patterns if p])
 
     @staticmethod
@@ -161,8 +168,9 @@ class TrainingService:
         self.get(id)
         folder = self._store().model_folder(id)
         if folder is None:
-            raise NotFound(_("run {id!r} has no weights yet: they are written when it finishes or is stopped").format(
-                id=id))
+            raise NotFound(
+                _("run {id!r} has no weights yet: they are written when it finishes or is stopped").format(id=id)
+            )
         buffer = io.BytesIO()
         with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
             for path in sorted(folder.iterdir()):
@@ -184,8 +192,18 @@ class TrainingService:
 
 def _refusal(full: NoRoom) -> Unavailable:
     if full.scope == "client":
-        return Unavailable(_("you already have {count} run(s) queued or training, the most one client may have: "
-                             "wait for one to finish, or stop one (DELETE /api/v1/runs/{{id}})").format(
-            count=full.count), retry_after_s=30, status_code=429)
-    return Unavailable(_("this server has {count} runs queued or training, its limit: try again when one has "
-                         "finished").format(count=full.count), retry_after_s=30, status_code=503)
+        return Unavailable(
+            _(
+                "you already have {count} run(s) queued or training, the most one client may have: "
+                "wait for one to finish, or stop one (DELETE /api/v1/runs/{{id}})"
+            ).format(count=full.count),
+            retry_after_s=30,
+            status_code=429,
+        )
+    return Unavailable(
+        _("this server has {count} runs queued or training, its limit: try again when one has finished").format(
+            count=full.count
+        ),
+        retry_after_s=30,
+        status_code=503,
+    )

@@ -11,17 +11,26 @@ import numpy as np
 
 from app.models.catalog import Catalog, Model
 from app.service.limits import Limits, explorer_view_hooks, explorer_view_values
-from app.service.results import (AblationEffect, ExplorerView, HookInfo, HookList, ProbabilityChange, RunResult,
-                                 ShapeRow, TopToken)
+from app.service.results import (
+    AblationEffect,
+    ExplorerView,
+    HookInfo,
+    HookList,
+    ProbabilityChange,
+    RunResult,
+    ShapeRow,
+    TopToken,
+)
 from app.service.spec import Prepared, RunSpec, Setup, ablation_map, check_toggles, configure
 from app.settings import Settings
 from core import InputError, TransformerConfig, hook_names, hook_shape, run_with_cache
 from core.analysis import lens_logits
 from core.cache import ActivationCache, stage_hooks
-from core.model import hook_dims, next_token_probs
+from core.hooks import hook_dims
+from core.i18n import _
+from core.model import next_token_probs
 from core.params import count_params, forward_work, largest_array
 from core.patching import ablated_logits
-from core.i18n import _
 
 
 class ModelViews:
@@ -62,21 +71,26 @@ class ModelViews:
         n = len(encoding.ids)
         if page and n > (limit := self.limits.explorer_token_limit(model)):
             n_ctx = model.configure({}, limit).n_ctx
-            context = (_("{model}'s context is {limit} tokens").format(model=model.name, limit=limit)
-                       if limit == n_ctx else
-                       _("a longer text's view of {model} would keep more than this server's limit of {values:,} "
-                         "numbers").format(model=model.name, values=self.settings.explorer_max_values)
-                       if limit < self.settings.explorer_max_tokens
-                       else _("the API at /api/v1/run takes up to {limit}").format(limit=self.settings.max_tokens))
-            raise InputError(_("the text has {n:,} tokens; the explorer draws up to {limit:,} ({context}): shorten the "
-                               "text").format(n=n, limit=limit, context=context))
+            context = (
+                _("{model}'s context is {limit} tokens").format(model=model.name, limit=limit)
+                if limit == n_ctx
+                else _(
+                    "a longer text's view of {model} would keep more than this server's limit of {values:,} numbers"
+                ).format(model=model.name, values=self.settings.explorer_max_values)
+                if limit < self.settings.explorer_max_tokens
+                else _("the API at /api/v1/run takes up to {limit}").format(limit=self.settings.max_tokens)
+            )
+            raise InputError(
+                _("the text has {n:,} tokens; the explorer draws up to {limit:,} ({context}): shorten the text").format(
+                    n=n, limit=limit, context=context
+                )
+            )
         self.limits.check_count(_("the text"), n, self.settings.max_tokens, _("use a shorter text"))
         cfg = configure(model, spec, len(encoding.ids) if n_tokens_for is None else n_tokens_for)
         seed = spec.seed if spec.seed is not None else model.default_seed
         return Setup(model, cfg, encoding, ablation_map(spec.ablate, cfg), seed)
 
-    def load(self, st: Setup, work: int, largest: int = 0,
-             reduce: str | None = None) -> Prepared:
+    def load(self, st: Setup, work: int, largest: int = 0, reduce: str | None = None) -> Prepared:
         """Check the cost of `work` multiply-adds (plus drawing the weights), then load the weights.
 
         Drawn weights count towards the work and the largest array; a checkpoint's are loaded once and
@@ -86,10 +100,18 @@ class ModelViews:
         reduce = reduce or _("the text's length, d_model, n_layers or n_heads")
         drawn = count_params(st.cfg).total if st.model.draws_weights else 0
         if st.model.draws_weights and drawn > s.max_params:
-            raise InputError(_("a model of this size has {drawn:,} parameters, more than the limit of {max_params:,}: "
-                               "reduce d_model or n_layers").format(drawn=drawn, max_params=s.max_params))
-        self.limits.check_cost(drawn + work, max(largest, largest_array(st.cfg, st.n, weights=st.model.draws_weights)),
-                               reduce, pretrained=not st.model.draws_weights)
+            raise InputError(
+                _(
+                    "a model of this size has {drawn:,} parameters, more than the limit of {max_params:,}: "
+                    "reduce d_model or n_layers"
+                ).format(drawn=drawn, max_params=s.max_params)
+            )
+        self.limits.check_cost(
+            drawn + work,
+            max(largest, largest_array(st.cfg, st.n, weights=st.model.draws_weights)),
+            reduce,
+            pretrained=not st.model.draws_weights,
+        )
         self.preparations += 1
         params = st.model.load_params(st.cfg, st.seed, st.encoding)
         return Prepared(st.model, st.cfg, st.encoding, st.ablate, st.seed, params)
@@ -99,14 +121,17 @@ class ModelViews:
         known = set(names)
         unknown = [h for h in wanted if h not in known]
         if unknown:
-            raise InputError(_("unknown hook name {hook!r} for model {model!r} with {n_layers} layer(s): hooks look "
-                               "like {example!r}; GET /api/v1/hooks?model={model} lists all {n}").format(
-                hook=unknown[0], model=model_name, n_layers=cfg.n_layers, example=names[-4], n=len(names)))
+            raise InputError(
+                _(
+                    "unknown hook name {hook!r} for model {model!r} with {n_layers} layer(s): hooks look "
+                    "like {example!r}; GET /api/v1/hooks?model={model} lists all {n}"
+                ).format(hook=unknown[0], model=model_name, n_layers=cfg.n_layers, example=names[-4], n=len(names))
+            )
         return list(dict.fromkeys(wanted))  # drop repeats, keep the order asked
 
     def top_tokens(self, p: Prepared, probs: np.ndarray, k: int) -> list[TopToken]:
         """The k most probable tokens, most probable first (ties: the lower id first).  # probs [d_vocab]"""
-        best = np.argsort(-probs, kind="stable")[:min(k, probs.size)]
+        best = np.argsort(-probs, kind="stable")[: min(k, probs.size)]
         return [TopToken(p.token_str(int(i)), int(i), float(probs[i])) for i in best]
 
     @staticmethod
@@ -130,8 +155,9 @@ class ModelViews:
         """The work of `_run_predicting`: the blocks over n tokens, and a decoder's unembedding for one."""
         return forward_work(cfg, n, logits=False) + (cfg.d_model * cfg.d_vocab if decoder else 0)
 
-    def _run_predicting(self, p: Prepared, names: list[str], top_k: int, decoder: bool
-                        ) -> tuple[ActivationCache, list[TopToken], AblationEffect | None]:
+    def _run_predicting(
+        self, p: Prepared, names: list[str], top_k: int, decoder: bool
+    ) -> tuple[ActivationCache, list[TopToken], AblationEffect | None]:
         """One pass keeping `names`; a decoder's next-token top-k and, with ablations, their effect."""
         if not decoder:
             return run_with_cache(p.params, p.cfg, p.ids, names=names, ablate=p.ablate, logits=False)[1], [], None
@@ -147,8 +173,10 @@ class ModelViews:
             return top, None
         baseline = next_token_probs(self._run_last(p, [], None)[0])  # [d_vocab]
         before = self.top_tokens(p, baseline, top_k) if top_k else []
-        return top, AblationEffect(before, [ProbabilityChange(t.token, t.id, t.prob, float(probs[t.id]),
-                                                              float(probs[t.id]) - t.prob) for t in before])
+        return top, AblationEffect(
+            before,
+            [ProbabilityChange(t.token, t.id, t.prob, float(probs[t.id]), float(probs[t.id]) - t.prob) for t in before],
+        )
 
     # ---------------------------------------------------------------- run (the API's raw view)
 
@@ -160,9 +188,13 @@ class ModelViews:
         st = self.setup(spec)
         cfg, n = st.cfg, st.n
         hooks = self._resolve_hooks(hooks, cfg, st.model.name)
-        self.limits.check_hook_values(sum(math.prod(hook_dims(h, cfg, n)) for h in hooks),
-                                      _("the hooks asked for hold {values} numbers, more than the limit of {limit} "
-                                        "per response: ask for fewer hooks or use a shorter text"))
+        self.limits.check_hook_values(
+            sum(math.prod(hook_dims(h, cfg, n)) for h in hooks),
+            _(
+                "the hooks asked for hold {values} numbers, more than the limit of {limit} "
+                "per response: ask for fewer hooks or use a shorter text"
+            ),
+        )
         decoder = not st.model.is_encoder
         baseline = bool(st.ablate) and decoder
         p = self.load(st, self._pass_work(cfg, n, decoder) * (2 if baseline else 1), cfg.d_vocab if decoder else 0)
@@ -171,8 +203,9 @@ class ModelViews:
 
     # ---------------------------------------------------------------- the explorer page
 
-    def explorer(self, spec: RunSpec, layer: int, head: int, *, compare: bool, rollout: bool,
-                 top_k: int) -> ExplorerView:
+    def explorer(
+        self, spec: RunSpec, layer: int, head: int, *, compare: bool, rollout: bool, top_k: int
+    ) -> ExplorerView:
         """Every figure of the explorer from one preparation of the model: the chosen head's four stages,
         its layer's patterns, the mask flipped (compare), the residual stream, the prediction (and the
         ablation's effect on it), rollout, and every array's shape. Layer and head are clamped."""
@@ -186,14 +219,28 @@ class ModelViews:
         # depth times the text (SmolLM2-135M keeps 11.5 million numbers at 128 tokens, 107 million at 1,024).
         values = explorer_view_values(cfg, n, layer, rollout)
         if values > s.explorer_max_values:
-            remedy = (_("use a shorter text, fewer layers, a smaller d_model, fewer heads or no attention rollout")
-                      if st.model.draws_weights and rollout else
-                      _("use a shorter text, fewer layers, a smaller d_model, fewer heads") if st.model.draws_weights
-                      else _("use a shorter text or no attention rollout") if rollout else _("use a shorter text"))
-            raise InputError(_("this view would keep {values:,} numbers ({n:,} tokens, {n_layers} layers, {n_heads} "
-                               "heads), more than this server's limit of {limit:,}: {remedy}").format(
-                values=values, n=n, n_layers=cfg.n_layers, n_heads=cfg.n_heads, limit=s.explorer_max_values,
-                remedy=remedy))
+            remedy = (
+                _("use a shorter text, fewer layers, a smaller d_model, fewer heads or no attention rollout")
+                if st.model.draws_weights and rollout
+                else _("use a shorter text, fewer layers, a smaller d_model, fewer heads")
+                if st.model.draws_weights
+                else _("use a shorter text or no attention rollout")
+                if rollout
+                else _("use a shorter text")
+            )
+            raise InputError(
+                _(
+                    "this view would keep {values:,} numbers ({n:,} tokens, {n_layers} layers, {n_heads} "
+                    "heads), more than this server's limit of {limit:,}: {remedy}"
+                ).format(
+                    values=values,
+                    n=n,
+                    n_layers=cfg.n_layers,
+                    n_heads=cfg.n_heads,
+                    limit=s.explorer_max_values,
+                    remedy=remedy,
+                )
+            )
         decoder = not st.model.is_encoder
         compare = compare and "causal" in st.model.toggles
         # ablations on a causal pre-norm decoder: the prediction with later attention frozen too (one more pass)
@@ -204,25 +251,42 @@ class ModelViews:
         frozen_ablation = None
         if frozen and effect is not None:
             probs = next_token_probs(ablated_logits(p.params, cfg, p.ids, p.ablate, frozen=True)[None])  # [d_vocab]
-            frozen_ablation = [ProbabilityChange(c.token, c.id, c.baseline_prob, float(probs[c.id]),
-                                                 float(probs[c.id]) - c.baseline_prob) for c in effect.changes]
+            frozen_ablation = [
+                ProbabilityChange(
+                    c.token, c.id, c.baseline_prob, float(probs[c.id]), float(probs[c.id]) - c.baseline_prob
+                )
+                for c in effect.changes
+            ]
         other = None
         if compare:  # the same weights with the mask flipped: attention toggles never change them
             flipped = cfg.replace(attention_dir="bidirectional" if cfg.causal else "causal")
-            _logits, flipped_cache = run_with_cache(p.params, flipped, p.ids, names=stage_hooks(flipped, layer),
-                                              ablate=p.ablate, logits=False)
+            _logits, flipped_cache = run_with_cache(
+                p.params, flipped, p.ids, names=stage_hooks(flipped, layer), ablate=p.ablate, logits=False
+            )
             other = flipped_cache.attention_stages(layer, head)
         return ExplorerView(
-            p, layer, head, cache.attention_stages(layer, head), cache[f"blocks.{layer}.attn.hook_pattern"], other,
-            cache.residual_norms(), top, effect, cache.rollout()[layer] if rollout else None,
-            self._shape_rows(cfg, n, decoder), frozen_ablation)
+            p,
+            layer,
+            head,
+            cache.attention_stages(layer, head),
+            cache[f"blocks.{layer}.attn.hook_pattern"],
+            other,
+            cache.residual_norms(),
+            top,
+            effect,
+            cache.rollout()[layer] if rollout else None,
+            self._shape_rows(cfg, n, decoder),
+            frozen_ablation,
+        )
 
     @staticmethod
     def _shape_rows(cfg: TransformerConfig, n: int, decoder: bool) -> list[ShapeRow]:
         """Every activation of a run in forward order, with its axes and dims."""
         rows = [ShapeRow("tokens", "[pos]", [n], False)]
-        rows += [ShapeRow(name, hook_shape(name, cfg), hook_dims(name, cfg, n), name.endswith("hook_resid_pre"))
-                 for name in hook_names(cfg)]
+        rows += [
+            ShapeRow(name, hook_shape(name, cfg), hook_dims(name, cfg, n), name.endswith("hook_resid_pre"))
+            for name in hook_names(cfg)
+        ]
         if decoder:
             rows.append(ShapeRow("logits", "[pos, d_vocab]", [n, cfg.d_vocab], True))
         return rows

@@ -62,14 +62,23 @@ def configure(redis_url: str, timing: Timing, app: Celery = celery) -> Celery:
             "unacked_restore_interval": t.restore_s,
             "unacked_restore_throttle": 1,  # every sweep looks
             "unacked_mutex_expire": max(5, t.restore_s),
-            "socket_timeout": 10, "socket_connect_timeout": 5, "health_check_interval": 10,
+            "socket_timeout": 10,
+            "socket_connect_timeout": 5,
+            "health_check_interval": 10,
         },
         task_default_queue=QUEUE,
-        task_serializer="json", accept_content=["json"], result_serializer="json",
-        task_ignore_result=True, result_backend=None,
-        task_acks_late=True, task_reject_on_worker_lost=True, worker_prefetch_multiplier=1,
+        task_serializer="json",
+        accept_content=["json"],
+        result_serializer="json",
+        task_ignore_result=True,
+        result_backend=None,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
         worker_cancel_long_running_tasks_on_connection_loss=False,
-        worker_enable_remote_control=False, worker_send_task_events=False, task_send_sent_event=False,
+        worker_enable_remote_control=False,
+        worker_send_task_events=False,
+        task_send_sent_event=False,
         worker_hijack_root_logger=False,
     )
     return app
@@ -102,8 +111,7 @@ def _store() -> RedisStore:
     return _stores[s.redis_url]
 
 
-@celery.task(name=TASK, bind=True, max_retries=None, acks_late=True, reject_on_worker_lost=True,
-             ignore_result=True)
+@celery.task(name=TASK, bind=True, max_retries=None, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def train_run(self, id: str, version: str) -> str:
     """Train one run, if it still needs training and nobody else is: returns what became of it."""
     if not isinstance(id, str) or not is_training_run_id(id) or not isinstance(version, str):
@@ -111,9 +119,13 @@ def train_run(self, id: str, version: str) -> str:
         return "refused"
     store = _store()
     if version_tuple(version) > version_tuple(__version__):
-        log.warning("refusing run %s: it was queued by version %s and this worker runs %s, which may not train it "
-                    "the same way; upgrade this worker (it goes back to the queue for another)",
-                    id, version, __version__)
+        log.warning(
+            "refusing run %s: it was queued by version %s and this worker runs %s, which may not train it "
+            "the same way; upgrade this worker (it goes back to the queue for another)",
+            id,
+            version,
+            __version__,
+        )
         raise self.retry(countdown=max(5.0, store.timing.pickup_s / 4))
     stored = store.stored_status(id)
     if stored is None or stored in FINISHED:
@@ -124,8 +136,11 @@ def train_run(self, id: str, version: str) -> str:
     try:
         return _train_leased(store, id, lease)
     except LeaseLost:
-        log.warning("run %s: lost its lease (a stall longer than %.1f s); another delivery takes it up",
-                    id, store.timing.lease_s)
+        log.warning(
+            "run %s: lost its lease (a stall longer than %.1f s); another delivery takes it up",
+            id,
+            store.timing.lease_s,
+        )
         raise self.retry(countdown=store.timing.retry_s) from None
     finally:
         lease.release()
@@ -143,10 +158,18 @@ def _train_leased(store: RedisStore, id: str, lease) -> str:
         [beat, progress] = store._fields(id, "heartbeat_at", "progress")
         gap = time.time() - float(beat) if beat else None
         lost_at = max(json.loads(progress)["step"] if progress else 0, store.state(id).get("step", 0))
-        writer.cut_short = {"id": id, "lost_at_step": lost_at,
-                            "lost_worker": _parse(store, id, "worker"), "worker": worker, "gap_s": gap}
-        log.info("run %s: taking it up after %s s without a worker, from its snapshot", id,
-                 "?" if gap is None else f"{gap:.1f}")
+        writer.cut_short = {
+            "id": id,
+            "lost_at_step": lost_at,
+            "lost_worker": _parse(store, id, "worker"),
+            "worker": worker,
+            "gap_s": gap,
+        }
+        log.info(
+            "run %s: taking it up after %s s without a worker, from its snapshot",
+            id,
+            "?" if gap is None else f"{gap:.1f}",
+        )
     writer.begin(worker)
     try:
         status = train(writer, lease.should_stop, lambda: lease.cancelled)
@@ -158,8 +181,10 @@ def _train_leased(store: RedisStore, id: str, lease) -> str:
     except Exception as exc:  # a bug, or a settings problem found late: the run says so
         log.exception("run %s failed", id)
         try:
-            writer.write_state(store.state(id) | {"status": "failed", "error": f"{type(exc).__name__}: {exc}",
-                                                  "finished_at": time.time()})
+            writer.write_state(
+                store.state(id)
+                | {"status": "failed", "error": f"{type(exc).__name__}: {exc}", "finished_at": time.time()}
+            )
         except REDIS_AWAY:
             return _after_redis_loss(store, id, lease)
         return "failed"
@@ -197,8 +222,15 @@ def _after_redis_loss(store: RedisStore, id: str, lease) -> str:
             return "taken up elsewhere"
         client = store.request(id)["client"]
         error = "Redis was unreachable mid-run: start the same run again to continue from its last snapshot"
-        fenced(store, id, lease.token, set={"status": "interrupted", "error": error},
-               events=[("run", {"status": "interrupted"})], mode="finish", client=client)
+        fenced(
+            store,
+            id,
+            lease.token,
+            set={"status": "interrupted", "error": error},
+            events=[("run", {"status": "interrupted"})],
+            mode="finish",
+            client=client,
+        )
         log.info("run %s: marked interrupted after Redis came back", id)
         return "interrupted"
     except (redis.RedisError, StoreUnavailable, LeaseLost):

@@ -45,11 +45,21 @@ from urllib.parse import urlsplit, urlunsplit
 import redis
 
 from app.settings import Settings
-from app.training.store import (FINISHED, STATUSES, NoRoom, Room, StoreUnavailable, step_and_loss,
-                                TrainingRunInfo, TrainingStore, is_training_run_id, training_run_id)
+from app.training.store import (
+    FINISHED,
+    STATUSES,
+    NoRoom,
+    Room,
+    StoreUnavailable,
+    TrainingRunInfo,
+    TrainingStore,
+    is_training_run_id,
+    step_and_loss,
+    training_run_id,
+)
 from core import InputError
-from core.recipes import TrainSettings, text_hash
 from core.i18n import _
+from core.recipes import TrainSettings, text_hash
 
 log = logging.getLogger("app.training.redis_store")
 
@@ -133,8 +143,9 @@ class Timing:
 
 def _never_sent(status: bytes | None, sent: bytes | None, queued_at: bytes | None, older_than_s: float) -> bool:
     """A run queued more than `older_than_s` ago whose task no one has marked sent."""
-    return (status == b"queued" and sent is None and queued_at is not None
-            and time.time() - float(queued_at) > older_than_s)
+    return (
+        status == b"queued" and sent is None and queued_at is not None and time.time() - float(queued_at) > older_than_s
+    )
 
 
 def _decode(raw: bytes | None) -> str | None:
@@ -174,11 +185,14 @@ ROOM = """if per >= 0 then
 end
 """
 
-CREATE = """
+CREATE = (
+    """
 -- KEYS: run, runs, queue, active, client, events. ARGV: id, request, text, state, created_at, per_client, total
 if redis.call('HEXISTS', KEYS[1], 'request') == 1 then return {0, 0} end
 local per, total = tonumber(ARGV[6]), tonumber(ARGV[7])
-""" + ROOM + """
+"""
+    + ROOM
+    + """
 redis.call('HSET', KEYS[1], 'request', ARGV[2], 'status', 'queued', 'state', ARGV[4], 'queued_at', ARGV[5])
 if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'text', ARGV[3]) end
 redis.call('ZADD', KEYS[2], ARGV[5], ARGV[1])
@@ -188,15 +202,19 @@ redis.call('SADD', KEYS[5], ARGV[1])
 redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[8], '*', 'event', 'run', 'data', '{"status":"queued"}')
 return {1, 0}
 """
+)
 
 # A trainer that has just written its run's last status may still hold the lease for a moment: the run is
 # queued all the same, and its next delivery waits for the lease.
-REQUEUE = """
+REQUEUE = (
+    """
 -- KEYS: run, lock, queue, active, client, events. ARGV: id, created_at, per_client, total, now, maxlen
 local status = redis.call('HGET', KEYS[1], 'status')
 if status ~= 'cancelled' and status ~= 'interrupted' and status ~= 'failed' then return {0, 0} end
 local per, total = tonumber(ARGV[3]), tonumber(ARGV[4])
-""" + ROOM + """
+"""
+    + ROOM
+    + """
 redis.call('HSET', KEYS[1], 'status', 'queued', 'queued_at', ARGV[5])
 redis.call('HDEL', KEYS[1], 'error', 'cancel', 'sent')
 redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
@@ -205,6 +223,7 @@ redis.call('SADD', KEYS[5], ARGV[1])
 redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[6], '*', 'event', 'run', 'data', '{"status":"queued"}')
 return {1, 0}
 """
+)
 
 CANCEL = """
 -- KEYS: run, lock, queue, active, client, events. ARGV: id, maxlen
@@ -233,6 +252,45 @@ return 1
 
 # ------------------------------------------------------------------ the store
 
+
+def _read_info(
+    id: str, queue: list[str] | None, fields: list, keys: list[bytes], locked: bool, cursor: str
+) -> TrainingRunInfo:
+    """A run's info from its hash's fields (as RedisStore._info reads them), its keys, its lease and its
+    stream's last event id."""
+    req, stored, error, state, progress, worker, model_dir = fields
+    req, state = json.loads(req), _json(state) or {}
+    status = _shown_status(_decode(stored) or "queued", bool(locked))
+    records = state.get("records", [])
+    step, loss = step_and_loss(state, _json(progress) if status == "running" else None)
+    settings = dict(req["settings"])
+    if req.get("text_sha256"):
+        settings["text"] = f"<sha256 {req['text_sha256'][:16]}>"
+    names = {k.decode() for k in keys}
+    snapshots = sorted(int(k.split(":", 1)[1]) for k in names if k.startswith("patterns:"))
+    position = queue.index(id) + 1 if status == "queued" and queue is not None and id in queue else None
+    info = TrainingRunInfo(
+        id=id,
+        recipe=settings["recipe"],
+        config=settings,
+        status=status,
+        step=step,
+        steps=settings["steps"],
+        created_at=req["created_at"],
+        updated_at=state.get("updated_at", req["created_at"]),
+        records=records,
+        snapshots=snapshots,
+        loss=loss,
+        model=id if model_dir else None,
+        error=_decode(error),
+        queue_position=position,
+        resumable="snapshot" in names,
+        worker=_json(worker) if locked and status == "running" else None,
+        cursor=cursor,
+    )
+    return info
+
+
 class RedisStore(TrainingStore):
     kind = "redis"
 
@@ -243,8 +301,10 @@ class RedisStore(TrainingStore):
         self.r = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=10, health_check_interval=10)
         digest = hashlib.sha256(url.encode()).hexdigest()[:12]
         self.cache = cache_dir or Path(tempfile.gettempdir()) / f"transformer-explorer-{os.getuid()}" / digest
-        self._scripts = {name: self.r.register_script(text) for name, text in
-                         [("create", CREATE), ("requeue", REQUEUE), ("cancel", CANCEL), ("delete", DELETE)]}
+        self._scripts = {
+            name: self.r.register_script(text)
+            for name, text in [("create", CREATE), ("requeue", REQUEUE), ("cancel", CANCEL), ("delete", DELETE)]
+        }
         self._pinged = (0.0, None)  # (when, the error then)
         self._cache_lock = threading.Lock()
 
@@ -253,8 +313,10 @@ class RedisStore(TrainingStore):
         return cls(settings.redis_url, settings.runs_max_mb * 2**20, Timing(settings.train_pickup_s))
 
     def unreachable(self, e: Exception) -> str:
-        return (f"training is off for now: Redis at {redacted(self.url)} cannot be reached ({e}); check that it "
-                "runs and EXPLORER_REDIS_URL (host, port, password)")
+        return (
+            f"training is off for now: Redis at {redacted(self.url)} cannot be reached ({e}); check that it "
+            "runs and EXPLORER_REDIS_URL (host, port, password)"
+        )
 
     @property
     def error(self) -> str | None:
@@ -289,8 +351,9 @@ class RedisStore(TrainingStore):
 
     def _fields(self, id: str, *names: str) -> list[bytes | None]:
         if not is_training_run_id(id):
-            raise InputError(_("{id!r} is not a run id: ids look like induction-3f2a9c1b7d0e (GET "
-                               "/api/v1/runs)").format(id=id))
+            raise InputError(
+                _("{id!r} is not a run id: ids look like induction-3f2a9c1b7d0e (GET /api/v1/runs)").format(id=id)
+            )
         return self.r.hmget(run_key(id), names)
 
     @_reaching
@@ -337,33 +400,18 @@ class RedisStore(TrainingStore):
     def _info(self, id: str, queue: list[str] | None) -> tuple[TrainingRunInfo, bytes | None]:
         """The run and its stream's last event id, read in one transaction (so nothing falls between)."""
         if not is_training_run_id(id):
-            raise InputError(_("{id!r} is not a run id: ids look like induction-3f2a9c1b7d0e (GET "
-                               "/api/v1/runs)").format(id=id))
+            raise InputError(
+                _("{id!r} is not a run id: ids look like induction-3f2a9c1b7d0e (GET /api/v1/runs)").format(id=id)
+            )
         pipe = self.r.pipeline(transaction=True)
         pipe.hmget(run_key(id), ["request", "status", "error", "state", "progress", "worker", "model_dir"])
         pipe.hkeys(run_key(id))
         pipe.exists(lock_key(id))
         pipe.xrevrange(events_key(id), count=1)
-        (req, stored, error, state, progress, worker, model_dir), keys, locked, last = pipe.execute()
-        if req is None:
+        fields, keys, locked, last = pipe.execute()
+        if fields[0] is None:
             raise KeyError(id)
-        req, state = json.loads(req), _json(state) or {}
-        status = _shown_status(_decode(stored) or "queued", bool(locked))
-        records = state.get("records", [])
-        step, loss = step_and_loss(state, _json(progress) if status == "running" else None)
-        settings = dict(req["settings"])
-        if req.get("text_sha256"):
-            settings["text"] = f"<sha256 {req['text_sha256'][:16]}>"
-        names = {k.decode() for k in keys}
-        snapshots = sorted(int(k.split(":", 1)[1]) for k in names if k.startswith("patterns:"))
-        position = queue.index(id) + 1 if status == "queued" and queue is not None and id in queue else None
-        info = TrainingRunInfo(
-            id=id, recipe=settings["recipe"], config=settings, status=status, step=step, steps=settings["steps"],
-            created_at=req["created_at"], updated_at=state.get("updated_at", req["created_at"]), records=records,
-            snapshots=snapshots, loss=loss, model=id if model_dir else None, error=_decode(error),
-            queue_position=position, resumable="snapshot" in names,
-            worker=_json(worker) if locked and status == "running" else None,
-            cursor=last[0][0].decode() if last else "0-0")
+        info = _read_info(id, queue, fields, keys, bool(locked), last[0][0].decode() if last else "0-0")
         return info, (last[0][0] if last else None)
 
     def stats(self) -> dict:
@@ -379,8 +427,12 @@ class RedisStore(TrainingStore):
             counts[_shown_status(_decode(stored) or "queued", bool(locked))] += 1
         seen = [json.loads(v) for v in self.r.hvals(WORKERS)]
         alive = [w for w in seen if w.get("seen", 0) > time.time() - 30]
-        return {"runs": counts, "queue": int(self.r.zcard(QUEUE)), "workers": sum(w["processes"] for w in alive),
-                "worker_nodes": len(alive)}
+        return {
+            "runs": counts,
+            "queue": int(self.r.zcard(QUEUE)),
+            "workers": sum(w["processes"] for w in alive),
+            "worker_nodes": len(alive),
+        }
 
     def _unleased(self, ids: list[str]) -> list[tuple[str, bytes | None, bytes | None, bytes | None]]:
         """(id, status, sent, queued_at) of each of these runs whose lease nobody holds, in one round trip."""
@@ -454,12 +506,18 @@ class RedisStore(TrainingStore):
         if s.text is not None:
             fields["text"] = None
         now = time.time()
-        request = {"id": id, "settings": fields, "text_sha256": s.text and text_hash(s.text), "created_at": now,
-                   "client": client}
+        request = {
+            "id": id,
+            "settings": fields,
+            "text_sha256": s.text and text_hash(s.text),
+            "created_at": now,
+            "client": client,
+        }
         state = {"records": [], "updated_at": now}
         made, count = self._scripts["create"](
             keys=[run_key(id), RUNS, QUEUE, ACTIVE, client_key(client), events_key(id)],
-            args=[id, dumps(request), s.text or "", dumps(state), repr(now), *_room_args(room), STREAM_MAXLEN])
+            args=[id, dumps(request), s.text or "", dumps(state), repr(now), *_room_args(room), STREAM_MAXLEN],
+        )
         _no_room(made, count)
         if made or self._unsent(id, SEND_GRACE_S):  # the same request again heals a run whose task was never sent
             self.submit(id)
@@ -470,7 +528,8 @@ class RedisStore(TrainingStore):
         req = self.request(id)
         made, count = self._scripts["requeue"](
             keys=[run_key(id), lock_key(id), QUEUE, ACTIVE, client_key(req["client"]), events_key(id)],
-            args=[id, repr(req["created_at"]), *_room_args(room), repr(time.time()), STREAM_MAXLEN])
+            args=[id, repr(req["created_at"]), *_room_args(room), repr(time.time()), STREAM_MAXLEN],
+        )
         _no_room(made, count)
         if made:
             self.submit(id)
@@ -502,8 +561,10 @@ class RedisStore(TrainingStore):
     @_reaching
     def request_cancel(self, id: str) -> None:
         req = self.request(id)
-        self._scripts["cancel"](keys=[run_key(id), lock_key(id), QUEUE, ACTIVE, client_key(req["client"]),
-                                      events_key(id)], args=[id, STREAM_MAXLEN])
+        self._scripts["cancel"](
+            keys=[run_key(id), lock_key(id), QUEUE, ACTIVE, client_key(req["client"]), events_key(id)],
+            args=[id, STREAM_MAXLEN],
+        )
 
     @_reaching
     def size(self, id: str) -> int:
@@ -526,8 +587,11 @@ class RedisStore(TrainingStore):
 
 def register_worker(store: RedisStore, node: str, processes: int, version: str) -> None:
     """A Celery worker says it is alive (app/worker.py, every few seconds): /metrics counts them."""
-    store.r.hset(WORKERS, node, dumps({"host": HOST, "pid": os.getpid(), "processes": processes,
-                                      "version": version, "seen": time.time()}))
+    store.r.hset(
+        WORKERS,
+        node,
+        dumps({"host": HOST, "pid": os.getpid(), "processes": processes, "version": version, "seen": time.time()}),
+    )
 
 
 def unregister_worker(store: RedisStore, node: str) -> None:

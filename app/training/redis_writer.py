@@ -24,8 +24,19 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from app.training.redis_store import (ACTIVE, HOST, QUEUE, STREAM_MAXLEN, RedisStore, client_key, dumps, events_key,
-                                      lock_key, run_key, stopping_key)
+from app.training.redis_store import (
+    ACTIVE,
+    HOST,
+    QUEUE,
+    STREAM_MAXLEN,
+    RedisStore,
+    client_key,
+    dumps,
+    events_key,
+    lock_key,
+    run_key,
+    stopping_key,
+)
 from app.training.store import FINISHED, MODEL_PREFIX, RunWriter
 from core.recipes import TrainSettings
 
@@ -96,22 +107,33 @@ _scripts: dict[tuple[int, str], Any] = {}
 def _script(store: RedisStore, name: str):
     key = (id(store.r), name)
     if key not in _scripts:
-        _scripts[key] = store.r.register_script({"fenced": FENCED, "renew": RENEW, "release": RELEASE,
-                                                       "acquire": ACQUIRE}[name])
+        _scripts[key] = store.r.register_script(
+            {"fenced": FENCED, "renew": RENEW, "release": RELEASE, "acquire": ACQUIRE}[name]
+        )
     return _scripts[key]
 
 
 def acquire(store: RedisStore, id: str, node: str | None = None) -> Lease | None:
     """The run's lease if nobody holds it, renewed by a thread until released; else None."""
     token = f"{HOST}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
-    if not _script(store, "acquire")(keys=[lock_key(id), run_key(id), QUEUE],
-                                     args=[token, int(store.timing.lease_s * 1000), id]):
+    if not _script(store, "acquire")(
+        keys=[lock_key(id), run_key(id), QUEUE], args=[token, int(store.timing.lease_s * 1000), id]
+    ):
         return None
     return Lease(store, id, token, node)
 
 
-def fenced(store: RedisStore, id: str, token: str, *, set: dict | None = None, delete: Iterable[str] = (),
-           events: Iterable[tuple[str, Any]] = (), mode: str = "", client: str = "") -> bytes:
+def fenced(
+    store: RedisStore,
+    id: str,
+    token: str,
+    *,
+    set: dict | None = None,
+    delete: Iterable[str] = (),
+    events: Iterable[tuple[str, Any]] = (),
+    mode: str = "",
+    client: str = "",
+) -> bytes:
     """Write as the lease's holder, in one script; LeaseLost if the token no longer holds it. `mode`: "start"
     (out of the queue), "finish" (out of the queue and the limits' counts), "queue" (back in the queue)."""
     pairs = [x for kv in (set or {}).items() for x in kv]
@@ -119,7 +141,8 @@ def fenced(store: RedisStore, id: str, token: str, *, set: dict | None = None, d
     evs = [x for name, data in events for x in (name, dumps(data))]
     out = _script(store, "fenced")(
         keys=[lock_key(id), run_key(id), events_key(id), QUEUE, ACTIVE, client_key(client)],
-        args=[token, STREAM_MAXLEN, mode, id, len(pairs) // 2, *pairs, len(delete), *delete, len(evs) // 2, *evs])
+        args=[token, STREAM_MAXLEN, mode, id, len(pairs) // 2, *pairs, len(delete), *delete, len(evs) // 2, *evs],
+    )
     if out is None:
         raise LeaseLost(id)
     return out
@@ -144,7 +167,8 @@ class Lease:
             try:
                 held, cancel, stopping = _script(self.store, "renew")(
                     keys=[lock_key(self.id), run_key(self.id), self.stopping_key],
-                    args=[self.token, int(t.lease_s * 1000), repr(time.time())])
+                    args=[self.token, int(t.lease_s * 1000), repr(time.time())],
+                )
                 self.unreachable = False
             except redis.RedisError:
                 self.unreachable = True
@@ -203,15 +227,14 @@ class RedisWriter(RunWriter):
 
     def begin(self, worker: dict) -> None:
         """This process takes the run: who it is, out of the queue, no progress of an earlier trainer."""
-        self._write(set={"worker": dumps(worker), "heartbeat_at": repr(time.time())}, delete=["progress"],
-                    mode="start")
+        self._write(set={"worker": dumps(worker), "heartbeat_at": repr(time.time())}, delete=["progress"], mode="start")
 
     def write_state(self, state: dict) -> None:
         state = dict(state)
         status, error = state.pop("status"), state.pop("error", None)
         state["updated_at"] = time.time()
         records = state.get("records", [])
-        events = [("record", r) for r in records[self._records:]] if self._status is not None else []
+        events = [("record", r) for r in records[self._records :]] if self._status is not None else []
         if self._status is None and self.cut_short is not None:  # the gap: who was lost, from where it goes on
             events.append(("resumed", self.cut_short | {"from_step": self.snapshot_step or 0}))
         if status != self._status:
@@ -222,15 +245,22 @@ class RedisWriter(RunWriter):
         if state.get("model_dir"):
             fields["model_dir"] = state["model_dir"]
         finished = status in FINISHED
-        self._write(set=fields, delete=[] if error is not None else ["error"], events=events,
-                    mode="finish" if finished else "queue" if status == "queued" else "")
+        self._write(
+            set=fields,
+            delete=[] if error is not None else ["error"],
+            events=events,
+            mode="finish" if finished else "queue" if status == "queued" else "",
+        )
         self._status, self._records = status, len(records)
 
     def write_progress(self, step: int, loss: float) -> None:
         progress = {"step": step, "loss": loss}
-        self._write(set={"progress": dumps(progress)},
-                    events=[("progress", {"id": self.id, "step": step, "steps": self.steps, "loss": loss,
-                                          "status": "running"})])
+        self._write(
+            set={"progress": dumps(progress)},
+            events=[
+                ("progress", {"id": self.id, "step": step, "steps": self.steps, "loss": loss, "status": "running"})
+            ],
+        )
 
     def write_patterns(self, step: int, patterns: list) -> None:
         self._write(set={f"patterns:{step}": dumps(patterns)})
@@ -244,8 +274,9 @@ class RedisWriter(RunWriter):
         for key in sorted(files):
             digest.update(key.encode() + files[key])
         old = [k.decode() for k in self.store.r.hkeys(run_key(self.id)) if k.startswith(b"model:")]
-        self._write(set=files | {"model_dir": name, "model_hash": digest.hexdigest()},
-                    delete=[k for k in old if k not in files])
+        self._write(
+            set=files | {"model_dir": name, "model_hash": digest.hexdigest()}, delete=[k for k in old if k not in files]
+        )
         return name
 
     def drop_models_but(self, keep: str | None) -> None:

@@ -77,7 +77,12 @@ class TrainingManager:
         with open(folder / "trainer.log", "ab") as out:
             child = subprocess.Popen(
                 [self.python, "-m", "app.training.worker", str(self.store.root), id, "--lock-fd", str(lock_fd)],
-                pass_fds=(lock_fd,), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env)
+                pass_fds=(lock_fd,),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
         with self._lock:
             self.children[id] = child
         log.info("training %s in process %d", id, child.pid)

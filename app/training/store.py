@@ -49,8 +49,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from app.settings import Settings, runs_folder
 from core import InputError
-from core.recipes import TrainSettings, text_hash
 from core.i18n import _
+from core.recipes import TrainSettings, text_hash
 
 if TYPE_CHECKING:
     from core.train import Snapshot, Training
@@ -59,13 +59,21 @@ Status = Literal["queued", "running", "done", "failed", "cancelled", "interrupte
 STATUSES: tuple[Status, ...] = ("queued", "running", "done", "failed", "cancelled", "interrupted")
 FINISHED = ("done", "failed", "cancelled", "interrupted")  # nobody is training it
 REQUEST, STATE, PROGRESS, SNAPSHOT, LOCK, CANCEL, TEXT = (
-    "request.json", "state.json", "progress.json", "snapshot.npz", "lock", "cancel", "text.txt")
+    "request.json",
+    "state.json",
+    "progress.json",
+    "snapshot.npz",
+    "lock",
+    "cancel",
+    "text.txt",
+)
 PATTERNS = "patterns"
 MODEL_PREFIX = "model-"
 HOST = socket.gethostname()  # who trains a run, with its pid (GET /api/v1/runs/{id} `worker`)
 
 
 # ------------------------------------------------------------------ writing whole files
+
 
 def write_atomic(path: Path, data: bytes | str, *, durable: bool = True) -> None:
     """Write `path` as a whole: a temporary file beside it, flushed (and synced when `durable`), renamed."""
@@ -97,6 +105,7 @@ def read_json(path: Path) -> Any | None:
 
 # ------------------------------------------------------------------ names
 
+
 def training_run_id(s: TrainSettings) -> str:
     """The run's name: its recipe and a hash of every setting (a text by its SHA-256), e.g. induction-3f2a9c1b7d0e."""
     fields = dataclasses.asdict(s)
@@ -123,6 +132,7 @@ def is_training_run_id(name: str) -> bool:
 
 
 # ------------------------------------------------------------------ what a run is, read back
+
 
 @dataclass
 class TrainingRunInfo:
@@ -158,9 +168,11 @@ class TrainingRunInfo:
     @property
     def heads(self) -> dict[str, list]:
         """Per record: every head's previous-token and induction score on the probe, [step][layer][head]."""
-        return {"step": [r["step"] for r in self.records],
-                "previous_token": [r["previous_token"] for r in self.records],
-                "induction": [r["induction"] for r in self.records]}
+        return {
+            "step": [r["step"] for r in self.records],
+            "previous_token": [r["previous_token"] for r in self.records],
+            "induction": [r["induction"] for r in self.records],
+        }
 
     @property
     def samples(self) -> list[dict]:
@@ -174,6 +186,7 @@ class TrainingRunInfo:
 
 
 # ------------------------------------------------------------------ what a store must answer
+
 
 @dataclass(frozen=True)
 class Room:
@@ -266,8 +279,12 @@ class TrainingStore(ABC):
         else:
             events += [("record", r) for r in info.records[n_sent:]]
             if info.step != step_sent:
-                events.append(("progress", {"id": id, "step": info.step, "steps": info.steps, "loss": info.loss,
-                                            "status": info.status}))
+                events.append(
+                    (
+                        "progress",
+                        {"id": id, "step": info.step, "steps": info.steps, "loss": info.loss, "status": info.status},
+                    )
+                )
         return events, info.event_id, info.status in FINISHED
 
     # ---------------------------------------------------------------- changing
@@ -289,7 +306,7 @@ class TrainingStore(ABC):
 
 
 def _parse_event_id(since: str | None) -> tuple[int, int, str | None]:
-    """"3.150.running" -> (3, 150, "running"); anything else starts from nothing."""
+    """ "3.150.running" -> (3, 150, "running"); anything else starts from nothing."""
     try:
         n, step, status = (since or "").split(".")
         return int(n), int(step), status
@@ -352,6 +369,7 @@ def open_store(settings: Settings) -> TrainingStore | None:
 
 # ------------------------------------------------------------------ the runs folder
 
+
 @dataclass
 class FolderStore(TrainingStore):
     """The runs folder. Reading is safe from any process; each run has one writer at a time (its lock)."""
@@ -369,18 +387,22 @@ class FolderStore(TrainingStore):
             probe.write_bytes(b"")
             probe.unlink()
         except OSError as e:
-            self._error = (f"training is off: the runs folder {self.root} cannot be written ({e.strerror}); "
-                           "set EXPLORER_RUNS_DIR to a writable folder (a volume, in a container)")
+            self._error = (
+                f"training is off: the runs folder {self.root} cannot be written ({e.strerror}); "
+                "set EXPLORER_RUNS_DIR to a writable folder (a volume, in a container)"
+            )
 
     @property
     def error(self) -> str | None:
         return self._error
+
     # ---------------------------------------------------------------- paths and locks
 
     def folder(self, id: str) -> Path:
         if not is_training_run_id(id):
-            raise InputError(_("{id!r} is not a run id: ids look like induction-3f2a9c1b7d0e (GET "
-                               "/api/v1/runs)").format(id=id))
+            raise InputError(
+                _("{id!r} is not a run id: ids look like induction-3f2a9c1b7d0e (GET /api/v1/runs)").format(id=id)
+            )
         return self.root / id
 
     def exists(self, id: str) -> bool:
@@ -434,8 +456,16 @@ class FolderStore(TrainingStore):
                 write_atomic(tmp / TEXT, s.text)
                 fields["text"] = None
             now = time.time()
-            write_json(tmp / REQUEST, {"id": id, "settings": fields, "text_sha256": s.text and text_hash(s.text),
-                                       "created_at": now, "client": client})
+            write_json(
+                tmp / REQUEST,
+                {
+                    "id": id,
+                    "settings": fields,
+                    "text_sha256": s.text and text_hash(s.text),
+                    "created_at": now,
+                    "client": client,
+                },
+            )
             write_json(tmp / STATE, {"status": "queued", "records": [], "updated_at": now})
             (tmp / PATTERNS).mkdir()
             tmp.chmod(0o755)
@@ -492,17 +522,31 @@ class FolderStore(TrainingStore):
         settings = dict(req["settings"])
         if req.get("text_sha256"):
             settings["text"] = f"<sha256 {req['text_sha256'][:16]}>"
-        snapshots = sorted(int(p.stem) for p in (folder / PATTERNS).glob("*.json")) \
-            if (folder / PATTERNS).is_dir() else []
+        snapshots = (
+            sorted(int(p.stem) for p in (folder / PATTERNS).glob("*.json")) if (folder / PATTERNS).is_dir() else []
+        )
         position = None
         if status == "queued" and queue is not None and id in queue:
             position = queue.index(id) + 1
         worker = {"host": HOST, "pid": state["pid"]} if status == "running" and state.get("pid") else None
         return TrainingRunInfo(
-            id=id, recipe=settings["recipe"], config=settings, status=status, step=step, steps=settings["steps"],
-            created_at=req["created_at"], updated_at=state.get("updated_at", req["created_at"]), records=records,
-            snapshots=snapshots, loss=loss, model=id if state.get("model_dir") else None, error=state.get("error"),
-            queue_position=position, resumable=(folder / SNAPSHOT).is_file(), worker=worker)
+            id=id,
+            recipe=settings["recipe"],
+            config=settings,
+            status=status,
+            step=step,
+            steps=settings["steps"],
+            created_at=req["created_at"],
+            updated_at=state.get("updated_at", req["created_at"]),
+            records=records,
+            snapshots=snapshots,
+            loss=loss,
+            model=id if state.get("model_dir") else None,
+            error=state.get("error"),
+            queue_position=position,
+            resumable=(folder / SNAPSHOT).is_file(),
+            worker=worker,
+        )
 
     def ids(self) -> list[str]:
         """Every run, newest first."""
@@ -515,8 +559,11 @@ class FolderStore(TrainingStore):
 
     def queue(self) -> list[str]:
         """Runs waiting to start, first come first served."""
-        waiting = [(self.request(id)["created_at"], id) for id in self.ids()
-                   if self.state(id)["status"] == "queued" and not self.is_training(id)]
+        waiting = [
+            (self.request(id)["created_at"], id)
+            for id in self.ids()
+            if self.state(id)["status"] == "queued" and not self.is_training(id)
+        ]
         return [id for _, id in sorted(waiting)]
 
     def patterns(self, id: str, step: int) -> list | None:
@@ -548,8 +595,11 @@ class FolderStore(TrainingStore):
             os.close(fd)
 
     def _check_room(self, client: str | None, room: Room) -> None:
-        active = [self.request(id) for id in self.ids()
-                  if self.state(id)["status"] in ("queued", "running") or self.is_training(id)]
+        active = [
+            self.request(id)
+            for id in self.ids()
+            if self.state(id)["status"] in ("queued", "running") or self.is_training(id)
+        ]
         mine = sum(1 for r in active if r.get("client") == client)
         if mine >= room.per_client:
             raise NoRoom("client", mine)

@@ -77,8 +77,17 @@ def train(w: RunWriter, stop: Callable[[], bool], cancelled: Callable[[], bool],
     else:
         run = Training(w.settings())
         records = []
-    w.write_state(state | {"status": "running", "step": run.step, "records": records, "error": None,
-                           "pid": pid or os.getpid(), "started_at": state.get("started_at") or time.time()})
+    w.write_state(
+        state
+        | {
+            "status": "running",
+            "step": run.step,
+            "records": records,
+            "error": None,
+            "pid": pid or os.getpid(),
+            "started_at": state.get("started_at") or time.time(),
+        }
+    )
     last_progress = 0.0
 
     def progress(step: int, loss: float) -> None:
@@ -124,8 +133,11 @@ def main(argv: list[str] | None = None) -> int:
         train(writer, stop, lambda: stop.cancelled)
     except Exception as exc:  # a bug, or a settings problem found late: the run says so
         traceback.print_exc()
-        store.write_state(args.run_id, store.state(args.run_id) | {
-            "status": "failed", "error": f"{type(exc).__name__}: {exc}", "finished_at": time.time()})
+        store.write_state(
+            args.run_id,
+            store.state(args.run_id)
+            | {"status": "failed", "error": f"{type(exc).__name__}: {exc}", "finished_at": time.time()},
+        )
         return 1
     finally:
         os.close(args.lock_fd)

@@ -34,8 +34,16 @@ from ..config import TransformerConfig
 from ..errors import InputError
 from ..model import Params, iter_arrays
 from . import bert, gpt2, gpt_neo, gpt_neox, llama
-from .tensors import (CONFIG_FILE, INDEX_FILE, TOKENIZER_FILE, WEIGHTS_FILE, CheckpointError, SafetensorsFile, Tensors,
-                      weight_files)
+from .tensors import (
+    CONFIG_FILE,
+    INDEX_FILE,
+    TOKENIZER_FILE,
+    WEIGHTS_FILE,
+    CheckpointError,
+    SafetensorsFile,
+    Tensors,
+    weight_files,
+)
 from .tokenizer import HFTokenizer
 
 # config.json's model_type -> the module that maps that family onto core.
@@ -52,9 +60,28 @@ NOT_YET = {
     "mixtral": "it is a mixture of experts",
 }
 
-__all__ = ["CONFIG_FILE", "INDEX_FILE", "TOKENIZER_FILE", "WEIGHTS_FILE", "FAMILIES", "Checkpoint", "CheckpointError",
-           "CheckpointSpec", "HFTokenizer", "SafetensorsFile", "Tensors", "checkpoint_problem", "load_checkpoint",
-           "is_mapped", "load_params", "mapped_nbytes", "params_nbytes", "read_spec", "TRAINED_DIR", "trained_models"]
+__all__ = [
+    "CONFIG_FILE",
+    "INDEX_FILE",
+    "TOKENIZER_FILE",
+    "WEIGHTS_FILE",
+    "FAMILIES",
+    "Checkpoint",
+    "CheckpointError",
+    "CheckpointSpec",
+    "HFTokenizer",
+    "SafetensorsFile",
+    "Tensors",
+    "checkpoint_problem",
+    "load_checkpoint",
+    "is_mapped",
+    "load_params",
+    "mapped_nbytes",
+    "params_nbytes",
+    "read_spec",
+    "TRAINED_DIR",
+    "trained_models",
+]
 
 
 @dataclass(frozen=True)
@@ -80,8 +107,10 @@ class CheckpointSpec:
         heads = f"{c.n_heads} heads"
         if c.n_key_value_heads != c.n_heads:
             heads += f" sharing {c.n_key_value_heads} key/value heads"
-        return (f"{FAMILIES[self.family].LABEL}: {c.n_layers} layers, {heads}, d_model {c.d_model}, "
-                f"vocabulary {c.d_vocab}, context {c.n_ctx}")
+        return (
+            f"{FAMILIES[self.family].LABEL}: {c.n_layers} layers, {heads}, d_model {c.d_model}, "
+            f"vocabulary {c.d_vocab}, context {c.n_ctx}"
+        )
 
 
 @dataclass(frozen=True)
@@ -101,20 +130,30 @@ class Checkpoint:
 
 # ---------------------------------------------------------------------------- config.json
 
+
 def read_spec(folder: str | Path) -> CheckpointSpec:
     """Check the folder holds its files and read config.json into a TransformerConfig."""
     path = Path(folder)
     if not path.is_dir():
         raise CheckpointError(f"{path} is not a folder")
     has_weights = (path / WEIGHTS_FILE).is_file() or (path / INDEX_FILE).is_file()
-    missing = [f for f, ok in ((CONFIG_FILE, (path / CONFIG_FILE).is_file()), (WEIGHTS_FILE, has_weights),
-                               (TOKENIZER_FILE, (path / TOKENIZER_FILE).is_file())) if not ok]
+    missing = [
+        f
+        for f, ok in (
+            (CONFIG_FILE, (path / CONFIG_FILE).is_file()),
+            (WEIGHTS_FILE, has_weights),
+            (TOKENIZER_FILE, (path / TOKENIZER_FILE).is_file()),
+        )
+        if not ok
+    ]
     if missing:
         hint = ""
         if WEIGHTS_FILE in missing and any(path.glob("pytorch_model*.bin")):
             hint = " (pytorch_model.bin is not read: it needs torch; save the model with safe_serialization=True)"
-        raise CheckpointError(f"missing {', '.join(missing)}: a checkpoint folder needs {CONFIG_FILE}, "
-                              f"{WEIGHTS_FILE} (or {INDEX_FILE} and its shards) and {TOKENIZER_FILE}{hint}")
+        raise CheckpointError(
+            f"missing {', '.join(missing)}: a checkpoint folder needs {CONFIG_FILE}, "
+            f"{WEIGHTS_FILE} (or {INDEX_FILE} and its shards) and {TOKENIZER_FILE}{hint}"
+        )
     try:
         raw = json.loads((path / CONFIG_FILE).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -124,8 +163,9 @@ def read_spec(folder: str | Path) -> CheckpointSpec:
     family = raw.get("model_type")
     if family not in FAMILIES:
         why = f" ({NOT_YET[family]})" if family in NOT_YET else ""
-        raise CheckpointError(f"model_type {family!r} is not supported{why}: this explorer runs "
-                              f"{', '.join(FAMILIES)} checkpoints")
+        raise CheckpointError(
+            f"model_type {family!r} is not supported{why}: this explorer runs {', '.join(FAMILIES)} checkpoints"
+        )
     try:
         cfg = FAMILIES[family].config(raw)
     except KeyError as e:
@@ -137,6 +177,7 @@ def read_spec(folder: str | Path) -> CheckpointSpec:
 
 
 # ---------------------------------------------------------------------------- weights
+
 
 def load_params(spec: CheckpointSpec) -> Params:
     """Read the weights into core's parameter dict (see core.model.init_params for its keys).
@@ -179,13 +220,16 @@ def mapped_nbytes(params: Params) -> int:
 
 # ---------------------------------------------------------------------------- all together
 
+
 def load_checkpoint(folder: str | Path, spec: CheckpointSpec | None = None) -> Checkpoint:
     """Config, weights and tokenizer of a folder; raises CheckpointError saying why not."""
     spec = spec or read_spec(folder)
     tokenizer = HFTokenizer(spec.path / TOKENIZER_FILE)
     if tokenizer.vocab_size > spec.cfg.d_vocab:
-        raise CheckpointError(f"{TOKENIZER_FILE} has {tokenizer.vocab_size} tokens but the model's "
-                              f"embedding has only {spec.cfg.d_vocab} rows: they do not belong together")
+        raise CheckpointError(
+            f"{TOKENIZER_FILE} has {tokenizer.vocab_size} tokens but the model's "
+            f"embedding has only {spec.cfg.d_vocab} rows: they do not belong together"
+        )
     return Checkpoint(spec, load_params(spec), tokenizer)
 
 

@@ -12,8 +12,15 @@ from ..errors import InputError
 from ..i18n import _
 
 # Hugging Face's names of activation functions -> core's (gelu_pytorch_tanh is GPT-2's tanh GELU).
-ACT_FNS = {"gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu_fast": "gelu_new", "gelu": "gelu",
-           "relu": "relu", "silu": "silu", "swish": "silu"}
+ACT_FNS = {
+    "gelu_new": "gelu_new",
+    "gelu_pytorch_tanh": "gelu_new",
+    "gelu_fast": "gelu_new",
+    "gelu": "gelu",
+    "relu": "relu",
+    "silu": "silu",
+    "swish": "silu",
+}
 
 
 def need(raw: dict, *names: str):
@@ -21,13 +28,12 @@ def need(raw: dict, *names: str):
     for name in names:
         if raw.get(name) is not None:
             return raw[name]
-    raise InputError(_("it has no {choices}").format(choices=' or '.join(repr(n) for n in names)))
+    raise InputError(_("it has no {choices}").format(choices=" or ".join(repr(n) for n in names)))
 
 
 def act_fn(name: object) -> str:
     if name not in ACT_FNS:
-        raise InputError(_("activation {name!r} is not one of {choices}").format(
-                           name=name, choices=', '.join(ACT_FNS)))
+        raise InputError(_("activation {name!r} is not one of {choices}").format(name=name, choices=", ".join(ACT_FNS)))
     return ACT_FNS[name]
 
 
@@ -46,15 +52,22 @@ def rope(raw: dict, default_theta: float = 10000.0, default_partial: float = 1.0
         raise InputError(_("per-layer rope_parameters are not supported"))
     kind = params.get("rope_type", params.get("type", "default"))
     if kind != "default":
-        raise InputError(_("rope scaling {kind!r} is not supported: only plain rotary embeddings run "
-                           "here (a config with rope_scaling null or rope_type 'default')").format(
-                           kind=kind))
+        raise InputError(
+            _(
+                "rope scaling {kind!r} is not supported: only plain rotary embeddings run "
+                "here (a config with rope_scaling null or rope_type 'default')"
+            ).format(kind=kind)
+        )
     theta = params.get("rope_theta", raw.get("rope_theta", raw.get("rotary_emb_base", default_theta)))
-    partial = params.get("partial_rotary_factor",
-                         raw.get("partial_rotary_factor", raw.get("rotary_pct", default_partial)))
+    partial = params.get(
+        "partial_rotary_factor", raw.get("partial_rotary_factor", raw.get("rotary_pct", default_partial))
+    )
     if not isinstance(theta, (int, float)) or not isinstance(partial, (int, float)) or not 0 < partial <= 1:
-        raise InputError(_("rotary base {theta!r} or partial factor {partial!r} is not a usable "
-                           "number").format(theta=theta, partial=partial))
+        raise InputError(
+            _("rotary base {theta!r} or partial factor {partial!r} is not a usable number").format(
+                theta=theta, partial=partial
+            )
+        )
     return float(theta), float(partial)
 
 

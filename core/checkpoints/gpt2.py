@@ -10,10 +10,10 @@ import numpy as np
 
 from ..config import TransformerConfig
 from ..errors import InputError
+from ..i18n import N_, _
 from ..model import Params
 from .fields import act_fn
 from .tensors import CheckpointError, Tensors
-from ..i18n import N_, _
 
 MODEL_TYPES = ("gpt2",)
 LABEL = N_("GPT-2-family decoder")
@@ -24,13 +24,22 @@ def config(c: dict) -> TransformerConfig:
     if c.get("scale_attn_by_inverse_layer_idx"):
         raise InputError(_("scale_attn_by_inverse_layer_idx (Mistral-style scaling) is not supported"))
     return TransformerConfig(
-        d_model=c["n_embd"], n_layers=c["n_layer"], n_heads=c["n_head"], d_vocab=c["vocab_size"],
-        n_ctx=c.get("n_positions", c.get("n_ctx", 1024)), d_mlp=c.get("n_inner"),  # None: 4 * d_model
+        d_model=c["n_embd"],
+        n_layers=c["n_layer"],
+        n_heads=c["n_head"],
+        d_vocab=c["vocab_size"],
+        n_ctx=c.get("n_positions", c.get("n_ctx", 1024)),
+        d_mlp=c.get("n_inner"),  # None: 4 * d_model
         act_fn=act_fn(c.get("activation_function", "gelu_new")),
-        use_attn_scale=c.get("scale_attn_weights", True), eps=c.get("layer_norm_epsilon", 1e-5),
+        use_attn_scale=c.get("scale_attn_weights", True),
+        eps=c.get("layer_norm_epsilon", 1e-5),
         tied_embeddings=c.get("tie_word_embeddings", True),
-        normalization_type="LN", positional_embedding_type="learned", attention_dir="causal",
-        block_type="pre_norm", bias=True, unembed_bias=False,  # lm_head has no bias
+        normalization_type="LN",
+        positional_embedding_type="learned",
+        attention_dir="causal",
+        block_type="pre_norm",
+        bias=True,
+        unembed_bias=False,  # lm_head has no bias
         # Not GPT-2's: core/export.py writes it for attention-only models, whose MLPs are exactly zero.
         attn_only=c.get("attn_only", False) is True,
     )
@@ -40,8 +49,10 @@ def params(t: Tensors, cfg: TransformerConfig) -> Params:
     d, dm, V = cfg.d_model, cfg.d_mlp, cfg.d_vocab
     hd = cfg.n_heads * cfg.d_head
 
-    params: Params = {"embed": {"W_E": t.get("wte.weight", (V, d))},
-                      "pos_embed": {"W_pos": t.get("wpe.weight", (cfg.n_ctx, d))}}
+    params: Params = {
+        "embed": {"W_E": t.get("wte.weight", (V, d))},
+        "pos_embed": {"W_pos": t.get("wpe.weight", (cfg.n_ctx, d))},
+    }
     blocks = []
     for layer in range(cfg.n_layers):
         h = f"h.{layer}."
@@ -49,21 +60,30 @@ def params(t: Tensors, cfg: TransformerConfig) -> Params:
         # constant buffer; core builds the mask itself, so they are not read.
         block = {
             "ln1": t.norm(h + "ln_1", d),
-            "attn": {"W_QKV": t.get(h + "attn.c_attn.weight", (d, 3 * hd)),  # columns [Q | K | V]
-                     "b_QKV": t.get(h + "attn.c_attn.bias", (3 * hd,)),
-                     "W_O": t.get(h + "attn.c_proj.weight", (hd, d)),
-                     "b_O": t.get(h + "attn.c_proj.bias", (d,))},
+            "attn": {
+                "W_QKV": t.get(h + "attn.c_attn.weight", (d, 3 * hd)),  # columns [Q | K | V]
+                "b_QKV": t.get(h + "attn.c_attn.bias", (3 * hd,)),
+                "W_O": t.get(h + "attn.c_proj.weight", (hd, d)),
+                "b_O": t.get(h + "attn.c_proj.bias", (d,)),
+            },
         }
         if cfg.attn_only:
             # The stored MLP must add nothing, or transformers would compute another model than core.
             if np.any(t.get(h + "mlp.c_proj.weight", (dm, d))) or np.any(t.get(h + "mlp.c_proj.bias", (d,))):
-                raise CheckpointError(f"config.json says attn_only, but layer {layer}'s MLP output weights are not "
-                                      f"all zero: remove attn_only or zero mlp.c_proj")
+                raise CheckpointError(
+                    f"config.json says attn_only, but layer {layer}'s MLP output weights are not "
+                    f"all zero: remove attn_only or zero mlp.c_proj"
+                )
         else:
-            block |= {"ln2": t.norm(h + "ln_2", d),
-                      "mlp": {"W_in": t.get(h + "mlp.c_fc.weight", (d, dm)), "b_in": t.get(h + "mlp.c_fc.bias", (dm,)),
-                              "W_out": t.get(h + "mlp.c_proj.weight", (dm, d)),
-                              "b_out": t.get(h + "mlp.c_proj.bias", (d,))}}
+            block |= {
+                "ln2": t.norm(h + "ln_2", d),
+                "mlp": {
+                    "W_in": t.get(h + "mlp.c_fc.weight", (d, dm)),
+                    "b_in": t.get(h + "mlp.c_fc.bias", (dm,)),
+                    "W_out": t.get(h + "mlp.c_proj.weight", (dm, d)),
+                    "b_out": t.get(h + "mlp.c_proj.bias", (d,)),
+                },
+            }
         blocks.append(block)
     params["blocks"] = blocks
     params["ln_final"] = t.norm("ln_f", d)

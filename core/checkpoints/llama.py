@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from ..config import TransformerConfig
 from ..errors import InputError
+from ..i18n import N_, _
 from ..model import Params
 from .fields import act_fn, need, rope
 from .tensors import Tensors
-from ..i18n import N_, _
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 LABEL = N_("Llama-family decoder")
@@ -37,17 +37,18 @@ def _attn_types(c: dict, kind: str, n_layers: int) -> tuple[tuple[str, ...] | No
     types = c.get("layer_types")
     if types is None:
         first = c.get("max_window_layers", 28)
-        types = ["sliding_attention" if window is not None and i >= first else "full_attention"
-                 for i in range(n_layers)]
+        types = [
+            "sliding_attention" if window is not None and i >= first else "full_attention" for i in range(n_layers)
+        ]
     names = {"full_attention": "global", "sliding_attention": "local"}
     if not isinstance(types, list) or any(t not in names for t in types):
-        raise InputError(_("layer_types {types!r} is not a list of 'full_attention' and "
-                           "'sliding_attention'").format(types=types))
+        raise InputError(
+            _("layer_types {types!r} is not a list of 'full_attention' and 'sliding_attention'").format(types=types)
+        )
     if "sliding_attention" not in types:
         return None, None
     if not isinstance(window, int):
-        raise InputError(_("layer_types has sliding_attention layers but sliding_window is not a "
-                           "number"))
+        raise InputError(_("layer_types has sliding_attention layers but sliding_window is not a number"))
     return tuple(names[t] for t in types), window
 
 
@@ -60,14 +61,29 @@ def config(c: dict) -> TransformerConfig:
     attn_types, window = _attn_types(c, kind, n_layers)
     qkv_bias = True if kind == "qwen2" else bool(c.get("attention_bias", False))
     return TransformerConfig(
-        d_model=d, n_layers=n_layers, n_heads=n_heads, n_key_value_heads=c.get("num_key_value_heads") or n_heads,
-        d_head=d_head, d_mlp=need(c, "intermediate_size"), d_vocab=need(c, "vocab_size"),
+        d_model=d,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        n_key_value_heads=c.get("num_key_value_heads") or n_heads,
+        d_head=d_head,
+        d_mlp=need(c, "intermediate_size"),
+        d_vocab=need(c, "vocab_size"),
         n_ctx=c.get("max_position_embeddings") or _MAX_POSITIONS_DEFAULT[kind],
-        act_fn=act_fn(c.get("hidden_act", "silu")), eps=c.get("rms_norm_eps", 1e-6),
+        act_fn=act_fn(c.get("hidden_act", "silu")),
+        eps=c.get("rms_norm_eps", 1e-6),
         tied_embeddings=bool(c.get("tie_word_embeddings", False)),
-        normalization_type="RMS", gated_mlp=True, positional_embedding_type="rotary", rotary_base=theta,
-        rotary_adjacent_pairs=False, attention_dir="causal", block_type="pre_norm", attn_types=attn_types,
-        window_size=window, use_qk_norm=kind == "qwen3", bias=False, qkv_bias=qkv_bias,
+        normalization_type="RMS",
+        gated_mlp=True,
+        positional_embedding_type="rotary",
+        rotary_base=theta,
+        rotary_adjacent_pairs=False,
+        attention_dir="causal",
+        block_type="pre_norm",
+        attn_types=attn_types,
+        window_size=window,
+        use_qk_norm=kind == "qwen3",
+        bias=False,
+        qkv_bias=qkv_bias,
         attn_out_bias=False if kind == "qwen2" else bool(c.get("attention_bias", False)),
         mlp_bias=bool(c.get("mlp_bias", False)),
     )
@@ -81,23 +97,41 @@ def params(t: Tensors, cfg: TransformerConfig) -> Params:
     blocks = []
     for layer in range(cfg.n_layers):
         a, m = f"layers.{layer}.self_attn.", f"layers.{layer}.mlp."
-        attn = {"W_Q": t.linear(a + "q_proj.weight", d, hq), "W_K": t.linear(a + "k_proj.weight", d, hkv),
-                "W_V": t.linear(a + "v_proj.weight", d, hkv)}  # [d_model, heads * d_head] each, views
+        attn = {
+            "W_Q": t.linear(a + "q_proj.weight", d, hq),
+            "W_K": t.linear(a + "k_proj.weight", d, hkv),
+            "W_V": t.linear(a + "v_proj.weight", d, hkv),
+        }  # [d_model, heads * d_head] each, views
         if cfg.qkv_bias:
-            attn |= {"b_Q": t.get(a + "q_proj.bias", (hq,)), "b_K": t.get(a + "k_proj.bias", (hkv,)),
-                     "b_V": t.get(a + "v_proj.bias", (hkv,))}
+            attn |= {
+                "b_Q": t.get(a + "q_proj.bias", (hq,)),
+                "b_K": t.get(a + "k_proj.bias", (hkv,)),
+                "b_V": t.get(a + "v_proj.bias", (hkv,)),
+            }
         if cfg.use_qk_norm:
             attn |= {"q_norm": t.norm(a + "q_norm", dh, bias=False), "k_norm": t.norm(a + "k_norm", dh, bias=False)}
         attn["W_O"] = t.linear(a + "o_proj.weight", hq, d)
         if cfg.attn_out_bias:
             attn["b_O"] = t.get(a + "o_proj.bias", (d,))
-        mlp = {"W_gate": t.linear(m + "gate_proj.weight", d, dm), "W_in": t.linear(m + "up_proj.weight", d, dm),
-               "W_out": t.linear(m + "down_proj.weight", dm, d)}
+        mlp = {
+            "W_gate": t.linear(m + "gate_proj.weight", d, dm),
+            "W_in": t.linear(m + "up_proj.weight", d, dm),
+            "W_out": t.linear(m + "down_proj.weight", dm, d),
+        }
         if cfg.mlp_bias:
-            mlp |= {"b_gate": t.get(m + "gate_proj.bias", (dm,)), "b_in": t.get(m + "up_proj.bias", (dm,)),
-                    "b_out": t.get(m + "down_proj.bias", (d,))}
-        blocks.append({"ln1": t.norm(f"layers.{layer}.input_layernorm", d, bias=False), "attn": attn,
-                       "ln2": t.norm(f"layers.{layer}.post_attention_layernorm", d, bias=False), "mlp": mlp})
+            mlp |= {
+                "b_gate": t.get(m + "gate_proj.bias", (dm,)),
+                "b_in": t.get(m + "up_proj.bias", (dm,)),
+                "b_out": t.get(m + "down_proj.bias", (d,)),
+            }
+        blocks.append(
+            {
+                "ln1": t.norm(f"layers.{layer}.input_layernorm", d, bias=False),
+                "attn": attn,
+                "ln2": t.norm(f"layers.{layer}.post_attention_layernorm", d, bias=False),
+                "mlp": mlp,
+            }
+        )
     params["blocks"] = blocks
     params["ln_final"] = t.norm("norm", d, bias=False)
     if not cfg.tied_embeddings:

@@ -46,16 +46,18 @@ class SafetensorsFile:
                 size = path.stat().st_size
                 n = int.from_bytes(f.read(8), "little")
                 if size < 8 or not 0 < n <= min(MAX_HEADER_BYTES, size - 8):
-                    raise ValueError(_("its header length ({n} bytes) does not fit a file of {size} "
-                                       "bytes").format(n=n, size=size))
+                    raise ValueError(
+                        _("its header length ({n} bytes) does not fit a file of {size} bytes").format(n=n, size=size)
+                    )
                 header = json.loads(f.read(n))
                 if not isinstance(header, dict):
                     raise ValueError(_("its header is not a JSON object"))
                 # The map outlives the file handle; arrays viewing it keep it alive (their .base).
                 self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size > 8 + n else b""
         except (OSError, ValueError, UnicodeDecodeError) as e:  # json.JSONDecodeError is a ValueError
-            raise CheckpointError(f"{path.name} is not a readable safetensors file ({e}): "
-                                  f"download it again, it may be truncated") from None
+            raise CheckpointError(
+                f"{path.name} is not a readable safetensors file ({e}): download it again, it may be truncated"
+            ) from None
         self._start, self._size = 8 + n, size
         self.entries: dict[str, dict] = {k: v for k, v in header.items() if k != "__metadata__"}
 
@@ -73,12 +75,15 @@ class SafetensorsFile:
         begin, end = info["data_offsets"]
         count = math.prod(shape)
         if dtype not in _MAPPED and dtype not in _UPCAST:
-            raise CheckpointError(f"tensor {name!r} in {self.path.name} is stored as {dtype}: only float32, float16 "
-                                  f"and bfloat16 weights can run here (not integer, 8-bit or quantised ones)")
+            raise CheckpointError(
+                f"tensor {name!r} in {self.path.name} is stored as {dtype}: only float32, float16 "
+                f"and bfloat16 weights can run here (not integer, 8-bit or quantised ones)"
+            )
         width = {"F32": 4, "F64": 8, "F16": 2, "BF16": 2}[dtype]
         if end - begin != count * width or self._start + end > self._size:
-            raise CheckpointError(f"tensor {name!r} in {self.path.name} does not fit its byte range: "
-                                  f"the file is damaged or truncated")
+            raise CheckpointError(
+                f"tensor {name!r} in {self.path.name} does not fit its byte range: the file is damaged or truncated"
+            )
         offset = self._start + begin
         if count == 0:
             array = np.zeros(shape, dtype=np.float32)
@@ -111,8 +116,10 @@ def weight_files(folder: Path) -> dict[str, Path]:
         raise CheckpointError(f"{INDEX_FILE} does not list the shards: {e}") from None
     missing = sorted({p.name for p in files.values() if not p.is_file()})
     if missing:
-        raise CheckpointError(f"missing shard{'s' if len(missing) > 1 else ''} {', '.join(missing)} of "
-                              f"{len(set(files.values()))} listed in {INDEX_FILE}: download every shard")
+        raise CheckpointError(
+            f"missing shard{'s' if len(missing) > 1 else ''} {', '.join(missing)} of "
+            f"{len(set(files.values()))} listed in {INDEX_FILE}: download every shard"
+        )
     return files
 
 
@@ -151,14 +158,16 @@ class Tensors:
     def get(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         key = self._key(name)
         if key is None:
-            raise CheckpointError(f"the weights have no tensor {self.prefix + name!r}: is this really the model "
-                                  f"config.json describes?")
+            raise CheckpointError(
+                f"the weights have no tensor {self.prefix + name!r}: is this really the model config.json describes?"
+            )
         file = self._open(self._where[key])
         if key not in file.entries:
             raise CheckpointError(f"{INDEX_FILE} places {key!r} in {file.path.name}, which does not hold it")
         if file.shape(key) != shape:
-            raise CheckpointError(f"tensor {key!r} has shape {list(file.shape(key))} but config.json implies "
-                                  f"{list(shape)}")
+            raise CheckpointError(
+                f"tensor {key!r} has shape {list(file.shape(key))} but config.json implies {list(shape)}"
+            )
         return file.array(key)
 
     def linear(self, name: str, d_in: int, d_out: int) -> np.ndarray:

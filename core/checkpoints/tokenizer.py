@@ -18,9 +18,9 @@ import re
 from pathlib import Path
 
 from ..errors import InputError
+from ..i18n import _
 from ..tokenizers import Encoding
 from .tensors import TOKENIZER_FILE, CheckpointError
-from ..i18n import _
 
 # How whitespace inside a token is shown: "Ġthe" is shown "␣the" and "Ċ" is shown "↵".
 _VISIBLE_WHITESPACE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"}
@@ -87,9 +87,11 @@ class HFTokenizer:
             enc = self._tok.encode(text)
         except Exception as e:  # a vocabulary with no [UNK] (a character model's) meets a character it lacks
             unknown = sorted({c for c in text if self._tok.token_to_id(c) is None})
-            raise InputError(_("characters {unknown!r} are not in this model's vocabulary").format(
-                unknown="".join(unknown)) if unknown else
-                _("the tokenizer cannot encode this text: {error}").format(error=e)) from None
+            raise InputError(
+                _("characters {unknown!r} are not in this model's vocabulary").format(unknown="".join(unknown))
+                if unknown
+                else _("the tokenizer cannot encode this text: {error}").format(error=e)
+            ) from None
         if not enc.ids:
             raise InputError(_("the tokenizer found no tokens in {text!r}").format(text=text))
         return Encoding(list(enc.ids), [self._readable(t) for t in enc.tokens])
@@ -97,8 +99,11 @@ class HFTokenizer:
     def token_str(self, token_id: int) -> str:
         token = self._tok.id_to_token(int(token_id))
         if token is None:
-            raise InputError(_("token id {token_id} is not in the vocabulary of {vocab_size} tokens").format(
-                               token_id=token_id, vocab_size=self.vocab_size))
+            raise InputError(
+                _("token id {token_id} is not in the vocabulary of {vocab_size} tokens").format(
+                    token_id=token_id, vocab_size=self.vocab_size
+                )
+            )
         return self._readable(token)
 
     def _readable(self, token: str) -> str:

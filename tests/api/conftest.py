@@ -17,6 +17,8 @@ def half_precision_copy(src: Path, dst: Path) -> Path:
     for name in ("config.json", "tokenizer.json"):
         shutil.copy(src / name, dst / name)
     tensors = load_file(str(src / "model.safetensors"))
-    save_file({k: v.astype(np.float16) if v.dtype.kind == "f" else v for k, v in tensors.items()},
-              str(dst / "model.safetensors"))
+    save_file(
+        {k: v.astype(np.float16) if v.dtype.kind == "f" else v for k, v in tensors.items()},
+        str(dst / "model.safetensors"),
+    )
     return dst

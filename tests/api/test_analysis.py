@@ -34,18 +34,26 @@ def toy_model(text, **toggles):
     """The toy model's config, weights and token ids exactly as the API builds them (for core checks)."""
     model = build_catalog(get_settings())["toy"]
     encoding = model.tokenizer.encode(text)
-    cfg = model.configure({k: v for k, v in toggles.items() if k in ("n_heads", "n_layers", "d_model")},
-                          len(encoding.ids))
+    cfg = model.configure(
+        {k: v for k, v in toggles.items() if k in ("n_heads", "n_layers", "d_model")}, len(encoding.ids)
+    )
     return cfg, model.load_params(cfg, model.default_seed, encoding), np.array(encoding.ids)
 
 
 # ------------------------------------------------------------------ ablation through /run
 
+
 def test_ablation_changes_downstream_hooks_only(client):
-    hooks = ["blocks.0.hook_resid_post", "blocks.1.attn.hook_pattern", "blocks.1.attn.hook_z",
-             "blocks.1.hook_attn_out", "blocks.1.hook_resid_post"]
+    hooks = [
+        "blocks.0.hook_resid_post",
+        "blocks.1.attn.hook_pattern",
+        "blocks.1.attn.hook_z",
+        "blocks.1.hook_attn_out",
+        "blocks.1.hook_resid_post",
+    ]
     base = post(client, "run", text=TEXT, hooks=hooks)
     late = post(client, "run", text=TEXT, hooks=hooks, ablate=[{"layer": 1, "head": 2}])
+
     def same(name, r):
         return np.array_equal(np.array(base["hooks"][name]), np.array(r["hooks"][name]))
 
@@ -53,7 +61,9 @@ def test_ablation_changes_downstream_hooks_only(client):
     assert same("blocks.0.hook_resid_post", late) and same("blocks.1.attn.hook_pattern", late)
     assert not same("blocks.1.hook_attn_out", late) and not same("blocks.1.hook_resid_post", late)
     z = np.array(late["hooks"]["blocks.1.attn.hook_z"])  # [pos, head_index, d_head]
-    assert np.all(z[:, 2] == 0) and np.array_equal(z[:, [0, 1, 3]], np.array(base["hooks"]["blocks.1.attn.hook_z"])[:, [0, 1, 3]])
+    assert np.all(z[:, 2] == 0) and np.array_equal(
+        z[:, [0, 1, 3]], np.array(base["hooks"]["blocks.1.attn.hook_z"])[:, [0, 1, 3]]
+    )
 
     early = post(client, "run", text=TEXT, hooks=hooks, ablate=[{"layer": 0, "head": 1}])
     assert not same("blocks.0.hook_resid_post", early) and not same("blocks.1.attn.hook_pattern", early)
@@ -63,8 +73,9 @@ def test_ablation_changes_downstream_hooks_only(client):
 def test_mean_ablation_writes_the_heads_mean_output(client):
     hook = "blocks.0.attn.hook_z"
     base = np.array(post(client, "run", text=TEXT, hooks=[hook])["hooks"][hook])
-    mean = np.array(post(client, "run", text=TEXT, hooks=[hook],
-                         ablate=[{"layer": 0, "head": 3, "method": "mean"}])["hooks"][hook])
+    mean = np.array(
+        post(client, "run", text=TEXT, hooks=[hook], ablate=[{"layer": 0, "head": 3, "method": "mean"}])["hooks"][hook]
+    )
     np.testing.assert_allclose(mean[:, 3], np.broadcast_to(base[:, 3].mean(axis=0), mean[:, 3].shape))
     assert np.array_equal(mean[:, :3], base[:, :3])
 
@@ -91,17 +102,32 @@ def test_ablating_nothing_changes_nothing(client):
 
 # ------------------------------------------------------------------ decomposition
 
-@pytest.mark.parametrize("body", [{}, {"pos": 3, "target": 40}, {"positional_embedding_type": "rotary", "pos": -2},
-                                  {"ablate": [{"layer": 0, "head": 2}], "target": 7}])
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {},
+        {"pos": 3, "target": 40},
+        {"positional_embedding_type": "rotary", "pos": -2},
+        {"ablate": [{"layer": 0, "head": 2}], "target": 7},
+    ],
+)
 def test_decomposition_sums_to_the_logit_through_json(client, body):
     d = post(client, "analysis/decompose", text=TEXT, **body)
     assert abs(sum(d["direct_logit"]) + d["logit_bias"] - d["logit"]) < 1e-5
     assert len(d["labels"]) == len(d["direct_logit"]) == len(d["parts"]) == len(d["part_norms"])
-    run = post(client, "run", text=TEXT, hooks=["blocks.1.hook_resid_post"], top_k=1,
-               **{k: v for k, v in body.items() if k not in ("pos", "target")})
+    run = post(
+        client,
+        "run",
+        text=TEXT,
+        hooks=["blocks.1.hook_resid_post"],
+        top_k=1,
+        **{k: v for k, v in body.items() if k not in ("pos", "target")},
+    )
     pos = body.get("pos", -1)
-    np.testing.assert_allclose(np.array(d["parts"]).sum(axis=0), np.array(run["hooks"]["blocks.1.hook_resid_post"])[pos],
-                               atol=1e-10)
+    np.testing.assert_allclose(
+        np.array(d["parts"]).sum(axis=0), np.array(run["hooks"]["blocks.1.hook_resid_post"])[pos], atol=1e-10
+    )
     if body in ({}, {"ablate": body.get("ablate")}) and "target" not in body:
         assert d["target"]["id"] == run["top_k"][0]["id"]  # the default target: the model's own prediction
     assert d["pos"] == pos % len(d["tokens"])
@@ -115,6 +141,7 @@ def test_decomposition_logit_is_the_models_logit(client):
 
 
 # ------------------------------------------------------------------ logit lens
+
 
 @pytest.mark.parametrize("toggles", [{}, {"causal": False, "n_layers": 3}])
 def test_last_lens_point_is_runs_top_k(client, toggles):
@@ -145,15 +172,18 @@ def test_lens_equals_cores_logit_lens(client):
         probs /= probs.sum(-1, keepdims=True)
         top = np.argsort(-probs, axis=-1, kind="stable")[:, :3]
         assert [[c["id"] for c in cell] for cell in got] == top.tolist()
-        np.testing.assert_allclose([[c["prob"] for c in cell] for cell in got],
-                                   np.take_along_axis(probs, top, -1), rtol=1e-12)
+        np.testing.assert_allclose(
+            [[c["prob"] for c in cell] for cell in got], np.take_along_axis(probs, top, -1), rtol=1e-12
+        )
 
 
 # ------------------------------------------------------------------ detectors
 
+
 def test_detectors_shapes_and_flags(client):
-    r = post(client, "analysis/detectors", text=TEXT, n_layers=3, n_heads=2, d_model=32, random_length=10,
-             threshold=0.3)
+    r = post(
+        client, "analysis/detectors", text=TEXT, n_layers=3, n_heads=2, d_model=32, random_length=10, threshold=0.3
+    )
     assert set(r["detectors"]) == {"previous_token", "duplicate_token", "induction"}
     for by in r["detectors"].values():
         for on in ("text", "random"):
@@ -178,6 +208,7 @@ def test_detectors_on_text_with_no_repeats_are_null(client):
 
 # ------------------------------------------------------------------ KV cache
 
+
 def test_kv_cache_steps_agree_with_full_recomputation(client):
     r = post(client, "analysis/kv-cache", text="Ali makan", n_new=6)
     n, cfg = len("Ali makan"), r["config"]
@@ -188,7 +219,7 @@ def test_kv_cache_steps_agree_with_full_recomputation(client):
     for s in steps:
         assert s["k_shape"] == s["v_shape"] == [cfg["n_heads"], s["pos"] + 1, cfg["d_head"]]
         assert s["cache_bytes"] == (s["pos"] + 1) * per_token
-    for before, after in zip(steps[n - 1:], steps[n:]):  # greedy: each new token is the last step's top
+    for before, after in zip(steps[n - 1 :], steps[n:]):  # greedy: each new token is the last step's top
         assert after["id"] == before["top"]["id"]
     # the generated continuation is what /run predicts for the text plus what came before
     run = post(client, "run", text="Ali makan" + r["generated_text"][:2], top_k=1)
@@ -197,13 +228,16 @@ def test_kv_cache_steps_agree_with_full_recomputation(client):
 
 # ------------------------------------------------------------------ compare and rollout
 
+
 def test_compare_mask_on_off(client):
     hook = "blocks.1.attn.hook_pattern"
     r = post(client, "analysis/compare", text=TEXT, layer=1, head=3, other={"causal": False})
     a, b = np.array(r["a"]["pattern"]), np.array(r["b"]["pattern"])
     assert r["a"]["config"]["attention_dir"] == "causal" and r["b"]["config"]["attention_dir"] == "bidirectional"
     np.testing.assert_array_equal(a, np.array(post(client, "run", text=TEXT, hooks=[hook])["hooks"][hook])[3])
-    np.testing.assert_array_equal(b, np.array(post(client, "run", text=TEXT, hooks=[hook], causal=False)["hooks"][hook])[3])
+    np.testing.assert_array_equal(
+        b, np.array(post(client, "run", text=TEXT, hooks=[hook], causal=False)["hooks"][hook])[3]
+    )
     np.testing.assert_allclose(np.array(r["difference"]), b - a)
     assert r["note"] is None
 
@@ -232,6 +266,7 @@ def test_rollout_rows_sum_to_one(client, toggles):
 
 # ------------------------------------------------------------------ the encoder
 
+
 @pytest.fixture(scope="module")
 def minilm():
     model = build_catalog(get_settings()).get(MINILM_NAME)
@@ -256,23 +291,27 @@ def test_encoder_detectors_and_rollout(client, minilm):
 
 # ------------------------------------------------------------------ validation
 
-@pytest.mark.parametrize("path, body, expected", [
-    ("run", {"ablate": [{"layer": 2, "head": 0}]}, "layer 2 head 0 does not exist"),
-    ("run", {"ablate": [{"layer": 0, "head": 1}, {"layer": 0, "head": 1, "method": "mean"}]}, "listed twice"),
-    ("run", {"ablate": [{"layer": 0, "head": 0, "method": "half"}]}, "ablate[0].method"),
-    ("run", {"ablate": [{"layer": -1, "head": 0}]}, "ablate[0].layer"),
-    ("run", {"ablate": [{"layer": 0}]}, "ablate[0].head"),
-    ("analysis/decompose", {"pos": 99}, "outside the text's"),
-    ("analysis/decompose", {"target": 10_000}, "not a token id"),
-    ("analysis/logit-lens", {"top_k": 0}, "top_k"),
-    ("analysis/kv-cache", {"causal": False}, "causal mask"),
-    ("analysis/kv-cache", {"ablate": []}, "ablate"),
-    ("analysis/compare", {"other": {"causal": False}, "layer": 2}, "layer 2, head 0 does not exist"),
-    ("analysis/compare", {"other": {"n_heads": 2}}, "other.n_heads"),
-    ("analysis/compare", {}, "other"),
-    ("analysis/detectors", {"random_length": 1}, "random_length"),
-    ("analysis/rollout", {"text": "x" * 1000, "n_layers": 12}, "use a shorter text"),
-])
+
+@pytest.mark.parametrize(
+    "path, body, expected",
+    [
+        ("run", {"ablate": [{"layer": 2, "head": 0}]}, "layer 2 head 0 does not exist"),
+        ("run", {"ablate": [{"layer": 0, "head": 1}, {"layer": 0, "head": 1, "method": "mean"}]}, "listed twice"),
+        ("run", {"ablate": [{"layer": 0, "head": 0, "method": "half"}]}, "ablate[0].method"),
+        ("run", {"ablate": [{"layer": -1, "head": 0}]}, "ablate[0].layer"),
+        ("run", {"ablate": [{"layer": 0}]}, "ablate[0].head"),
+        ("analysis/decompose", {"pos": 99}, "outside the text's"),
+        ("analysis/decompose", {"target": 10_000}, "not a token id"),
+        ("analysis/logit-lens", {"top_k": 0}, "top_k"),
+        ("analysis/kv-cache", {"causal": False}, "causal mask"),
+        ("analysis/kv-cache", {"ablate": []}, "ablate"),
+        ("analysis/compare", {"other": {"causal": False}, "layer": 2}, "layer 2, head 0 does not exist"),
+        ("analysis/compare", {"other": {"n_heads": 2}}, "other.n_heads"),
+        ("analysis/compare", {}, "other"),
+        ("analysis/detectors", {"random_length": 1}, "random_length"),
+        ("analysis/rollout", {"text": "x" * 1000, "n_layers": 12}, "use a shorter text"),
+    ],
+)
 def test_bad_analysis_requests_answer_422(client, path, body, expected):
     assert expected in error(client, path, **({"text": "the cat sat"} | body))
 
@@ -288,8 +327,14 @@ def test_limits_are_in_the_schema_and_enforced(client):
     for name in ("decompose", "logit-lens", "detectors", "kv-cache", "compare", "rollout"):
         assert "post" in paths[f"/api/v1/analysis/{name}"]
     components = schema["components"]["schemas"]
-    for request in ("RunRequest", "DecomposeRequest", "LogitLensRequest", "DetectorsRequest", "CompareRequest",
-                    "RolloutRequest"):
+    for request in (
+        "RunRequest",
+        "DecomposeRequest",
+        "LogitLensRequest",
+        "DetectorsRequest",
+        "CompareRequest",
+        "RolloutRequest",
+    ):
         assert components[request]["properties"]["ablate"]["maxItems"] == s.max_ablations
     assert components["KVStepsRequest"]["properties"]["n_new"]["maximum"] == s.max_new_tokens
 

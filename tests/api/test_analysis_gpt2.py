@@ -78,8 +78,9 @@ def test_decompose_parts_sum_to_the_transformers_logit(client, pos, target):
     assert sum(d["direct_logit"]) + d["logit_bias"] == pytest.approx(d["logit"], abs=ATOL)
     # the parts are the residual stream at that position, split: they add up to the last block's output,
     # each layer's heads and attention bias to what attention wrote, its MLP and MLP bias to what the MLP wrote
-    hooks = [f"blocks.{N_LAYERS - 1}.hook_resid_post"] + [f"blocks.{l}.hook_{w}_out" for l in range(N_LAYERS)
-                                                           for w in ("attn", "mlp")]
+    hooks = [f"blocks.{N_LAYERS - 1}.hook_resid_post"] + [
+        f"blocks.{l}.hook_{w}_out" for l in range(N_LAYERS) for w in ("attn", "mlp")
+    ]
     run = {k: np.array(v)[p] for k, v in post(client, "run", hooks=hooks)["hooks"].items()}
     parts = dict(zip(d["labels"], np.array(d["parts"])))
     assert d["labels"][:2] == ["embed", "pos_embed"] and len(parts) == len(d["direct_logit"])
@@ -87,8 +88,9 @@ def test_decompose_parts_sum_to_the_transformers_logit(client, pos, target):
     for l in range(N_LAYERS):
         heads = [parts[f"L{l}H{h}"] for h in range(N_HEADS)]
         np.testing.assert_allclose(sum(heads) + parts[f"L{l} attn bias"], run[f"blocks.{l}.hook_attn_out"], atol=ATOL)
-        np.testing.assert_allclose(parts[f"L{l} mlp"] + parts[f"L{l} mlp bias"], run[f"blocks.{l}.hook_mlp_out"],
-                                   atol=ATOL)
+        np.testing.assert_allclose(
+            parts[f"L{l} mlp"] + parts[f"L{l} mlp bias"], run[f"blocks.{l}.hook_mlp_out"], atol=ATOL
+        )
 
 
 def test_decompose_with_an_ablated_head_still_sums(client):
@@ -122,8 +124,12 @@ def test_logit_lens_reads_each_block_input_through_ln_f_and_ends_on_the_predicti
 def _score(patterns: np.ndarray, keys: np.ndarray) -> np.ndarray:
     """Mean attention on the keys a detector looks for, over the queries that have such a key."""
     rows = keys.any(axis=1)
-    return np.array([[patterns[l, h][rows][keys[rows]].reshape(-1).sum() / rows.sum()
-                      for h in range(patterns.shape[1])] for l in range(patterns.shape[0])])
+    return np.array(
+        [
+            [patterns[l, h][rows][keys[rows]].reshape(-1).sum() / rows.sum() for h in range(patterns.shape[1])]
+            for l in range(patterns.shape[0])
+        ]
+    )
 
 
 def test_head_detectors_score_the_transformers_patterns(client):
@@ -136,12 +142,15 @@ def test_head_detectors_score_the_transformers_patterns(client):
     patterns = np.stack([np.array(run["hooks"][f"blocks.{l}.attn.hook_pattern"]) for l in range(N_LAYERS)])
     n = len(ids)
     earlier = np.tril(np.ones((n, n), bool), -1)
-    keys = {"previous_token": np.eye(n, k=-1, dtype=bool),
-            "duplicate_token": (ids[:, None] == ids[None, :]) & earlier,
-            "induction": np.pad(ids[:, None] == ids[None, :-1], ((0, 0), (1, 0))) & earlier}
+    keys = {
+        "previous_token": np.eye(n, k=-1, dtype=bool),
+        "duplicate_token": (ids[:, None] == ids[None, :]) & earlier,
+        "induction": np.pad(ids[:, None] == ids[None, :-1], ((0, 0), (1, 0))) & earlier,
+    }
     for name, k in keys.items():
-        np.testing.assert_allclose(np.array(r["detectors"][name]["text"], dtype=float), _score(patterns, k),
-                                   atol=1e-6, err_msg=name)  # float32 sums
+        np.testing.assert_allclose(
+            np.array(r["detectors"][name]["text"], dtype=float), _score(patterns, k), atol=1e-6, err_msg=name
+        )  # float32 sums
     # on the first tokens, the patterns are transformers' own: the previous-token score from them
     head = _score(PATTERNS, np.eye(len(IDS), k=-1, dtype=bool))
     short = post(client, "analysis/detectors", random_length=8)
@@ -155,12 +164,12 @@ def test_kv_cache_steps_equal_the_recomputation_and_transformers(client):
     n_new = 6
     r = post(client, "analysis/kv-cache", n_new=n_new)
     steps, cfg = r["steps"], r["config"]
-    assert len(steps) == len(IDS) + n_new and [s["id"] for s in steps[:len(IDS)]] == IDS
+    assert len(steps) == len(IDS) + n_new and [s["id"] for s in steps[: len(IDS)]] == IDS
     assert r["max_abs_diff"] < ATOL  # cached = recomputed
     # each cached step's prediction is transformers' at that position (margins here are > 0.1)
-    assert [s["top"]["id"] for s in steps[:len(IDS)]] == LOGITS.argmax(-1).tolist()
+    assert [s["top"]["id"] for s in steps[: len(IDS)]] == LOGITS.argmax(-1).tolist()
     assert steps[len(IDS)]["id"] == int(LOGITS[-1].argmax())  # the first generated token
-    for before, after in zip(steps[len(IDS) - 1:], steps[len(IDS):]):  # greedy
+    for before, after in zip(steps[len(IDS) - 1 :], steps[len(IDS) :]):  # greedy
         assert after["id"] == before["top"]["id"] and after["generated"]
     per_token = 2 * N_LAYERS * N_HEADS * (cfg["d_model"] // N_HEADS) * 4  # K and V, float32
     assert [s["cache_bytes"] for s in steps] == [(s["pos"] + 1) * per_token for s in steps]

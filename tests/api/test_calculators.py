@@ -41,8 +41,15 @@ def test_explicit_sizes_replace_the_preset(client):
 def test_kv_cache_bytes(client, dtype, size):
     k = client.get("/api/v1/kv-cache", params={"preset": "gpt2-small", "dtype": dtype, "batch": 2}).json()
     assert k["bytes"] == 2 * 12 * 2 * 1024 * 768 * size
-    assert k["terms"] == {"n_layers": 12, "batch": 2, "seq_len": 1024, "n_heads": 12, "n_key_value_heads": 12,
-                          "d_head": 64, "dtype_bytes": size}
+    assert k["terms"] == {
+        "n_layers": 12,
+        "batch": 2,
+        "seq_len": 1024,
+        "n_heads": 12,
+        "n_key_value_heads": 12,
+        "d_head": 64,
+        "dtype_bytes": size,
+    }
     assert "n_layers" in k["formula"]
 
 
@@ -94,8 +101,10 @@ def test_gated_mlp_rms_norm_and_rotary_change_the_count_array_by_array(client):
     assert base - rms == (2 * L + 1) * d  # every norm loses its bias
     rotary = client.get("/api/v1/params", params={"positional_embedding_type": "rotary"}).json()["total"]
     assert base - rotary == 64 * d  # the position table (n_ctx 64) is gone
-    llama_like = client.get("/api/v1/params", params={"gated_mlp": True, "normalization_type": "RMS", "bias": False,
-                                                     "positional_embedding_type": "rotary"}).json()
+    llama_like = client.get(
+        "/api/v1/params",
+        params={"gated_mlp": True, "normalization_type": "RMS", "bias": False, "positional_embedding_type": "rotary"},
+    ).json()
     assert llama_like["total"] == V * d + L * (4 * d * d + 3 * d * m + 2 * d) + d
     qk = client.get("/api/v1/params", params={"use_qk_norm": True}).json()["total"]
     assert qk - base == L * 2 * (d // 4)  # a gain of d_head for queries and keys
@@ -104,12 +113,15 @@ def test_gated_mlp_rms_norm_and_rotary_change_the_count_array_by_array(client):
     assert qkv - nobias == L * 3 * d
 
 
-@pytest.mark.parametrize("query, says", [
-    ({"preset": "smollm2-135m", "n_key_value_heads": 2}, "n_heads=9 is not divisible by n_key_value_heads=2"),
-    ({"n_key_value_heads": 0}, "n_key_value_heads"),
-    ({"d_head": 10**6}, "d_head"),
-    ({"normalization_type": "batch"}, "normalization_type"),
-])
+@pytest.mark.parametrize(
+    "query, says",
+    [
+        ({"preset": "smollm2-135m", "n_key_value_heads": 2}, "n_heads=9 is not divisible by n_key_value_heads=2"),
+        ({"n_key_value_heads": 0}, "n_key_value_heads"),
+        ({"d_head": 10**6}, "d_head"),
+        ({"normalization_type": "batch"}, "normalization_type"),
+    ],
+)
 def test_bad_shapes_are_422_saying_what_to_change(client, query, says):
     for path in ("/api/v1/params", "/api/v1/kv-cache"):
         if path.endswith("kv-cache") and ("normalization_type" in query):

@@ -22,8 +22,13 @@ from core.patching import sweep
 
 from .conftest import messages
 
-INDUCTION = {"model": "induction", "clean": INDUCTION_PREFILL.clean, "corrupted": INDUCTION_PREFILL.corrupted,
-             "answer": INDUCTION_PREFILL.answer, "wrong": INDUCTION_PREFILL.wrong}
+INDUCTION = {
+    "model": "induction",
+    "clean": INDUCTION_PREFILL.clean,
+    "corrupted": INDUCTION_PREFILL.corrupted,
+    "answer": INDUCTION_PREFILL.answer,
+    "wrong": INDUCTION_PREFILL.wrong,
+}
 
 
 def post(client, path, **body):
@@ -49,14 +54,24 @@ def ids(tokenizer, text):
 
 # ------------------------------------------------------------------ patching
 
+
 @pytest.mark.parametrize("target", ["resid_pre", "attn_head", "attn_head_pos", "pattern"])
 @pytest.mark.parametrize("frozen", [False, True])
 def test_patching_answers_cores_sweep(client, target, frozen):
     _, cfg, params, tok = induction_model()
     r = post(client, "patching", **INDUCTION, target=target, direction="noise", frozen_attention=frozen)
     a, w = tok.encode(r["answer"]["token"]).ids[0], tok.encode(r["wrong"]["token"]).ids[0]
-    expected = sweep(params, cfg, ids(tok, INDUCTION["clean"]), ids(tok, INDUCTION["corrupted"]), a, w, target,
-                     direction="noise", frozen=frozen)
+    expected = sweep(
+        params,
+        cfg,
+        ids(tok, INDUCTION["clean"]),
+        ids(tok, INDUCTION["corrupted"]),
+        a,
+        w,
+        target,
+        direction="noise",
+        frozen=frozen,
+    )
     np.testing.assert_array_equal(r["raw_grid"], expected.raw)
     np.testing.assert_allclose(r["grid"], expected.normalised, atol=1e-15)
     assert (r["rows"], r["columns"]) == (expected.rows, expected.columns) and r["passes"] == expected.raw.size
@@ -101,20 +116,27 @@ def test_a_token_is_found_as_the_texts_show_it(client):
     assert r["answer"] == {"token": " ", "id": 0} and r["wrong"]["token"] == "m"
 
 
-@pytest.mark.parametrize("body, message", [
-    (INDUCTION | {"corrupted": "abc"}, "the clean text has 47 tokens and the corrupted text 3"),
-    (INDUCTION | {"answer": "ab"}, "answer 'ab' is 2 tokens for 'induction'"),
-    ({"model": "nasi-lemak", "clean": "nasi ", "corrupted": "kasi ", "answer": "l", "wrong": "x"},
-     "wrong 'x' is not a token of 'nasi-lemak'"),
-    (INDUCTION | {"wrong": "a"}, "the answer and the wrong token are the same"),
-    (INDUCTION | {"target": "mlp_out"}, "attention-only: it has no MLP, so no mlp_out"),
-    (INDUCTION | {"model": "all-MiniLM-L6-v2"}, "is an encoder, which predicts no next token"),
-    ({"model": "toy", "clean": "a" * 700, "corrupted": "b" * 700, "target": "attn_head_pos"},
-     "this sweep asks for 5,600 patched runs (2 layers × 4 heads × 700 positions), more than this server's limit "
-     "of 4,096"),
-    ({"model": "toy", "clean": "the cat", "corrupted": "the cat", "causal": False}, "turn causal back on"),
-    ({"model": "toy", "clean": "the cat", "corrupted": "the cat"}, "give the same logit_diff"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (INDUCTION | {"corrupted": "abc"}, "the clean text has 47 tokens and the corrupted text 3"),
+        (INDUCTION | {"answer": "ab"}, "answer 'ab' is 2 tokens for 'induction'"),
+        (
+            {"model": "nasi-lemak", "clean": "nasi ", "corrupted": "kasi ", "answer": "l", "wrong": "x"},
+            "wrong 'x' is not a token of 'nasi-lemak'",
+        ),
+        (INDUCTION | {"wrong": "a"}, "the answer and the wrong token are the same"),
+        (INDUCTION | {"target": "mlp_out"}, "attention-only: it has no MLP, so no mlp_out"),
+        (INDUCTION | {"model": "all-MiniLM-L6-v2"}, "is an encoder, which predicts no next token"),
+        (
+            {"model": "toy", "clean": "a" * 700, "corrupted": "b" * 700, "target": "attn_head_pos"},
+            "this sweep asks for 5,600 patched runs (2 layers × 4 heads × 700 positions), more than this server's limit "
+            "of 4,096",
+        ),
+        ({"model": "toy", "clean": "the cat", "corrupted": "the cat", "causal": False}, "turn causal back on"),
+        ({"model": "toy", "clean": "the cat", "corrupted": "the cat"}, "give the same logit_diff"),
+    ],
+)
 def test_bad_patching_input_is_a_422_naming_the_problem(client, body, message):
     assert message in error(client, "patching", **body)
 
@@ -125,10 +147,12 @@ def test_the_limits_are_the_settings_and_refuse_before_anything_runs(client_with
     assert r.status_code == 422 and "multiply-adds, more than this server's limit" in messages(r)
     few = client_with(ov_max_sources=2)
     assert "more than the 2 sources one request lists" in messages(
-        few.post("/api/v1/analysis/ov-circuit", json={"model": "toy", "layer": 0, "head": 0, "text": "abc"}))
+        few.post("/api/v1/analysis/ov-circuit", json={"model": "toy", "layer": 0, "head": 0, "text": "abc"})
+    )
     limited = client_with(patching_max_passes=10)
     assert "more than this server's limit of 10" in messages(
-        limited.post("/api/v1/analysis/patching", json={"model": "toy", "clean": "the cat", "corrupted": "the dog"}))
+        limited.post("/api/v1/analysis/patching", json={"model": "toy", "clean": "the cat", "corrupted": "the dog"})
+    )
     schema = limited.get("/openapi.json").json()
     assert "patching_max_passes" in schema["paths"]["/api/v1/analysis/patching"]["post"]["description"]
     target = schema["components"]["schemas"]["PatchingRequest"]["properties"]["target"]["description"]
@@ -136,11 +160,16 @@ def test_the_limits_are_the_settings_and_refuse_before_anything_runs(client_with
     properties = schema["components"]["schemas"]["PatchingRequest"]["properties"]
     assert properties["clean"]["maxLength"] == properties["corrupted"]["maxLength"] == get_settings().max_text_chars
     assert properties["answer"]["anyOf"][0]["maxLength"] == 200
-    assert "at most 2)" in few.get("/openapi.json").json()["components"]["schemas"]["OVCircuitRequest"]["properties"][
-        "text"]["description"]
+    assert (
+        "at most 2)"
+        in few.get("/openapi.json").json()["components"]["schemas"]["OVCircuitRequest"]["properties"]["text"][
+            "description"
+        ]
+    )
 
 
 # ------------------------------------------------------------------ circuits
+
 
 def test_qk_circuit_sums_to_the_score_and_names_the_previous_token_head(client):
     r = post(client, "qk-circuit", model="induction", text="mntyadvygiwlmntyadvygiw", layer=1, head=0, query=22)
@@ -153,11 +182,14 @@ def test_qk_circuit_sums_to_the_score_and_names_the_previous_token_head(client):
     assert sum(r["bias_terms"].values()) == pytest.approx(c[-1, :].sum() + c[:-1, -1].sum())
 
 
-@pytest.mark.parametrize("body, message", [
-    ({"query": 2, "key": 5}, "key position 5 is after the query: the causal mask hides it"),
-    ({"query": 99}, "query=99 is outside the text's 23 tokens"),
-    ({"layer": 2}, "layer 2, head 0 does not exist: 'induction' has 2 layer(s) of 4 head(s)"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ({"query": 2, "key": 5}, "key position 5 is after the query: the causal mask hides it"),
+        ({"query": 99}, "query=99 is outside the text's 23 tokens"),
+        ({"layer": 2}, "layer 2, head 0 does not exist: 'induction' has 2 layer(s) of 4 head(s)"),
+    ],
+)
 def test_bad_qk_input_is_a_422(client, body, message):
     base = {"model": "induction", "text": "mntyadvygiwlmntyadvygiw", "layer": 1, "head": 0}
     assert message in error(client, "qk-circuit", **(base | body))
@@ -182,18 +214,29 @@ def test_composition_and_ov_answer_cores(client):
 def test_circuits_refuse_what_they_cannot_read(client):
     assert "composition needs heads in two layers" in error(client, "composition", model="nasi-lemak")
     assert "is an encoder" in error(client, "ov-circuit", model="all-MiniLM-L6-v2", layer=0, head=0)
-    assert "more than the 16 sources" in error(client, "ov-circuit", model="toy", layer=0, head=0,
-                                               text="abcdefghijklmnopqrstuvwxyz")
-    assert "needs a pre-norm model" in error(client, "qk-circuit", model="all-MiniLM-L6-v2", text="the cat",
-                                             layer=0, head=0)
+    assert "more than the 16 sources" in error(
+        client, "ov-circuit", model="toy", layer=0, head=0, text="abcdefghijklmnopqrstuvwxyz"
+    )
+    assert "needs a pre-norm model" in error(
+        client, "qk-circuit", model="all-MiniLM-L6-v2", text="the cat", layer=0, head=0
+    )
 
 
 def test_every_shipped_decoder_has_a_prefill_that_runs(client):
     catalog = build_catalog(get_settings())
     for name in ("toy", "spec-forward", "induction", "nasi-lemak", "python-docs", "python-docs-induction"):
         p = prefill(catalog[name])
-        r = post(client, "patching", model=name, clean=p.clean, corrupted=p.corrupted, answer=p.answer,
-                 wrong=p.wrong, target=p.target, direction=p.direction)
+        r = post(
+            client,
+            "patching",
+            model=name,
+            clean=p.clean,
+            corrupted=p.corrupted,
+            answer=p.answer,
+            wrong=p.wrong,
+            target=p.target,
+            direction=p.direction,
+        )
         assert r["clean_metric"] != r["corrupted_metric"], name
 
 
@@ -203,19 +246,40 @@ def test_python_docs_induction_continues_a_docs_sentence_through_both_heads(clie
     "l" holds "e came before me" (layer 1, position 47) takes the lead away, as does noising the previous-token
     head L0H3 or the induction head L1H0; with later attention frozen, L0H3's patch does little (it acts through
     L1H0's keys), and L1H0's score at the last token is mostly "my token" × "L0H3's output at the key"."""
-    from core.circuits import qk_decomposition
     from core import run_with_cache
+    from core.circuits import qk_decomposition
 
     p = prefill(build_catalog(get_settings())["python-docs-induction"])
     assert (p.target, p.direction) == ("attn_head", "noise")
-    r = post(client, "patching", model="python-docs-induction", clean=p.clean, corrupted=p.corrupted, answer=p.answer,
-             wrong=p.wrong, target="resid_pre", direction="noise")
+    r = post(
+        client,
+        "patching",
+        model="python-docs-induction",
+        clean=p.clean,
+        corrupted=p.corrupted,
+        answer=p.answer,
+        wrong=p.wrong,
+        target="resid_pre",
+        direction="noise",
+    )
     assert r["clean_metric"] > 3 > -3 > r["corrupted_metric"] and len(r["tokens"]["clean"]) == 117
     assert r["tokens"]["clean"][46:48] == ["e", "l"] and r["grid"][0][46] < 0.5 and r["grid"][1][47] < 0.5
     assert np.median(r["grid"]) > 0.9  # elsewhere a single position's stream hardly matters
-    heads = {frozen: post(client, "patching", model="python-docs-induction", clean=p.clean, corrupted=p.corrupted,
-                          answer=p.answer, wrong=p.wrong, target="attn_head", direction="noise",
-                          frozen_attention=frozen)["grid"] for frozen in (False, True)}
+    heads = {
+        frozen: post(
+            client,
+            "patching",
+            model="python-docs-induction",
+            clean=p.clean,
+            corrupted=p.corrupted,
+            answer=p.answer,
+            wrong=p.wrong,
+            target="attn_head",
+            direction="noise",
+            frozen_attention=frozen,
+        )["grid"]
+        for frozen in (False, True)
+    }
     assert heads[False][0][3] < 0.5 and heads[False][1][0] < 0.5 and heads[True][0][3] > 0.75
     model = build_catalog(get_settings())["python-docs-induction"]
     params, tok = model.load_params(model.cfg, 0, None), model.tokenizer
@@ -225,6 +289,7 @@ def test_python_docs_induction_continues_a_docs_sentence_through_both_heads(clie
 
 
 # ------------------------------------------------------------------ the page
+
 
 def test_the_page_shows_the_apis_numbers_and_the_walk(client):
     page = client.get("/circuits?model=induction").text
@@ -248,8 +313,10 @@ def test_python_docs_induction_opens_on_its_heads_and_without_the_induction_mode
     page = client.get("/circuits?model=python-docs-induction").text
     figs = cards(page)
     assert np.array(figs["patching-recomputed"]["data"][0]["z"]).shape == (2, 4) and 'data-pick="heads"' in page
-    assert figs["patching-recomputed"]["data"][0]["z"][0][3] < 0.1 < 0.75 < figs["patching-frozen"]["data"][0]["z"][0][3]
-    assert 'id="walk"' not in page and "role=\"alert\"" not in page
+    assert (
+        figs["patching-recomputed"]["data"][0]["z"][0][3] < 0.1 < 0.75 < figs["patching-frozen"]["data"][0]["z"][0][3]
+    )
+    assert 'id="walk"' not in page and 'role="alert"' not in page
 
 
 def test_the_page_says_its_errors_in_place(client):
@@ -266,6 +333,7 @@ def test_the_page_says_its_errors_in_place(client):
 
 
 # ------------------------------------------------------------------ the explorer: ablation frozen or recomputed, the link
+
 
 def test_the_explorers_ablation_shows_later_attention_recomputed_and_frozen_side_by_side(client):
     """Ablating L0H2 (the previous-token head) on the induction example: with later attention recomputed the
@@ -306,17 +374,30 @@ def test_the_explorer_links_no_circuits_and_freezes_nothing_where_they_cannot_ru
     assert 'id="head-circuits"' in plain and 'id="next-token-frozen"' not in plain
 
 
-@pytest.mark.parametrize("query, status, message", [
-    ({"model": "induction", "answer": "ab"}, 422, "answer &#39;ab&#39; is 2 tokens for &#39;induction&#39;"),
-    ({"model": "nasi-lemak", "clean": "nasi ", "corrupted": "kasi ", "answer": "l", "wrong": "x"}, 422,
-     "wrong &#39;x&#39; is not a token of &#39;nasi-lemak&#39;"),
-    ({"model": "toy", "clean": "a" * 700, "corrupted": "b" * 700, "target": "attn_head_pos"}, 422,
-     "this sweep asks for 11,200 patched runs (2 layers × 4 heads × 700 positions × 2 (frozen and not)), more than "
-     "this server&#39;s limit of 4,096"),
-    ({"model": "all-MiniLM-L6-v2"}, 422, "is an encoder, which predicts no next token"),
-    ({"model": "induction", "query": 99}, 200, "query=99 is outside the text&#39;s 47 tokens"),
-    ({"model": "induction", "query": 2, "key": 5}, 200, "key position 5 is after the query: the causal mask hides it"),
-])
+@pytest.mark.parametrize(
+    "query, status, message",
+    [
+        ({"model": "induction", "answer": "ab"}, 422, "answer &#39;ab&#39; is 2 tokens for &#39;induction&#39;"),
+        (
+            {"model": "nasi-lemak", "clean": "nasi ", "corrupted": "kasi ", "answer": "l", "wrong": "x"},
+            422,
+            "wrong &#39;x&#39; is not a token of &#39;nasi-lemak&#39;",
+        ),
+        (
+            {"model": "toy", "clean": "a" * 700, "corrupted": "b" * 700, "target": "attn_head_pos"},
+            422,
+            "this sweep asks for 11,200 patched runs (2 layers × 4 heads × 700 positions × 2 (frozen and not)), more than "
+            "this server&#39;s limit of 4,096",
+        ),
+        ({"model": "all-MiniLM-L6-v2"}, 422, "is an encoder, which predicts no next token"),
+        ({"model": "induction", "query": 99}, 200, "query=99 is outside the text&#39;s 47 tokens"),
+        (
+            {"model": "induction", "query": 2, "key": 5},
+            200,
+            "key position 5 is after the query: the causal mask hides it",
+        ),
+    ],
+)
 def test_the_page_says_each_bad_input_in_place(client, query, status, message):
     """Each problem in the section it concerns (role=alert), the rest of the page still there: the sweep's own
     problems answer 422, a QK position the sweep does not use answers 200 with the sweep drawn."""

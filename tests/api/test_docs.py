@@ -12,8 +12,12 @@ def test_docs_page_loads_only_local_assets(client):
     assert not re.search(r"https?://", html)  # no CDN, no external link
     assert not re.search(r"<script(?![^>]*\bsrc=)[^>]*>", html)  # every <script> has a src: CSP-friendly
     assets = re.findall(r'(?:src|href)="(/static/[^"]+)"', html)
-    assert set(assets) == {"/static/vendor/swagger-ui.css", "/static/vendor/swagger-ui-bundle.js", "/static/js/docs.js",
-                           "/static/css/docs.css"}  # docs.css: Swagger UI's colours raised to WCAG AA contrast
+    assert set(assets) == {
+        "/static/vendor/swagger-ui.css",
+        "/static/vendor/swagger-ui-bundle.js",
+        "/static/js/docs.js",
+        "/static/css/docs.css",
+    }  # docs.css: Swagger UI's colours raised to WCAG AA contrast
     for url in assets:
         asset = client.get(url)
         assert asset.status_code == 200 and len(asset.content) > 100, url
@@ -29,9 +33,18 @@ def test_swagger_ui_bundle_is_the_real_one(client):
 
 def test_openapi_json(client):
     spec = client.get("/openapi.json").json()
-    for path in ("/api/v1/lessons/attention", "/api/v1/lessons/scaling", "/api/v1/lessons/multihead",
-                 "/api/v1/lessons/positions", "/api/v1/lessons/forward", "/api/v1/params", "/api/v1/kv-cache",
-                 "/api/v1/models", "/api/v1/run", "/api/v1/hooks"):
+    for path in (
+        "/api/v1/lessons/attention",
+        "/api/v1/lessons/scaling",
+        "/api/v1/lessons/multihead",
+        "/api/v1/lessons/positions",
+        "/api/v1/lessons/forward",
+        "/api/v1/params",
+        "/api/v1/kv-cache",
+        "/api/v1/models",
+        "/api/v1/run",
+        "/api/v1/hooks",
+    ):
         assert path in spec["paths"]
 
 

@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from app.models import pretrained
 from app.main import create_app
+from app.models import pretrained
 from app.settings import Settings
 from core.checkpoints import FAMILIES as FAMILY_MODULES
 from tests.pages.figure_data import cards
@@ -63,13 +63,16 @@ class Family:
     def tensor(self, name: str) -> np.ndarray:
         """A tensor as stored (float32, float16 or bfloat16), as float64."""
         index = FAMILIES / self.name / "model.safetensors.index.json"
-        file = FAMILIES / self.name / (json.loads(index.read_text())["weight_map"][name] if index.is_file()
-                                       else "model.safetensors")
+        file = (
+            FAMILIES
+            / self.name
+            / (json.loads(index.read_text())["weight_map"][name] if index.is_file() else "model.safetensors")
+        )
         raw = file.read_bytes()  # safetensors' layout: header length, JSON header, then the raw tensors
         n = int.from_bytes(raw[:8], "little")
-        info = json.loads(raw[8:8 + n])[name]
+        info = json.loads(raw[8 : 8 + n])[name]
         begin, end = info["data_offsets"]
-        data = raw[8 + n + begin:8 + n + end]
+        data = raw[8 + n + begin : 8 + n + end]
         if info["dtype"] == "BF16":  # NumPy has no bfloat16: its 16 bits are a float32's top half
             array = (np.frombuffer(data, np.uint16).astype(np.uint32) << 16).view(np.float32)
         else:
@@ -134,7 +137,8 @@ def test_run_tokens_prediction_and_hooks_with_kv_heads(client, fam):
     grouped = fam.n_kv != fam.n_heads
     assert r["hook_shapes"]["blocks.0.attn.hook_k"] == {
         "axes": "[pos, kv_head_index, d_head]" if grouped else "[pos, head_index, d_head]",
-        "dims": [n, fam.n_kv, fam.d_head]}
+        "dims": [n, fam.n_kv, fam.d_head],
+    }
     assert r["hook_shapes"]["blocks.0.attn.hook_q"]["dims"] == [n, fam.n_heads, fam.d_head]
     np.testing.assert_allclose(r["hooks"]["blocks.1.attn.hook_pattern"], fam.patterns[1], atol=ATOL)
     np.testing.assert_allclose(r["hooks"]["blocks.1.hook_resid_pre"], fam.ref["case0_resid_pre"][1], atol=ATOL)
@@ -152,8 +156,9 @@ def test_ablating_a_head_changes_the_prediction_and_reports_it(client, fam):
     probs = softmax(fam.logits[-1].astype(np.float64))
     np.testing.assert_allclose([t["prob"] for t in effect["baseline_top_k"]], np.sort(probs)[::-1][:3], atol=ATOL)
     assert any(abs(c["delta"]) > 1e-6 for c in effect["changes"])
-    r = client.post("/api/v1/run", json={"model": fam.name, "text": fam.text,
-                                         "ablate": [{"layer": fam.n_layers, "head": 0}]})
+    r = client.post(
+        "/api/v1/run", json={"model": fam.name, "text": fam.text, "ablate": [{"layer": fam.n_layers, "head": 0}]}
+    )
     assert r.status_code == 422 and f"{fam.n_layers} layer(s)" in r.text
 
 
@@ -184,21 +189,28 @@ def test_logit_lens_reads_each_stream_through_the_checkpoints_own_final_norm(cli
 def _score(patterns: np.ndarray, keys: np.ndarray) -> np.ndarray:
     """Mean attention on the keys a detector looks for, over the queries that have such a key."""
     rows = keys.any(axis=1)
-    return np.array([[patterns[layer, h][rows][keys[rows]].sum() / rows.sum() for h in range(patterns.shape[1])]
-                     for layer in range(patterns.shape[0])])
+    return np.array(
+        [
+            [patterns[layer, h][rows][keys[rows]].sum() / rows.sum() for h in range(patterns.shape[1])]
+            for layer in range(patterns.shape[0])
+        ]
+    )
 
 
 def test_head_detectors_score_the_transformers_patterns(client, fam):
     r = post(client, fam, "analysis/detectors", random_length=6)
     ids, n = np.array(fam.ids), len(fam.ids)
     earlier = np.tril(np.ones((n, n), bool), -1)
-    keys = {"previous_token": np.eye(n, k=-1, dtype=bool),
-            "duplicate_token": (ids[:, None] == ids[None, :]) & earlier,
-            "induction": np.pad(ids[:, None] == ids[None, :-1], ((0, 0), (1, 0))) & earlier}
+    keys = {
+        "previous_token": np.eye(n, k=-1, dtype=bool),
+        "duplicate_token": (ids[:, None] == ids[None, :]) & earlier,
+        "induction": np.pad(ids[:, None] == ids[None, :-1], ((0, 0), (1, 0))) & earlier,
+    }
     for name, k in keys.items():
         assert k.any(), name  # the text repeats " sat on the": every detector has keys
-        np.testing.assert_allclose(np.array(r["detectors"][name]["text"], dtype=float), _score(fam.patterns, k),
-                                   atol=ATOL, err_msg=name)
+        np.testing.assert_allclose(
+            np.array(r["detectors"][name]["text"], dtype=float), _score(fam.patterns, k), atol=ATOL, err_msg=name
+        )
     assert np.array(r["detectors"]["induction"]["random"], dtype=float).shape == (fam.n_layers, fam.n_heads)
     assert len(r["random_tokens"]) == 12 and all(r["random_tokens"])  # every id named, padded rows too
     scores = [f["score"] for f in r["flagged"]]
@@ -217,9 +229,10 @@ def test_kv_cache_steps_keep_the_key_value_heads_and_match_transformers(client, 
     per_token = 2 * fam.n_layers * fam.n_kv * fam.d_head * 4  # K and V of the key/value heads, float32
     assert [s["cache_bytes"] for s in steps] == [(s["pos"] + 1) * per_token for s in steps]
     assert all(s["k_shape"] == s["v_shape"] == [fam.n_kv, s["pos"] + 1, fam.d_head] for s in steps)
-    assert f"n_key_value_heads {fam.n_kv}" in r["bytes_formula"] and f"{per_token:,} bytes per token" in r[
-        "bytes_formula"]
-    for before, after in zip(steps[n - 1:], steps[n:]):  # greedy generation
+    assert (
+        f"n_key_value_heads {fam.n_kv}" in r["bytes_formula"] and f"{per_token:,} bytes per token" in r["bytes_formula"]
+    )
+    for before, after in zip(steps[n - 1 :], steps[n:]):  # greedy generation
         assert after["generated"] and after["id"] == before["top"]["id"]
 
 
@@ -229,8 +242,9 @@ def test_compare_two_texts_shows_transformers_patterns_on_both_sides(client, fam
     r = post(client, fam, "analysis/compare", layer=layer, head=head, other={"text": other})
     np.testing.assert_allclose(r["a"]["pattern"], fam.patterns[layer, head], atol=ATOL)
     np.testing.assert_allclose(r["b"]["pattern"], fam.ref["case1_attentions"][layer, head], atol=ATOL)
-    flipped = client.post("/api/v1/analysis/compare", json={"model": fam.name, "text": fam.text,
-                                                            "other": {"causal": False}})
+    flipped = client.post(
+        "/api/v1/analysis/compare", json={"model": fam.name, "text": fam.text, "other": {"causal": False}}
+    )
     if fam.local:
         assert flipped.status_code == 422 and "sliding-window" in flipped.text
     else:
@@ -252,12 +266,14 @@ def test_rollout_is_the_product_of_the_averaged_transformers_patterns(client, fa
 
 # ------------------------------------------------------------------ the pages
 
+
 def test_explorer_page_labels_the_kv_head_of_every_query_head(client, fam):
     r = client.get("/", params={"model": fam.name, "text": fam.text, "layer": 1, "head": fam.n_heads - 1})
     assert r.status_code == 200
     page = html.unescape(r.text)
-    labels = re.findall(r'<span class="head-name">head (\d+)(?: <span class="head-kv"[^>]*>KV (\d+)</span>)?</span>',
-                        page)
+    labels = re.findall(
+        r'<span class="head-name">head (\d+)(?: <span class="head-kv"[^>]*>KV (\d+)</span>)?</span>', page
+    )
     assert [int(h) for h, _ in labels] == list(range(fam.n_heads))
     group = fam.n_heads // fam.n_kv
     if fam.n_kv != fam.n_heads:
@@ -274,9 +290,16 @@ def test_explorer_page_labels_the_kv_head_of_every_query_head(client, fam):
     np.testing.assert_allclose(norms[:, -1], np.linalg.norm(fam.ref["case0_resid_post"], axis=-1), rtol=1e-4)
 
 
-@pytest.mark.parametrize("view, marker", [("decompose", 'id="decompose-sum"'), ("lens", 'id="lens-final"'),
-                                          ("detectors", 'id="flagged"'), ("kvcache", 'id="kv-check"'),
-                                          ("compare", 'id="compare-difference"')])
+@pytest.mark.parametrize(
+    "view, marker",
+    [
+        ("decompose", 'id="decompose-sum"'),
+        ("lens", 'id="lens-final"'),
+        ("detectors", 'id="flagged"'),
+        ("kvcache", 'id="kv-check"'),
+        ("compare", 'id="compare-difference"'),
+    ],
+)
 def test_every_inspect_view_renders(client, fam, view, marker):
     r = client.get("/inspect", params={"view": view, "model": fam.name, "text": fam.text})
     assert r.status_code == 200 and marker in r.text, html.unescape(r.text)[-600:]

@@ -27,14 +27,22 @@ def stop_training():
         for run in client.get("/api/v1/runs").json()["runs"]:
             if run["status"] in ("queued", "running"):
                 client.delete(f"/api/v1/runs/{run['id']}")
+
+
 OPERATIONS = [r.ok() for r in schema.get_all_operations() if r.ok().path.startswith("/api/v1/")]
 
 
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=["valid", "invalid"])
 @pytest.mark.parametrize("operation", OPERATIONS, ids=lambda op: f"{op.method.upper()} {op.path}")
 def test_no_server_errors(operation, mode):
-    @hypothesis.settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
-                         phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+    @hypothesis.settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(case=operation.as_strategy(generation_mode=mode))
     def one(case):
         response = case.call()

@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import httpx
-
 import numpy as np
 import pytest
 from tokenizers import Tokenizer
@@ -25,8 +24,15 @@ from tokenizers import Tokenizer
 from tests.api.conftest import messages
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-BODY = {"model": "toy", "text": "Ali makan nasi", "max_new_tokens": 8, "temperature": 0.8, "top_k": 20, "top_p": 0.9,
-        "seed": 1}
+BODY = {
+    "model": "toy",
+    "text": "Ali makan nasi",
+    "max_new_tokens": 8,
+    "temperature": 0.8,
+    "top_k": 20,
+    "top_p": 0.9,
+    "seed": 1,
+}
 
 
 def generate(client, **changes):
@@ -58,13 +64,15 @@ def test_the_answer_has_the_contracts_fields(client):
         attention = np.array(step["attention"])
         assert attention.shape == (cfg["n_layers"], cfg["n_heads"], n + i)  # every key so far
         np.testing.assert_allclose(attention.sum(-1), 1.0, atol=1e-12)
-        assert step["sink_heads"] == [{"layer": int(a), "head": int(b), "weight": attention[a, b, 0]}
-                                      for a, b in zip(*np.nonzero(attention[:, :, 0] > g["sink_threshold"]))]
+        assert step["sink_heads"] == [
+            {"layer": int(a), "head": int(b), "weight": attention[a, b, 0]}
+            for a, b in zip(*np.nonzero(attention[:, :, 0] > g["sink_threshold"]))
+        ]
         top = step["top"]
         assert step["stages"] == ["model", "temperature", "top_k", "top_p"]
         assert [c["rank"] for c in top[:20]] == list(range(20)) and step["id"] in [c["id"] for c in top]
         kept = [c for c in top if c["kept"]]
-        assert len(kept) == step["kept_count"] and top[:len(kept)] == kept  # the cut-off is one line
+        assert len(kept) == step["kept_count"] and top[: len(kept)] == kept  # the cut-off is one line
         assert all(c["prob_before"] == c["probs"][0] and c["prob_after"] == c["probs"][-1] for c in top)
         assert all(c["cut_by"] in ("top_k", "top_p") and c["prob_after"] == 0 for c in top if not c["kept"])
         assert sum(c["prob_after"] for c in kept) == pytest.approx(1.0)
@@ -103,23 +111,29 @@ def test_a_stop_string_ends_the_generation(client):
     g = generate(client, max_new_tokens=20, stop=stop)
     tokens = g["generated"]["tokens"]
     # it ends with the token that completes the string (which may go on past it: a token is several characters)
-    assert g["finish_reason"] == "stop" and g["steps"][-1]["stop"] and tokens == free["tokens"][:len(tokens)]
+    assert g["finish_reason"] == "stop" and g["steps"][-1]["stop"] and tokens == free["tokens"][: len(tokens)]
     assert stop in "".join(tokens) and stop not in "".join(tokens[:-1])
 
 
-@pytest.mark.parametrize("changes, says", [
-    ({"temperature": -0.5}, "temperature: Input should be greater than or equal to 0"),
-    ({"top_p": 0}, "top_p: Input should be greater than 0"),
-    ({"top_p": 1.2}, "top_p: Input should be less than or equal to 1"),
-    ({"top_k": 0}, "top_k: Input should be greater than or equal to 1"),
-    ({"max_new_tokens": 257}, "max_new_tokens: Input should be less than or equal to 256"),
-    ({"max_new_tokens": 30, "text": "x" * 1000}, "1000 tokens of text + max_new_tokens=30 exceed the model's context "
-                                                 "of n_ctx=1024 tokens: reduce max_new_tokens to at most 24"),
-    ({"model": "all-MiniLM-L6-v2", "text": "the cat"}, "is an encoder"),
-    ({"model": "spec-forward", "text": "nasi "}, "no position left to write into"),
-    ({"causal": False}, "generation needs causal attention"),
-    ({"top_k": 500}, "top_k=500 is more than 'toy''s vocabulary of 96 tokens"),
-])
+@pytest.mark.parametrize(
+    "changes, says",
+    [
+        ({"temperature": -0.5}, "temperature: Input should be greater than or equal to 0"),
+        ({"top_p": 0}, "top_p: Input should be greater than 0"),
+        ({"top_p": 1.2}, "top_p: Input should be less than or equal to 1"),
+        ({"top_k": 0}, "top_k: Input should be greater than or equal to 1"),
+        ({"max_new_tokens": 257}, "max_new_tokens: Input should be less than or equal to 256"),
+        (
+            {"max_new_tokens": 30, "text": "x" * 1000},
+            "1000 tokens of text + max_new_tokens=30 exceed the model's context "
+            "of n_ctx=1024 tokens: reduce max_new_tokens to at most 24",
+        ),
+        ({"model": "all-MiniLM-L6-v2", "text": "the cat"}, "is an encoder"),
+        ({"model": "spec-forward", "text": "nasi "}, "no position left to write into"),
+        ({"causal": False}, "generation needs causal attention"),
+        ({"top_k": 500}, "top_k=500 is more than 'toy''s vocabulary of 96 tokens"),
+    ],
+)
 def test_bad_input_is_a_422_with_the_reason(client, changes, says):
     for headers in ({}, {"Accept": "text/event-stream"}):  # refused before any stream begins
         r = client.post("/api/v1/generate", json=BODY | changes, headers=headers)
@@ -165,14 +179,18 @@ def checkpoints(tmp_path_factory):
 
 
 def test_a_checkpoint_stops_at_its_end_of_text_and_decodes_with_its_tokenizer(checkpoints):
-    g = checkpoints.post("/api/v1/generate", json={"model": "gpt2-tiny", "text": "The cat sat", "max_new_tokens": 20,
-                                                   "temperature": 1.5, "seed": 4}).json()
+    g = checkpoints.post(
+        "/api/v1/generate",
+        json={"model": "gpt2-tiny", "text": "The cat sat", "max_new_tokens": 20, "temperature": 1.5, "seed": 4},
+    ).json()
     assert g["stop_ids"] == [0]  # config.json's eos_token_id
     tok = Tokenizer.from_file(str(FIXTURES / "gpt2-tiny" / "tokenizer.json"))
     assert g["generated"]["text"] == tok.decode(g["generated"]["ids"], skip_special_tokens=False)
     for seed in range(14, 54):  # a seed whose text reaches the end-of-text token (14 does): it is the last step
-        g = checkpoints.post("/api/v1/generate", json={"model": "gpt2-tiny", "text": "The", "max_new_tokens": 28,
-                                                       "temperature": 2.0, "seed": seed}).json()
+        g = checkpoints.post(
+            "/api/v1/generate",
+            json={"model": "gpt2-tiny", "text": "The", "max_new_tokens": 28, "temperature": 2.0, "seed": seed},
+        ).json()
         if 0 in g["generated"]["ids"]:
             assert g["generated"]["ids"].index(0) == len(g["steps"]) - 1 and g["finish_reason"] == "stop"
             break
@@ -181,8 +199,9 @@ def test_a_checkpoint_stops_at_its_end_of_text_and_decodes_with_its_tokenizer(ch
 
 
 def test_grouped_query_heads_say_which_key_value_head_they_read(checkpoints):
-    g = checkpoints.post("/api/v1/generate", json={"model": "llama-gqa", "text": "The cat", "max_new_tokens": 3,
-                                                   "temperature": 0}).json()
+    g = checkpoints.post(
+        "/api/v1/generate", json={"model": "llama-gqa", "text": "The cat", "max_new_tokens": 3, "temperature": 0}
+    ).json()
     assert g["kv_heads"] == [0, 0, 1, 1] and g["config"]["n_key_value_heads"] == 2
     assert np.array(g["steps"][0]["attention"]).shape[:2] == (2, 4)  # every query head
     assert g["steps"][0]["cache_bytes"] == 2 * 2 * 2 * 8 * 4 * len(g["tokens"])  # K and V of the 2 K/V heads
@@ -190,17 +209,29 @@ def test_grouped_query_heads_say_which_key_value_head_they_read(checkpoints):
 
 # ------------------------------------------------------------------ the page
 
+
 def request_of(page_html: str) -> dict | None:
     found = re.search(r'data-request="([^"]*)"', page_html)
     return json.loads(html.unescape(found.group(1))) if found else None
 
 
 def test_the_page_holds_the_apis_request_for_its_url(client):
-    r = client.get("/generate", params={"model": "toy", "text": "Ali makan", "temperature": 0.5, "top_k": 7,
-                                        "seed": 3, "stop": "."})
+    r = client.get(
+        "/generate",
+        params={"model": "toy", "text": "Ali makan", "temperature": 0.5, "top_k": 7, "seed": 3, "stop": "."},
+    )
     assert r.status_code == 200
-    assert request_of(r.text) == {"model": "toy", "text": "Ali makan", "max_new_tokens": 32, "temperature": 0.5,
-                                  "top_k": 7, "top_p": 1.0, "seed": 3, "stop": ".", "repetition_penalty": 1.0}
+    assert request_of(r.text) == {
+        "model": "toy",
+        "text": "Ali makan",
+        "max_new_tokens": 32,
+        "temperature": 0.5,
+        "top_k": 7,
+        "top_p": 1.0,
+        "seed": 3,
+        "stop": ".",
+        "repetition_penalty": 1.0,
+    }
     assert client.post("/api/v1/generate", json=request_of(r.text) | {"max_new_tokens": 2}).status_code == 200
 
 
@@ -211,14 +242,17 @@ def test_the_pages_default_length_fits_the_models_context(client_with):
     assert body["model"] == "induction" and body["max_new_tokens"] == 64 - 43  # n_ctx 64, its text 43 tokens
 
 
-@pytest.mark.parametrize("query, says", [
-    ({"temperature": "-1"}, "temperature must be 0 (greedy) or a positive number"),
-    ({"top_p": "0"}, "top_p must lie in (0, 1]"),
-    ({"top_k": "0"}, "top_k must be a whole number of tokens, at least 1"),
-    ({"max_new_tokens": "999"}, "more than this server's limit of 256"),
-    ({"model": "all-MiniLM-L6-v2"}, "is an encoder"),
-    ({"seed": "x"}, "seed='x' is not a whole number"),
-])
+@pytest.mark.parametrize(
+    "query, says",
+    [
+        ({"temperature": "-1"}, "temperature must be 0 (greedy) or a positive number"),
+        ({"top_p": "0"}, "top_p must lie in (0, 1]"),
+        ({"top_k": "0"}, "top_k must be a whole number of tokens, at least 1"),
+        ({"max_new_tokens": "999"}, "more than this server's limit of 256"),
+        ({"model": "all-MiniLM-L6-v2"}, "is an encoder"),
+        ({"seed": "x"}, "seed='x' is not a whole number"),
+    ],
+)
 def test_the_page_says_what_is_wrong_in_place(client, query, says):
     r = client.get("/generate", params={"model": "toy", "text": "Ali"} | query)
     assert r.status_code == 422 and request_of(r.text) is None
@@ -234,8 +268,10 @@ def test_a_client_that_leaves_ends_the_generation_on_the_server():
     import liveserver
 
     body = BODY | {"text": "The", "max_new_tokens": 120, "d_model": 256, "n_layers": 8}  # ~10 ms a token
-    with liveserver.live_server(env={"EXPLORER_ACCESS_LOG": "true"}) as server, \
-            httpx.Client(base_url=server.url, timeout=60) as http:
+    with (
+        liveserver.live_server(env={"EXPLORER_ACCESS_LOG": "true"}) as server,
+        httpx.Client(base_url=server.url, timeout=60) as http,
+    ):
         whole = len(http.post("/api/v1/generate", json=body).content)
         with http.stream("POST", "/api/v1/generate", json=body, headers={"Accept": "text/event-stream"}) as r:
             steps = 0

@@ -57,27 +57,43 @@ print(json.dumps(out))
 
 
 def test_an_added_knob_reaches_the_api_the_page_state_and_the_form():
-    done = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO, capture_output=True, text=True, timeout=180,
-                          env={**os.environ, "EXPLORER_ACCESS_LOG": "false", "EXPLORER_TRAIN_WORKERS": "0"})
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "EXPLORER_ACCESS_LOG": "false", "EXPLORER_TRAIN_WORKERS": "0"},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.splitlines()[-1])
     assert "d_mlp" in out["spec_fields"]  # the service's RunSpec
     # the API's schema: the knob's type, bound, description, and its limit from the app's settings
-    assert out["schema"] == {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 48}, {"type": "null"}],
-                             "title": "D Mlp", "description": "hidden width of each MLP"}
+    assert out["schema"] == {
+        "anyOf": [{"type": "integer", "minimum": 1, "maximum": 48}, {"type": "null"}],
+        "title": "D Mlp",
+        "description": "hidden width of each MLP",
+    }
     assert "d_mlp" in out["toy_toggles"]  # a toy takes every knob
     assert out["ran"] == [200, 32]  # configure() set the config field
     assert out["refused"] == [422, "d_mlp: Input should be less than or equal to 48"]
     assert out["checkpoint"][0] == 422 and "does not accept d_mlp" in out["checkpoint"][1]  # trained weights: no
     # the explorer's state from its URL, and the shortest URL back (in the form's order: the end of its group)
-    assert out["state"] == {"controls": 32, "given": {"n_layers": 1, "d_mlp": 32}, "defaults": 256,
-                            "url": "/?n_layers=1&d_mlp=32", "errors": []}
+    assert out["state"] == {
+        "controls": 32,
+        "given": {"n_layers": 1, "d_mlp": 32},
+        "defaults": 256,
+        "url": "/?n_layers=1&d_mlp=32",
+        "errors": [],
+    }
     assert out["bad"] == ["d_mlp='wide' is not a whole number"]
     # the form: a number input in the model-shape fieldset, bounded by the settings' limit
     status, control, shown = out["page"]
     assert status == 200 and shown
-    assert control == ('<input type="number" id="d_mlp" name="d_mlp" value="32" min="1" max="48" step="1" '
-                       'inputmode="numeric" hx-get="/" hx-trigger="input changed delay:400ms" >')
+    assert control == (
+        '<input type="number" id="d_mlp" name="d_mlp" value="32" min="1" max="48" step="1" '
+        'inputmode="numeric" hx-get="/" hx-trigger="input changed delay:400ms" >'
+    )
     assert out["page_refused"] == [422, True]
 
 

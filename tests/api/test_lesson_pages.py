@@ -64,21 +64,24 @@ def titles(text: str, table: str) -> list[list[str | None]]:
 
 def error_text(text: str) -> str:
     start = text.index('<p class="error">') + len('<p class="error">')
-    return html.unescape(text[start:text.index("</p>", start)])
+    return html.unescape(text[start : text.index("</p>", start)])
 
 
 # ------------------------------------------------------------------ the spec's numbers, by default
+
 
 def test_attention_page_prints_the_spec_table_and_the_last_scores(client):
     r = client.get("/lessons/attention")
     assert r.status_code == 200
     t = tables(r.text)["weights-table"]
     assert t[0] == ["query \\ key", "Ali", "makan", "nasi", "lemak", "sum"]
-    assert t[1:] == [["Ali", "0.89", "0.02", "0.08", "0.01", "1.00"],
-                     ["makan", "0.51", "0.15", "0.21", "0.13", "1.00"],
-                     ["nasi", "0.09", "0.17", "0.59", "0.15", "1.00"],
-                     ["lemak", "0.96", "0.03", "0.01", "0.00", "1.00"]]
-    last = r.text[r.text.index('id="last-scores"'):]
+    assert t[1:] == [
+        ["Ali", "0.89", "0.02", "0.08", "0.01", "1.00"],
+        ["makan", "0.51", "0.15", "0.21", "0.13", "1.00"],
+        ["nasi", "0.09", "0.17", "0.59", "0.15", "1.00"],
+        ["lemak", "0.96", "0.03", "0.01", "0.00", "1.00"],
+    ]
+    last = r.text[r.text.index('id="last-scores"') :]
     assert [s for s in ("4.15", "0.69", "-0.52", "-2.84") if s in last[:600]] == ["4.15", "0.69", "-0.52", "-2.84"]
     # full precision on hover: each cell's title is the API's float
     w = client.get("/api/v1/lessons/attention").json()["weights"]
@@ -88,16 +91,26 @@ def test_attention_page_prints_the_spec_table_and_the_last_scores(client):
 def test_scaling_page_prints_the_spec_rows(client):
     t = tables(client.get("/lessons/scaling").text)["scaling-table"]
     assert [[row[0], row[1], row[3], row[4]] for row in t[1:]] == [
-        ["4", "2.0", "0.43", "0.24"], ["64", "8.0", "0.84", "0.24"], ["512", "22.5", "0.95", "0.25"]]
+        ["4", "2.0", "0.43", "0.24"],
+        ["64", "8.0", "0.84", "0.24"],
+        ["512", "22.5", "0.95", "0.25"],
+    ]
 
 
 def test_causal_page_prints_the_spec_mask_and_weights(client):
     t = tables(client.get("/lessons/causal").text)
-    assert [row[1:] for row in t["mask-table"][1:]] == [["0", "1", "1", "1"], ["0", "0", "1", "1"],
-                                                         ["0", "0", "0", "1"], ["0", "0", "0", "0"]]
+    assert [row[1:] for row in t["mask-table"][1:]] == [
+        ["0", "1", "1", "1"],
+        ["0", "0", "1", "1"],
+        ["0", "0", "0", "1"],
+        ["0", "0", "0", "0"],
+    ]
     assert [row[1:] for row in t["weights-table"][1:]] == [
-        ["1.00", "0.00", "0.00", "0.00"], ["0.78", "0.22", "0.00", "0.00"],
-        ["0.11", "0.20", "0.69", "0.00"], ["0.96", "0.03", "0.01", "0.00"]]
+        ["1.00", "0.00", "0.00", "0.00"],
+        ["0.78", "0.22", "0.00", "0.00"],
+        ["0.11", "0.20", "0.69", "0.00"],
+        ["0.96", "0.03", "0.01", "0.00"],
+    ]
     # beside it, the attention lesson's unmasked rows (the spec: "used to be 0.09, 0.17, 0.59, 0.15")
     assert t["unmasked-table"][3][1:] == ["0.09", "0.17", "0.59", "0.15"]
 
@@ -110,27 +123,51 @@ def test_multihead_page_prints_the_spec_last_token_rows(client):
 def test_positions_page_prints_the_spec_rows_and_dots(client):
     t = tables(client.get("/lessons/positions").text)
     assert [row[1:] for row in t["encoding-table"][1:]] == [
-        ["0.00", "1.00", "0.00", "1.00", "0.00", "1.00"], ["0.84", "0.54", "0.31", "0.95", "0.10", "1.00"],
-        ["0.91", "-0.42", "0.59", "0.81", "0.20", "0.98"]]
+        ["0.00", "1.00", "0.00", "1.00", "0.00", "1.00"],
+        ["0.84", "0.54", "0.31", "0.95", "0.10", "1.00"],
+        ["0.91", "-0.42", "0.59", "0.81", "0.20", "0.98"],
+    ]
     assert [(row[0], row[2]) for row in t["dots-table"][1:]] == [
-        ("pos 10 vs pos 10", "8.00"), ("pos 10 vs pos 11", "7.49"), ("pos 10 vs pos 12", "6.37"),
-        ("pos 10 vs pos 15", "6.14"), ("pos 10 vs pos 30", "5.78"), ("pos 30 vs pos 35", "6.14")]
+        ("pos 10 vs pos 10", "8.00"),
+        ("pos 10 vs pos 11", "7.49"),
+        ("pos 10 vs pos 12", "6.37"),
+        ("pos 10 vs pos 15", "6.14"),
+        ("pos 10 vs pos 30", "5.78"),
+        ("pos 30 vs pos 35", "6.14"),
+    ]
 
 
 def test_params_lesson_prints_the_spec_counts(client):
     r = client.get("/lessons/params")
     t = tables(r.text)["params-table"]
     assert [[row[0], row[5], row[6], row[7]] for row in t[1:]] == [
-        ["toy", "8,256", "49,984", "108,352"], ["GPT-2 small", "39,383,808", "7,087,872", "124,439,808"]]
+        ["toy", "8,256", "49,984", "108,352"],
+        ["GPT-2 small", "39,383,808", "7,087,872", "124,439,808"],
+    ]
     assert "7,077,888" in r.text  # the 12d² rule for d = 768
 
 
 def test_forward_page_prints_the_spec_shapes_and_probabilities(client):
     t = tables(client.get("/lessons/forward").text)
-    assert t["steps-table"][1:] == [["embed", "(5, 16)"], ["qkv", "(5, 48)"], ["scores", "(2, 5, 5)"],
-                                    ["after attn", "(5, 16)"], ["after mlp", "(5, 16)"], ["logits", "(5, 9)"]]
-    assert t["probs-table"][1:] == [["␣", "0.211"], ["a", "0.115"], ["e", "0.112"], ["i", "0.123"], ["k", "0.062"],
-                                    ["l", "0.151"], ["m", "0.076"], ["n", "0.090"], ["s", "0.060"]]
+    assert t["steps-table"][1:] == [
+        ["embed", "(5, 16)"],
+        ["qkv", "(5, 48)"],
+        ["scores", "(2, 5, 5)"],
+        ["after attn", "(5, 16)"],
+        ["after mlp", "(5, 16)"],
+        ["logits", "(5, 9)"],
+    ]
+    assert t["probs-table"][1:] == [
+        ["␣", "0.211"],
+        ["a", "0.115"],
+        ["e", "0.112"],
+        ["i", "0.123"],
+        ["k", "0.062"],
+        ["l", "0.151"],
+        ["m", "0.076"],
+        ["n", "0.090"],
+        ["s", "0.060"],
+    ]
 
 
 def test_calculator_opens_on_gpt2_small(client):
@@ -143,12 +180,17 @@ def test_calculator_opens_on_gpt2_small(client):
 
 # ------------------------------------------------------------------ other settings: the service's numbers
 
+
 def rounded_from(cell: str, value: float, digits: int = 2) -> bool:
     """A table cell shows `value` to `digits` decimals: that many printed, no "-0.00", and the
     nearest such number (half a unit in the last place away at most)."""
     whole, _, frac = cell.partition(".")
-    return (len(frac) == digits and cell.lstrip("-").replace(".", "").isdigit() and cell != "-0." + "0" * digits
-            and abs(float(cell) - value) <= 0.5 * 10 ** -digits + 1e-12)
+    return (
+        len(frac) == digits
+        and cell.lstrip("-").replace(".", "").isdigit()
+        and cell != "-0." + "0" * digits
+        and abs(float(cell) - value) <= 0.5 * 10**-digits + 1e-12
+    )
 
 
 def test_attention_table_follows_the_settings(client):
@@ -183,12 +225,18 @@ def test_calculator_follows_preset_sizes_batch_and_dtype(client):
     assert any(row[0] == "unembed.W_U" and row[3] == "not counted" for row in rows)
 
 
-@pytest.mark.parametrize("path", ["/lessons/attention?text=a+b&d_model=4&d_k=2&causal=1",
-                                  "/lessons/scaling?dims=3,9&n_queries=50&n_keys=4&seed=1",
-                                  "/lessons/causal?text=x+y+z&seed=3", "/lessons/multihead?n_heads=4&causal=true",
-                                  "/lessons/positions?n_pos=40&d=8&pairs=1:4,20:23",
-                                  "/lessons/params?preset=gpt2-medium&n_layers=3",
-                                  "/lessons/forward?text=hello+world&prompt=low&d_model=8&n_heads=4&d_mlp=16"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/lessons/attention?text=a+b&d_model=4&d_k=2&causal=1",
+        "/lessons/scaling?dims=3,9&n_queries=50&n_keys=4&seed=1",
+        "/lessons/causal?text=x+y+z&seed=3",
+        "/lessons/multihead?n_heads=4&causal=true",
+        "/lessons/positions?n_pos=40&d=8&pairs=1:4,20:23",
+        "/lessons/params?preset=gpt2-medium&n_layers=3",
+        "/lessons/forward?text=hello+world&prompt=low&d_model=8&n_heads=4&d_mlp=16",
+    ],
+)
 def test_the_download_is_the_snippet_shown_and_the_api_link_answers(client, path):
     r = client.get(path)
     assert r.status_code == 200
@@ -220,18 +268,22 @@ def test_snippet_download_matches_the_snippets_module(client):
 
 # ------------------------------------------------------------------ errors in place
 
-@pytest.mark.parametrize("path, message", [
-    ("/lessons/attention?d_model=0", "d_model: Input should be greater than or equal to 1"),
-    ("/lessons/multihead?n_heads=3", "d_model=8 is not divisible by n_heads=3"),
-    ("/lessons/positions?d=7", "even"),
-    ("/lessons/positions?pairs=10:99", "outside 0..49"),
-    ("/lessons/forward?prompt=xyz", "'xyz' are not in the vocabulary"),
-    ("/lessons/scaling?dims=4,x", "dims"),
-    ("/lessons/params?tied_embeddings=false", "calculator at /params"),
-    ("/lessons/attention?colour=red", "colour: is not a field"),
-    ("/params?n_heads=5", "not divisible by n_heads=5"),
-    ("/params?dtype=float8", "dtype"),
-])
+
+@pytest.mark.parametrize(
+    "path, message",
+    [
+        ("/lessons/attention?d_model=0", "d_model: Input should be greater than or equal to 1"),
+        ("/lessons/multihead?n_heads=3", "d_model=8 is not divisible by n_heads=3"),
+        ("/lessons/positions?d=7", "even"),
+        ("/lessons/positions?pairs=10:99", "outside 0..49"),
+        ("/lessons/forward?prompt=xyz", "'xyz' are not in the vocabulary"),
+        ("/lessons/scaling?dims=4,x", "dims"),
+        ("/lessons/params?tied_embeddings=false", "calculator at /params"),
+        ("/lessons/attention?colour=red", "colour: is not a field"),
+        ("/params?n_heads=5", "not divisible by n_heads=5"),
+        ("/params?dtype=float8", "dtype"),
+    ],
+)
 def test_a_bad_setting_shows_the_message_in_place_with_422(client, path, message):
     r = client.get(path)
     assert r.status_code == 422
@@ -250,6 +302,7 @@ def test_the_controls_keep_the_bad_value_so_it_can_be_fixed(client):
 
 def test_a_page_refuses_more_words_than_it_can_draw(client):
     from app.settings import get_settings
+
     n = get_settings().lesson_max_tokens + 1
     r = client.get("/lessons/attention?" + urlencode({"text": " ".join(["w"] * n)}))
     assert r.status_code == 422 and f"has {n} words" in error_text(r.text)
@@ -258,18 +311,24 @@ def test_a_page_refuses_more_words_than_it_can_draw(client):
 def test_unknown_lesson_is_a_404_listing_the_lessons(client):
     r = client.get("/lessons/nope")
     assert r.status_code == 404
-    assert all(f'href="/lessons/{slug}"' in r.text for slug in
-               ("attention", "scaling", "causal", "multihead", "positions", "params", "forward"))
+    assert all(
+        f'href="/lessons/{slug}"' in r.text
+        for slug in ("attention", "scaling", "causal", "multihead", "positions", "params", "forward")
+    )
 
 
 # ------------------------------------------------------------------ URLs and fragments
 
-@pytest.mark.parametrize("query, pushed", [
-    ("", "/lessons/attention"),
-    ("scale=0&scale=1&causal=0&d_model=8", "/lessons/attention"),  # checkboxes and defaults drop out
-    ("causal=0&causal=1&d_model=16&text=", "/lessons/attention?d_model=16&causal=true"),
-    ("scale=0&classroom=1", "/lessons/attention?scale=false&classroom=1"),
-])
+
+@pytest.mark.parametrize(
+    "query, pushed",
+    [
+        ("", "/lessons/attention"),
+        ("scale=0&scale=1&causal=0&d_model=8", "/lessons/attention"),  # checkboxes and defaults drop out
+        ("causal=0&causal=1&d_model=16&text=", "/lessons/attention?d_model=16&causal=true"),
+        ("scale=0&classroom=1", "/lessons/attention?scale=false&classroom=1"),
+    ],
+)
 def test_an_htmx_request_gets_the_results_block_and_the_canonical_url(client, query, pushed):
     r = client.get("/lessons/attention?" + query, headers=HX)
     assert r.status_code == 200
@@ -292,8 +351,9 @@ def test_params_lesson_pushes_only_what_differs_from_its_own_defaults(client):
 
 # ------------------------------------------------------------------ user text is text
 
+
 def test_user_text_is_escaped_in_the_page_and_in_the_figures(client):
-    evil = '<script>alert(1)</script> <img/src/onerror=alert(2)> "q" \'a\' &amp;'
+    evil = "<script>alert(1)</script> <img/src/onerror=alert(2)> \"q\" 'a' &amp;"
     r = client.get("/lessons/attention?" + urlencode({"text": evil}))
     assert r.status_code == 200
     assert "<script>alert" not in r.text and "<img" not in r.text

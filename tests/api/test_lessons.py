@@ -23,8 +23,12 @@ class TestAttention:
         assert a["tokens"] == ["Ali", "makan", "nasi", "lemak"]
         assert a["shapes"]["Q"] == a["shapes"]["K"] == a["shapes"]["V"] == [4, 4]
         assert a["shapes"]["output"] == [4, 4]
-        assert rounded(a["weights"], 2) == [[0.89, 0.02, 0.08, 0.01], [0.51, 0.15, 0.21, 0.13],
-                                            [0.09, 0.17, 0.59, 0.15], [0.96, 0.03, 0.01, 0.00]]
+        assert rounded(a["weights"], 2) == [
+            [0.89, 0.02, 0.08, 0.01],
+            [0.51, 0.15, 0.21, 0.13],
+            [0.09, 0.17, 0.59, 0.15],
+            [0.96, 0.03, 0.01, 0.00],
+        ]
         assert rounded(np.sum(a["weights"], axis=1), 2) == [1.0] * 4
         assert rounded(a["scores"][3], 2) == [4.15, 0.69, -0.52, -2.84]
 
@@ -41,8 +45,12 @@ class TestAttention:
     def test_causal_section(self, client):
         a = get(client, "attention", causal="true")
         assert np.array(a["mask"], dtype=int).tolist() == [[0, 1, 1, 1], [0, 0, 1, 1], [0, 0, 0, 1], [0, 0, 0, 0]]
-        assert rounded(a["weights"], 2) == [[1.0, 0.0, 0.0, 0.0], [0.78, 0.22, 0.0, 0.0],
-                                            [0.11, 0.2, 0.69, 0.0], [0.96, 0.03, 0.01, 0.0]]
+        assert rounded(a["weights"], 2) == [
+            [1.0, 0.0, 0.0, 0.0],
+            [0.78, 0.22, 0.0, 0.0],
+            [0.11, 0.2, 0.69, 0.0],
+            [0.96, 0.03, 0.01, 0.0],
+        ]
         # masked scores are null in JSON, exactly above the diagonal
         nulls = [[s is None for s in row] for row in a["scores"]]
         assert nulls == a["mask"]
@@ -91,12 +99,20 @@ def test_multihead_causal_masks_every_head(client):
 def test_positions(client):
     p = get(client, "positions")
     assert np.array(p["encoding"]).shape == (50, 16)
-    assert rounded(np.array(p["encoding"])[:3, :6], 2) == [[0.0, 1.0, 0.0, 1.0, 0.0, 1.0],
-                                                          [0.84, 0.54, 0.31, 0.95, 0.1, 1.0],
-                                                          [0.91, -0.42, 0.59, 0.81, 0.2, 0.98]]
+    assert rounded(np.array(p["encoding"])[:3, :6], 2) == [
+        [0.0, 1.0, 0.0, 1.0, 0.0, 1.0],
+        [0.84, 0.54, 0.31, 0.95, 0.1, 1.0],
+        [0.91, -0.42, 0.59, 0.81, 0.2, 0.98],
+    ]
     dots = {(d["i"], d["j"]): f"{d['dot']:.2f}" for d in p["dots"]}
-    assert dots == {(10, 10): "8.00", (10, 11): "7.49", (10, 12): "6.37", (10, 15): "6.14", (10, 30): "5.78",
-                    (30, 35): "6.14"}
+    assert dots == {
+        (10, 10): "8.00",
+        (10, 11): "7.49",
+        (10, 12): "6.37",
+        (10, 15): "6.14",
+        (10, 30): "5.78",
+        (30, 35): "6.14",
+    }
 
 
 def test_positions_pairs_and_small_n_pos(client):
@@ -110,10 +126,24 @@ def test_positions_pairs_and_small_n_pos(client):
 def test_forward_pass(client):
     f = get(client, "forward")
     assert [(s["name"], s["shape"]) for s in f["steps"]] == [
-        ("embed", [5, 16]), ("qkv", [5, 48]), ("scores", [2, 5, 5]), ("after attn", [5, 16]),
-        ("after mlp", [5, 16]), ("logits", [5, 9])]
+        ("embed", [5, 16]),
+        ("qkv", [5, 48]),
+        ("scores", [2, 5, 5]),
+        ("after attn", [5, 16]),
+        ("after mlp", [5, 16]),
+        ("logits", [5, 9]),
+    ]
     assert {c: round(p, 3) for c, p in f["next_token_probs"].items()} == {
-        " ": 0.211, "a": 0.115, "e": 0.112, "i": 0.123, "k": 0.062, "l": 0.151, "m": 0.076, "n": 0.09, "s": 0.06}
+        " ": 0.211,
+        "a": 0.115,
+        "e": 0.112,
+        "i": 0.123,
+        "k": 0.062,
+        "l": 0.151,
+        "m": 0.076,
+        "n": 0.09,
+        "s": 0.06,
+    }
     assert list(f["next_token_probs"]) == f["vocab"] == [" ", "a", "e", "i", "k", "l", "m", "n", "s"]
 
 

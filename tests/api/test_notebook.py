@@ -22,8 +22,16 @@ def test_the_readme_notebook_example_runs_and_draws_the_apis_numbers(client):
     figs = ns["figs"]
     assert all(isinstance(f, go.Figure) for f in figs.values())
     assert {"raw", "scaled", "masked", "weights", "head-0", "residual", "writes", "next-token"} <= set(figs)
-    run = client.post("/api/v1/run", json={"model": "toy", "text": "Ali makan nasi lemak", "causal": False,
-                                           "hooks": ["blocks.1.attn.hook_pattern"], "top_k": 10}).json()
+    run = client.post(
+        "/api/v1/run",
+        json={
+            "model": "toy",
+            "text": "Ali makan nasi lemak",
+            "causal": False,
+            "hooks": ["blocks.1.attn.hook_pattern"],
+            "top_k": 10,
+        },
+    ).json()
     pattern = np.array(run["hooks"]["blocks.1.attn.hook_pattern"])  # [head, query, key]
     np.testing.assert_array_equal(np.array(figs["weights"].data[0].z, dtype=float), pattern[2])
     np.testing.assert_array_equal(np.array(figs["head-0"].data[0].z, dtype=float), pattern[0])

@@ -66,8 +66,14 @@ def test_models_lists_minilm_and_the_folders(dir_client, models_dir):
 
 def test_minilm_runs_at_parity_through_the_api(client):
     ref = np.load(FIXTURES / "minilm_reference.npz")
-    r = client.post("/api/v1/run", json={"model": pretrained.MINILM_NAME, "text": str(ref["case0_text"]),
-                                         "hooks": ["blocks.0.attn.hook_pattern", "blocks.5.hook_resid_post"]})
+    r = client.post(
+        "/api/v1/run",
+        json={
+            "model": pretrained.MINILM_NAME,
+            "text": str(ref["case0_text"]),
+            "hooks": ["blocks.0.attn.hook_pattern", "blocks.5.hook_resid_post"],
+        },
+    )
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["token_ids"] == ref["case0_token_ids"].tolist()
@@ -79,8 +85,15 @@ def test_minilm_runs_at_parity_through_the_api(client):
 
 def test_gpt2_folder_runs_at_parity_through_the_api(dir_client, models_dir):
     ref = np.load(FIXTURES / "gpt2-tiny.npz")
-    r = dir_client.post("/api/v1/run", json={"model": "gpt2-tiny", "text": str(ref["case1_text"]), "top_k": 5,
-                                         "hooks": ["blocks.1.attn.hook_pattern"]})
+    r = dir_client.post(
+        "/api/v1/run",
+        json={
+            "model": "gpt2-tiny",
+            "text": str(ref["case1_text"]),
+            "top_k": 5,
+            "hooks": ["blocks.1.attn.hook_pattern"],
+        },
+    )
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["token_ids"] == ref["case1_token_ids"].tolist()
@@ -102,11 +115,14 @@ def test_gpt2_attention_toggles_apply(dir_client, models_dir):
     assert np.all(np.triu(causal, k=1) == 0) and np.any(np.triu(both, k=1) > 0)
 
 
-@pytest.mark.parametrize(("model", "field", "value"), [
-    (pretrained.MINILM_NAME, "causal", True),  # an encoder has no causal toggle
-    ("gpt2-tiny", "n_heads", 2),  # trained weights have the sizes they have
-    ("gpt2-tiny", "seed", 3),
-])
+@pytest.mark.parametrize(
+    ("model", "field", "value"),
+    [
+        (pretrained.MINILM_NAME, "causal", True),  # an encoder has no causal toggle
+        ("gpt2-tiny", "n_heads", 2),  # trained weights have the sizes they have
+        ("gpt2-tiny", "seed", 3),
+    ],
+)
 def test_toggles_a_pretrained_model_refuses(dir_client, models_dir, model, field, value):
     r = dir_client.post("/api/v1/run", json={"model": model, "text": "The cat", field: value})
     assert r.status_code == 422 and field in messages(r)
@@ -136,6 +152,7 @@ def test_weights_broken_beyond_config_become_the_listed_reason(client_with, mode
 
 
 # ---------------------------------------------------------------------------- loading: once, within budget
+
 
 def make_catalog(mb: int) -> pretrained.Checkpoints:
     return pretrained.Checkpoints(FIXTURES, mb * 2**20)
@@ -184,8 +201,10 @@ def test_memory_budget_drops_the_least_recently_used(tmp_path):
         half_precision_copy(FIXTURES / name, tmp_path / name)
     sizes = {name: 4 * count_params(read_spec(FIXTURES / name).cfg).total for name in ("gpt2-tiny", "bert-tiny")}
     # room for one: each estimate (every stored tensor) fits, both loaded do not
-    catalog = pretrained.Checkpoints(tmp_path, max(pretrained.upcast_nbytes(e.spec) for e in
-                                                   (pretrained.Checkpoints(tmp_path, 0).entries[n] for n in sizes)))
+    catalog = pretrained.Checkpoints(
+        tmp_path,
+        max(pretrained.upcast_nbytes(e.spec) for e in (pretrained.Checkpoints(tmp_path, 0).entries[n] for n in sizes)),
+    )
     assert catalog.budget.max_bytes < sum(sizes.values())
     gpt2, bert = catalog.entries["gpt2-tiny"], catalog.entries["bert-tiny"]
     gpt2.params()

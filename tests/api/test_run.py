@@ -21,7 +21,15 @@ def test_models_lists_the_built_in_toys(client):
     toy = models["toy"]
     assert toy["runnable"] and toy["error"] is None and not toy["is_encoder"]
     assert toy["config"]["n_layers"] == 2 and toy["config"]["n_heads"] == 4 and toy["config"]["d_model"] == 64
-    assert set(toy["toggles"]) >= {"causal", "scale", "positional_embedding_type", "n_heads", "n_layers", "d_model", "seed"}
+    assert set(toy["toggles"]) >= {
+        "causal",
+        "scale",
+        "positional_embedding_type",
+        "n_heads",
+        "n_layers",
+        "d_model",
+        "seed",
+    }
     assert "n_layers" not in models["spec-forward"]["toggles"]
 
 
@@ -29,8 +37,17 @@ def test_spec_forward_reproduces_the_spec(client):
     r = run(client, model="spec-forward", text="nasi ", top_k=9)
     assert r["tokens"] == list("nasi ") and r["seed"] == 42
     probs = {t["token"]: round(t["prob"], 3) for t in r["top_k"]}
-    assert probs == {" ": 0.211, "a": 0.115, "e": 0.112, "i": 0.123, "k": 0.062, "l": 0.151, "m": 0.076,
-                     "n": 0.09, "s": 0.06}
+    assert probs == {
+        " ": 0.211,
+        "a": 0.115,
+        "e": 0.112,
+        "i": 0.123,
+        "k": 0.062,
+        "l": 0.151,
+        "m": 0.076,
+        "n": 0.09,
+        "s": 0.06,
+    }
     assert [t["prob"] for t in r["top_k"]] == sorted((t["prob"] for t in r["top_k"]), reverse=True)
 
 
@@ -93,21 +110,36 @@ def test_toy_accepts_any_unicode(client):
 
 
 def test_hooks_endpoint(client):
-    h = client.get("/api/v1/hooks", params={"model": "toy", "n_layers": 3, "positional_embedding_type": "rotary"}).json()
+    h = client.get(
+        "/api/v1/hooks", params={"model": "toy", "n_layers": 3, "positional_embedding_type": "rotary"}
+    ).json()
     names = [x["name"] for x in h["hooks"]]
-    assert names == hook_names(client.app.state.catalog["toy"].cfg.replace(n_layers=3, positional_embedding_type="rotary"))
+    assert names == hook_names(
+        client.app.state.catalog["toy"].cfg.replace(n_layers=3, positional_embedding_type="rotary")
+    )
     assert "blocks.2.attn.hook_rot_q" in names
-    assert {x["name"]: x["shape"] for x in h["hooks"]}["blocks.0.attn.hook_pattern"] == "[head_index, query_pos, key_pos]"
+    assert {x["name"]: x["shape"] for x in h["hooks"]}[
+        "blocks.0.attn.hook_pattern"
+    ] == "[head_index, query_pos, key_pos]"
 
 
-@pytest.mark.parametrize("body,fragment", [
-    ({"model": "gpt-9", "text": "a"}, "unknown model 'gpt-9'"),
-    ({"model": "toy", "text": "a", "hooks": ["blocks.7.attn.hook_pattern"]}, "unknown hook name 'blocks.7.attn.hook_pattern'"),
-    ({"model": "toy", "text": "a", "n_heads": 5}, "d_model=64 is not divisible by n_heads=5"),
-    ({"model": "spec-forward", "text": "nasi goreng"}, "'gor' are not in the vocabulary"),
-    ({"model": "spec-forward", "text": "nasi", "n_layers": 2}, "does not accept n_layers"),
-    ({"model": "toy", "text": "ab", "positional_embedding_type": "rotary", "d_model": 48, "n_heads": 16}, "need an even d_head"),
-])
+@pytest.mark.parametrize(
+    "body,fragment",
+    [
+        ({"model": "gpt-9", "text": "a"}, "unknown model 'gpt-9'"),
+        (
+            {"model": "toy", "text": "a", "hooks": ["blocks.7.attn.hook_pattern"]},
+            "unknown hook name 'blocks.7.attn.hook_pattern'",
+        ),
+        ({"model": "toy", "text": "a", "n_heads": 5}, "d_model=64 is not divisible by n_heads=5"),
+        ({"model": "spec-forward", "text": "nasi goreng"}, "'gor' are not in the vocabulary"),
+        ({"model": "spec-forward", "text": "nasi", "n_layers": 2}, "does not accept n_layers"),
+        (
+            {"model": "toy", "text": "ab", "positional_embedding_type": "rotary", "d_model": 48, "n_heads": 16},
+            "need an even d_head",
+        ),
+    ],
+)
 def test_run_errors_are_422_with_an_actionable_message(client, body, fragment):
     r = client.post("/api/v1/run", json=body)
     assert r.status_code == 422

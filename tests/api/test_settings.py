@@ -15,7 +15,6 @@ EXPLORER_RUNS_DIR, _TRAIN_WORKERS, _TRAIN_MAX_PER_CLIENT, _TRAIN_MAX_RUNS, _RUNS
 from __future__ import annotations
 
 import html
-
 import json
 import os
 import socket
@@ -26,7 +25,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from fastapi.testclient import TestClient
 
 from app.main import create_app
@@ -42,29 +40,60 @@ TOY = {"model": "toy", "text": "Ali makan"}
 
 def test_every_setting_is_covered_here_or_named():
     """A new setting needs a test: this file's cases (or the file named in its docstring) cover each."""
-    covered = {"max_tokens", "max_work", "max_elements", "max_params", "max_hook_values", "explorer_max_tokens",
-               "explorer_max_values", "lesson_max_tokens",
-               "max_body_bytes", "pretrained_memory_mb", "models_dir", "host", "port", "workers", "log_level",
-               "max_pretrained_work"}
+    covered = {
+        "max_tokens",
+        "max_work",
+        "max_elements",
+        "max_params",
+        "max_hook_values",
+        "explorer_max_tokens",
+        "explorer_max_values",
+        "lesson_max_tokens",
+        "max_body_bytes",
+        "pretrained_memory_mb",
+        "models_dir",
+        "host",
+        "port",
+        "workers",
+        "log_level",
+        "max_pretrained_work",
+    }
     covered |= set(SCHEMA_LIMITS)
-    elsewhere = {"blas_threads", "max_concurrent_compute", "retry_after_s", "access_log", "max_url_bytes",
-                 "runs_dir", "train_workers", "train_max_per_client", "train_max_runs", "runs_max_mb",
-                 "default_model",  # tests/pages/test_default_model.py
-                 "generate_max_values",  # tests/api/test_generate.py
-                 "patching_max_passes", "ov_max_sources",  # tests/api/test_circuits.py
-                 "redis_url", "train_pickup_s", "metrics"}  # tests/scale/ (Redis, Celery workers, /metrics)
+    elsewhere = {
+        "blas_threads",
+        "max_concurrent_compute",
+        "retry_after_s",
+        "access_log",
+        "max_url_bytes",
+        "runs_dir",
+        "train_workers",
+        "train_max_per_client",
+        "train_max_runs",
+        "runs_max_mb",
+        "default_model",  # tests/pages/test_default_model.py
+        "generate_max_values",  # tests/api/test_generate.py
+        "patching_max_passes",
+        "ov_max_sources",  # tests/api/test_circuits.py
+        "redis_url",
+        "train_pickup_s",
+        "metrics",
+    }  # tests/scale/ (Redis, Celery workers, /metrics)
     assert set(Settings.model_fields) == covered | elsewhere
 
 
 # ------------------------------------------------------------------ request-time limits (the dependency)
 
-@pytest.mark.parametrize(("setting", "value", "body", "says"), [
-    ("max_tokens", 5, TOY, "more than the limit of 5"),
-    ("max_work", 10_000, TOY, "more than this server's limit of 10,000"),
-    ("max_elements", 100, TOY, "more than this server's limit of 100"),
-    ("max_params", 1_000, TOY, "more than the limit of 1,000"),
-    ("max_hook_values", 100, TOY | {"hooks": ["blocks.0.attn.hook_pattern"]}, "more than the limit of 100"),
-])
+
+@pytest.mark.parametrize(
+    ("setting", "value", "body", "says"),
+    [
+        ("max_tokens", 5, TOY, "more than the limit of 5"),
+        ("max_work", 10_000, TOY, "more than this server's limit of 10,000"),
+        ("max_elements", 100, TOY, "more than this server's limit of 100"),
+        ("max_params", 1_000, TOY, "more than the limit of 1,000"),
+        ("max_hook_values", 100, TOY | {"hooks": ["blocks.0.attn.hook_pattern"]}, "more than the limit of 100"),
+    ],
+)
 def test_request_limits_follow_the_settings(client, client_with, setting, value, body, says):
     assert client.post("/api/v1/run", json=body).status_code == 200  # fine with the defaults
     r = client_with(**{setting: value}).post("/api/v1/run", json=body)
@@ -89,23 +118,29 @@ def test_explorer_max_values_bounds_what_one_view_keeps(client_with):
     kept = 2 * 40 * 64 + 2 * 4 * 40**2 + 11 * 40 * 64
     r = client_with(explorer_max_values=kept - 1).get("/", params={"text": "a" * 40, "model": "toy"})
     assert r.status_code == 422
-    assert f"keep {kept:,} numbers (40 tokens, 2 layers, 4 heads), more than this server's limit of {kept - 1:,}" \
+    assert (
+        f"keep {kept:,} numbers (40 tokens, 2 layers, 4 heads), more than this server's limit of {kept - 1:,}"
         in html.unescape(r.text)
+    )
     assert client_with(explorer_max_values=kept).get("/", params={"text": "a" * 40, "model": "toy"}).status_code == 200
 
 
 def test_explorer_max_values_sets_the_text_limit_a_checkpoint_states(client_with):
     """A model of fixed sizes (here the trained python-docs: 2 layers, 4 heads, d_model 96, context 128)
     gets the longest text whose view fits as its limit, stated by the text box before anyone types."""
+
     def kept(n):  # as above: q and k, scores and pattern, 11 residual hooks
         return 2 * n * 96 + 2 * 4 * n**2 + 11 * n * 96
+
     client = client_with(explorer_max_values=kept(100))  # kept(101) is more
     page = client.get("/", params={"model": "python-docs", "text": "e" * 100})
     assert page.status_code == 200 and "Up to 100 tokens." in page.text
     r = client.get("/", params={"model": "python-docs", "text": "e" * 101})
     assert r.status_code == 422
-    assert (f"the text has 101 tokens; the explorer draws up to 100 (a longer text's view of python-docs would keep "
-            f"more than this server's limit of {kept(100):,} numbers)") in html.unescape(r.text)
+    assert (
+        f"the text has 101 tokens; the explorer draws up to 100 (a longer text's view of python-docs would keep "
+        f"more than this server's limit of {kept(100):,} numbers)"
+    ) in html.unescape(r.text)
     # the default limit is the model's context
     assert "Up to 128 tokens." in client_with().get("/", params={"model": "python-docs"}).text
 
@@ -160,8 +195,11 @@ SCHEMA_LIMITS = {
     "max_hooks": (1, ("POST", "/api/v1/run", {"text": "a", "hooks": ["hook_embed"] * 2}), "hooks"),
     "max_dims": (2, ("GET", "/api/v1/lessons/scaling", {"dims": "4,8,16"}), "dims"),
     "max_queries": (10, ("GET", "/api/v1/lessons/scaling", {"n_queries": 11}), "n_queries"),
-    "max_ablations": (1, ("POST", "/api/v1/run", {"text": "a", "ablate": [{"layer": 0, "head": 0},
-                                                                          {"layer": 0, "head": 1}]}), "ablate"),
+    "max_ablations": (
+        1,
+        ("POST", "/api/v1/run", {"text": "a", "ablate": [{"layer": 0, "head": 0}, {"layer": 0, "head": 1}]}),
+        "ablate",
+    ),
     "max_new_tokens": (2, ("POST", "/api/v1/analysis/kv-cache", {"text": "a", "n_new": 3}), "n_new"),
     "calc_max_width": (100, ("GET", "/api/v1/params", {"d_model": 101}), "d_model"),
     "calc_max_vocab": (100, ("GET", "/api/v1/params", {"d_vocab": 101}), "d_vocab"),
@@ -213,8 +251,10 @@ def test_injected_settings_set_both_what_is_refused_and_what_the_openapi_states(
         assert run["text"]["maxLength"] == chars and f"at most {chars:,} characters" in run["text"]["description"]
         assert run["n_layers"]["anyOf"][0]["maximum"] == layers and run["hooks"]["maxItems"] == hooks
         assert f"at most {hooks}," in run["hooks"]["description"]
-        assert schema["paths"]["/api/v1/run"]["post"]["responses"]["413"]["description"] == \
-            f"The body is over {body:,} bytes"
+        assert (
+            schema["paths"]["/api/v1/run"]["post"]["responses"]["413"]["description"]
+            == f"The body is over {body:,} bytes"
+        )
         text = next(p for p in schema["paths"]["/api/v1/lessons/attention"]["get"]["parameters"] if p["name"] == "text")
         assert text["schema"]["maxLength"] == chars and f"{chars:,} characters" in text["description"]
     # the pages validate with the same models, and say so in their controls
@@ -231,18 +271,32 @@ def test_a_settings_dependency_override_sets_both_too():
     with TestClient(app) as c:
         body = {"model": "toy", "text": "a", "n_layers": 3}
         assert c.post("/api/v1/run", json=body).status_code == 200
-        assert c.get("/openapi.json").json()["components"]["schemas"]["RunRequest"]["properties"]["n_layers"][
-            "anyOf"][0]["maximum"] == 12
+        assert (
+            c.get("/openapi.json").json()["components"]["schemas"]["RunRequest"]["properties"]["n_layers"]["anyOf"][0][
+                "maximum"
+            ]
+            == 12
+        )
         app.dependency_overrides[get_settings] = lambda: Settings(max_layers=2)
         assert refused_by(c.post("/api/v1/run", json=body), "n_layers")
-        assert c.get("/openapi.json").json()["components"]["schemas"]["RunRequest"]["properties"]["n_layers"][
-            "anyOf"][0]["maximum"] == 2
+        assert (
+            c.get("/openapi.json").json()["components"]["schemas"]["RunRequest"]["properties"]["n_layers"]["anyOf"][0][
+                "maximum"
+            ]
+            == 2
+        )
 
 
 def probe(env: dict[str, str], cases: dict) -> dict:
     """Run the cases in a fresh interpreter whose environment sets `env` (settings are read at import)."""
-    done = subprocess.run([sys.executable, "-c", PROBE, json.dumps(cases)], cwd=REPO, capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "EXPLORER_ACCESS_LOG": "false", **env})
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, json.dumps(cases)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "EXPLORER_ACCESS_LOG": "false", **env},
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.splitlines()[-1])
 
@@ -263,6 +317,7 @@ def test_request_model_limits_follow_the_environment():
 
 # ------------------------------------------------------------------ the process: host, port, workers, log level
 
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -279,8 +334,13 @@ def workers(pid: int) -> list[int]:
 
 def test_python_m_app_serves_on_the_settings_host_port_and_workers(tmp_path):
     port = free_port()
-    env = {**os.environ, "EXPLORER_HOST": "127.0.0.1", "EXPLORER_PORT": str(port), "EXPLORER_WORKERS": "2",
-           "EXPLORER_LOG_LEVEL": "warning"}
+    env = {
+        **os.environ,
+        "EXPLORER_HOST": "127.0.0.1",
+        "EXPLORER_PORT": str(port),
+        "EXPLORER_WORKERS": "2",
+        "EXPLORER_LOG_LEVEL": "warning",
+    }
     log = (tmp_path / "server.log").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "app"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:

@@ -15,10 +15,9 @@ import sys
 import numpy as np
 import pytest
 
-from app.service import calculators
 from app.pages import snippets
-from core import count_params
-from core import lessons
+from app.service import calculators
+from core import count_params, lessons
 
 # The spec's printed output, section by section (spec/transformers-in-depth.txt).
 SPEC_OUTPUT = {
@@ -112,13 +111,16 @@ def close(a, b) -> bool:
     return np.allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=1e-12, equal_nan=True)
 
 
-@pytest.mark.parametrize("text, seed, d_model, d_k, causal, scale", [
-    (TEXT, 0, 8, 4, False, True),
-    (TEXT, 0, 8, 4, True, True),
-    ("the cat sat on the mat", 7, 12, 6, False, False),
-    ("one two three", 123, 5, 3, True, False),
-    ("solo", 3, 4, 2, True, True),
-])
+@pytest.mark.parametrize(
+    "text, seed, d_model, d_k, causal, scale",
+    [
+        (TEXT, 0, 8, 4, False, True),
+        (TEXT, 0, 8, 4, True, True),
+        ("the cat sat on the mat", 7, 12, 6, False, False),
+        ("one two three", 123, 5, 3, True, False),
+        ("solo", 3, 4, 2, True, True),
+    ],
+)
 def test_attention_snippet_matches_the_service(text, seed, d_model, d_k, causal, scale, svc):
     r = svc.lessons.attention(text, seed, d_model, d_k, causal, scale)
     ns, printed = run(snippets.attention(text, seed, d_model, d_k, causal, scale))
@@ -131,8 +133,9 @@ def test_attention_snippet_matches_the_service(text, seed, d_model, d_k, causal,
     assert printed.strip().splitlines()[-1] == f"scores for {r.lesson.tokens[-1]}: {last}"
 
 
-@pytest.mark.parametrize("text, seed, d_model, d_k, scale", [
-    (TEXT, 0, 8, 4, True), ("a b c d e f", 9, 16, 8, True), ("x y", 2, 3, 5, False)])
+@pytest.mark.parametrize(
+    "text, seed, d_model, d_k, scale", [(TEXT, 0, 8, 4, True), ("a b c d e f", 9, 16, 8, True), ("x y", 2, 3, 5, False)]
+)
 def test_causal_snippet_matches_the_service(text, seed, d_model, d_k, scale, svc):
     r = svc.lessons.attention(text, seed, d_model, d_k, causal=True, scale=scale)
     ns, _ = run(snippets.causal(text, seed, d_model, d_k, scale))
@@ -141,12 +144,15 @@ def test_causal_snippet_matches_the_service(text, seed, d_model, d_k, scale, svc
     assert close(ns["scores"], r.lesson.result.scores)  # -inf where masked, in both
 
 
-@pytest.mark.parametrize("text, seed, d_model, n_heads, causal, scale", [
-    (TEXT, 1, 8, 2, False, True),
-    (TEXT, 1, 8, 4, True, True),
-    ("a b c d e", 5, 12, 3, False, False),
-    ("a b c", 0, 6, 1, True, False),
-])
+@pytest.mark.parametrize(
+    "text, seed, d_model, n_heads, causal, scale",
+    [
+        (TEXT, 1, 8, 2, False, True),
+        (TEXT, 1, 8, 4, True, True),
+        ("a b c d e", 5, 12, 3, False, False),
+        ("a b c", 0, 6, 1, True, False),
+    ],
+)
 def test_multihead_snippet_matches_the_service(text, seed, d_model, n_heads, causal, scale, svc):
     m = svc.lessons.multihead(text, seed, d_model, n_heads, causal, scale)
     ns, printed = run(snippets.multihead(text, seed, d_model, n_heads, causal, scale))
@@ -155,16 +161,19 @@ def test_multihead_snippet_matches_the_service(text, seed, d_model, n_heads, cau
     assert printed.count("weights for last token") == n_heads
 
 
-@pytest.mark.parametrize("n_pos, d, pairs", [
-    (50, 16, lessons.SPEC_POSITION_PAIRS),
-    (20, 8, ((0, 3), (1, 4), (2, 2))),
-    (100, 32, ((10, 20), (10, 40), (50, 60))),
-])
+@pytest.mark.parametrize(
+    "n_pos, d, pairs",
+    [
+        (50, 16, lessons.SPEC_POSITION_PAIRS),
+        (20, 8, ((0, 3), (1, 4), (2, 2))),
+        (100, 32, ((10, 20), (10, 40), (50, 60))),
+    ],
+)
 def test_positions_snippet_matches_the_service(n_pos, d, pairs, svc):
     p = svc.lessons.positions(n_pos, d, pairs)
     ns, printed = run(snippets.positions(n_pos, d, pairs))
     assert close(ns["pe"], p.encoding)
-    dot_lines = printed.strip().splitlines()[-len(pairs):]
+    dot_lines = printed.strip().splitlines()[-len(pairs) :]
     for line, (i, j, dot) in zip(dot_lines, p.lesson.dots):
         assert line.startswith(f"pos {i} vs pos {j:<3} dot = {dot:.2f}")
 
@@ -173,42 +182,54 @@ def test_scaling_snippet_matches_the_service(svc):
     dims, n_queries, n_keys, seed = (2, 32, 300), 200, 8, 5
     rows = svc.lessons.scaling(dims, n_queries, n_keys, seed)
     _, printed = run(snippets.scaling(dims, n_queries, n_keys, seed))
-    expected = "".join(f"d={r.d:<4} std of q.k = {r.std:5.1f}   avg top weight: unscaled "
-                       f"{r.top_weight_unscaled:.2f}, scaled {r.top_weight_scaled:.2f}\n" for r in rows)
+    expected = "".join(
+        f"d={r.d:<4} std of q.k = {r.std:5.1f}   avg top weight: unscaled "
+        f"{r.top_weight_unscaled:.2f}, scaled {r.top_weight_scaled:.2f}\n"
+        for r in rows
+    )
     assert printed == expected
 
 
-@pytest.mark.parametrize("sizes", [
-    {"d_vocab": 50257, "n_ctx": 1024, "d_model": 768, "n_layers": 12},
-    {"d_vocab": 1000, "n_ctx": 128, "d_model": 96, "n_layers": 3, "d_mlp": 200},
-    {"d_vocab": 50257, "n_ctx": 1024, "d_model": 1600, "n_layers": 48},
-])
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        {"d_vocab": 50257, "n_ctx": 1024, "d_model": 768, "n_layers": 12},
+        {"d_vocab": 1000, "n_ctx": 128, "d_model": 96, "n_layers": 3, "d_mlp": 200},
+        {"d_vocab": 50257, "n_ctx": 1024, "d_model": 1600, "n_layers": 48},
+    ],
+)
 def test_params_snippet_matches_the_service(sizes):
     count = count_params(calculators.calc_config(None, **sizes))
     cfg = (sizes["d_vocab"], sizes["n_ctx"], sizes["d_model"], sizes["n_layers"]) + (
-        (sizes["d_mlp"],) if "d_mlp" in sizes else ())
+        (sizes["d_mlp"],) if "d_mlp" in sizes else ()
+    )
     ns, printed = run(snippets.params({"mine": cfg}))
     assert ns["gpt_params"](*cfg) == (count.embeddings, count.per_block, count.total)
     assert f"total {count.total:>12,}" in printed
 
 
-@pytest.mark.parametrize("text, prompt, seed, d_model, n_heads, d_mlp", [
-    ("nasi lemak", "nasi ", 42, 16, 2, 64),
-    ("hello world", "low", 3, 8, 4, 16),
-    ("abc", "cab", 0, 6, 3, 10),
-])
+@pytest.mark.parametrize(
+    "text, prompt, seed, d_model, n_heads, d_mlp",
+    [
+        ("nasi lemak", "nasi ", 42, 16, 2, 64),
+        ("hello world", "low", 3, 8, 4, 16),
+        ("abc", "cab", 0, 6, 3, 10),
+    ],
+)
 def test_forward_snippet_matches_the_service(text, prompt, seed, d_model, n_heads, d_mlp, svc):
     f = svc.lessons.forward(text, prompt, seed, d_model, n_heads, d_mlp)
     ns, printed = run(snippets.forward(text, prompt, seed, d_model, n_heads, d_mlp))
     assert ns["vocab"] == f.vocab
     assert close(ns["logits"], f.logits)
     assert close(ns["p"], list(f.next_token_probs.values()))
-    assert [line.split()[-1] for line in printed.splitlines()[:2]] == [str(f.lesson.steps[0][1][-1]) + ")",
-                                                                      str(f.lesson.steps[1][1][-1]) + ")"]
+    assert [line.split()[-1] for line in printed.splitlines()[:2]] == [
+        str(f.lesson.steps[0][1][-1]) + ")",
+        str(f.lesson.steps[1][1][-1]) + ")",
+    ]
 
 
 # words (no spaces: the lessons split on them) that would break out of a naively built literal
-HOSTILE = ['"]);print("pwned");(["', "it's", 'back\\slash', '"""', "naïve", "مرحبا", "<b>x</b>"]
+HOSTILE = ['"]);print("pwned");(["', "it's", "back\\slash", '"""', "naïve", "مرحبا", "<b>x</b>"]
 
 
 def test_user_text_enters_a_snippet_only_as_string_literals():
@@ -220,7 +241,7 @@ def test_user_text_enters_a_snippet_only_as_string_literals():
     assert ns["tokens"] == HOSTILE
     ns, _ = run(snippets.causal(text, 0, 8, 4))
     assert ns["tokens"] == HOSTILE
-    corpus = "say \"hi\" it's \\ ok"
+    corpus = 'say "hi" it\'s \\ ok'
     ns, printed = run(snippets.forward(corpus, "\"'\\", 1, 8, 2, 16))
     assert ns["text"] == corpus
     assert "next-char probs after '\"'\\':" in printed

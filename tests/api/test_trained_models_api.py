@@ -39,8 +39,10 @@ def test_the_explorer_opens_a_trained_model_on_the_head_its_recipe_teaches(clien
     text = html.unescape(re.search(r'<textarea[^>]*name="text"[^>]*>([^<]*)</textarea>', page.text).group(1))
     detectors = client.post("/api/v1/analysis/detectors", json={"model": model, "text": text}).json()
     scores = detectors["detectors"][detector]["text"]  # [n_layers][n_heads]
-    best = max(((layer, head) for layer in range(len(scores)) for head in range(len(scores[0]))),
-               key=lambda lh: scores[lh[0]][lh[1]] or -1)
+    best = max(
+        ((layer, head) for layer in range(len(scores)) for head in range(len(scores[0]))),
+        key=lambda lh: scores[lh[0]][lh[1]] or -1,
+    )
     assert (int(m.group(1)), int(m.group(2))) == best
     assert scores[best[0]][best[1]] > 0.5  # a head that means something, not the best of noise
 

@@ -15,17 +15,17 @@ import io
 import json
 import os
 import signal
+import sys
 import time
 import zipfile
 from pathlib import Path
-
-import sys
 
 import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 import liveserver  # noqa: E402  (scripts/ is not a package)
+
 from tests.scale import services  # noqa: E402
 
 QUICK = {"recipe": "nasi-lemak", "steps": 40, "eval_interval": 10}  # trains in about a second
@@ -45,8 +45,7 @@ def runs_dir(tmp_path) -> Path:
 def redis_stack():
     """redis-server and one Celery worker (one training process), for every Redis-mode test of this module:
     each test uses seeds of its own and leaves no run queued or training."""
-    with services.redis_server() as redis_server, \
-            services.worker(redis_server.url, train_pickup_s=PICKUP_S) as worker:
+    with services.redis_server() as redis_server, services.worker(redis_server.url, train_pickup_s=PICKUP_S) as worker:
         yield redis_server, worker
 
 
@@ -58,21 +57,29 @@ def store(request) -> str:
 @pytest.fixture
 def start(store, runs_dir, request):
     """start(**settings): a live server on this test's store, with these settings (EXPLORER_<NAME>)."""
+
     def start_server(**settings):
         env = {"EXPLORER_ACCESS_LOG": "false"} | {f"EXPLORER_{k.upper()}": str(v) for k, v in settings.items()}
         if store == "folder":
             return liveserver.live_server(env=env | {"EXPLORER_RUNS_DIR": str(runs_dir)})
         redis_server, _ = request.getfixturevalue("redis_stack")
-        return liveserver.live_server(env=env | {"EXPLORER_REDIS_URL": redis_server.url,
-                                                 "EXPLORER_TRAIN_PICKUP_S": str(PICKUP_S)})
+        return liveserver.live_server(
+            env=env | {"EXPLORER_REDIS_URL": redis_server.url, "EXPLORER_TRAIN_PICKUP_S": str(PICKUP_S)}
+        )
+
     return start_server
 
 
 @pytest.fixture(scope="module")
 def redis_replica(redis_stack):
     """One replica on the module's Redis for the tests that need no settings of their own."""
-    with liveserver.live_server(env={"EXPLORER_ACCESS_LOG": "false", "EXPLORER_REDIS_URL": redis_stack[0].url,
-                                     "EXPLORER_TRAIN_PICKUP_S": str(PICKUP_S)}) as s:
+    with liveserver.live_server(
+        env={
+            "EXPLORER_ACCESS_LOG": "false",
+            "EXPLORER_REDIS_URL": redis_stack[0].url,
+            "EXPLORER_TRAIN_PICKUP_S": str(PICKUP_S),
+        }
+    ) as s:
         yield s
 
 
@@ -91,7 +98,9 @@ def trainings(store: str, request, runs_dir: Path, id: str) -> int:
         return (runs_dir / id / "trainer.log").is_file() + 0
     redis_server, _ = request.getfixturevalue("redis_stack")
     events = redis_server.client().xrange(f"explorer:run:{id}:events")
-    return sum(fields[b"event"] == b"run" and json.loads(fields[b"data"])["status"] == "running" for _, fields in events)
+    return sum(
+        fields[b"event"] == b"run" and json.loads(fields[b"data"])["status"] == "running" for _, fields in events
+    )
 
 
 def wait(client: httpx.Client, id: str, until=("done", "failed", "cancelled", "interrupted"), timeout=WAIT_S) -> dict:
@@ -225,13 +234,16 @@ def test_a_killed_server_leaves_finished_runs_intact_and_the_cut_one_interrupted
         assert wait(c, cut_id)["status"] == "cancelled"
 
 
-@pytest.mark.parametrize("body, says", [
-    ({"recipe": "induction", "d_model": 30, "n_heads": 4}, "not divisible"),
-    ({"recipe": "induction", "steps": 0}, "steps"),
-    ({"recipe": "nope"}, "recipe"),
-    ({"recipe": "text", "text": " "}, "text"),
-    ({"recipe": "induction", "seq_len": 4}, "seq_len"),
-])
+@pytest.mark.parametrize(
+    "body, says",
+    [
+        ({"recipe": "induction", "d_model": 30, "n_heads": 4}, "not divisible"),
+        ({"recipe": "induction", "steps": 0}, "steps"),
+        ({"recipe": "nope"}, "recipe"),
+        ({"recipe": "text", "text": " "}, "text"),
+        ({"recipe": "induction", "seq_len": 4}, "seq_len"),
+    ],
+)
 def test_bad_settings_are_readable_422s(client, body, says):
     r = client.post("/api/v1/train", json=body)
     assert r.status_code == 422, r.text
@@ -240,8 +252,10 @@ def test_bad_settings_are_readable_422s(client, body, says):
 
 @pytest.mark.parametrize("per_client, total, status", [(2, 10, 429), (10, 2, 503)])
 def test_each_client_and_the_server_have_a_limit(start, per_client, total, status):
-    with start(train_workers=1, train_max_per_client=per_client, train_max_runs=total) as s, \
-            httpx.Client(base_url=s.url, timeout=60) as c:
+    with (
+        start(train_workers=1, train_max_per_client=per_client, train_max_runs=total) as s,
+        httpx.Client(base_url=s.url, timeout=60) as c,
+    ):
         ids = [c.post("/api/v1/train", json=LONG | {"seed": seed + 100 * total}).json()["id"] for seed in (1, 2)]
         third = c.post("/api/v1/train", json=LONG | {"seed": 3 + 100 * total})
         assert third.status_code == status and int(third.headers["retry-after"]) > 0

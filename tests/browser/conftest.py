@@ -22,8 +22,14 @@ import liveserver  # noqa: E402  (scripts/ is not a package)
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
 ]
 SERVER_START_TIMEOUT_S = 30
 
@@ -32,9 +38,12 @@ SERVER_START_TIMEOUT_S = 30
 def live_server() -> Iterator[str]:
     """Base URL of a real uvicorn server running the app in its own process."""
     # Its own runs folder: the runs other tests queue cannot keep its training waiting.
-    with tempfile.TemporaryDirectory(prefix="explorer-browser-runs-") as runs, liveserver.live_server(
-            env={"EXPLORER_ACCESS_LOG": "false", "EXPLORER_RUNS_DIR": runs},
-            startup_timeout_s=SERVER_START_TIMEOUT_S) as server:
+    with (
+        tempfile.TemporaryDirectory(prefix="explorer-browser-runs-") as runs,
+        liveserver.live_server(
+            env={"EXPLORER_ACCESS_LOG": "false", "EXPLORER_RUNS_DIR": runs}, startup_timeout_s=SERVER_START_TIMEOUT_S
+        ) as server,
+    ):
         yield server.url
 
 
@@ -53,7 +62,10 @@ def browser() -> Iterator[object]:
 
     with tempfile.TemporaryDirectory(prefix="explorer-chromium-") as profile, sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(
-            profile, executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS,
+            profile,
+            executable_path=str(CHROMIUM),
+            headless=True,
+            args=CHROMIUM_ARGS,
             viewport={"width": 1400, "height": 1000},
         )
         try:

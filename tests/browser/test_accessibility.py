@@ -24,9 +24,21 @@ AXE = Path(__file__).resolve().parents[2] / "node_modules" / "axe-core" / "axe.m
 WCAG_TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"]
 PHONE = {"width": 390, "height": 844}  # a current phone, in CSS pixels
 LESSONS = ["attention", "scaling", "causal", "multihead", "positions", "params", "forward"]
-PAGES = (["/", "/?view=compare&rollout=1", "/?model=all-MiniLM-L6-v2", "/?model=induction&ablate=0.2", "/lessons",
-          "/params", "/docs", "/generate", "/circuits?model=induction"]
-         + [f"/lessons/{name}" for name in LESSONS] + [f"/inspect?view={view}" for view in INSPECT_VIEWS])
+PAGES = (
+    [
+        "/",
+        "/?view=compare&rollout=1",
+        "/?model=all-MiniLM-L6-v2",
+        "/?model=induction&ablate=0.2",
+        "/lessons",
+        "/params",
+        "/docs",
+        "/generate",
+        "/circuits?model=induction",
+    ]
+    + [f"/lessons/{name}" for name in LESSONS]
+    + [f"/inspect?view={view}" for view in INSPECT_VIEWS]
+)
 
 # Waits until every figure of the page is drawn (or the page has none), Swagger UI has rendered and a
 # generation has finished.
@@ -98,8 +110,10 @@ def test_no_wcag_a_or_aa_violation_on_a_phone(tab, live_server, path):
 
 # Every page at a current phone's width; the narrowest and widest phones on the widest pages.
 PHONE_CASES = [(path, PHONE["width"]) for path in PAGES] + [
-    (path, width) for path in ("/?view=compare&rollout=1", "/lessons/positions", "/inspect?view=kvcache", "/generate")
-    for width in (360, 430)]
+    (path, width)
+    for path in ("/?view=compare&rollout=1", "/lessons/positions", "/inspect?view=kvcache", "/generate")
+    for width in (360, 430)
+]
 
 
 @pytest.mark.parametrize(("path", "width"), PHONE_CASES)
@@ -109,7 +123,9 @@ def test_no_sideways_scrolling_on_a_phone(tab, live_server, path, width):
     sizes = tab.evaluate("() => [document.scrollingElement.scrollWidth, window.innerWidth]")
     assert sizes[0] <= sizes[1], f"{path} is {sizes[0]} px wide in a {sizes[1]} px window"
     # the figures fit the width too (a plot wider than the window would be cut off, not scrolled)
-    widest = tab.evaluate("() => Math.max(0, ...[...document.querySelectorAll('.plot')].map(p => p.getBoundingClientRect().right))")
+    widest = tab.evaluate(
+        "() => Math.max(0, ...[...document.querySelectorAll('.plot')].map(p => p.getBoundingClientRect().right))"
+    )
     assert widest <= sizes[1] + 0.5
 
 
@@ -160,8 +176,9 @@ def test_the_explorer_from_the_keyboard_alone(tab, live_server):
     text = readout.text_content()
     weights = tab.evaluate("() => document.querySelector('#stage-weights [data-figure]').data[0].z[1][1]")
     # the cell, then where its query looks most (in a long text, the cell a reader would hunt for)
-    assert re.fullmatch(r"query 1 h → key 1 h: weight \d\.\d\d · this row's largest weight: key \d+ \S+ \(\d\.\d\d\)",
-                        text), text
+    assert re.fullmatch(
+        r"query 1 h → key 1 h: weight \d\.\d\d · this row's largest weight: key \d+ \S+ \(\d\.\d\d\)", text
+    ), text
     assert text.split(" · ")[0].endswith(f"{weights:.2f}")
     tab.keyboard.press("End")
     assert tab.locator("#stage-weights .cell-readout").text_content().startswith("query 1 h → key 10 t:")

@@ -36,16 +36,25 @@ API = """async ([path, body]) => {
   return await r.json();
 }"""
 
-BODY = {"model": "induction", "clean": INDUCTION_PREFILL.clean, "corrupted": INDUCTION_PREFILL.corrupted,
-        "answer": INDUCTION_PREFILL.answer, "wrong": INDUCTION_PREFILL.wrong, "target": "attn_head",
-        "direction": "noise"}
+BODY = {
+    "model": "induction",
+    "clean": INDUCTION_PREFILL.clean,
+    "corrupted": INDUCTION_PREFILL.corrupted,
+    "answer": INDUCTION_PREFILL.answer,
+    "wrong": INDUCTION_PREFILL.wrong,
+    "target": "attn_head",
+    "direction": "noise",
+}
 
 
 def click_cell(page, card_id: str, i: int, j: int) -> None:
     """Click cell (i, j) of a card's heatmap once circuits.js listens to it (it does once the plot is drawn)."""
     page.locator(f"#{card_id}").scroll_into_view_if_needed()
-    page.wait_for_function("(id) => { const el = document.querySelector('#' + id + ' .plot');"
-                           " return el && el._fullLayout && el._circuitsPick; }", arg=card_id)
+    page.wait_for_function(
+        "(id) => { const el = document.querySelector('#' + id + ' .plot');"
+        " return el && el._fullLayout && el._circuitsPick; }",
+        arg=card_id,
+    )
     x, y = page.evaluate(CELL, [card_id, i, j])
     page.mouse.click(x, y)
 
@@ -71,8 +80,10 @@ def test_the_sweeps_drawn_are_the_apis_and_a_head_click_shows_its_qk_circuit(pag
     query = parse_qs(urlparse(page.url).query)
     assert query["layer"] == ["0"] and query["head"] == ["2"] and "query" not in query
     qk = page.evaluate(API, ["qk-circuit", {"model": "induction", "text": BODY["clean"], "layer": 0, "head": 2}])
-    page.wait_for_function(f"() => {{ const d = ({DRAWN})('qk-circuit'); return d && d.y.length === "
-                           f"{len(qk['query_parts'])} && d.x.length === {len(qk['key_parts'])}; }}")
+    page.wait_for_function(
+        f"() => {{ const d = ({DRAWN})('qk-circuit'); return d && d.y.length === "
+        f"{len(qk['query_parts'])} && d.x.length === {len(qk['key_parts'])}; }}"
+    )
     fig = drawn(page, "qk-circuit")
     # the model's weights are float32: so are the terms, which JSON writes as float32's shortest digits
     np.testing.assert_array_equal(np.array(fig["z"], dtype=np.float32), np.array(qk["contributions"], dtype=np.float32))

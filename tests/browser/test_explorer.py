@@ -106,7 +106,9 @@ def test_changing_the_number_of_heads_changes_the_small_multiples(page, live_ser
         page.locator("#n_heads").fill(str(n_heads))
         page.wait_for_function(f"() => document.querySelectorAll('.head-grid .head').length === {n_heads}")
         # every small multiple is drawn, and one head is selected
-        page.wait_for_function(f"() => document.querySelectorAll('.head-grid .plot-thumb .main-svg').length >= {n_heads}")
+        page.wait_for_function(
+            f"() => document.querySelectorAll('.head-grid .plot-thumb .main-svg').length >= {n_heads}"
+        )
         assert page.locator(".head-grid input[name=head]:checked").count() == 1
 
 
@@ -154,7 +156,7 @@ def test_a_copied_url_restores_the_view_and_back_returns_to_the_previous_one(pag
 
     copy = browser.new_page()
     try:
-        open_explorer(copy, live_server, url[len(live_server) + 1:])
+        open_explorer(copy, live_server, url[len(live_server) + 1 :])
         assert copy.locator("#text").input_value() == "hello world"
         assert copy.locator("#n_heads").input_value() == "2"
         assert copy.locator("#positional_embedding_type").input_value() == "rotary"
@@ -164,8 +166,9 @@ def test_a_copied_url_restores_the_view_and_back_returns_to_the_previous_one(pag
         copy.close()
 
     page.go_back()  # before the position scheme changed
-    page.wait_for_function("() => document.querySelector('.config') && "
-                           "!document.querySelector('.config').textContent.includes('rotary')")
+    page.wait_for_function(
+        "() => document.querySelector('.config') && !document.querySelector('.config').textContent.includes('rotary')"
+    )
     assert page.locator("#positional_embedding_type").input_value() == "learned"
     wait_rows(page, "stage-weights", 11)
 
@@ -182,8 +185,9 @@ def test_no_request_leaves_the_server_and_the_console_stays_clean(page, live_ser
     page.wait_for_function("() => document.body.classList.contains('classroom')")
     assert parse_qs(urlparse(page.url).query)["classroom"] == ["1"]  # the size is part of the link
     assert page.watch.requests, "no request was recorded"
-    foreign = [u for u in page.watch.requests
-               if not (u.startswith(live_server + "/") or u.startswith(("data:", "blob:")))]
+    foreign = [
+        u for u in page.watch.requests if not (u.startswith(live_server + "/") or u.startswith(("data:", "blob:")))
+    ]
     assert foreign == []
     assert page.watch.console_errors == []
     assert page.watch.page_errors == []
@@ -196,7 +200,9 @@ def test_html_typed_into_the_text_box_is_shown_as_text_and_never_runs(page, live
     evil = '<img src=x onerror="alert(1)"><b>bold</b>'
     type_text(page, evil)
     drawn = wait_rows(page, "stage-weights", len(evil))
-    assert drawn["ylabels"] and all(label.replace("␣", " ") == evil[k] for k, label in drawn["ylabels"])  # the labels show the characters
+    assert drawn["ylabels"] and all(
+        label.replace("␣", " ") == evil[k] for k, label in drawn["ylabels"]
+    )  # the labels show the characters
     assert "".join(page.locator(".tokens .tok").all_text_contents()).replace("␣", " ") == evil
     assert page.locator("main img, main b").count() == 0  # no element was made from the text
     page.wait_for_timeout(300)  # an onerror would fire as soon as the image failed

@@ -21,8 +21,7 @@ from .test_explorer import FIGURE
 pytestmark = pytest.mark.browser
 
 FAMILIES = Path(__file__).resolve().parents[1] / "fixtures" / "families"
-ONE_PER_FAMILY = ["llama-gqa", "mistral-window", "qwen2-sliding", "qwen3-qk-norm", "gpt-neox-parallel",
-                  "gpt-neo-local"]
+ONE_PER_FAMILY = ["llama-gqa", "mistral-window", "qwen2-sliding", "qwen3-qk-norm", "gpt-neox-parallel", "gpt-neo-local"]
 TEXT = "The cat sat on the mat"
 
 
@@ -100,7 +99,7 @@ def test_a_sliding_window_is_painted_from_the_figures_mask_data(page, families_s
     masked = [[j > i or i - j >= window for j in range(n)] for i in range(n)]
     expected_runs = [[i, a, b] for i in range(n) for a, b in ((0, i - window + 1), (i + 1, n)) if a < b]
     assert painted["mask"] == {"runs": expected_runs, "bgcolor": MASK_FILL["bgcolor"], "fgcolor": MASK_FILL["fgcolor"]}
-    hexes = {c: tuple(int(MASK_FILL[c][k:k + 2], 16) for k in (1, 3, 5)) for c in ("bgcolor", "fgcolor")}
+    hexes = {c: tuple(int(MASK_FILL[c][k : k + 2], 16) for k in (1, 3, 5)) for c in ("bgcolor", "fgcolor")}
     for i, j, *rgb in painted["rgb"]:
         if masked[i][j]:
             assert tuple(rgb) == hexes["fgcolor" if (i + j) % 4 == 0 else "bgcolor"], (i, j, rgb)

@@ -28,8 +28,15 @@ def wait_done(page) -> None:
 
 
 def test_the_streamed_text_is_the_apis_and_a_click_shows_how_a_token_was_chosen(page, live_server):
-    settings = {"model": "toy", "text": "Ali makan nasi", "max_new_tokens": 12, "temperature": 0.8, "top_k": 20,
-                "top_p": 0.9, "seed": 7}
+    settings = {
+        "model": "toy",
+        "text": "Ali makan nasi",
+        "max_new_tokens": 12,
+        "temperature": 0.8,
+        "top_k": 20,
+        "top_p": 0.9,
+        "seed": 7,
+    }
     page.goto(f"{live_server}/generate?{urlencode(settings)}")
     wait_done(page)
     expected = page.evaluate(API, settings)
@@ -66,7 +73,11 @@ def test_the_streamed_text_is_the_apis_and_a_click_shows_how_a_token_was_chosen(
     # every head's row as a small multiple; a click on one picks it
     assert page.locator("#gen-heads button.gen-head").count() == 2 * 4
     sinks = {f"L{s['layer']}H{s['head']}" for s in step["sink_heads"]}
-    marked = set(page.eval_on_selector_all("#gen-heads button.sink", "els => els.map(e => e.dataset.layer + '.' + e.dataset.head)"))
+    marked = set(
+        page.eval_on_selector_all(
+            "#gen-heads button.sink", "els => els.map(e => e.dataset.layer + '.' + e.dataset.head)"
+        )
+    )
     assert marked == {f"{s['layer']}.{s['head']}" for s in step["sink_heads"]} and len(marked) == len(sinks)
     page.click("#gen-heads button.gen-head[data-layer='0'][data-head='1']")
     page.wait_for_function("() => document.querySelector('#gen-strip-title').textContent.includes('L0H1')")
@@ -103,7 +114,7 @@ def test_stop_stops_the_text_growing(page, live_server):
     assert page.evaluate(SHOWN) == shown and 3 <= len(shown) < 200  # nothing more appears
     assert page.is_disabled("#gen-stop-button")
     expected = page.evaluate(API, settings)["generated"]["tokens"]
-    assert shown == expected[:len(shown)]  # what was shown is the generation's beginning
+    assert shown == expected[: len(shown)]  # what was shown is the generation's beginning
 
 
 def test_bad_settings_are_said_in_place(page, live_server):

@@ -13,8 +13,15 @@ from .test_accessibility import AXE, PHONE, RUN_AXE, SETTLED, WCAG_TAGS, context
 pytestmark = pytest.mark.browser
 
 # One Malay page of each kind; the axe and 390 px check reads every page of tests/pages/test_languages.py too.
-MALAY_PAGES = ["/lessons/attention?lang=ms", "/params?lang=ms", "/glossary?lang=ms", "/train?lang=ms",
-               "/inspect?view=detectors&lang=ms", "/generate?lang=ms", "/circuits?lang=ms"]
+MALAY_PAGES = [
+    "/lessons/attention?lang=ms",
+    "/params?lang=ms",
+    "/glossary?lang=ms",
+    "/train?lang=ms",
+    "/inspect?view=detectors&lang=ms",
+    "/generate?lang=ms",
+    "/circuits?lang=ms",
+]
 TRAIN_TIMEOUT_S = 120
 # SETTLED waits for the Write page's status to say it has finished, in English; in Malay too
 SETTLED_MS = SETTLED.replace("(Done|Stopped)", "(Done|Stopped|Selesai|Dihentikan)")
@@ -27,8 +34,12 @@ def html_lang(page) -> str:
 
 def _every_other_page() -> list[str]:
     from tests.pages.test_languages import ALL_PAGES
-    return [p + ("&" if "?" in p else "?") + "lang=ms" for p in ALL_PAGES
-            if p + ("&" if "?" in p else "?") + "lang=ms" not in MALAY_PAGES]
+
+    return [
+        p + ("&" if "?" in p else "?") + "lang=ms"
+        for p in ALL_PAGES
+        if p + ("&" if "?" in p else "?") + "lang=ms" not in MALAY_PAGES
+    ]
 
 
 @pytest.mark.parametrize("path", MALAY_PAGES + _every_other_page())
@@ -110,8 +121,7 @@ def test_what_the_write_pages_script_writes_is_malay(tab, live_server):  # noqa:
     words (app/pages/generate.py script_words): after a generation and a click, no English is left on the page."""
     from tests.pages.test_languages import english_left
 
-    tab.goto(live_server + "/generate?model=toy&text=Ali+makan+nasi&max_new_tokens=6&top_k=20&top_p=0.9&seed=3"
-                           "&lang=ms")
+    tab.goto(live_server + "/generate?model=toy&text=Ali+makan+nasi&max_new_tokens=6&top_k=20&top_p=0.9&seed=3&lang=ms")
     tab.wait_for_function(SETTLED_MS)
     assert tab.text_content("#gen-status").startswith("Selesai: 6 token baharu")
     tab.click("#gen-output button.gen-tok[data-index='2']")

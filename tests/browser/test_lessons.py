@@ -24,8 +24,16 @@ SPEC_NUMBERS = {
     "/lessons/forward": [("#probs-table", "0.211"), ("#steps-table", "(2, 5, 5)")],
     "/params": [("#total", "124,439,808"), ("#kv-bytes", "72 MiB")],
 }
-FIGURES = {"/lessons/attention": 2, "/lessons/scaling": 2, "/lessons/causal": 2, "/lessons/multihead": 2,
-           "/lessons/positions": 2, "/lessons/params": 1, "/lessons/forward": 3, "/params": 2}
+FIGURES = {
+    "/lessons/attention": 2,
+    "/lessons/scaling": 2,
+    "/lessons/causal": 2,
+    "/lessons/multihead": 2,
+    "/lessons/positions": 2,
+    "/lessons/params": 1,
+    "/lessons/forward": 3,
+    "/params": 2,
+}
 
 
 def words(text: str) -> str:
@@ -140,8 +148,9 @@ def test_the_calculator_follows_presets_sizes_and_dtype(page, live_server):
     page.locator("#results .error-panel").wait_for()
     assert "d_model: Input should be greater than or equal to 1" in page.locator("#results .error-panel").inner_text()
     page.locator("#d_model").fill("")
-    page.wait_for_function(f"() => document.querySelector('#total') && "
-                           f"document.querySelector('#total').textContent === {xl_total!r}")
+    page.wait_for_function(
+        f"() => document.querySelector('#total') && document.querySelector('#total').textContent === {xl_total!r}"
+    )
     # Chromium logs every 4xx answer as "Failed to load resource"; the 422 above was meant to be
     # (it carried the message shown in place). Anything else would be a real error.
     assert [e for e in page.watch.console_errors if "status of 422" not in e] == []

@@ -22,7 +22,14 @@ from urllib.parse import urlencode
 import numpy as np
 import pytest
 
-from app.pages.figures import IMAGE_MIN_TOKENS, MASK_FILL, THUMB_MAX_CELLS, WEIGHTS_COLORSCALE, token_label, weights_levels
+from app.pages.figures import (
+    IMAGE_MIN_TOKENS,
+    MASK_FILL,
+    THUMB_MAX_CELLS,
+    WEIGHTS_COLORSCALE,
+    token_label,
+    weights_levels,
+)
 from app.settings import get_settings
 
 pytestmark = pytest.mark.browser
@@ -75,8 +82,9 @@ PIXELS = """(cells) => {
 }"""
 
 
-def api_pattern(page, live_server, params: dict, text: str, head: int = 0,
-                hook: str = "blocks.0.attn.hook_pattern") -> np.ndarray:
+def api_pattern(
+    page, live_server, params: dict, text: str, head: int = 0, hook: str = "blocks.0.attn.hook_pattern"
+) -> np.ndarray:
     """Layer 0's pattern (or another hook of its), one head, from the JSON API (float64, null as nan):
     [query_pos, key_pos]."""
     body = {"model": params["model"], "text": text, "hooks": [hook], "top_k": 0}
@@ -105,13 +113,13 @@ def expected_colour(value: float | None, i: int, j: int) -> tuple[int, int, int]
     RGB between the scale's stops; a masked cell grey, its hatch a darker cell every 4th diagonal."""
     if value is None:
         hexa = MASK_FILL["fgcolor"] if (i + j) % 4 == 0 else MASK_FILL["bgcolor"]
-        return tuple(int(hexa[k:k + 2], 16) for k in (1, 3, 5))
+        return tuple(int(hexa[k : k + 2], 16) for k in (1, 3, 5))
     t = min(255, max(0, math.floor(value * 255 + 0.5))) / 255  # the nearest of 256 steps, half up
     for (t0, c0), (t1, c1) in zip(WEIGHTS_COLORSCALE, WEIGHTS_COLORSCALE[1:]):
         if t <= t1:
             f = (t - t0) / (t1 - t0)
-            a = [int(c0[k:k + 2], 16) for k in (1, 3, 5)]
-            b = [int(c1[k:k + 2], 16) for k in (1, 3, 5)]
+            a = [int(c0[k : k + 2], 16) for k in (1, 3, 5)]
+            b = [int(c1[k : k + 2], 16) for k in (1, 3, 5)]
             return tuple(round(x + (y - x) * f) for x, y in zip(a, b))
     raise AssertionError(t)
 
@@ -129,12 +137,16 @@ def open_long(page, live_server, n: int, **extra) -> tuple[str, dict]:
     params = CASES[n] | extra
     text = long_text(n)
     page.goto(live_server + "/?" + urlencode(params | {"text": text}), timeout=120_000)
-    page.wait_for_function("() => { const el = document.querySelector('#stage-weights .plot');"
-                           " return el && el._fullLayout && el.querySelector('canvas.matrix-image'); }",
-                           timeout=120_000)
+    page.wait_for_function(
+        "() => { const el = document.querySelector('#stage-weights .plot');"
+        " return el && el._fullLayout && el.querySelector('canvas.matrix-image'); }",
+        timeout=120_000,
+    )
     # every figure drawn: none of them moves the page's layout any more
-    page.wait_for_function("() => [...document.querySelectorAll('[data-figure]')]"
-                           ".every(el => el._fullLayout && !el._explorerPending)", timeout=120_000)
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('[data-figure]')].every(el => el._fullLayout && !el._explorerPending)",
+        timeout=120_000,
+    )
     return text, params
 
 
@@ -173,8 +185,9 @@ def test_the_painted_weights_are_the_apis_pattern_and_zoom_goes_there_and_back(p
         x0 = g["left"] + g["width"] / 2 - side / 2
         y0 = g["top"] + g["height"] / 2 - side / 2
         drag(page, x0, y0, x0 + side, y0 + side)
-        page.wait_for_function("(w) => document.querySelector('#stage-weights .plot')._fullLayout.xaxis.range[1] < w - 1",
-                               arg=window[1])
+        page.wait_for_function(
+            "(w) => document.querySelector('#stage-weights .plot')._fullLayout.xaxis.range[1] < w - 1", arg=window[1]
+        )
         zoomed = page.evaluate(HELD)
         window = [min(zoomed["x"]), max(zoomed["x"])]
         if window[1] - window[0] < 20:
@@ -186,8 +199,11 @@ def test_the_painted_weights_are_the_apis_pattern_and_zoom_goes_there_and_back(p
     reset.wait_for(state="visible")
 
     # every cell whole in the window: painted in its value's colour, read back from the canvas
-    cells = [(i, j) for i in range(int(np.ceil(lo_y + 0.5)), int(np.floor(hi_y - 0.5)) + 1)
-             for j in range(int(np.ceil(lo_x + 0.5)), int(np.floor(hi_x - 0.5)) + 1)]
+    cells = [
+        (i, j)
+        for i in range(int(np.ceil(lo_y + 0.5)), int(np.floor(hi_y - 0.5)) + 1)
+        for j in range(int(np.ceil(lo_x + 0.5)), int(np.floor(hi_x - 0.5)) + 1)
+    ]
     assert len(cells) >= 25
     painted = page.evaluate(PIXELS, cells)
     masked = np.triu(np.ones((n, n), dtype=bool), 1)  # the toy is causal
@@ -204,28 +220,35 @@ def test_the_painted_weights_are_the_apis_pattern_and_zoom_goes_there_and_back(p
     # hover says the cell's tokens and its weight: the API's value, read from the server, to the digits shown
     i, j = cells[len(cells) // 2]
     g = page.evaluate(GEOMETRY)
-    xa = page.evaluate("(j) => { const a = document.querySelector('#stage-weights .plot')._fullLayout.xaxis;"
-                       " return a.l2p(j); }", j)
-    ya = page.evaluate("(i) => { const a = document.querySelector('#stage-weights .plot')._fullLayout.yaxis;"
-                       " return a.l2p(i); }", i)
+    xa = page.evaluate(
+        "(j) => { const a = document.querySelector('#stage-weights .plot')._fullLayout.xaxis; return a.l2p(j); }", j
+    )
+    ya = page.evaluate(
+        "(i) => { const a = document.querySelector('#stage-weights .plot')._fullLayout.yaxis; return a.l2p(i); }", i
+    )
     page.mouse.move(g["left"] + xa, g["top"] + ya)
     hover = page.locator("#stage-weights .cell-hover")
     hover.wait_for(state="visible")
     words = f"query {i} {token_label(text[i])} → key {j} {token_label(text[j])}: weight "
     value = shown(api[i, j])  # the weights stage: a masked cell weighs 0.00
-    page.wait_for_function("(t) => document.querySelector('#stage-weights .cell-hover').textContent === t",
-                           arg=words + value, timeout=3000)
+    page.wait_for_function(
+        "(t) => document.querySelector('#stage-weights .cell-hover').textContent === t", arg=words + value, timeout=3000
+    )
     # a click selects it: the readout below the figure says the same
     page.mouse.click(g["left"] + xa, g["top"] + ya)
     # ... and where this query looks most: its row's largest weight (the first, on a tie)
     peak = int(np.argmax(api[i]))
-    readout = words + value + f" · this row's largest weight: key {peak} {token_label(text[peak])} ({shown(api[i, peak])})"
-    page.wait_for_function("(t) => document.querySelector('#stage-weights .cell-readout').textContent === t",
-                           arg=readout, timeout=3000)
+    readout = (
+        words + value + f" · this row's largest weight: key {peak} {token_label(text[peak])} ({shown(api[i, peak])})"
+    )
+    page.wait_for_function(
+        "(t) => document.querySelector('#stage-weights .cell-readout').textContent === t", arg=readout, timeout=3000
+    )
 
     reset.click()
-    page.wait_for_function("(n) => document.querySelector('#stage-weights .plot')._fullLayout.xaxis.range[1] === n - 0.5",
-                           arg=n)
+    page.wait_for_function(
+        "(n) => document.querySelector('#stage-weights .plot')._fullLayout.xaxis.range[1] === n - 0.5", arg=n
+    )
     back = page.evaluate(HELD)
     assert back["x"] == [-0.5, n - 0.5] and back["y"] == [n - 0.5, -0.5]
     reset.wait_for(state="hidden")
@@ -241,8 +264,10 @@ def test_the_painted_weights_are_the_apis_pattern_and_zoom_goes_there_and_back(p
     page.mouse.up()
     page.mouse.click(x0 + side / 2, y0 + side / 2)
     page.wait_for_timeout(300)  # time for what must not come: a double-click's reset follows it by ~40 ms
-    selected = page.evaluate("() => { const el = document.querySelector('#stage-weights .plot');"
-                             " return [el._selected, el._fullLayout.xaxis.range, el._fullLayout.yaxis.range]; }")
+    selected = page.evaluate(
+        "() => { const el = document.querySelector('#stage-weights .plot');"
+        " return [el._selected, el._fullLayout.xaxis.range, el._fullLayout.yaxis.range]; }"
+    )
     (sel, xr, yr) = selected
     assert xr[1] - xr[0] < n - 1, selected  # still zoomed
     assert sel and min(xr) < sel["j"] < max(xr) and min(yr) < sel["i"] < max(yr), selected
@@ -250,8 +275,9 @@ def test_the_painted_weights_are_the_apis_pattern_and_zoom_goes_there_and_back(p
     # repeated (Plotly's default would then autorange onto the painted matrix's placeholder traces)
     for _ in range(2):
         page.mouse.dblclick(x0 + side / 2, y0 + side / 2)
-        page.wait_for_function("(n) => document.querySelector('#stage-weights .plot')._fullLayout.xaxis.range[1] === n - 0.5",
-                               arg=n)
+        page.wait_for_function(
+            "(n) => document.querySelector('#stage-weights .plot')._fullLayout.xaxis.range[1] === n - 0.5", arg=n
+        )
         page.wait_for_timeout(100)  # a second relayout, if any, has come
         back = page.evaluate(HELD)
         assert back["x"] == [-0.5, n - 0.5] and back["y"] == [n - 0.5, -0.5], (back["x"], back["y"])
@@ -269,12 +295,19 @@ def test_at_1024_tokens_the_thumbnails_show_the_pattern_and_the_scores_stages_co
       for (let k = 0; k < d.length; k += 4) seen.add(d[k] + ',' + d[k + 1] + ',' + d[k + 2]);
       return seen.size; })""")
     assert len(colours) == 2 and min(colours) > 10, colours
-    assert page.evaluate("() => [...document.querySelectorAll('.plot-thumb')].map(el => el._explorerShown.export.shape[0])"
-                         ) == [THUMB_MAX_CELLS] * 2
+    assert (
+        page.evaluate(
+            "() => [...document.querySelectorAll('.plot-thumb')].map(el => el._explorerShown.export.shape[0])"
+        )
+        == [THUMB_MAX_CELLS] * 2
+    )
     assert page.locator("#stage-raw").count() == 0  # only the weights until asked
     page.locator("#all-stages").check()
-    page.wait_for_function("() => { const el = document.querySelector('#stage-raw .plot');"
-                           " return el && el.querySelector('canvas.matrix-image'); }", timeout=120_000)
+    page.wait_for_function(
+        "() => { const el = document.querySelector('#stage-raw .plot');"
+        " return el && el.querySelector('canvas.matrix-image'); }",
+        timeout=120_000,
+    )
     assert "stages=1" in page.url
     assert page.watch.page_errors == []
 
@@ -316,9 +349,12 @@ def test_at_1024_tokens_a_click_on_a_head_paints_its_whole_pattern_before_the_pa
     page.route(lambda url: "/?" in url, hold)
     page.locator("label[for=head-1]").click()
     want = weights_levels(api_pattern(page, live_server, params, text, head=1), causal(1024)).tolist()
-    page.wait_for_function("(n) => { const f = document.querySelector('#stage-weights .plot')._explorerShown;"
-                           " return f.export.levels.length === n && f.export.read === null; }",
-                           arg=len(want), timeout=30_000)
+    page.wait_for_function(
+        "(n) => { const f = document.querySelector('#stage-weights .plot')._explorerShown;"
+        " return f.export.levels.length === n && f.export.read === null; }",
+        arg=len(want),
+        timeout=30_000,
+    )
     assert held_levels(page.evaluate(HELD)) == want
     assert "head 0" in page.locator("#attn-title").inner_text()  # the page's answer has not come
     for _ in range(100):  # the page's request leaves once the head is painted
@@ -329,8 +365,9 @@ def test_at_1024_tokens_a_click_on_a_head_paints_its_whole_pattern_before_the_pa
     page.unroute(lambda url: "/?" in url)
     held_back[0].continue_()
     page.wait_for_function("() => document.querySelector('#attn-title').textContent.includes('head 1')", timeout=60_000)
-    page.wait_for_function("() => document.querySelector('#stage-weights .plot')._explorerShown.export.read",
-                           timeout=60_000)
+    page.wait_for_function(
+        "() => document.querySelector('#stage-weights .plot')._explorerShown.export.read", timeout=60_000
+    )
     assert held_levels(page.evaluate(HELD)) == want
     assert page.watch.page_errors == []
 
@@ -344,6 +381,8 @@ def test_past_the_limit_the_text_box_says_so_in_place_and_comes_back(page, live_
     assert f"the explorer draws up to {limit:,}" in error.inner_text()
     assert "Up to 1,024 tokens." in page.locator("#text-help").inner_text()
     page.locator("#text").fill(long_text(100))
-    page.wait_for_function("() => { const el = document.querySelector('#stage-weights .plot');"
-                           " return el && el._explorerShown && el._explorerShown.export.shape[0] === 100; }")
+    page.wait_for_function(
+        "() => { const el = document.querySelector('#stage-weights .plot');"
+        " return el && el._explorerShown && el._explorerShown.export.shape[0] === 100; }"
+    )
     assert page.watch.page_errors == []

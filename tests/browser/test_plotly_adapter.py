@@ -23,13 +23,23 @@ PACKAGE = "plotly.js-cartesian-dist-min"
 
 # Plotly's private fields and methods the explorer needs (the adapter's whole business): a script
 # that names one of them outside the adapter breaks on a Plotly upgrade without the adapter knowing.
-INTERNALS = ["_fullLayout", "_fullData", "_offset", "_length", "_mouseDownTime", "_dragging", "_dragged",
-             "l2p", "p2l", "svg-container"]
+INTERNALS = [
+    "_fullLayout",
+    "_fullData",
+    "_offset",
+    "_length",
+    "_mouseDownTime",
+    "_dragging",
+    "_dragged",
+    "l2p",
+    "p2l",
+    "svg-container",
+]
 
 
 def adapter_version() -> str:
     found = re.findall(r'const PLOTLY_VERSION = "([^"]+)";', ADAPTER.read_text(encoding="utf-8"))
-    assert len(found) == 1, "plotly-adapter.js states its Plotly version once: const PLOTLY_VERSION = \"x.y.z\";"
+    assert len(found) == 1, 'plotly-adapter.js states its Plotly version once: const PLOTLY_VERSION = "x.y.z";'
     return found[0]
 
 
@@ -57,7 +67,8 @@ def test_the_adapter_states_the_vendored_plotly_version():
     for where, version in vendored_versions().items():
         assert version == stated, (
             f"{where} has Plotly {version}, static/js/plotly-adapter.js was written against {stated}: "
-            "check every function of the adapter against the new Plotly, then update PLOTLY_VERSION")
+            "check every function of the adapter against the new Plotly, then update PLOTLY_VERSION"
+        )
 
 
 def test_plotly_internals_are_named_only_in_the_adapter():
@@ -81,8 +92,9 @@ def test_the_explorers_modules_import_the_adapter():
     modules = sorted(set(JS.glob("explorer-*.js")))
     assert JS / "explorer-main.js" in modules
     for path in modules:
-        code = "\n".join(line for line in path.read_text(encoding="utf-8").splitlines()
-                         if not line.lstrip().startswith("//"))
+        code = "\n".join(
+            line for line in path.read_text(encoding="utf-8").splitlines() if not line.lstrip().startswith("//")
+        )
         assert "PlotlyAdapter" not in code, f"{path.name} reads window.PlotlyAdapter: import it instead"
         if re.search(r"\bP\.\w", code):
             assert 'import * as P from "./plotly-adapter.js";' in code, path.name
@@ -97,18 +109,24 @@ def test_the_page_checks_its_plotly_against_the_adapters_version(page, live_serv
     assert page.evaluate("() => [Plotly.version, PlotlyAdapter.PLOTLY_VERSION]") == [adapter_version()] * 2
     assert not [w for w in warnings if "plotly-adapter" in w]
     # another Plotly: the same check warns
-    assert page.evaluate("""() => {
+    assert (
+        page.evaluate("""() => {
       const real = Plotly.version;
       Plotly.version = '0.0.1';
       try { return PlotlyAdapter.checkVersion(); } finally { Plotly.version = real; }
-    }""") is False
+    }""")
+        is False
+    )
     page.wait_for_timeout(100)  # console events arrive asynchronously
     assert [w for w in warnings if "plotly-adapter" in w and "0.0.1" in w and adapter_version() in w], warnings
     # window.PlotlyAdapter is the module the explorer imports (evaluated once: one start-up check)
-    assert page.evaluate("""async () => {
+    assert (
+        page.evaluate("""async () => {
       const m = await import('/static/js/plotly-adapter.js');
       return m.checkVersion === PlotlyAdapter.checkVersion && m.isDrawn === PlotlyAdapter.isDrawn;
-    }""") is True
+    }""")
+        is True
+    )
     assert len([w for w in warnings if "plotly-adapter" in w]) == 1, warnings
     assert page.watch.page_errors == []
 

@@ -33,8 +33,10 @@ def drawn(page, selector: str) -> list[dict]:
 
 def wait_text(page, selector: str, text: str) -> None:
     """(a function, not an expression string: the pages' CSP forbids eval)"""
-    page.wait_for_function("([s, t]) => { const e = document.querySelector(s); return e && e.textContent.trim() === t; }",
-                           arg=[selector, text])
+    page.wait_for_function(
+        "([s, t]) => { const e = document.querySelector(s); return e && e.textContent.trim() === t; }",
+        arg=[selector, text],
+    )
 
 
 def status_of(page) -> str:
@@ -66,7 +68,9 @@ def test_train_watch_the_induction_head_form_and_explore_it(page, live_server):
 
     # scrub the step slider back to the start: the pattern heatmap shows step 0's values at once
     last = np.array(drawn(page, "#train-pattern .plot")[0]["z"], dtype=float)
-    page.eval_on_selector("#step-slider", "el => { el.value = 0; el.dispatchEvent(new Event('input', {bubbles: true})); }")
+    page.eval_on_selector(
+        "#step-slider", "el => { el.value = 0; el.dispatchEvent(new Event('input', {bubbles: true})); }"
+    )
     wait_text(page, "#pattern-step", "0")
     first = np.array(drawn(page, "#train-pattern .plot")[0]["z"], dtype=float)
     assert first.shape == last.shape and not np.allclose(first, last)

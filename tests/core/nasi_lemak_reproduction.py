@@ -61,8 +61,11 @@ P_ATOL = 1e-4
 SCORES_ATOL = 1e-2
 # Next tokens where the shipped model is sure (top probability at least 0.98 above the second): each
 # text's argmax at every position. (After "nasi lemak " any phrase may start: not asked.)
-NEXT_TOKENS = {"ali makan nasi l": "li makan nasi le", "makan nasi lemak": "akan nasi lemak ",
-               "nasi lemak": "asi lemak "}
+NEXT_TOKENS = {
+    "ali makan nasi l": "li makan nasi le",
+    "makan nasi lemak": "akan nasi lemak ",
+    "nasi lemak": "asi lemak ",
+}
 SCORE_TEXTS = ("ali makan nasi l", "makan nasi lemak")  # the recipe's probe, and a phrase
 PROMPT, TARGET = "nasi ", "l"
 
@@ -106,9 +109,11 @@ def retrain(out: Path, noise: tuple[str, float, int] | None = None) -> tuple[Pat
 
     original = backprop.loss_and_grads
     if noise and noise[0] == "grad":
+
         def noisy(*args, **kwargs):
             loss, grads = original(*args, **kwargs)
             return loss, _tree_map(jitter, grads)
+
         backprop.loss_and_grads = noisy
     try:
         with threadpool_limits(1, user_api="blas"), relu_pattern() as pattern:
@@ -153,10 +158,12 @@ def predictions(folder: Path) -> dict:
     target = ckpt.tokenizer.encode(TARGET).ids[0]
     return {
         "p_target": float(p[target] / p.sum()),
-        "next_tokens": {text: "".join(ckpt.tokenizer.token_str(int(i)) for i in run(text)[0].argmax(-1))
-                        for text in NEXT_TOKENS},
-        "head_scores": {text: {name: s.tolist() for name, s in run(text)[1].head_detector_scores().items()}
-                        for text in SCORE_TEXTS},
+        "next_tokens": {
+            text: "".join(ckpt.tokenizer.token_str(int(i)) for i in run(text)[0].argmax(-1)) for text in NEXT_TOKENS
+        },
+        "head_scores": {
+            text: {name: s.tolist() for name, s in run(text)[1].head_detector_scores().items()} for text in SCORE_TEXTS
+        },
     }
 
 
@@ -167,8 +174,11 @@ def differences(folder: Path, pattern: str) -> dict:
         "same_relus": pattern == SHIPPED_RELU_PATTERN,
         "weights": max_abs_difference(weights(folder), weights(SHIPPED)),
         "p_target": abs(got["p_target"] - shipped["p_target"]),
-        "head_scores": max(float(np.nanmax(np.abs(np.array(got["head_scores"][t][k], dtype=float) - v)))
-                           for t in SCORE_TEXTS for k, v in shipped["head_scores"][t].items()),
+        "head_scores": max(
+            float(np.nanmax(np.abs(np.array(got["head_scores"][t][k], dtype=float) - v)))
+            for t in SCORE_TEXTS
+            for k, v in shipped["head_scores"][t].items()
+        ),
         "same_next_tokens": got["next_tokens"] == shipped["next_tokens"],
     }
 
@@ -185,9 +195,11 @@ def measure_noise(runs: int, where: str, ulps: float, first_seed: int = 0) -> No
     for same in (True, False):
         part = [r for r in rows if r["same_relus"] == same]
         if part:
-            print(f"{'the shipped' if same else 'another'} ReLU pattern: {len(part)} of {len(rows)} runs; max "
-                  + ", ".join(f"{k} {max(r[k] for r in part):.3g}" for k in ("weights", "p_target", "head_scores"))
-                  + f"; next tokens all the same: {all(r['same_next_tokens'] for r in part)}")
+            print(
+                f"{'the shipped' if same else 'another'} ReLU pattern: {len(part)} of {len(rows)} runs; max "
+                + ", ".join(f"{k} {max(r[k] for r in part):.3g}" for k in ("weights", "p_target", "head_scores"))
+                + f"; next tokens all the same: {all(r['same_next_tokens'] for r in part)}"
+            )
 
 
 def main(argv: list[str]) -> int:
@@ -209,9 +221,17 @@ def main(argv: list[str]) -> int:
     if args.out is None:
         parser.error("give OUT, or --noise RUNS")
     folder, pattern = retrain(args.out)
-    print(json.dumps({"blas": json.loads((folder / "config.json").read_text())["transformer_explorer"].get("blas"),
-                      "numpy": np.__version__, "folder": str(folder), "relu_pattern": pattern,
-                      "predictions": predictions(folder)}))
+    print(
+        json.dumps(
+            {
+                "blas": json.loads((folder / "config.json").read_text())["transformer_explorer"].get("blas"),
+                "numpy": np.__version__,
+                "folder": str(folder),
+                "relu_pattern": pattern,
+                "predictions": predictions(folder),
+            }
+        )
+    )
     return 0
 
 

@@ -4,8 +4,15 @@ import numpy as np
 import pytest
 
 from core import TransformerConfig, init_params, kv_cache_bytes, run_with_cache, run_with_kv_cache
-from core.analysis import (attention_rollout, detector_score, duplicate_token_keys, induction_keys, lens_points,
-                           previous_token_keys, repeated_random_tokens)
+from core.analysis import (
+    attention_rollout,
+    detector_score,
+    duplicate_token_keys,
+    induction_keys,
+    lens_points,
+    previous_token_keys,
+    repeated_random_tokens,
+)
 
 
 # The questions are asked of a run's ActivationCache (core/cache.py); these run the model first.
@@ -19,6 +26,7 @@ def logit_lens(params, cfg, tokens, k=5, ablate=None):
 
 def head_detector_scores(params, cfg, tokens, ablate=None):
     return run_with_cache(params, cfg, tokens, ablate=ablate, logits=False)[1].head_detector_scores()
+
 
 POSITIONS = ["none", "sinusoidal", "learned", "rotary"]
 
@@ -34,7 +42,7 @@ def random_params(cfg, seed=0, dtype=np.float64):
     rng = np.random.default_rng(seed + 100)
 
     def perturb(tree):
-        for key, value in (tree.items() if isinstance(tree, dict) else enumerate(tree)):
+        for key, value in tree.items() if isinstance(tree, dict) else enumerate(tree):
             if isinstance(value, np.ndarray):
                 if value.ndim == 1:  # biases and gains
                     tree[key] = (value + 0.3 * rng.standard_normal(value.shape)).astype(dtype)
@@ -50,17 +58,18 @@ TOKENS = np.array([3, 7, 1, 7, 3, 9, 0, 7, 2])
 
 # ------------------------------------------------------------------ residual decomposition
 
+
 @pytest.mark.parametrize("positions", POSITIONS)
-@pytest.mark.parametrize("variant", [{}, {"bias": False}, {"normalization_type": "LNPre"},
-                                     {"tied_embeddings": False}, {"n_token_types": 2}])
+@pytest.mark.parametrize(
+    "variant", [{}, {"bias": False}, {"normalization_type": "LNPre"}, {"tied_embeddings": False}, {"n_token_types": 2}]
+)
 def test_decomposition_sums_to_the_residual_and_to_the_logit(positions, variant):
     cfg = small(positional_embedding_type=positions, **variant)
     params = random_params(cfg)
     logits, cache = run_with_cache(params, cfg, TOKENS)
     for pos, token in ((-1, 5), (3, 0), (0, 22)):
         d = residual_decomposition(params, cfg, TOKENS, token=token, pos=pos)
-        np.testing.assert_allclose(d.parts.sum(axis=0), cache["blocks.2.hook_resid_post"][pos], rtol=1e-10,
-                                   atol=1e-12)
+        np.testing.assert_allclose(d.parts.sum(axis=0), cache["blocks.2.hook_resid_post"][pos], rtol=1e-10, atol=1e-12)
         assert d.logit == logits[pos, token]
         assert abs(d.direct_logit.sum() + d.logit_bias - d.logit) < 1e-5
         assert len(d.labels) == len(d.parts) == len(d.direct_logit)
@@ -69,9 +78,20 @@ def test_decomposition_sums_to_the_residual_and_to_the_logit(positions, variant)
 def test_decomposition_names_every_part_once():
     cfg = small(n_layers=2, n_heads=2)
     d = residual_decomposition(random_params(cfg), cfg, TOKENS, token=1)
-    assert d.labels == ["embed", "pos_embed",
-                        "L0H0", "L0H1", "L0 attn bias", "L0 mlp", "L0 mlp bias",
-                        "L1H0", "L1H1", "L1 attn bias", "L1 mlp", "L1 mlp bias"]
+    assert d.labels == [
+        "embed",
+        "pos_embed",
+        "L0H0",
+        "L0H1",
+        "L0 attn bias",
+        "L0 mlp",
+        "L0 mlp bias",
+        "L1H0",
+        "L1H1",
+        "L1 attn bias",
+        "L1 mlp",
+        "L1 mlp bias",
+    ]
 
 
 def test_decomposition_of_a_float32_model_sums_to_its_logit():
@@ -87,15 +107,19 @@ def test_each_head_part_is_that_heads_share_of_attn_out():
     _, cache = run_with_cache(params, cfg, TOKENS)
     d = residual_decomposition(params, cfg, TOKENS, token=0, pos=4)
     layer1 = [i for i, name in enumerate(d.labels) if name.startswith("L1H") or name == "L1 attn bias"]
-    np.testing.assert_allclose(d.parts[layer1].sum(axis=0), cache["blocks.1.hook_attn_out"][4], rtol=1e-10,
-                               atol=1e-12)
+    np.testing.assert_allclose(d.parts[layer1].sum(axis=0), cache["blocks.1.hook_attn_out"][4], rtol=1e-10, atol=1e-12)
     ablated = residual_decomposition(params, cfg, TOKENS, token=0, pos=4, ablate={(1, 2): "zero"})
     assert np.all(ablated.parts[ablated.labels.index("L1H2")] == 0)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"token": 23}, "vocabulary"), ({"token": 0, "pos": 9}, "position"), ({"token": 0, "pos": -10}, "position"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"token": 23}, "vocabulary"),
+        ({"token": 0, "pos": 9}, "position"),
+        ({"token": 0, "pos": -10}, "position"),
+    ],
+)
 def test_decomposition_rejects_out_of_range_choices(kwargs, message):
     cfg = small()
     with pytest.raises(ValueError, match=message):
@@ -109,6 +133,7 @@ def test_decomposition_explains_why_post_norm_models_are_not_supported():
 
 
 # ------------------------------------------------------------------ logit lens
+
 
 @pytest.mark.parametrize("positions", POSITIONS)
 def test_the_last_lens_point_is_the_models_prediction(positions):
@@ -126,8 +151,13 @@ def test_the_last_lens_point_is_the_models_prediction(positions):
 
 def test_lens_points_and_top_k_order():
     cfg = small(n_layers=2)
-    assert lens_points(cfg) == ["blocks.0.hook_resid_pre", "blocks.0.hook_resid_mid",
-                                "blocks.1.hook_resid_pre", "blocks.1.hook_resid_mid", "blocks.1.hook_resid_post"]
+    assert lens_points(cfg) == [
+        "blocks.0.hook_resid_pre",
+        "blocks.0.hook_resid_mid",
+        "blocks.1.hook_resid_pre",
+        "blocks.1.hook_resid_mid",
+        "blocks.1.hook_resid_post",
+    ]
     lens = logit_lens(random_params(cfg), cfg, TOKENS, k=23)
     assert np.all(np.diff(lens.top_probs, axis=-1) <= 0)  # most probable first
     np.testing.assert_allclose(lens.top_probs.sum(axis=-1), 1.0, rtol=1e-12)  # k = d_vocab: all of it
@@ -147,6 +177,7 @@ def test_the_first_lens_point_reads_only_the_embedding():
 
 # ------------------------------------------------------------------ head ablation
 
+
 @pytest.mark.parametrize("how", ["zero", "mean"])
 @pytest.mark.parametrize("layer, head", [(0, 0), (1, 3), (2, 1)])
 def test_ablating_a_head_changes_nothing_upstream(how, layer, head):
@@ -154,11 +185,23 @@ def test_ablating_a_head_changes_nothing_upstream(how, layer, head):
     params = random_params(cfg)
     logits, clean = run_with_cache(params, cfg, TOKENS)
     ablated_logits, ablated = run_with_cache(params, cfg, TOKENS, ablate={(layer, head): how})
-    upstream = [n for n in clean if n.startswith(tuple(f"blocks.{earlier}." for earlier in range(layer)))
-                or not n.startswith("blocks.")]
+    upstream = [
+        n
+        for n in clean
+        if n.startswith(tuple(f"blocks.{earlier}." for earlier in range(layer))) or not n.startswith("blocks.")
+    ]
     upstream.remove("ln_final.hook_normalized")
-    same_layer = [f"blocks.{layer}.{n}" for n in ("hook_resid_pre", "attn.hook_q", "attn.hook_k", "attn.hook_v",
-                                                   "attn.hook_attn_scores", "attn.hook_pattern")]
+    same_layer = [
+        f"blocks.{layer}.{n}"
+        for n in (
+            "hook_resid_pre",
+            "attn.hook_q",
+            "attn.hook_k",
+            "attn.hook_v",
+            "attn.hook_attn_scores",
+            "attn.hook_pattern",
+        )
+    ]
     for name in upstream + same_layer:
         np.testing.assert_array_equal(ablated[name], clean[name], err_msg=name)
     z, z_clean = ablated[f"blocks.{layer}.attn.hook_z"], clean[f"blocks.{layer}.attn.hook_z"]
@@ -168,8 +211,9 @@ def test_ablating_a_head_changes_nothing_upstream(how, layer, head):
     np.testing.assert_array_equal(z[:, head], np.broadcast_to(expected, z[:, head].shape))
     assert not np.allclose(ablated_logits, logits)  # and downstream it does change
     if layer < cfg.n_layers - 1:
-        assert not np.allclose(ablated[f"blocks.{layer + 1}.attn.hook_pattern"],
-                               clean[f"blocks.{layer + 1}.attn.hook_pattern"])
+        assert not np.allclose(
+            ablated[f"blocks.{layer + 1}.attn.hook_pattern"], clean[f"blocks.{layer + 1}.attn.hook_pattern"]
+        )
 
 
 @pytest.mark.parametrize("ablate", [None, {}])
@@ -191,6 +235,7 @@ def test_ablating_a_head_that_does_not_exist_is_refused():
 
 
 # ------------------------------------------------------------------ head detectors
+
 
 def test_detector_keys_on_a_repeated_sequence():
     tokens = np.array([4, 8, 2, 4, 8, 2])  # A B C A B C
@@ -225,8 +270,9 @@ def previous_token_model(n_ctx=8):
     is c·(e_{j+1} - S u)/σ, so q_i·k_j = big·[j = i - 1] + something independent of j.
     """
     d = n_ctx
-    cfg = TransformerConfig(d_model=d, n_heads=1, n_layers=1, d_vocab=5, n_ctx=n_ctx, d_mlp=4,
-                            normalization_type="LNPre", bias=False)
+    cfg = TransformerConfig(
+        d_model=d, n_heads=1, n_layers=1, d_vocab=5, n_ctx=n_ctx, d_mlp=4, normalization_type="LNPre", bias=False
+    )
     params = init_params(cfg)
     params["embed"]["W_E"][:] = 0.0  # only positions matter
     params["pos_embed"]["W_pos"][:] = np.eye(d)
@@ -266,6 +312,7 @@ def test_repeated_random_tokens():
 
 # ------------------------------------------------------------------ KV cache, stepped
 
+
 @pytest.mark.parametrize("positions", POSITIONS)
 @pytest.mark.parametrize("block_type", ["pre_norm", "post_norm"])
 def test_cached_steps_equal_the_full_recomputation(positions, block_type):
@@ -283,8 +330,9 @@ def test_cached_steps_equal_the_full_recomputation(positions, block_type):
     k_name = "attn.hook_rot_k" if positions == "rotary" else "attn.hook_k"
     for layer in range(cfg.n_layers):
         np.testing.assert_allclose(run.kv.keys[layer], cache[f"blocks.{layer}.{k_name}"].swapaxes(0, 1), atol=1e-12)
-        np.testing.assert_allclose(run.kv.values[layer], cache[f"blocks.{layer}.attn.hook_v"].swapaxes(0, 1),
-                                   atol=1e-12)
+        np.testing.assert_allclose(
+            run.kv.values[layer], cache[f"blocks.{layer}.attn.hook_v"].swapaxes(0, 1), atol=1e-12
+        )
 
 
 def test_cached_steps_honour_the_attention_settings():
@@ -305,11 +353,14 @@ def test_cache_bytes_grow_by_one_row_per_step_and_match_the_formula():
     assert np.all(growth == 2 * cfg.n_layers * cfg.n_heads * cfg.d_head * 4)
 
 
-@pytest.mark.parametrize("cfg_changes, kwargs, message", [
-    ({"attention_dir": "bidirectional"}, {}, "causal"),
-    ({}, {"n_new": 8}, "n_ctx"),
-    ({}, {"n_new": -1}, "n_new"),
-])
+@pytest.mark.parametrize(
+    "cfg_changes, kwargs, message",
+    [
+        ({"attention_dir": "bidirectional"}, {}, "causal"),
+        ({}, {"n_new": 8}, "n_ctx"),
+        ({}, {"n_new": -1}, "n_new"),
+    ],
+)
 def test_kv_cache_refuses_what_it_cannot_do(cfg_changes, kwargs, message):
     cfg = small(**cfg_changes)
     with pytest.raises(ValueError, match=message):
@@ -318,9 +369,14 @@ def test_kv_cache_refuses_what_it_cannot_do(cfg_changes, kwargs, message):
 
 # ------------------------------------------------------------------ attention rollout
 
+
 def test_rollout_of_a_hand_checked_2_layer_case():
-    layer0 = np.array([[[1.0, 0.0], [1.0, 0.0]],  # head 0: everyone looks at token 0
-                       [[1.0, 0.0], [0.0, 1.0]]])  # head 1: everyone looks at itself
+    layer0 = np.array(
+        [
+            [[1.0, 0.0], [1.0, 0.0]],  # head 0: everyone looks at token 0
+            [[1.0, 0.0], [0.0, 1.0]],
+        ]
+    )  # head 1: everyone looks at itself
     layer1 = np.array([[[1.0, 0.0], [1.0, 0.0]]] * 2)
     rollout = attention_rollout(np.stack([layer0, layer1]))
     # layer 0: heads average to [[1, 0], [.5, .5]]; (A + I) / 2 = [[1, 0], [.25, .75]]

@@ -18,12 +18,22 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from core import TransformerConfig, init_params, run_with_cache
-from core import backprop
+from core import TransformerConfig, backprop, init_params, run_with_cache
 from core.errors import InputError
-from core.functional import (cross_entropy, cross_entropy_backward, gelu, gelu_backward, gelu_new,
-                             gelu_new_backward, layer_norm, layer_norm_backward, relu, relu_backward, softmax,
-                             softmax_backward)
+from core.functional import (
+    cross_entropy,
+    cross_entropy_backward,
+    gelu,
+    gelu_backward,
+    gelu_new,
+    gelu_new_backward,
+    layer_norm,
+    layer_norm_backward,
+    relu,
+    relu_backward,
+    softmax,
+    softmax_backward,
+)
 from core.model import iter_arrays
 from core.positions import apply_rotary, apply_rotary_backward
 
@@ -48,21 +58,32 @@ def decoder_fields(draw) -> dict:
     local = attention_dir == "causal" and draw(st.booleans())  # local layers need causal attention
     return dict(
         d_model=n_heads * d_head + draw(st.sampled_from([0, 2])),  # W_O need not map back from d_model columns
-        n_heads=n_heads, d_head=d_head, n_layers=n_layers, d_vocab=draw(st.integers(3, 6)), n_ctx=5,
-        d_mlp=draw(st.integers(2, 6)), attn_only=draw(st.booleans()), parallel_attn_mlp=draw(st.booleans()),
+        n_heads=n_heads,
+        d_head=d_head,
+        n_layers=n_layers,
+        d_vocab=draw(st.integers(3, 6)),
+        n_ctx=5,
+        d_mlp=draw(st.integers(2, 6)),
+        attn_only=draw(st.booleans()),
+        parallel_attn_mlp=draw(st.booleans()),
         normalization_type=draw(st.sampled_from(_supported("normalization_type"))),
-        act_fn=draw(st.sampled_from(_supported("act_fn"))), eps=draw(st.sampled_from([1e-5, 1e-3])),
+        act_fn=draw(st.sampled_from(_supported("act_fn"))),
+        eps=draw(st.sampled_from([1e-5, 1e-3])),
         tied_embeddings=draw(st.booleans()),
         positional_embedding_type=draw(st.sampled_from(["learned", "sinusoidal", "rotary", "none"])),
-        rotary_dim=draw(st.sampled_from([None, 2])), rotary_base=draw(st.sampled_from([10000.0, 500.0, 3.0])),
+        rotary_dim=draw(st.sampled_from([None, 2])),
+        rotary_base=draw(st.sampled_from([10000.0, 500.0, 3.0])),
         rotary_adjacent_pairs=draw(st.booleans()),
-        attention_dir=attention_dir, use_attn_scale=draw(st.booleans()),
+        attention_dir=attention_dir,
+        use_attn_scale=draw(st.booleans()),
         attn_temperature=draw(st.sampled_from([1.0, 0.7, 2.0])),
         window_size=draw(st.integers(1, 3)) if local else None,
         attn_types=("local", "global")[:n_layers] if local else None,
         bias=draw(st.booleans()),  # and each switch on its own: None follows `bias`
-        **{name: draw(st.sampled_from([None, True, False]))
-           for name in ("qkv_bias", "attn_out_bias", "mlp_bias", "unembed_bias")},
+        **{
+            name: draw(st.sampled_from([None, True, False]))
+            for name in ("qkv_bias", "attn_out_bias", "mlp_bias", "unembed_bias")
+        },
     )
 
 
@@ -75,10 +96,12 @@ def small_decoders(draw):
 # The two configurations the hand-written guard let through wrong: rotary positions with a base of
 # 500 (the training forward rotated with 10,000), and Q, K, V biases without W_O's (the backward
 # looked for b_O's gradient whenever b_QKV existed).
-ROTARY_BASE_500 = TransformerConfig(d_model=8, n_heads=2, n_layers=2, d_vocab=5, n_ctx=5, d_mlp=4,
-                                    positional_embedding_type="rotary", rotary_base=500.0)
-QKV_BIAS_ONLY = TransformerConfig(d_model=8, n_heads=2, n_layers=1, d_vocab=5, n_ctx=5, d_mlp=4,
-                                  qkv_bias=True, attn_out_bias=False)
+ROTARY_BASE_500 = TransformerConfig(
+    d_model=8, n_heads=2, n_layers=2, d_vocab=5, n_ctx=5, d_mlp=4, positional_embedding_type="rotary", rotary_base=500.0
+)
+QKV_BIAS_ONLY = TransformerConfig(
+    d_model=8, n_heads=2, n_layers=1, d_vocab=5, n_ctx=5, d_mlp=4, qkv_bias=True, attn_out_bias=False
+)
 
 
 def random_model(cfg: TransformerConfig, seed: int):
@@ -118,8 +141,16 @@ def relative_error(analytic: np.ndarray, numeric: np.ndarray) -> float:
 @given(small_decoders())
 @example((ROTARY_BASE_500, 0, 2, 4))
 @example((QKV_BIAS_ONLY, 1, 2, 4))
-@example((QKV_BIAS_ONLY.replace(qkv_bias=False, attn_out_bias=True, mlp_bias=False, unembed_bias=True,
-                                tied_embeddings=False), 2, 2, 4))
+@example(
+    (
+        QKV_BIAS_ONLY.replace(
+            qkv_bias=False, attn_out_bias=True, mlp_bias=False, unembed_bias=True, tied_embeddings=False
+        ),
+        2,
+        2,
+        4,
+    )
+)
 @example((ROTARY_BASE_500.replace(rotary_dim=2, rotary_adjacent_pairs=False, parallel_attn_mlp=True), 3, 2, 4))
 def test_every_parameter_gradient_matches_finite_differences(case):
     cfg, seed, batch, n_pos = case
@@ -158,6 +189,7 @@ def test_float32_in_float32_out():
 
 # ------------------------------------------------------------------ primitives on their own
 
+
 def _check_primitive(forward, backward, x, rng):
     """dL/dx of L = Σ dy · forward(x) for a random dy, against finite differences."""
     dy = rng.standard_normal(forward(x).shape)
@@ -165,8 +197,9 @@ def _check_primitive(forward, backward, x, rng):
     assert relative_error(backward(dy, x), numeric) <= REL_TOL
 
 
-@pytest.mark.parametrize("act, act_backward", [(gelu_new, gelu_new_backward), (gelu, gelu_backward),
-                                               (relu, relu_backward)])
+@pytest.mark.parametrize(
+    "act, act_backward", [(gelu_new, gelu_new_backward), (gelu, gelu_backward), (relu, relu_backward)]
+)
 @pytest.mark.parametrize("given_output", [True, False])
 def test_activation_backward(act, act_backward, given_output):
     rng = np.random.default_rng(0)
@@ -206,11 +239,21 @@ def test_rotary_backward_is_the_inverse_rotation():
 @pytest.mark.parametrize("rotary_dim", [2, 6])
 @pytest.mark.parametrize("adjacent_pairs", [True, False])
 def test_training_rotary_backward_for_each_base_width_and_layout(base, rotary_dim, adjacent_pairs):
-    cfg = TransformerConfig(d_model=12, n_heads=2, positional_embedding_type="rotary", rotary_base=base,
-                            rotary_dim=rotary_dim, rotary_adjacent_pairs=adjacent_pairs)
+    cfg = TransformerConfig(
+        d_model=12,
+        n_heads=2,
+        positional_embedding_type="rotary",
+        rotary_base=base,
+        rotary_dim=rotary_dim,
+        rotary_adjacent_pairs=adjacent_pairs,
+    )
     rng = np.random.default_rng(6)
-    _check_primitive(lambda x: backprop._rotary(x, cfg), lambda dy, x: backprop._rotary(dy, cfg, sign=-1),
-                     rng.standard_normal((2, 2, 5, 6)), rng)
+    _check_primitive(
+        lambda x: backprop._rotary(x, cfg),
+        lambda dy, x: backprop._rotary(dy, cfg, sign=-1),
+        rng.standard_normal((2, 2, 5, 6)),
+        rng,
+    )
 
 
 def test_training_rotary_at_the_defaults_is_apply_rotary_bit_for_bit():
@@ -233,11 +276,13 @@ def test_cross_entropy_value_and_gradient():
 
 # ------------------------------------------------------------------ what training supports
 
+
 def test_every_config_field_is_classified_for_training():
     """A new TransformerConfig field fails here until TRAINABLE says whether the backward pass implements it."""
     fields = {f.name for f in dataclasses.fields(TransformerConfig)}
     assert set(backprop.TRAINABLE) == fields, (
-        f"unclassified: {sorted(fields - set(backprop.TRAINABLE))}, stale: {sorted(set(backprop.TRAINABLE) - fields)}")
+        f"unclassified: {sorted(fields - set(backprop.TRAINABLE))}, stale: {sorted(set(backprop.TRAINABLE) - fields)}"
+    )
     assert all(s is backprop.ANY or isinstance(s, backprop.Only) for s in backprop.TRAINABLE.values())
 
 
@@ -286,8 +331,11 @@ def test_every_problem_is_named_at_once():
 def test_a_field_the_table_does_not_know_trains_only_at_its_default(monkeypatch):
     monkeypatch.delitem(backprop.TRAINABLE, "rotary_base")
     backprop.check_trainable(ROTARY_BASE_500.replace(rotary_base=10000.0))
-    with pytest.raises(InputError, match=r"rotary_base=500.0 \(the backward pass does not implement it yet\): "
-                                         r"leave it at 10000.0"):
+    with pytest.raises(
+        InputError,
+        match=r"rotary_base=500.0 \(the backward pass does not implement it yet\): "
+        r"leave it at 10000.0",
+    ):
         backprop.check_trainable(ROTARY_BASE_500)
 
 
@@ -295,8 +343,14 @@ def test_a_field_the_table_does_not_know_trains_only_at_its_default(monkeypatch)
 def test_batched_attention_gives_scaled_dot_product_attention_exactly(causal):
     from core.attention import scaled_dot_product_attention
 
-    cfg = TransformerConfig(d_model=8, n_heads=2, n_layers=1, d_vocab=5, attn_temperature=1.5,
-                            attention_dir="causal" if causal else "bidirectional")
+    cfg = TransformerConfig(
+        d_model=8,
+        n_heads=2,
+        n_layers=1,
+        d_vocab=5,
+        attn_temperature=1.5,
+        attention_dir="causal" if causal else "bidirectional",
+    )
     rng = np.random.default_rng(5)
     q, k, v = (rng.standard_normal((3, 2, 7, 4)).astype(np.float32) for _ in range(3))
     pattern, z = backprop.attention(q, k, v, cfg)
@@ -306,6 +360,7 @@ def test_batched_attention_gives_scaled_dot_product_attention_exactly(causal):
 
 
 # ------------------------------------------------------------------ attention-only models
+
 
 def test_an_attention_only_model_has_no_mlp_anywhere():
     from core import hook_names
@@ -320,5 +375,6 @@ def test_an_attention_only_model_has_no_mlp_anywhere():
     _, cache = run_with_cache(params, cfg, np.array([1, 2, 3]))
     assert list(cache) == names
     # resid_post is resid_pre plus what attention wrote, exactly
-    np.testing.assert_array_equal(cache["blocks.0.hook_resid_post"],
-                                  cache["blocks.0.hook_resid_pre"] + cache["blocks.0.hook_attn_out"])
+    np.testing.assert_array_equal(
+        cache["blocks.0.hook_resid_post"], cache["blocks.0.hook_resid_pre"] + cache["blocks.0.hook_attn_out"]
+    )

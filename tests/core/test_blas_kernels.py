@@ -37,8 +37,13 @@ from . import nasi_lemak_reproduction as nasi
 ROOT = Path(__file__).resolve().parents[2]
 # OPENBLAS_CORETYPE -> the architectures threadpoolctl may report for it (None: not forced)
 KERNELS: dict[str, set[str] | None] = {
-    "native": None, "Haswell": {"Haswell"}, "SkylakeX": {"SkylakeX"}, "Sandybridge": {"Sandybridge"},
-    "Nehalem": {"Nehalem"}, "Prescott": {"Prescott", "Katmai"}, "Zen": {"Zen"},
+    "native": None,
+    "Haswell": {"Haswell"},
+    "SkylakeX": {"SkylakeX"},
+    "Sandybridge": {"Sandybridge"},
+    "Nehalem": {"Nehalem"},
+    "Prescott": {"Prescott", "Katmai"},
+    "Zen": {"Zen"},
 }
 
 
@@ -46,8 +51,14 @@ def _retrain(kernel: str, out: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}  # the child's copy only
     if KERNELS[kernel] is not None:
         env["OPENBLAS_CORETYPE"] = kernel
-    proc = subprocess.run([sys.executable, "-m", "tests.core.nasi_lemak_reproduction", str(out / kernel)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.core.nasi_lemak_reproduction", str(out / kernel)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if proc.returncode != 0:
         return {"error": f"exit {proc.returncode}: {proc.stderr[-2000:]}"}
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -70,8 +81,10 @@ def _ran(runs: dict[str, dict], kernel: str) -> dict:
         if blas is None or blas["library"] != "openblas":
             pytest.skip(f"NumPy's BLAS here is {blas and blas['library']}, not OpenBLAS: no kernel to force")
         if blas["kernel"] not in accepted:
-            pytest.skip(f"OPENBLAS_CORETYPE={kernel} ran OpenBLAS's {blas['kernel']} kernel: this CPU cannot "
-                        f"run {kernel}'s, or this OpenBLAS build has none of its own")
+            pytest.skip(
+                f"OPENBLAS_CORETYPE={kernel} ran OpenBLAS's {blas['kernel']} kernel: this CPU cannot "
+                f"run {kernel}'s, or this OpenBLAS build has none of its own"
+            )
     return run
 
 
@@ -81,8 +94,9 @@ def _distinct(runs: dict[str, dict]) -> dict[str, dict]:
     for kernel, run in runs.items():
         if "error" in run or run["blas"] is None:
             continue
-        ok = KERNELS[kernel] is None or (run["blas"]["library"] == "openblas"
-                                         and run["blas"]["kernel"] in KERNELS[kernel])
+        ok = KERNELS[kernel] is None or (
+            run["blas"]["library"] == "openblas" and run["blas"]["kernel"] in KERNELS[kernel]
+        )
         if ok and run["blas"]["kernel"] not in seen:
             seen.add(run["blas"]["kernel"])
             out[f"{kernel} ({run['blas']['kernel']})" if KERNELS[kernel] is None else kernel] = run
@@ -105,8 +119,13 @@ def test_nasi_lemak_retrained_under_each_openblas_kernel_reproduces_what_is_port
     assert got["p_target"] == pytest.approx(shipped["p_target"], abs=nasi.P_ATOL, rel=0)
     for text in nasi.SCORE_TEXTS:
         for name, scores in shipped["head_scores"][text].items():
-            np.testing.assert_allclose(np.array(got["head_scores"][text][name], dtype=float), scores,
-                                       atol=nasi.SCORES_ATOL, rtol=0, err_msg=f"{name} on {text!r}")
+            np.testing.assert_allclose(
+                np.array(got["head_scores"][text][name], dtype=float),
+                scores,
+                atol=nasi.SCORES_ATOL,
+                rtol=0,
+                err_msg=f"{name} on {text!r}",
+            )
 
 
 def test_the_kernels_weights_may_differ_in_the_last_bits_and_are_recorded(runs, record_property):
@@ -120,8 +139,12 @@ def test_the_kernels_weights_may_differ_in_the_last_bits_and_are_recorded(runs, 
     lines = []
     for name, run in distinct.items():
         d = nasi.max_abs_difference(w[name], shipped)
-        same = (Path(run["folder"]) / "model.safetensors").read_bytes() == (nasi.SHIPPED / "model.safetensors").read_bytes()
-        relus = "the shipped ReLU pattern" if run["relu_pattern"] == nasi.SHIPPED_RELU_PATTERN else "ANOTHER ReLU pattern"
+        same = (Path(run["folder"]) / "model.safetensors").read_bytes() == (
+            nasi.SHIPPED / "model.safetensors"
+        ).read_bytes()
+        relus = (
+            "the shipped ReLU pattern" if run["relu_pattern"] == nasi.SHIPPED_RELU_PATTERN else "ANOTHER ReLU pattern"
+        )
         lines.append(f"{name:>22} vs shipped: max abs {d:.3g}{'  (the shipped bytes)' if same else ''}; {relus}")
         record_property(f"max_abs_vs_shipped[{name}]", d)
     for a, b in itertools.combinations(distinct, 2):

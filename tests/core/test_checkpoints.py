@@ -14,8 +14,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from core import TransformerConfig, iter_arrays, run_with_cache
-from core.checkpoints import (CheckpointError, HFTokenizer, checkpoint_problem, load_checkpoint, params_nbytes,
-                              read_spec)
+from core.checkpoints import CheckpointError, HFTokenizer, checkpoint_problem, load_checkpoint, params_nbytes, read_spec
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,13 +42,20 @@ def edit_config(folder: Path, **changes) -> None:
 
 # ---------------------------------------------------------------------------- config.json
 
+
 def test_gpt2_config_maps_to_core_names():
     raw = json.loads((FIXTURES / "gpt2-tiny-untied" / "config.json").read_text())
     spec = read_spec(FIXTURES / "gpt2-tiny-untied")
     cfg = spec.cfg
     assert spec.family == "gpt2" and not spec.is_encoder
     assert (cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.d_vocab, cfg.n_ctx, cfg.d_mlp) == (
-        raw["n_embd"], raw["n_layer"], raw["n_head"], raw["vocab_size"], raw["n_positions"], raw["n_inner"])
+        raw["n_embd"],
+        raw["n_layer"],
+        raw["n_head"],
+        raw["vocab_size"],
+        raw["n_positions"],
+        raw["n_inner"],
+    )
     assert cfg.act_fn == "gelu" and cfg.tied_embeddings is False
     assert (cfg.block_type, cfg.attention_dir) == ("pre_norm", "causal")
     # the fixture's eps is not the default, so this fails if layer_norm_epsilon is not read
@@ -65,11 +71,17 @@ def test_minilm_config():
     assert spec.is_encoder and spec.family == "bert"
     assert (cfg.n_layers, cfg.n_heads, cfg.d_model, cfg.d_mlp, cfg.d_vocab) == (6, 12, 384, 1536, 30522)
     assert (cfg.block_type, cfg.attention_dir, cfg.act_fn, cfg.n_token_types, cfg.eps) == (
-        "post_norm", "bidirectional", "gelu", 2, 1e-12)
+        "post_norm",
+        "bidirectional",
+        "gelu",
+        2,
+        1e-12,
+    )
     assert "6 layers" in spec.description and "encoder" in spec.description
 
 
 # ---------------------------------------------------------------------------- weights
+
 
 def test_both_gpt2_layouts_load_the_same_weights():
     hub = load_checkpoint(FIXTURES / "gpt2-tiny")  # bare keys, mask buffers, no lm_head
@@ -112,8 +124,10 @@ def test_bert_query_key_value_are_the_files_transposed_without_copies():
 
 def test_float16_weights_run_in_float32(tmp_path):
     folder = copy_fixture("gpt2-tiny", tmp_path)
-    save_file({k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in tensors_of(folder).items()},
-              str(folder / "model.safetensors"))
+    save_file(
+        {k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in tensors_of(folder).items()},
+        str(folder / "model.safetensors"),
+    )
     ckpt = load_checkpoint(folder)
     assert {a.dtype for _, a in iter_arrays(ckpt.params)} == {np.dtype(np.float32)}
     ref = np.load(FIXTURES / "gpt2-tiny.npz")
@@ -136,6 +150,7 @@ def test_params_nbytes_counts_a_shared_array_once():
 
 
 # ---------------------------------------------------------------------------- broken folders
+
 
 @pytest.mark.parametrize("missing", ["config.json", "model.safetensors", "tokenizer.json"])
 def test_missing_file_is_named(tmp_path, missing):
@@ -191,12 +206,21 @@ def test_missing_tensor_is_named(tmp_path):
         load_checkpoint(folder)
 
 
-@pytest.mark.parametrize("fixture, changes, match", [
-    pytest.param("bert-tiny", {"intermediate_size": 50}, "intermediate.dense.weight.*shape",
-                 id="shape-disagreeing-with-config"),
-    pytest.param("gpt2-tiny", {"tie_word_embeddings": False}, "lm_head.weight", id="untied-without-lm-head"),
-    pytest.param("bert-tiny", {"vocab_size": 20}, "do not belong together", id="tokenizer-larger-than-the-embedding"),
-])
+@pytest.mark.parametrize(
+    "fixture, changes, match",
+    [
+        pytest.param(
+            "bert-tiny",
+            {"intermediate_size": 50},
+            "intermediate.dense.weight.*shape",
+            id="shape-disagreeing-with-config",
+        ),
+        pytest.param("gpt2-tiny", {"tie_word_embeddings": False}, "lm_head.weight", id="untied-without-lm-head"),
+        pytest.param(
+            "bert-tiny", {"vocab_size": 20}, "do not belong together", id="tokenizer-larger-than-the-embedding"
+        ),
+    ],
+)
 def test_config_disagreeing_with_the_files(tmp_path, fixture, changes, match):
     """config.json alone reads fine; loading finds the weights or tokenizer do not fit it."""
     folder = copy_fixture(fixture, tmp_path)
@@ -221,6 +245,7 @@ def test_broken_tokenizer(tmp_path):
 
 
 # ---------------------------------------------------------------------------- tokens as a reader sees them
+
 
 def test_byte_level_tokens_are_readable():
     tok = HFTokenizer(FIXTURES / "gpt2-tiny" / "tokenizer.json")
@@ -258,6 +283,7 @@ def test_tokenizer_errors_are_value_errors():
 
 
 # ---------------------------------------------------------------------------- no torch, lazy imports
+
 
 def test_core_imports_no_checkpoint_libraries_and_loading_needs_no_torch():
     code = (

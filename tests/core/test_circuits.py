@@ -9,8 +9,14 @@ import pytest
 
 from core import InputError, TransformerConfig, run_with_cache
 from core.checkpoints import load_checkpoint, trained_models
-from core.circuits import (composition_baseline, composition_scores, folded_heads, ov_circuit, qk_decomposition,
-                           resid_parts)
+from core.circuits import (
+    composition_baseline,
+    composition_scores,
+    folded_heads,
+    ov_circuit,
+    qk_decomposition,
+    resid_parts,
+)
 from core.model import per_head_weights, unembedding
 
 from .test_analysis import random_params
@@ -20,18 +26,32 @@ FAMILIES = {
     "LN learned": {},
     "LN sinusoidal": dict(positional_embedding_type="sinusoidal"),
     "LN rotary, adjacent pairs": dict(positional_embedding_type="rotary"),
-    "LN rotary, rotate half, partial": dict(positional_embedding_type="rotary", rotary_dim=2,
-                                            rotary_adjacent_pairs=False),
+    "LN rotary, rotate half, partial": dict(
+        positional_embedding_type="rotary", rotary_dim=2, rotary_adjacent_pairs=False
+    ),
     "LNPre attention-only": dict(attn_only=True, normalization_type="LNPre"),
-    "RMS rotary GQA gated (Llama)": dict(positional_embedding_type="rotary", normalization_type="RMS",
-                                         n_key_value_heads=2, gated_mlp=True, act_fn="silu", bias=False),
-    "RMS qkv bias (Qwen2)": dict(normalization_type="RMS", bias=False, qkv_bias=True,
-                                 positional_embedding_type="rotary", rotary_adjacent_pairs=False),
-    "RMS qk norm (Qwen3)": dict(normalization_type="RMS", bias=False, use_qk_norm=True,
-                                positional_embedding_type="rotary"),
+    "RMS rotary GQA gated (Llama)": dict(
+        positional_embedding_type="rotary",
+        normalization_type="RMS",
+        n_key_value_heads=2,
+        gated_mlp=True,
+        act_fn="silu",
+        bias=False,
+    ),
+    "RMS qkv bias (Qwen2)": dict(
+        normalization_type="RMS",
+        bias=False,
+        qkv_bias=True,
+        positional_embedding_type="rotary",
+        rotary_adjacent_pairs=False,
+    ),
+    "RMS qk norm (Qwen3)": dict(
+        normalization_type="RMS", bias=False, use_qk_norm=True, positional_embedding_type="rotary"
+    ),
     "parallel (GPT-NeoX)": dict(parallel_attn_mlp=True, positional_embedding_type="rotary", rotary_dim=2),
-    "unscaled, temperature, window": dict(use_attn_scale=False, attn_temperature=1.7,
-                                          attn_types=("global", "local", "global"), window_size=4),
+    "unscaled, temperature, window": dict(
+        use_attn_scale=False, attn_temperature=1.7, attn_types=("global", "local", "global"), window_size=4
+    ),
 }
 
 
@@ -88,8 +108,13 @@ def test_labels_and_bias_terms():
     assert d.query_parts[:6] == ["embed", "pos_embed", "L0H0", "L0H1", "L0H2", "L0H3"]
     assert d.query_parts[-4:] == ["L1 attn bias", "L1 mlp", "L1 mlp bias", "bias"] and d.key_parts == d.query_parts
     c = d.contributions
-    assert d.bias_terms == pytest.approx({"query bias × key parts": c[-1, :-1].sum(),
-                                          "query parts × key bias": c[:-1, -1].sum(), "query bias × key bias": c[-1, -1]})
+    assert d.bias_terms == pytest.approx(
+        {
+            "query bias × key parts": c[-1, :-1].sum(),
+            "query parts × key bias": c[:-1, -1].sum(),
+            "query bias × key bias": c[-1, -1],
+        }
+    )
     (q, k, value), *_ = d.top_pairs(3)
     assert abs(value) == np.abs(c).max()
     bare, bare_params = model(normalization_type="LNPre", bias=False)
@@ -97,11 +122,14 @@ def test_labels_and_bias_terms():
     assert "bias" not in qk_decomposition(cache, 1, 0, 8, 3).query_parts  # nothing to add
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda c: qk_decomposition(c, 0, 0, 2, 5), "key position 5 is after the query: the causal mask hides it"),
-    (lambda c: qk_decomposition(c, 0, 0, 9, 0), "position 9 is outside the text's 9 tokens"),
-    (lambda c: qk_decomposition(c, 3, 0, 2, 1), "layer 3, head 0 does not exist"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda c: qk_decomposition(c, 0, 0, 2, 5), "key position 5 is after the query: the causal mask hides it"),
+        (lambda c: qk_decomposition(c, 0, 0, 9, 0), "position 9 is outside the text's 9 tokens"),
+        (lambda c: qk_decomposition(c, 3, 0, 2, 1), "layer 3, head 0 does not exist"),
+    ],
+)
 def test_a_score_that_is_not_there_is_refused(call, message):
     cfg, params = model()
     with pytest.raises(InputError, match=message):
@@ -118,6 +146,7 @@ def test_a_key_outside_the_window_and_a_post_norm_model_are_refused():
 
 
 # ------------------------------------------------------------------ composition and OV, the long way
+
 
 @pytest.mark.parametrize("family", ["LN learned", "RMS rotary GQA gated (Llama)", "LNPre attention-only"])
 def test_composition_scores_equal_the_formula_on_full_matrices(family):
@@ -179,6 +208,7 @@ def test_the_ov_circuit_and_its_copying_score_equal_the_full_vocabulary_matrix()
 
 
 # ------------------------------------------------------------------ the induction model
+
 
 def test_the_induction_head_reads_the_previous_token_head_through_its_keys():
     ckpt = load_checkpoint(trained_models()["induction"])

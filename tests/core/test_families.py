@@ -16,13 +16,26 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core import (InputError, KVCache, TransformerConfig, forward, hook_names, init_params, iter_arrays, kv_cache_bytes,
-                  reference_attention, run_with_cache, run_with_kv_cache, scaled_dot_product_attention)
+from core import (
+    InputError,
+    KVCache,
+    TransformerConfig,
+    forward,
+    hook_names,
+    init_params,
+    iter_arrays,
+    kv_cache_bytes,
+    reference_attention,
+    run_with_cache,
+    run_with_kv_cache,
+    scaled_dot_product_attention,
+)
 from core.attention import QUERY_BLOCK, local_mask
 from core.cache import decomposition_hooks, stage_hooks
 from core.checkpoints import load_checkpoint
 from core.functional import rms_norm, silu
-from core.model import hook_dims, hook_shape, per_head_weights
+from core.hooks import hook_dims, hook_shape
+from core.model import per_head_weights
 from core.positions import rotary
 
 FAMILIES = Path(__file__).resolve().parents[1] / "fixtures" / "families"
@@ -30,15 +43,50 @@ FOLDERS = sorted(p.name for p in FAMILIES.iterdir() if p.is_dir())
 bounded = settings(max_examples=25, deadline=None)
 
 # Random models with each family's switches (random weights, float64: exact comparisons).
-LLAMA = TransformerConfig(d_model=24, n_layers=2, n_heads=6, n_key_value_heads=2, d_vocab=17, n_ctx=32, d_mlp=20,
-                          normalization_type="RMS", gated_mlp=True, act_fn="silu", positional_embedding_type="rotary",
-                          rotary_adjacent_pairs=False, rotary_base=500.0, bias=False, qkv_bias=True,
-                          use_qk_norm=True, tied_embeddings=False)
-NEOX = TransformerConfig(d_model=16, n_layers=2, n_heads=2, d_vocab=13, n_ctx=32, act_fn="gelu",
-                         positional_embedding_type="rotary", rotary_dim=4, rotary_adjacent_pairs=False,
-                         parallel_attn_mlp=True, tied_embeddings=False, unembed_bias=False)
-NEO = TransformerConfig(d_model=16, n_layers=2, n_heads=4, d_vocab=13, n_ctx=32, use_attn_scale=False,
-                        attn_types=("global", "local"), window_size=3, qkv_bias=False)
+LLAMA = TransformerConfig(
+    d_model=24,
+    n_layers=2,
+    n_heads=6,
+    n_key_value_heads=2,
+    d_vocab=17,
+    n_ctx=32,
+    d_mlp=20,
+    normalization_type="RMS",
+    gated_mlp=True,
+    act_fn="silu",
+    positional_embedding_type="rotary",
+    rotary_adjacent_pairs=False,
+    rotary_base=500.0,
+    bias=False,
+    qkv_bias=True,
+    use_qk_norm=True,
+    tied_embeddings=False,
+)
+NEOX = TransformerConfig(
+    d_model=16,
+    n_layers=2,
+    n_heads=2,
+    d_vocab=13,
+    n_ctx=32,
+    act_fn="gelu",
+    positional_embedding_type="rotary",
+    rotary_dim=4,
+    rotary_adjacent_pairs=False,
+    parallel_attn_mlp=True,
+    tied_embeddings=False,
+    unembed_bias=False,
+)
+NEO = TransformerConfig(
+    d_model=16,
+    n_layers=2,
+    n_heads=4,
+    d_vocab=13,
+    n_ctx=32,
+    use_attn_scale=False,
+    attn_types=("global", "local"),
+    window_size=3,
+    qkv_bias=False,
+)
 
 
 def params_of(cfg: TransformerConfig, seed: int = 0):
@@ -53,10 +101,11 @@ def params_of(cfg: TransformerConfig, seed: int = 0):
 
 # ---------------------------------------------------------------------------- functions
 
+
 def test_rms_norm_and_silu_against_their_formulas():
     x = np.random.default_rng(0).normal(size=(5, 7))
     w = np.linspace(0.5, 2, 7)
-    expected = x / np.sqrt((x ** 2).mean(-1, keepdims=True) + 1e-6) * w
+    expected = x / np.sqrt((x**2).mean(-1, keepdims=True) + 1e-6) * w
     np.testing.assert_allclose(rms_norm(x, w, 1e-6), expected, rtol=1e-12)
     np.testing.assert_allclose(silu(x), x / (1 + np.exp(-x)), rtol=1e-12, atol=1e-15)
     assert np.all(np.isfinite(silu(np.array([-1e4, 1e4]))))  # no overflow at the extremes
@@ -72,8 +121,9 @@ def test_rotary_layouts_are_one_rotation_up_to_a_permutation(n_pos, start, rotar
     x = np.random.default_rng(seed).normal(size=(3, n_pos, d_head))
     positions = np.arange(start, start + n_pos)
     half = rotary_dim // 2
-    perm = np.concatenate([np.stack([np.arange(half), np.arange(half) + half], -1).ravel(),
-                           np.arange(rotary_dim, d_head)])  # half-split order -> adjacent order
+    perm = np.concatenate(
+        [np.stack([np.arange(half), np.arange(half) + half], -1).ravel(), np.arange(rotary_dim, d_head)]
+    )  # half-split order -> adjacent order
     by_halves = rotary(x, positions, rotary_dim=rotary_dim, base=77.0, adjacent_pairs=False)
     by_pairs = rotary(x[..., perm], positions, rotary_dim=rotary_dim, base=77.0, adjacent_pairs=True)
     np.testing.assert_allclose(by_halves[..., perm], by_pairs, atol=1e-12)
@@ -114,13 +164,15 @@ def test_blocked_local_attention_equals_the_plain_reference(n_query, n_past, win
 
 
 def test_local_mask_hides_keys_window_or_more_back():
-    np.testing.assert_array_equal(local_mask(4, 4, 2), np.array([[0, 0, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0],
-                                                                 [1, 1, 0, 0]], dtype=bool))
+    np.testing.assert_array_equal(
+        local_mask(4, 4, 2), np.array([[0, 0, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0], [1, 1, 0, 0]], dtype=bool)
+    )
     with pytest.raises(InputError, match="causal"):
         scaled_dot_product_attention(np.ones((2, 2)), np.ones((2, 2)), np.ones((2, 2)), window=1)
 
 
 # ---------------------------------------------------------------------------- grouped-query attention
+
 
 def as_multi_head(params, cfg: TransformerConfig):
     """The same model with every key/value head repeated for each query head of its group: a
@@ -145,8 +197,9 @@ def test_grouped_query_attention_equals_multi_head_attention_with_repeated_kv_he
     mha_logits, mha_cache = run_with_cache(mha_params, mha, tokens)
     np.testing.assert_allclose(logits, mha_logits, rtol=1e-10, atol=1e-10)
     for layer in range(LLAMA.n_layers):
-        np.testing.assert_allclose(cache[f"blocks.{layer}.attn.hook_pattern"],
-                                   mha_cache[f"blocks.{layer}.attn.hook_pattern"], atol=1e-12)
+        np.testing.assert_allclose(
+            cache[f"blocks.{layer}.attn.hook_pattern"], mha_cache[f"blocks.{layer}.attn.hook_pattern"], atol=1e-12
+        )
         k, k_mha = cache[f"blocks.{layer}.attn.hook_rot_k"], mha_cache[f"blocks.{layer}.attn.hook_rot_k"]
         assert k.shape == (8, 2, 4) and k_mha.shape == (8, 6, 4)  # [pos, kv heads, d_head]
         np.testing.assert_allclose(np.repeat(k, 3, axis=1), k_mha, atol=1e-12)
@@ -179,8 +232,9 @@ def test_per_head_weights_are_views_in_every_layout():
     x = np.random.default_rng(0).normal(size=(3, neox.cfg.d_model)).astype(np.float32)
     heads = per_head_weights(attn, neox.cfg)
     fused = x @ attn["W_QKV"].reshape(neox.cfg.d_model, -1)  # [pos, n_heads * 3 * d_head]
-    np.testing.assert_allclose(np.einsum("pd,hde->phe", x, heads["W_K"]),
-                               fused.reshape(3, neox.cfg.n_heads, 3, -1)[:, :, 1], atol=1e-5)
+    np.testing.assert_allclose(
+        np.einsum("pd,hde->phe", x, heads["W_K"]), fused.reshape(3, neox.cfg.n_heads, 3, -1)[:, :, 1], atol=1e-5
+    )
 
 
 def test_ablating_one_query_head_leaves_its_group_mates_alone():
@@ -215,23 +269,32 @@ def test_gated_mlp_hooks_follow_transformer_lens():
     x = rms_norm(cache["blocks.0.hook_resid_mid"], params["blocks"][0]["ln2"]["w"], LLAMA.eps)
     np.testing.assert_allclose(cache["blocks.0.mlp.hook_pre"], x @ mlp["W_gate"], rtol=1e-12)
     np.testing.assert_allclose(cache["blocks.0.mlp.hook_pre_linear"], x @ mlp["W_in"], rtol=1e-12)
-    np.testing.assert_allclose(cache["blocks.0.mlp.hook_post"],
-                               silu(cache["blocks.0.mlp.hook_pre"]) * cache["blocks.0.mlp.hook_pre_linear"])
+    np.testing.assert_allclose(
+        cache["blocks.0.mlp.hook_post"], silu(cache["blocks.0.mlp.hook_pre"]) * cache["blocks.0.mlp.hook_pre_linear"]
+    )
 
 
 def test_a_parallel_block_feeds_the_mlp_the_blocks_input():
     params = params_of(NEOX)
     _, cache = run_with_cache(params, NEOX, np.arange(5))
     from core.functional import layer_norm
+
     ln2 = params["blocks"][1]["ln2"]
     x = layer_norm(cache["blocks.1.hook_resid_pre"], ln2["w"], ln2["b"], NEOX.eps)
-    np.testing.assert_allclose(cache["blocks.1.mlp.hook_pre"], x @ params["blocks"][1]["mlp"]["W_in"]
-                               + params["blocks"][1]["mlp"]["b_in"], rtol=1e-10)
-    np.testing.assert_allclose(cache["blocks.1.hook_resid_post"], cache["blocks.1.hook_resid_pre"]
-                               + cache["blocks.1.hook_attn_out"] + cache["blocks.1.hook_mlp_out"], rtol=1e-12)
+    np.testing.assert_allclose(
+        cache["blocks.1.mlp.hook_pre"],
+        x @ params["blocks"][1]["mlp"]["W_in"] + params["blocks"][1]["mlp"]["b_in"],
+        rtol=1e-10,
+    )
+    np.testing.assert_allclose(
+        cache["blocks.1.hook_resid_post"],
+        cache["blocks.1.hook_resid_pre"] + cache["blocks.1.hook_attn_out"] + cache["blocks.1.hook_mlp_out"],
+        rtol=1e-12,
+    )
 
 
 # ---------------------------------------------------------------------------- the KV cache, every family
+
 
 def as_float64(params):
     if isinstance(params, dict):
@@ -271,6 +334,7 @@ def test_an_empty_kv_cache_has_the_kv_heads():
 
 # ---------------------------------------------------------------------------- the cache's questions
 
+
 @pytest.mark.parametrize("folder", ["llama-gqa", "gpt-neox-parallel", "qwen2-sliding"])
 def test_decomposition_sums_to_the_residual_and_the_logit(folder):
     """RMS norm (no centring) and layer norm, grouped heads and parallel blocks alike: the parts add
@@ -282,8 +346,7 @@ def test_decomposition_sums_to_the_residual_and_the_logit(folder):
     d = cache.decompose_resid(token)
     assert len(d.labels) == d.parts.shape[0] and sum(lab.startswith("L0H") for lab in d.labels) == ckpt.cfg.n_heads
     _, full = run_with_cache(ckpt.params, ckpt.cfg, tokens)
-    np.testing.assert_allclose(d.parts.sum(0), full[f"blocks.{ckpt.cfg.n_layers - 1}.hook_resid_post"][-1],
-                               atol=1e-4)
+    np.testing.assert_allclose(d.parts.sum(0), full[f"blocks.{ckpt.cfg.n_layers - 1}.hook_resid_post"][-1], atol=1e-4)
     assert d.direct_logit.sum() + d.logit_bias == pytest.approx(d.logit, abs=1e-3)
 
 
@@ -300,27 +363,32 @@ def test_lens_detectors_rollout_and_norms_on_other_families(folder):
     rollout = cache.rollout()
     np.testing.assert_allclose(rollout.sum(-1), 1.0, atol=1e-5)
     norms = cache.residual_norms()
-    np.testing.assert_allclose(norms.stream[:, -1], np.linalg.norm(cache[f"blocks.{cfg.n_layers - 1}.hook_resid_post"],
-                                                                   axis=-1), rtol=1e-6)
+    np.testing.assert_allclose(
+        norms.stream[:, -1], np.linalg.norm(cache[f"blocks.{cfg.n_layers - 1}.hook_resid_post"], axis=-1), rtol=1e-6
+    )
 
 
 # ---------------------------------------------------------------------------- config validation
 
-@pytest.mark.parametrize("changes, message", [
-    ({"n_heads": 4, "n_key_value_heads": 3}, "n_heads=4 is not divisible by n_key_value_heads=3"),
-    ({"n_key_value_heads": 0}, "n_key_value_heads must be a positive integer"),
-    ({"positional_embedding_type": "rotary", "rotary_dim": 3}, "rotary_dim=3 must be an even number"),
-    ({"positional_embedding_type": "rotary", "rotary_dim": 32}, "between 2 and d_head=16"),
-    ({"positional_embedding_type": "rotary", "rotary_base": 0.5}, "rotary_base"),
-    ({"attn_types": ("global", "local")}, "need a window_size"),
-    ({"attn_types": ("local",), "window_size": 4}, "one entry per layer"),
-    ({"attn_types": ("global", "nearby"), "window_size": 4}, "'nearby' is not one of global, local"),
-    ({"attn_types": ("local", "local"), "window_size": 4, "attention_dir": "bidirectional"}, "need causal"),
-    ({"window_size": 0}, "window_size must be a positive number"),
-    ({"parallel_attn_mlp": True, "block_type": "post_norm"}, "pre-norm"),
-    ({"qkv_bias": "yes"}, "qkv_bias must be true, false or null"),
-    ({"normalization_type": "ScaleNorm"}, "normalization_type='ScaleNorm' is not one of LN, LNPre, RMS, RMSPre"),
-])
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"n_heads": 4, "n_key_value_heads": 3}, "n_heads=4 is not divisible by n_key_value_heads=3"),
+        ({"n_key_value_heads": 0}, "n_key_value_heads must be a positive integer"),
+        ({"positional_embedding_type": "rotary", "rotary_dim": 3}, "rotary_dim=3 must be an even number"),
+        ({"positional_embedding_type": "rotary", "rotary_dim": 32}, "between 2 and d_head=16"),
+        ({"positional_embedding_type": "rotary", "rotary_base": 0.5}, "rotary_base"),
+        ({"attn_types": ("global", "local")}, "need a window_size"),
+        ({"attn_types": ("local",), "window_size": 4}, "one entry per layer"),
+        ({"attn_types": ("global", "nearby"), "window_size": 4}, "'nearby' is not one of global, local"),
+        ({"attn_types": ("local", "local"), "window_size": 4, "attention_dir": "bidirectional"}, "need causal"),
+        ({"window_size": 0}, "window_size must be a positive number"),
+        ({"parallel_attn_mlp": True, "block_type": "post_norm"}, "pre-norm"),
+        ({"qkv_bias": "yes"}, "qkv_bias must be true, false or null"),
+        ({"normalization_type": "ScaleNorm"}, "normalization_type='ScaleNorm' is not one of LN, LNPre, RMS, RMSPre"),
+    ],
+)
 def test_bad_family_switches_say_what_to_change(changes, message):
     with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
         TransformerConfig(**({"d_model": 64, "n_heads": 4, "n_layers": 2} | changes))

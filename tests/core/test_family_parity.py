@@ -31,8 +31,14 @@ def cases(reference) -> list[str]:
 
 
 def test_every_family_has_a_fixture():
-    assert {read_spec(FAMILIES / f).family for f in FOLDERS} == {"llama", "mistral", "qwen2", "qwen3", "gpt_neox",
-                                                                 "gpt_neo"}
+    assert {read_spec(FAMILIES / f).family for f in FOLDERS} == {
+        "llama",
+        "mistral",
+        "qwen2",
+        "qwen3",
+        "gpt_neox",
+        "gpt_neo",
+    }
 
 
 @pytest.fixture(scope="module", params=FOLDERS)
@@ -54,14 +60,24 @@ def test_every_layer_every_head_and_the_logits_match_transformers(loaded):
         resid_pre, patterns = ref[c + "resid_pre"], ref[c + "attentions"]  # [n, pos, d], [n, n_heads, pos, pos]
         assert patterns.shape[1] == ckpt.cfg.n_heads  # one pattern per query head
         for layer in range(n):
-            np.testing.assert_allclose(cache[f"blocks.{layer}.hook_resid_pre"], resid_pre[layer], atol=ATOL,
-                                       err_msg=f"{c}block {layer} input")
-            np.testing.assert_allclose(cache[f"blocks.{layer}.attn.hook_pattern"], patterns[layer], atol=ATOL,
-                                       err_msg=f"{c}block {layer} attention pattern")
-        np.testing.assert_allclose(cache[f"blocks.{n - 1}.hook_resid_post"], ref[c + "resid_post"], atol=ATOL,
-                                   err_msg=f"{c}last block's output")
-        np.testing.assert_allclose(cache["ln_final.hook_normalized"], ref[c + "normalized"], atol=ATOL,
-                                   err_msg=f"{c}final norm")
+            np.testing.assert_allclose(
+                cache[f"blocks.{layer}.hook_resid_pre"], resid_pre[layer], atol=ATOL, err_msg=f"{c}block {layer} input"
+            )
+            np.testing.assert_allclose(
+                cache[f"blocks.{layer}.attn.hook_pattern"],
+                patterns[layer],
+                atol=ATOL,
+                err_msg=f"{c}block {layer} attention pattern",
+            )
+        np.testing.assert_allclose(
+            cache[f"blocks.{n - 1}.hook_resid_post"],
+            ref[c + "resid_post"],
+            atol=ATOL,
+            err_msg=f"{c}last block's output",
+        )
+        np.testing.assert_allclose(
+            cache["ln_final.hook_normalized"], ref[c + "normalized"], atol=ATOL, err_msg=f"{c}final norm"
+        )
         np.testing.assert_allclose(logits, ref[c + "logits"], atol=ATOL, err_msg=f"{c}logits")
         assert logits.dtype == np.float32
 
@@ -71,8 +87,9 @@ def test_the_references_record_their_versions(loaded):
     assert str(ref["transformers_version"]) and str(ref["torch_version"])
 
 
-@pytest.mark.parametrize("folder, window_layers", [("gpt-neo-local", [1]), ("mistral-window", [0, 1]),
-                                                   ("qwen2-sliding", [1])])
+@pytest.mark.parametrize(
+    "folder, window_layers", [("gpt-neo-local", [1]), ("mistral-window", [0, 1]), ("qwen2-sliding", [1])]
+)
 def test_local_layers_really_are_local(folder, window_layers):
     """The texts are longer than the windows: a local layer's pattern is zero beyond its window
     (so the parity above really checks the windows), and a global layer's is not."""
@@ -93,6 +110,7 @@ def test_bfloat16_shards_match_their_float32_rounding():
     exact, rounded = load_checkpoint(FAMILIES / "qwen3-qk-norm"), load_checkpoint(FAMILIES / "qwen3-qk-norm-bf16")
     assert rounded.spec.sharded and not exact.spec.sharded
     from core import iter_arrays
+
     a, b = dict(iter_arrays(exact.params)), dict(iter_arrays(rounded.params))
     assert a.keys() == b.keys()
     for name in a:

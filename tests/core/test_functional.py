@@ -8,13 +8,14 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from core.functional import erf, gelu, gelu_new, layer_norm, linear, relu, softmax
 from core.attention import QUERY_BLOCK, reference_attention, scaled_dot_product_attention
+from core.functional import erf, gelu, gelu_new, layer_norm, linear, relu, softmax
 
 bounded = settings(max_examples=60, deadline=None)
 
-huge_logits = hnp.arrays(np.float64, st.integers(1, 12),
-                         elements=st.floats(-1e300, 1e300, allow_nan=False, allow_infinity=False))
+huge_logits = hnp.arrays(
+    np.float64, st.integers(1, 12), elements=st.floats(-1e300, 1e300, allow_nan=False, allow_infinity=False)
+)
 
 
 @bounded
@@ -29,8 +30,7 @@ def test_softmax_is_stable_for_huge_logits(z):
 
 
 @bounded
-@given(hnp.arrays(np.float64, st.tuples(st.integers(1, 4), st.integers(1, 6)),
-                  elements=st.floats(-50, 50)))
+@given(hnp.arrays(np.float64, st.tuples(st.integers(1, 4), st.integers(1, 6)), elements=st.floats(-50, 50)))
 def test_softmax_matches_its_definition_row_by_row(z):
     p = softmax(z)
     for row, out in zip(z, p):
@@ -45,8 +45,7 @@ def test_softmax_gives_exact_zeros_for_minus_infinity():
 
 
 @bounded
-@given(hnp.arrays(np.float64, st.tuples(st.integers(1, 3), st.integers(2, 16)),
-                  elements=st.floats(-100, 100)))
+@given(hnp.arrays(np.float64, st.tuples(st.integers(1, 3), st.integers(2, 16)), elements=st.floats(-100, 100)))
 def test_layer_norm_gives_mean_0_and_variance_1(x):
     # eps makes the variance v / (v + eps); rows with a real spread are within 1e-3 of 1.
     assume(np.all(x.var(axis=-1) > 1e-2))
@@ -56,8 +55,7 @@ def test_layer_norm_gives_mean_0_and_variance_1(x):
 
 
 @bounded
-@given(hnp.arrays(np.float64, st.integers(2, 16), elements=st.floats(-10, 10)),
-       st.floats(0.1, 5), st.floats(-3, 3))
+@given(hnp.arrays(np.float64, st.integers(2, 16), elements=st.floats(-10, 10)), st.floats(0.1, 5), st.floats(-3, 3))
 def test_layer_norm_gain_and_bias_are_applied_after_normalising(x, gain, shift):
     assume(x.var() > 1e-2)
     w, b = np.full(x.shape, gain), np.full(x.shape, shift)
@@ -84,8 +82,9 @@ def test_gelu_exact_form_matches_math_erf():
 def test_erf_matches_math_erf_on_a_grid():
     x = np.linspace(-6, 6, 24001)
     # float64: tabulated values (Abramowitz & Stegun, table 7.1), to the last printed digit
-    np.testing.assert_allclose(erf(np.array([0.5, 1.0, 2.0])), [0.5204998778130465, 0.8427007929497149,
-                                                                 0.9953222650189527], rtol=0, atol=1e-16)
+    np.testing.assert_allclose(
+        erf(np.array([0.5, 1.0, 2.0])), [0.5204998778130465, 0.8427007929497149, 0.9953222650189527], rtol=0, atol=1e-16
+    )
     np.testing.assert_array_equal(erf(-x), -erf(x))  # odd function
     ours = erf(x.astype(np.float32))
     exact = np.array([math.erf(v) for v in x.astype(np.float32).astype(float)])
@@ -111,7 +110,11 @@ def test_blocked_attention_equals_the_plain_reference(n_query, n_key, causal, sc
     """The models' blocked, in-place attention gives the reference formula's numbers: every score,
     weight and output. Within one block of queries (every lesson) they are equal to the last bit."""
     rng = np.random.default_rng(n_query * 1000 + n_key)
-    q, k, v = rng.standard_normal((2, n_query, 8)), rng.standard_normal((2, n_key, 8)), rng.standard_normal((2, n_key, 5))
+    q, k, v = (
+        rng.standard_normal((2, n_query, 8)),
+        rng.standard_normal((2, n_key, 8)),
+        rng.standard_normal((2, n_key, 5)),
+    )
     fast = scaled_dot_product_attention(q, k, v, causal=causal, scale=scale, temperature=temperature)
     plain = reference_attention(q, k, v, causal=causal, scale=scale, temperature=temperature)
     exact = n_query <= QUERY_BLOCK

@@ -14,8 +14,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core import (PRESETS, SINK_THRESHOLD, InputError, Sampling, generate, generate_ids, init_params, kv_cache_bytes,
-                  run_with_cache)
+from core import (
+    PRESETS,
+    SINK_THRESHOLD,
+    InputError,
+    Sampling,
+    generate,
+    generate_ids,
+    init_params,
+    kv_cache_bytes,
+    run_with_cache,
+)
 from core.checkpoints import load_checkpoint
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -33,8 +42,9 @@ def greedy_cases() -> list[str]:
 
 def test_the_fixture_was_made_by_the_script_as_it_is():
     recorded = str(np.load(REFERENCE)["meta_script_sha256"])
-    assert recorded == hashlib.sha256(SCRIPT.read_bytes()).hexdigest(), \
+    assert recorded == hashlib.sha256(SCRIPT.read_bytes()).hexdigest(), (
         "scripts/make_generation_fixtures.py changed since it wrote the fixture: run make fixtures"
+    )
 
 
 @pytest.mark.parametrize("case", greedy_cases())
@@ -46,8 +56,11 @@ def test_greedy_generation_equals_transformers_token_for_token(case):
     assert prompt == ref[case + "prompt_ids"].tolist()
     eos = int(ref[case + "eos"])
     expected = ref[case + "ids"]
-    steps = list(generate(ckpt.params, ckpt.cfg, prompt, len(expected), Sampling(temperature=0),
-                          stop_ids=[eos] if eos >= 0 else []))
+    steps = list(
+        generate(
+            ckpt.params, ckpt.cfg, prompt, len(expected), Sampling(temperature=0), stop_ids=[eos] if eos >= 0 else []
+        )
+    )
     assert [s.token for s in steps] == expected.tolist(), folder
     # and from the same logits (each step's are the model's stage)
     np.testing.assert_allclose(np.stack([s.warped.logits[0] for s in steps]), ref[case + "logits"], atol=FLOAT32)
@@ -58,7 +71,9 @@ def test_the_greedy_cases_cover_gpt2_llama_and_every_family():
     folders = {str(ref[c + "folder"]) for c in greedy_cases()}
     assert {"gpt2-tiny", "families/llama-gqa"} <= folders
     assert {f"families/{p.name}" for p in (FIXTURES / "families").iterdir() if p.is_dir()} - folders <= {
-        "families/gpt-neox-sequential", "families/qwen3-qk-norm-bf16"}
+        "families/gpt-neox-sequential",
+        "families/qwen3-qk-norm-bf16",
+    }
 
 
 def rows_without_the_cache(params, cfg, prompt, steps) -> list[np.ndarray]:
@@ -68,8 +83,9 @@ def rows_without_the_cache(params, cfg, prompt, steps) -> list[np.ndarray]:
     out = []
     for s in steps:
         q = len(prompt) - 1 + s.index  # the position whose logits chose the token
-        out.append(np.stack([cache[f"blocks.{layer}.attn.hook_pattern"][:, q, :q + 1]
-                             for layer in range(cfg.n_layers)]))
+        out.append(
+            np.stack([cache[f"blocks.{layer}.attn.hook_pattern"][:, q, : q + 1] for layer in range(cfg.n_layers)])
+        )
     return out
 
 
@@ -125,7 +141,7 @@ def test_a_stop_token_ends_the_generation_and_is_the_last_step():
     stop = int(free[3])
     first = int(np.flatnonzero(free == stop)[0])
     steps = list(generate(params, TOY, prompt, 10, Sampling(temperature=1.2), seed=4, stop_ids=[stop]))
-    assert [s.token for s in steps] == free[:first + 1].tolist()
+    assert [s.token for s in steps] == free[: first + 1].tolist()
     assert steps[-1].stopped and not any(s.stopped for s in steps[:-1])
 
 

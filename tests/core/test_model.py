@@ -50,13 +50,20 @@ def test_cache_holds_exactly_these_names_for_a_2_layer_default_model():
 @pytest.mark.parametrize("positions", ["none", "sinusoidal", "learned", "rotary"])
 @pytest.mark.parametrize("block_type", ["pre_norm", "post_norm"])
 def test_every_cached_activation_has_its_declared_shape(positions, block_type):
-    cfg = TransformerConfig(d_model=12, n_heads=3, n_layers=2, d_vocab=10, n_ctx=8, d_mlp=20,
-                            positional_embedding_type=positions, block_type=block_type)
+    cfg = TransformerConfig(
+        d_model=12,
+        n_heads=3,
+        n_layers=2,
+        d_vocab=10,
+        n_ctx=8,
+        d_mlp=20,
+        positional_embedding_type=positions,
+        block_type=block_type,
+    )
     pos = 5
     logits, cache = run_with_cache(init_params(cfg), cfg, np.arange(pos))
     assert list(cache) == hook_names(cfg)
-    sizes = {"pos": pos, "query_pos": pos, "key_pos": pos, "head_index": 3, "d_head": 4, "d_model": 12,
-             "d_mlp": 20}
+    sizes = {"pos": pos, "query_pos": pos, "key_pos": pos, "head_index": 3, "d_head": 4, "d_model": 12, "d_mlp": 20}
     for name, value in cache.items():
         axes = hook_shape(name).strip("[]").split(", ")
         assert value.shape == tuple(sizes[a] for a in axes), name
@@ -67,11 +74,16 @@ def test_every_cached_activation_has_its_declared_shape(positions, block_type):
 def permutation_case(draw):
     n_heads = draw(st.integers(1, 3))
     cfg = TransformerConfig(
-        d_model=n_heads * draw(st.integers(1, 4)), n_heads=n_heads, n_layers=draw(st.integers(1, 3)),
-        d_vocab=draw(st.integers(2, 12)), d_mlp=draw(st.integers(1, 16)),
-        positional_embedding_type="none", attention_dir="bidirectional",
+        d_model=n_heads * draw(st.integers(1, 4)),
+        n_heads=n_heads,
+        n_layers=draw(st.integers(1, 3)),
+        d_vocab=draw(st.integers(2, 12)),
+        d_mlp=draw(st.integers(1, 16)),
+        positional_embedding_type="none",
+        attention_dir="bidirectional",
         block_type=draw(st.sampled_from(["pre_norm", "post_norm"])),
-        act_fn=draw(st.sampled_from(["gelu_new", "gelu", "relu"])), bias=draw(st.booleans()),
+        act_fn=draw(st.sampled_from(["gelu_new", "gelu", "relu"])),
+        bias=draw(st.booleans()),
     )
     n = draw(st.integers(2, 8))
     tokens = np.array(draw(st.lists(st.integers(0, cfg.d_vocab - 1), min_size=n, max_size=n)))
@@ -96,8 +108,15 @@ def test_without_positions_permuting_the_tokens_permutes_the_model_output(case):
 
 def test_with_positions_permuting_the_tokens_does_change_the_output():
     """The control for the test above: positions break the symmetry."""
-    cfg = TransformerConfig(d_model=8, n_heads=2, n_layers=1, d_vocab=6, n_ctx=6, attention_dir="bidirectional",
-                            positional_embedding_type="learned")
+    cfg = TransformerConfig(
+        d_model=8,
+        n_heads=2,
+        n_layers=1,
+        d_vocab=6,
+        n_ctx=6,
+        attention_dir="bidirectional",
+        positional_embedding_type="learned",
+    )
     params, tokens, perm = init_params(cfg), np.array([0, 1, 2, 3]), np.array([3, 2, 1, 0])
     a, _ = run_with_cache(params, cfg, tokens)
     b, _ = run_with_cache(params, cfg, tokens[perm])
@@ -108,9 +127,18 @@ def test_with_positions_permuting_the_tokens_does_change_the_output():
 @pytest.mark.parametrize("act_fn", ["gelu_new", "gelu", "relu"])
 @pytest.mark.parametrize("block_type", ["pre_norm", "post_norm"])
 def test_float32_in_gives_float32_out_through_the_whole_forward_pass(positions, act_fn, block_type):
-    cfg = TransformerConfig(d_model=16, n_heads=2, n_layers=2, d_vocab=11, n_ctx=8, n_token_types=2,
-                            positional_embedding_type=positions, act_fn=act_fn, block_type=block_type,
-                            tied_embeddings=False)
+    cfg = TransformerConfig(
+        d_model=16,
+        n_heads=2,
+        n_layers=2,
+        d_vocab=11,
+        n_ctx=8,
+        n_token_types=2,
+        positional_embedding_type=positions,
+        act_fn=act_fn,
+        block_type=block_type,
+        tied_embeddings=False,
+    )
     params = init_params(cfg, dtype=np.float32)
     logits, cache = run_with_cache(params, cfg, np.arange(6), ablate={(1, 0): "mean"})
     promoted = {name: v.dtype for name, v in cache.items() if v.dtype != np.float32}
@@ -118,13 +146,16 @@ def test_float32_in_gives_float32_out_through_the_whole_forward_pass(positions, 
     assert logits.dtype == np.float32
 
 
-@pytest.mark.parametrize("tokens, message", [
-    (np.array([], dtype=int), "non-empty 1-D"),
-    (np.array([[1, 2]]), "non-empty 1-D"),
-    (np.array([0.5, 1.0]), "must be integers"),
-    (np.array([0, 99]), r"must lie in \[0, 5\)"),
-    (np.arange(9) % 5, "longer than the model's context"),  # longer than n_ctx with learned positions
-])
+@pytest.mark.parametrize(
+    "tokens, message",
+    [
+        (np.array([], dtype=int), "non-empty 1-D"),
+        (np.array([[1, 2]]), "non-empty 1-D"),
+        (np.array([0.5, 1.0]), "must be integers"),
+        (np.array([0, 99]), r"must lie in \[0, 5\)"),
+        (np.arange(9) % 5, "longer than the model's context"),  # longer than n_ctx with learned positions
+    ],
+)
 def test_bad_tokens_are_rejected_with_a_message(tokens, message):
     """Bad input is an InputError (the app's 422), never a bare ValueError or TypeError (a 500)."""
     cfg = TransformerConfig(d_model=8, n_heads=2, n_layers=1, d_vocab=5, n_ctx=8)

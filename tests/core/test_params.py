@@ -31,8 +31,12 @@ def configs(draw):
     block_type = draw(st.sampled_from(["pre_norm", "post_norm"]))
     maybe = st.one_of(st.none(), st.booleans())  # a bias switch: None follows `bias`
     return TransformerConfig(
-        d_model=d_model, n_heads=n_heads, d_head=d_head,  # d_head given, so d_model need not divide
-        n_layers=draw(st.integers(1, 3)), d_vocab=draw(st.integers(1, 20)), n_ctx=draw(st.integers(1, 16)),
+        d_model=d_model,
+        n_heads=n_heads,
+        d_head=d_head,  # d_head given, so d_model need not divide
+        n_layers=draw(st.integers(1, 3)),
+        d_vocab=draw(st.integers(1, 20)),
+        n_ctx=draw(st.integers(1, 16)),
         d_mlp=draw(st.integers(1, 24)),
         positional_embedding_type=positions,
         normalization_type=draw(st.sampled_from(["LN", "LNPre", "RMS", "RMSPre"])),
@@ -41,9 +45,14 @@ def configs(draw):
         bias=draw(st.booleans()),
         tied_embeddings=draw(st.booleans()),
         n_token_types=draw(st.integers(0, 2)),
-        n_key_value_heads=n_kv, gated_mlp=draw(st.booleans()), use_qk_norm=draw(st.booleans()),
+        n_key_value_heads=n_kv,
+        gated_mlp=draw(st.booleans()),
+        use_qk_norm=draw(st.booleans()),
         parallel_attn_mlp=block_type == "pre_norm" and draw(st.booleans()),
-        qkv_bias=draw(maybe), attn_out_bias=draw(maybe), mlp_bias=draw(maybe), unembed_bias=draw(maybe),
+        qkv_bias=draw(maybe),
+        attn_out_bias=draw(maybe),
+        mlp_bias=draw(maybe),
+        unembed_bias=draw(maybe),
     )
 
 
@@ -61,8 +70,9 @@ def test_breakdown_equals_the_arrays_init_params_allocates(cfg):
     assert counted == held
     assert count.total == sum(math.prod(s) for s in held.values())
     assert count.per_block == sum(math.prod(s) for n, s in held.items() if n.startswith("blocks.0."))
-    assert count.embeddings == sum(math.prod(s) for n, s in held.items()
-                                   if n.split(".")[0] in ("embed", "pos_embed", "token_type_embed"))
+    assert count.embeddings == sum(
+        math.prod(s) for n, s in held.items() if n.split(".")[0] in ("embed", "pos_embed", "token_type_embed")
+    )
 
 
 @bounded
@@ -75,11 +85,14 @@ def test_uncounted_entries_say_why(cfg):
     assert len(tied) == 1 and tied[0].counted == (not cfg.tied_embeddings)
 
 
-@pytest.mark.parametrize("preset, published", [
-    ("gpt2-medium", 354_823_168),
-    ("gpt2-large", 774_030_080),
-    ("gpt2-xl", 1_557_611_200),
-])
+@pytest.mark.parametrize(
+    "preset, published",
+    [
+        ("gpt2-medium", 354_823_168),
+        ("gpt2-large", 774_030_080),
+        ("gpt2-xl", 1_557_611_200),
+    ],
+)
 def test_gpt2_totals_equal_the_published_counts(preset, published):
     assert count_params(PRESETS[preset]).total == published
 
@@ -99,14 +112,25 @@ def expected_kv_bytes(n_layers, batch, seq_len, n_heads, d_head, dtype):
 
 
 @bounded
-@given(st.integers(1, 48), st.integers(1, 32), st.integers(1, 8), st.integers(1, 4096), st.integers(1, 16),
-       st.sampled_from(["float32", "float16", "bfloat16", "int8"]))
+@given(
+    st.integers(1, 48),
+    st.integers(1, 32),
+    st.integers(1, 8),
+    st.integers(1, 4096),
+    st.integers(1, 16),
+    st.sampled_from(["float32", "float16", "bfloat16", "int8"]),
+)
 def test_kv_cache_bytes_equal_the_formula(n_layers, n_heads, d_head, seq_len, batch, dtype):
     cfg = TransformerConfig(n_layers=n_layers, n_heads=n_heads, d_head=d_head, d_model=n_heads * d_head)
     size = kv_cache_bytes(cfg, seq_len, batch, dtype)
     assert size.bytes == expected_kv_bytes(n_layers, batch, seq_len, n_heads, d_head, dtype)
     assert (size.n_layers, size.seq_len, size.batch, size.n_kv_heads, size.d_head) == (
-        n_layers, seq_len, batch, n_heads, d_head)
+        n_layers,
+        seq_len,
+        batch,
+        n_heads,
+        d_head,
+    )
 
 
 def test_kv_cache_of_gpt2_small_at_full_context():
@@ -114,11 +138,14 @@ def test_kv_cache_of_gpt2_small_at_full_context():
     assert kv_cache_bytes(PRESETS["gpt2-small"], 1024, 1, "float16").bytes == 36 * 2**20
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"seq_len": 8, "dtype": "float64"}, "dtype"),
-    ({"seq_len": 0}, "seq_len"),
-    ({"seq_len": 8, "batch": -1}, "batch"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"seq_len": 8, "dtype": "float64"}, "dtype"),
+        ({"seq_len": 0}, "seq_len"),
+        ({"seq_len": 8, "batch": -1}, "batch"),
+    ],
+)
 def test_kv_cache_rejects_bad_input_with_a_message(kwargs, message):
     with pytest.raises(ValueError, match=message):
         kv_cache_bytes(PRESETS["toy"], **kwargs)
@@ -131,8 +158,9 @@ def test_init_params_allocates_the_requested_dtype():
 
 # ---------------------------------------------------------------------------- other families' presets
 
-FAMILY_PRESETS = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "families" / "presets.json")
-                            .read_text())["presets"]  # recorded by scripts/make_family_fixtures.py
+FAMILY_PRESETS = json.loads(
+    (Path(__file__).resolve().parents[1] / "fixtures" / "families" / "presets.json").read_text()
+)["presets"]  # recorded by scripts/make_family_fixtures.py
 
 
 @pytest.mark.parametrize("name", sorted(FAMILY_PRESETS))
@@ -160,15 +188,19 @@ def test_grouped_query_attention_shrinks_the_kv_cache_by_the_group_size():
 def test_forward_work_counts_every_weight_once_per_token_and_each_visible_key():
     cfg = PRESETS["tinystories-33m"]  # global and local layers, window 256
     n = 300
-    per_block = sum(a.size for name, a in iter_arrays(init_params(cfg.replace(d_vocab=8, n_ctx=8), dtype=np.float32))
-                    if name.startswith("blocks.0."))
+    per_block = sum(
+        a.size
+        for name, a in iter_arrays(init_params(cfg.replace(d_vocab=8, n_ctx=8), dtype=np.float32))
+        if name.startswith("blocks.0.")
+    )
     keys = [n, 256, n, 256]  # what each layer's queries may see at most
     attention = sum(2 * n * k * cfg.n_heads * cfg.d_head for k in keys)
     assert forward_work(cfg, n) == n * cfg.n_layers * per_block + attention + n * cfg.d_model * cfg.d_vocab
     assert forward_work(cfg, n, logits=False) == forward_work(cfg, n) - n * cfg.d_model * cfg.d_vocab
     one_more = forward_work(cfg, 1, n_past=n, logits=False)  # a KV-cache step: one query, n + 1 keys
-    assert one_more == cfg.n_layers * per_block + sum(2 * min(n + 1, k) * cfg.n_heads * cfg.d_head
-                                                      for k in (n + 1, 256, n + 1, 256))
+    assert one_more == cfg.n_layers * per_block + sum(
+        2 * min(n + 1, k) * cfg.n_heads * cfg.d_head for k in (n + 1, 256, n + 1, 256)
+    )
 
 
 def test_largest_array_knows_the_kv_heads():

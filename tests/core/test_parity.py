@@ -87,8 +87,13 @@ def deviations(params, cfg, ref, encoder: bool) -> dict[str, float]:
 
     n = cfg.n_layers
     for c in cases(ref):
-        logits, cache = run_with_cache(params, cfg, ref[c + "token_ids"], logits=not encoder,
-                                       token_types=ref[c + "token_type_ids"] if encoder else None)
+        logits, cache = run_with_cache(
+            params,
+            cfg,
+            ref[c + "token_ids"],
+            logits=not encoder,
+            token_types=ref[c + "token_type_ids"] if encoder else None,
+        )
         hidden, patterns = ref[c + "hidden_states"], ref[c + "attentions"]  # [n+1, pos, d], [n, h, pos, pos]
         assert hidden.shape[0] == n + 1 and patterns.shape[0] == n
         for layer in range(n):
@@ -147,6 +152,7 @@ def test_segment_embeddings_change_the_output():
 
 # ---------------------------------------------------------------------------- the test can fail
 
+
 def _late_causal_mask(n_query: int, n_key: int | None = None) -> np.ndarray:
     """A causal mask off by one: each query may also see the next key."""
     n_key = n_query if n_key is None else n_key
@@ -186,6 +192,7 @@ def test_small_mistakes_are_caught(mistake, monkeypatch):
 
 # ---------------------------------------------------------------------------- how the fixtures were made
 
+
 def _recorded() -> dict[str, dict[str, str]]:
     """{reference file: its meta_* entries}, for the references scripts/make_parity_fixtures.py writes
     (the training and family fixtures have their own generators and checks)."""
@@ -212,8 +219,10 @@ def test_fixtures_were_recorded_by_the_generator_as_it_is():
         assert meta.get("torch_version") and meta.get("transformers_version"), f"{name} does not say what made it"
     current = hashlib.sha256(GENERATOR.read_bytes()).hexdigest()
     stale = sorted(name for name, meta in recorded.items() if meta.get("generator_sha256") != current)
-    assert not stale, (f"scripts/make_parity_fixtures.py has changed since these fixtures were recorded: {stale}. "
-                       "Run `make fixtures` and commit what it writes.")
+    assert not stale, (
+        f"scripts/make_parity_fixtures.py has changed since these fixtures were recorded: {stale}. "
+        "Run `make fixtures` and commit what it writes."
+    )
     versions = {(m["torch_version"], m["transformers_version"], m["tokenizers_version"]) for m in recorded.values()}
     assert len(versions) == 1, f"the fixtures come from different recordings: {versions}"
 
@@ -223,5 +232,6 @@ def test_references_were_recorded_on_these_checkpoints(name):
     """A checkpoint folder re-made without its references (or the reverse) is reported."""
     folder, reference = CHECKPOINTS[name]
     meta = _recorded()[reference]
-    assert meta.get(f"sha256_{name}") == checkpoint_sha256(folder()), \
+    assert meta.get(f"sha256_{name}") == checkpoint_sha256(folder()), (
         f"{name} is not the checkpoint {reference} was recorded on: run `make fixtures`"
+    )

@@ -12,11 +12,24 @@ import numpy as np
 import pytest
 
 from core import InputError, TransformerConfig, forward, run_with_cache
-from core.checkpoints import load_checkpoint, trained_models
 from core.attention import merge_heads
+from core.checkpoints import load_checkpoint, trained_models
 from core.model import embed, norm, transformer_block, unembedding
-from core.patching import (DIRECTIONS, TARGETS, Patch, ablated_logits, final_resid, induction_example, last_logits,
-                           patched_resid, run_for_patching, sweep, sweep_cells, sweep_passes, sweep_work)
+from core.patching import (
+    DIRECTIONS,
+    TARGETS,
+    Patch,
+    ablated_logits,
+    final_resid,
+    induction_example,
+    last_logits,
+    patched_resid,
+    run_for_patching,
+    sweep,
+    sweep_cells,
+    sweep_passes,
+    sweep_work,
+)
 
 from .test_analysis import random_params
 from .test_parity import as_float64
@@ -25,8 +38,14 @@ CLEAN = np.array([3, 7, 1, 7, 3, 9, 0, 7, 2])
 CORRUPTED = np.array([3, 5, 1, 8, 3, 9, 4, 7, 2])
 VARIANTS = {
     "gpt2": {},
-    "llama": dict(positional_embedding_type="rotary", normalization_type="RMS", n_key_value_heads=2, gated_mlp=True,
-                  act_fn="silu", bias=False),
+    "llama": dict(
+        positional_embedding_type="rotary",
+        normalization_type="RMS",
+        n_key_value_heads=2,
+        gated_mlp=True,
+        act_fn="silu",
+        bias=False,
+    ),
     "attn-only": dict(attn_only=True),
     "parallel": dict(parallel_attn_mlp=True, positional_embedding_type="rotary", rotary_dim=2),
     "window": dict(attn_types=("local", "global", "local"), window_size=3, positional_embedding_type="sinusoidal"),
@@ -44,11 +63,12 @@ def patches(cfg: TransformerConfig):
             continue
         for layer in range(cfg.n_layers):
             for pos in (None, 0, 4, 8):
-                for head in ((None,) if target not in ("attn_head", "pattern") else (0, 3)):
+                for head in (None,) if target not in ("attn_head", "pattern") else (0, 3):
                     yield Patch(target, layer, head, pos)
 
 
 # ------------------------------------------------------------------ a plain reference: every block, every position
+
 
 def reference_resid(params, cfg, base_tokens, source_cache, patch: Patch, frozen_patterns=None) -> np.ndarray:
     """The patched run done the long way: embed and run every block on every position, replacing the patched
@@ -74,7 +94,9 @@ def reference_resid(params, cfg, base_tokens, source_cache, patch: Patch, frozen
             if layer == patch.layer and patch.target == "attn_head":
                 z[patch.head, rows] = source_cache[b + "attn.hook_z"][rows, patch.head]
             if layer == patch.layer and patch.target == "pattern":
-                z[patch.head, rows] = source_cache[b + "attn.hook_pattern"][patch.head][rows] @ v[cfg.kv_head(patch.head)]
+                z[patch.head, rows] = (
+                    source_cache[b + "attn.hook_pattern"][patch.head][rows] @ v[cfg.kv_head(patch.head)]
+                )
             value = merge_heads(z) @ attn["W_O"] + attn.get("b_O", 0.0)
         return value
 
@@ -98,8 +120,13 @@ def test_a_patched_run_equals_the_same_patch_made_on_every_block_and_position(va
             first = patch.layer if patch.target == "resid_pre" else patch.layer + 1
             frozen_patterns = {la: base[f"blocks.{la}.attn.hook_pattern"] for la in range(first, cfg.n_layers)}
         ours = patched_resid(params, cfg, base, source, patch, frozen)
-        np.testing.assert_allclose(ours, reference_resid(params, cfg, CORRUPTED, source, patch, frozen_patterns),
-                                   atol=1e-12, rtol=0, err_msg=str(patch))
+        np.testing.assert_allclose(
+            ours,
+            reference_resid(params, cfg, CORRUPTED, source, patch, frozen_patterns),
+            atol=1e-12,
+            rtol=0,
+            err_msg=str(patch),
+        )
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -109,14 +136,20 @@ def test_patching_everything_gives_the_source_and_patching_nothing_the_base(vari
     for layer in range(cfg.n_layers):
         for target in ("resid_pre", "resid_post"):
             whole = Patch(target, layer)  # every position
-            np.testing.assert_allclose(patched_resid(params, cfg, corrupted, clean, whole), final_resid(clean),
-                                       atol=1e-12, rtol=0)
-            np.testing.assert_allclose(patched_resid(params, cfg, clean, corrupted, whole), final_resid(corrupted),
-                                       atol=1e-12, rtol=0)
+            np.testing.assert_allclose(
+                patched_resid(params, cfg, corrupted, clean, whole), final_resid(clean), atol=1e-12, rtol=0
+            )
+            np.testing.assert_allclose(
+                patched_resid(params, cfg, clean, corrupted, whole), final_resid(corrupted), atol=1e-12, rtol=0
+            )
     for patch in patches(cfg):  # a patch from the run itself changes nothing, frozen or not
         for frozen in (False, True):
-            np.testing.assert_allclose(patched_resid(params, cfg, corrupted, corrupted, patch, frozen),
-                                       final_resid(corrupted), atol=1e-12, rtol=0)
+            np.testing.assert_allclose(
+                patched_resid(params, cfg, corrupted, corrupted, patch, frozen),
+                final_resid(corrupted),
+                atol=1e-12,
+                rtol=0,
+            )
 
 
 def test_a_sweep_is_normalised_between_the_corrupted_run_and_the_clean_run():
@@ -151,6 +184,7 @@ def test_every_target_sweeps_its_grid():
 def test_a_sweep_costs_less_than_its_passes_run_whole():
     cfg = TransformerConfig(d_model=768, n_heads=12, n_layers=12, d_vocab=50257, n_ctx=1024)
     from core.params import forward_work
+
     full = forward_work(cfg, 32, logits=False)
     work = sweep_work(cfg, 32, "resid_pre")
     assert 2 * full < work < (2 + sweep_passes(cfg, 32, "resid_pre")) * full / 3
@@ -165,8 +199,12 @@ def test_ablation_recomputed_is_the_forward_pass_and_frozen_differs(variant):
     assert not np.allclose(ablated_logits(params, cfg, CLEAN, ablate, frozen=True), logits)
     # frozen: the later layers' patterns are the unablated run's, so a head in the last layer alone is the same
     last = {(2, 0): "zero"}
-    np.testing.assert_allclose(ablated_logits(params, cfg, CLEAN, last, frozen=True),
-                               forward(params, cfg, CLEAN, ablate=last)[0][-1], atol=1e-12, rtol=0)
+    np.testing.assert_allclose(
+        ablated_logits(params, cfg, CLEAN, last, frozen=True),
+        forward(params, cfg, CLEAN, ablate=last)[0][-1],
+        atol=1e-12,
+        rtol=0,
+    )
     np.testing.assert_allclose(ablated_logits(params, cfg, CLEAN, {}), forward(params, cfg, CLEAN)[0][-1], atol=1e-12)
 
 
@@ -183,22 +221,40 @@ def test_last_logits_are_the_models():
 
 # ------------------------------------------------------------------ bad input
 
-@pytest.mark.parametrize("call, message", [
-    (lambda p, c: sweep(p, c, CLEAN, CORRUPTED[:-1], 5, 7, "resid_pre"),
-     "the clean text has 9 tokens and the corrupted text 8"),
-    (lambda p, c: sweep(p, c, CLEAN, CORRUPTED, 5, 5, "resid_pre"), "the answer and the wrong token are the same"),
-    (lambda p, c: sweep(p, c, CLEAN, CORRUPTED, 99, 5, "resid_pre"), "token id 99 is outside the vocabulary"),
-    (lambda p, c: sweep(p, c, CLEAN, CLEAN, 5, 7, "resid_pre"), "give the same logit_diff"),
-    (lambda p, c: sweep(p, c, CLEAN, CORRUPTED, 5, 7, "resid_side"), "target 'resid_side' is not one of"),
-    (lambda p, c: sweep(p, c, CLEAN, CORRUPTED, 5, 7, "resid_pre", direction="up"), "direction 'up'"),
-    (lambda p, c: sweep(p, c, CLEAN, CORRUPTED, 5, 7, "resid_pre", metric="loss"), "metric 'loss'"),
-    (lambda p, c: patched_resid(p, c, run_for_patching(p, c, CLEAN), run_for_patching(p, c, CLEAN),
-                                Patch("resid_pre", 0, None, 9)), "position 9 is outside the text's 9 tokens"),
-    (lambda p, c: patched_resid(p, c, run_for_patching(p, c, CLEAN), run_for_patching(p, c, CLEAN),
-                                Patch("attn_head", 3, 0)), "layer 3 does not exist"),
-    (lambda p, c: patched_resid(p, c, run_for_patching(p, c, CLEAN), run_for_patching(p, c, CLEAN),
-                                Patch("pattern", 0, 4)), "head 4 does not exist"),
-])
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (
+            lambda p, c: sweep(p, c, CLEAN, CORRUPTED[:-1], 5, 7, "resid_pre"),
+            "the clean text has 9 tokens and the corrupted text 8",
+        ),
+        (lambda p, c: sweep(p, c, CLEAN, CORRUPTED, 5, 5, "resid_pre"), "the answer and the wrong token are the same"),
+        (lambda p, c: sweep(p, c, CLEAN, CORRUPTED, 99, 5, "resid_pre"), "token id 99 is outside the vocabulary"),
+        (lambda p, c: sweep(p, c, CLEAN, CLEAN, 5, 7, "resid_pre"), "give the same logit_diff"),
+        (lambda p, c: sweep(p, c, CLEAN, CORRUPTED, 5, 7, "resid_side"), "target 'resid_side' is not one of"),
+        (lambda p, c: sweep(p, c, CLEAN, CORRUPTED, 5, 7, "resid_pre", direction="up"), "direction 'up'"),
+        (lambda p, c: sweep(p, c, CLEAN, CORRUPTED, 5, 7, "resid_pre", metric="loss"), "metric 'loss'"),
+        (
+            lambda p, c: patched_resid(
+                p, c, run_for_patching(p, c, CLEAN), run_for_patching(p, c, CLEAN), Patch("resid_pre", 0, None, 9)
+            ),
+            "position 9 is outside the text's 9 tokens",
+        ),
+        (
+            lambda p, c: patched_resid(
+                p, c, run_for_patching(p, c, CLEAN), run_for_patching(p, c, CLEAN), Patch("attn_head", 3, 0)
+            ),
+            "layer 3 does not exist",
+        ),
+        (
+            lambda p, c: patched_resid(
+                p, c, run_for_patching(p, c, CLEAN), run_for_patching(p, c, CLEAN), Patch("pattern", 0, 4)
+            ),
+            "head 4 does not exist",
+        ),
+    ],
+)
 def test_bad_input_says_what_to_change(call, message):
     cfg, params = model("gpt2")
     with pytest.raises(InputError, match=message):
@@ -209,8 +265,9 @@ def test_what_patching_cannot_measure_is_refused():
     cfg, params = model("attn-only")
     with pytest.raises(InputError, match="attention-only: it has no MLP, so no mlp_out"):
         sweep(params, cfg, CLEAN, CORRUPTED, 5, 7, "mlp_out")
-    encoder = TransformerConfig(d_model=16, n_heads=4, n_layers=2, d_vocab=23, n_ctx=16, block_type="post_norm",
-                                attention_dir="bidirectional")
+    encoder = TransformerConfig(
+        d_model=16, n_heads=4, n_layers=2, d_vocab=23, n_ctx=16, block_type="post_norm", attention_dir="bidirectional"
+    )
     with pytest.raises(InputError, match="an encoder"):
         sweep(random_params(encoder), encoder, CLEAN, CORRUPTED, 5, 7, "resid_pre")
     cfg, params = model("gpt2")
@@ -219,6 +276,7 @@ def test_what_patching_cannot_measure_is_refused():
 
 
 # ------------------------------------------------------------------ the induction model's mechanism
+
 
 def induction_model():
     ckpt = load_checkpoint(trained_models()["induction"])
@@ -257,8 +315,9 @@ def test_the_induction_models_full_sweep_makes_one_pass_per_cell():
     r = sweep(params, cfg, *ids, tok.encode(answer).ids[0], tok.encode(wrong).ids[0], "resid_pre")
     assert r.passes == 2 * 47
     logits = run_with_cache(params, cfg, np.array(ids[0]))[0][-1]
-    assert r.clean_metric == pytest.approx(float(logits[tok.encode(answer).ids[0]] - logits[tok.encode(wrong).ids[0]]),
-                                           abs=1e-4)
+    assert r.clean_metric == pytest.approx(
+        float(logits[tok.encode(answer).ids[0]] - logits[tok.encode(wrong).ids[0]]), abs=1e-4
+    )
 
 
 # ------------------------------------------------------------------ against transformers
@@ -270,8 +329,9 @@ CHECKPOINTS = {"gpt2-tiny": "gpt2-tiny", "llama-gqa": "families/llama-gqa"}
 
 def test_the_fixture_was_recorded_by_the_generator_as_it_is():
     with np.load(FIXTURE) as z:
-        assert str(z["meta_generator_sha256"]) == hashlib.sha256(GENERATOR.read_bytes()).hexdigest(), \
+        assert str(z["meta_generator_sha256"]) == hashlib.sha256(GENERATOR.read_bytes()).hexdigest(), (
             "scripts/make_patching_fixtures.py changed since tests/fixtures/patching.npz was made: run make fixtures"
+        )
 
 
 @pytest.mark.parametrize("name", list(CHECKPOINTS))
@@ -289,8 +349,9 @@ def test_patched_logits_equal_transformers_with_torch_hooks(name, dtype, atol):
     clean = run_for_patching(params, cfg, ref["clean"])
     corrupted = run_for_patching(params, cfg, ref["corrupted"])
     np.testing.assert_allclose(last_logits(params, cfg, final_resid(clean)), ref["clean_logits" + dtype], atol=atol)
-    np.testing.assert_allclose(last_logits(params, cfg, final_resid(corrupted)), ref["corrupted_logits" + dtype],
-                               atol=atol)
+    np.testing.assert_allclose(
+        last_logits(params, cfg, final_resid(corrupted)), ref["corrupted_logits" + dtype], atol=atol
+    )
     for (target, layer, head, pos, noise), expected in zip(ref["patches"], ref["logits" + dtype]):
         patch = Patch(targets[target], int(layer), None if head < 0 else int(head), None if pos < 0 else int(pos))
         base, source = (clean, corrupted) if noise else (corrupted, clean)

@@ -6,8 +6,16 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core import (apply_rotary, causal_mask, merge_heads, multi_head_attention, rotary, scaled_dot_product_attention,
-                  sinusoidal, split_heads)
+from core import (
+    apply_rotary,
+    causal_mask,
+    merge_heads,
+    multi_head_attention,
+    rotary,
+    scaled_dot_product_attention,
+    sinusoidal,
+    split_heads,
+)
 
 bounded = settings(max_examples=40, deadline=None)
 
@@ -39,9 +47,11 @@ def qkv(draw, causal=False):
 
 # ------------------------------------------------------------------------- attention weights
 
+
 @bounded
-@given(st.booleans().flatmap(lambda causal: st.tuples(st.just(causal), qkv(causal))),
-       st.booleans(), st.floats(0.25, 4.0))
+@given(
+    st.booleans().flatmap(lambda causal: st.tuples(st.just(causal), qkv(causal))), st.booleans(), st.floats(0.25, 4.0)
+)
 def test_weight_rows_sum_to_1(causal_and_inputs, scale, temperature):
     causal, (q, k, v) = causal_and_inputs
     w = scaled_dot_product_attention(q, k, v, causal=causal, scale=scale, temperature=temperature).weights
@@ -82,11 +92,11 @@ def test_without_positions_permuting_the_tokens_permutes_the_output(n, d, seed, 
     permuted = scaled_dot_product_attention(q[perm], k[perm], v[perm])
     np.testing.assert_allclose(permuted.output, out[perm], rtol=1e-10, atol=1e-12)
     # permuting only the keys (with their values) changes nothing: attention is a set operation
-    np.testing.assert_allclose(scaled_dot_product_attention(q, k[perm], v[perm]).output, out,
-                               rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(scaled_dot_product_attention(q, k[perm], v[perm]).output, out, rtol=1e-10, atol=1e-12)
 
 
 # ------------------------------------------------------------------------- heads
+
 
 @bounded
 @given(st.integers(1, 6), st.integers(1, 8), st.booleans(), seeds)
@@ -107,7 +117,7 @@ def test_split_then_merge_heads_is_the_identity(lead, n_heads, pos, d_head):
     heads = split_heads(x, n_heads)
     assert heads.shape == (lead, n_heads, pos, d_head)
     for h in range(n_heads):  # head h owns columns [h * d_head, (h + 1) * d_head)
-        np.testing.assert_array_equal(heads[:, h], x[:, :, h * d_head:(h + 1) * d_head])
+        np.testing.assert_array_equal(heads[:, h], x[:, :, h * d_head : (h + 1) * d_head])
     np.testing.assert_array_equal(merge_heads(heads), x)
 
 
@@ -136,8 +146,10 @@ def naive_multi_head_attention(x, W_QKV, W_O, b_QKV, b_O, n_heads, causal):
             total = sum(e for _, e in exps)
             for c, vc in enumerate(v_cols):
                 concat[i][h * d_head + c] = sum(e / total * project(j, vc) for j, e in exps)
-    return [[sum(concat[t][r] * W_O[r][o] for r in range(n_heads * d_head)) + b_O[o] for o in range(d_model)]
-            for t in range(pos)]
+    return [
+        [sum(concat[t][r] * W_O[r][o] for r in range(n_heads * d_head)) + b_O[o] for o in range(d_model)]
+        for t in range(pos)
+    ]
 
 
 @settings(max_examples=25, deadline=None)
@@ -149,8 +161,9 @@ def test_vectorised_multi_head_attention_equals_a_naive_loop(pos, n_heads, d_hea
     W_QKV, b_QKV = rng.standard_normal((d_model, 3 * n_heads * d_head)), rng.standard_normal(3 * n_heads * d_head)
     W_O, b_O = rng.standard_normal((n_heads * d_head, d_model)), rng.standard_normal(d_model)
     out, _ = multi_head_attention(x, W_QKV, W_O, n_heads, b_QKV=b_QKV, b_O=b_O, causal=causal)
-    expected = naive_multi_head_attention(x.tolist(), W_QKV.tolist(), W_O.tolist(), b_QKV.tolist(),
-                                          b_O.tolist(), n_heads, causal)
+    expected = naive_multi_head_attention(
+        x.tolist(), W_QKV.tolist(), W_O.tolist(), b_QKV.tolist(), b_O.tolist(), n_heads, causal
+    )
     np.testing.assert_allclose(out, expected, rtol=1e-9, atol=1e-9)
 
 
@@ -191,10 +204,10 @@ def test_sinusoidal_dot_products_depend_only_on_the_gap(d, i, j, shift):
 
 
 @bounded
-@given(st.integers(1, 8).map(lambda k: 2 * k), st.data(), st.floats(1.5, 1e6), st.booleans(), st.integers(1, 12),
-       seeds)
-def test_rotary_at_minus_the_positions_undoes_rotary_for_every_base_width_and_layout(d_head, data, base,
-                                                                                     adjacent_pairs, n_pos, seed):
+@given(st.integers(1, 8).map(lambda k: 2 * k), st.data(), st.floats(1.5, 1e6), st.booleans(), st.integers(1, 12), seeds)
+def test_rotary_at_minus_the_positions_undoes_rotary_for_every_base_width_and_layout(
+    d_head, data, base, adjacent_pairs, n_pos, seed
+):
     """Training's rotary backward is rotary at −p (core/backprop.py): the transpose of a rotation is its
     inverse, and the angle p · base^(−2i/rotary_dim) is linear in p, whatever the base, the rotated width
     and the pair layout."""

@@ -40,22 +40,25 @@ from core.checkpoints import load_checkpoint, trained_models
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = trained_models()["python-docs-induction"]
-SENTENCES = ("The for statement is used to iterate over the elements of a sequence.",
-             "Ali makan nasi lemak di kedai.")
+SENTENCES = ("The for statement is used to iterate over the elements of a sequence.", "Ali makan nasi lemak di kedai.")
 HEAD_BAR = 0.4  # issue 25: each head at least 0.4 on a repeated sentence
 SCORES_ATOL = 0.1
 COPY_NATS_MAX, COPY_NATS_ATOL = 0.5, 0.1
 MACHINE = ("numpy", "python", "blas")  # the card's fields that say where it was trained
 
-pytestmark = pytest.mark.skipif(not os.environ.get("EXPLORER_RETRAIN"),
-                                reason="retrains python-docs-induction (about 25 minutes): set EXPLORER_RETRAIN=1, "
-                                       "or to a folder retrained before")
+pytestmark = pytest.mark.skipif(
+    not os.environ.get("EXPLORER_RETRAIN"),
+    reason="retrains python-docs-induction (about 25 minutes): set EXPLORER_RETRAIN=1, or to a folder retrained before",
+)
 
 
 def make_command(out: Path) -> list[str]:
     """make trained-models' line for this model, its output folder replaced (the test runs what make runs)."""
-    line = next(ln.strip() for ln in (ROOT / "Makefile").read_text().splitlines()
-                if ln.strip().endswith("--out core/trained/python-docs-induction"))
+    line = next(
+        ln.strip()
+        for ln in (ROOT / "Makefile").read_text().splitlines()
+        if ln.strip().endswith("--out core/trained/python-docs-induction")
+    )
     args = shlex.split(line)
     assert args[0] == "$(PY)" and args[1:3] == ["-m", "core.train"], line
     return [sys.executable, *args[1:-1], str(out)]
@@ -83,8 +86,11 @@ def behaviour(folder: Path) -> dict:
         logp = logits - logits.max(-1, keepdims=True)
         logp = logp - np.log(np.exp(logp).sum(-1, keepdims=True))
         second = np.arange(len(sentence) + 1, len(ids) - 1)  # predicting the second copy's characters
-        out[sentence] = {"previous_token": scores["previous_token"][0], "induction": scores["induction"][1],
-                         "copy_nats": float(-logp[second, ids[second + 1]].mean())}
+        out[sentence] = {
+            "previous_token": scores["previous_token"][0],
+            "induction": scores["induction"][1],
+            "copy_nats": float(-logp[second, ids[second + 1]].mean()),
+        }
     return out
 
 
@@ -94,8 +100,20 @@ def card(folder: Path) -> dict:
 
 def test_the_command_is_make_trained_models():
     command = make_command(Path("/tmp/x"))
-    assert command[1:] == ["-m", "core.train", "text", "--repeats", "1.0", "--min-lr", "0.003", "--eval-interval",
-                           "250", "--quiet", "--out", "/tmp/x"]
+    assert command[1:] == [
+        "-m",
+        "core.train",
+        "text",
+        "--repeats",
+        "1.0",
+        "--min-lr",
+        "0.003",
+        "--eval-interval",
+        "250",
+        "--quiet",
+        "--out",
+        "/tmp/x",
+    ]
     settings = card(SHIPPED)["transformer_explorer"]["settings"]
     assert (settings["repeats"], settings["min_lr"], settings["eval_interval"]) == (1.0, 0.003, 250)
 
@@ -127,7 +145,9 @@ def test_the_retrain_has_both_heads_and_copies_as_the_shipped_model(retrained):
 def test_on_the_cards_kernel_the_retrain_is_the_shipped_weights_byte_for_byte(retrained):
     shipped, here = card(SHIPPED)["transformer_explorer"], card(retrained)["transformer_explorer"]
     if [here.get(k) for k in MACHINE] != [shipped.get(k) for k in MACHINE]:
-        pytest.skip(f"trained on {here.get('blas')}, NumPy {here['numpy']}, Python {here['python']}; the card's: "
-                    f"{shipped['blas']}, NumPy {shipped['numpy']}, Python {shipped['python']} "
-                    "(OPENBLAS_CORETYPE=Haswell forces the card's kernel where the CPU can run it)")
+        pytest.skip(
+            f"trained on {here.get('blas')}, NumPy {here['numpy']}, Python {here['python']}; the card's: "
+            f"{shipped['blas']}, NumPy {shipped['numpy']}, Python {shipped['python']} "
+            "(OPENBLAS_CORETYPE=Haswell forces the card's kernel where the CPU can run it)"
+        )
     assert (retrained / "model.safetensors").read_bytes() == (SHIPPED / "model.safetensors").read_bytes()

@@ -20,8 +20,12 @@ from core.sampling import apply_top_k, apply_top_p, draw, rank_of, ranked, sampl
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "generation.npz"
 TOLERANCE = 1e-7  # the issue's bound; the two agree to about 1e-16 (float64, no BLAS)
 # transformers' processor classes, by the stage each is here
-STAGE_OF = {"RepetitionPenaltyLogitsProcessor": "repetition_penalty", "TemperatureLogitsWarper": "temperature",
-            "TopKLogitsWarper": "top_k", "TopPLogitsWarper": "top_p"}
+STAGE_OF = {
+    "RepetitionPenaltyLogitsProcessor": "repetition_penalty",
+    "TemperatureLogitsWarper": "temperature",
+    "TopKLogitsWarper": "top_k",
+    "TopPLogitsWarper": "top_p",
+}
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +67,7 @@ def test_the_fixture_cases_cut_something():
 
 # ------------------------------------------------------------------ the ranking and each setting
 
+
 def test_ties_rank_by_the_lower_id_and_top_k_keeps_exactly_k():
     logits = np.array([1.0, 3.0, 2.0, 3.0, 2.0, 2.0, -np.inf])
     assert ranked(logits).tolist() == [1, 3, 2, 4, 5, 0, 6]
@@ -100,11 +105,18 @@ def test_the_repetition_penalty_divides_positive_and_multiplies_negative_logits(
     assert w.logits[1].tolist() == [1.0, -4.0, 1.0]
 
 
-@pytest.mark.parametrize("changes, says", [
-    ({"temperature": -0.1}, "temperature"), ({"temperature": float("nan")}, "temperature"),
-    ({"top_k": 0}, "top_k"), ({"top_k": 2.5}, "top_k"), ({"top_p": 0.0}, "top_p"), ({"top_p": 1.01}, "top_p"),
-    ({"repetition_penalty": 0}, "repetition_penalty"),
-])
+@pytest.mark.parametrize(
+    "changes, says",
+    [
+        ({"temperature": -0.1}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_k": 0}, "top_k"),
+        ({"top_k": 2.5}, "top_k"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.01}, "top_p"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+    ],
+)
 def test_bad_settings_say_what_to_change(changes, says):
     with pytest.raises(InputError, match=says):
         Sampling(**changes)
@@ -145,10 +157,16 @@ def test_the_chi_square_survival_function_is_right():
         assert chi_square_sf(x, df) == pytest.approx(0.001, rel=1e-3)
 
 
-@pytest.mark.parametrize("setting, seed", [
-    (Sampling(), 0), (Sampling(temperature=0.7, top_k=6), 1), (Sampling(top_p=0.8), 2),
-    (Sampling(temperature=1.3, top_k=9, top_p=0.9), 3), (Sampling(repetition_penalty=1.5, top_k=5), 4),
-])
+@pytest.mark.parametrize(
+    "setting, seed",
+    [
+        (Sampling(), 0),
+        (Sampling(temperature=0.7, top_k=6), 1),
+        (Sampling(top_p=0.8), 2),
+        (Sampling(temperature=1.3, top_k=9, top_p=0.9), 3),
+        (Sampling(repetition_penalty=1.5, top_k=5), 4),
+    ],
+)
 def test_2000_draws_follow_the_warped_distribution_and_never_leave_the_kept_set(setting, seed):
     logits = np.random.default_rng(100 + seed).normal(0, 1.0, size=12)
     previous = [0, 3, 3]

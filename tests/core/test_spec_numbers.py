@@ -23,10 +23,12 @@ class TestAttention:
 
     def test_weights_table(self):
         w = lessons.attention().result.weights
-        expected = [[0.89, 0.02, 0.08, 0.01],
-                    [0.51, 0.15, 0.21, 0.13],
-                    [0.09, 0.17, 0.59, 0.15],
-                    [0.96, 0.03, 0.01, 0.00]]
+        expected = [
+            [0.89, 0.02, 0.08, 0.01],
+            [0.51, 0.15, 0.21, 0.13],
+            [0.09, 0.17, 0.59, 0.15],
+            [0.96, 0.03, 0.01, 0.00],
+        ]
         np.testing.assert_array_equal(rounded(w, 2), expected)
         np.testing.assert_array_equal(rounded(w.sum(axis=1), 2), [1.0] * 4)
 
@@ -46,10 +48,10 @@ def test_scaling_table():
 def test_causal_table():
     c = lessons.causal()
     np.testing.assert_array_equal(c.mask.astype(int), [[0, 1, 1, 1], [0, 0, 1, 1], [0, 0, 0, 1], [0, 0, 0, 0]])
-    np.testing.assert_array_equal(rounded(c.result.weights, 2), [[1.0, 0.0, 0.0, 0.0],
-                                                                 [0.78, 0.22, 0.0, 0.0],
-                                                                 [0.11, 0.2, 0.69, 0.0],
-                                                                 [0.96, 0.03, 0.01, 0.0]])
+    np.testing.assert_array_equal(
+        rounded(c.result.weights, 2),
+        [[1.0, 0.0, 0.0, 0.0], [0.78, 0.22, 0.0, 0.0], [0.11, 0.2, 0.69, 0.0], [0.96, 0.03, 0.01, 0.0]],
+    )
 
 
 def test_multihead_rows():
@@ -61,12 +63,12 @@ def test_multihead_rows():
 
 def test_sinusoidal_rows_and_dots():
     p = lessons.positions()
-    np.testing.assert_array_equal(rounded(p.encoding[:3, :6], 2), [[0.0, 1.0, 0.0, 1.0, 0.0, 1.0],
-                                                                   [0.84, 0.54, 0.31, 0.95, 0.1, 1.0],
-                                                                   [0.91, -0.42, 0.59, 0.81, 0.2, 0.98]])
+    np.testing.assert_array_equal(
+        rounded(p.encoding[:3, :6], 2),
+        [[0.0, 1.0, 0.0, 1.0, 0.0, 1.0], [0.84, 0.54, 0.31, 0.95, 0.1, 1.0], [0.91, -0.42, 0.59, 0.81, 0.2, 0.98]],
+    )
     dots = {(i, j): round(d, 2) for i, j, d in p.dots}
-    assert dots == {(10, 10): 8.0, (10, 11): 7.49, (10, 12): 6.37, (10, 15): 6.14, (10, 30): 5.78,
-                    (30, 35): 6.14}
+    assert dots == {(10, 10): 8.0, (10, 11): 7.49, (10, 12): 6.37, (10, 15): 6.14, (10, 30): 5.78, (30, 35): 6.14}
 
 
 def test_parameter_counts():
@@ -81,11 +83,25 @@ def test_parameter_counts():
 
 def test_forward_pass_shapes_and_probabilities():
     f = lessons.forward()
-    assert f.steps == [("embed", (5, 16)), ("qkv", (5, 48)), ("scores", (2, 5, 5)),
-                       ("after attn", (5, 16)), ("after mlp", (5, 16)), ("logits", (5, 9))]
+    assert f.steps == [
+        ("embed", (5, 16)),
+        ("qkv", (5, 48)),
+        ("scores", (2, 5, 5)),
+        ("after attn", (5, 16)),
+        ("after mlp", (5, 16)),
+        ("logits", (5, 9)),
+    ]
     assert {c: round(p, 3) for c, p in f.next_token_probs.items()} == {
-        " ": 0.211, "a": 0.115, "e": 0.112, "i": 0.123, "k": 0.062, "l": 0.151, "m": 0.076, "n": 0.09,
-        "s": 0.06}
+        " ": 0.211,
+        "a": 0.115,
+        "e": 0.112,
+        "i": 0.123,
+        "k": 0.062,
+        "l": 0.151,
+        "m": 0.076,
+        "n": 0.09,
+        "s": 0.06,
+    }
 
 
 @pytest.mark.parametrize("seed", [0, 7])

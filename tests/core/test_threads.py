@@ -100,14 +100,44 @@ def test_attention_shared_by_a_team_equals_one_thread_bit_for_bit(case, keep, wi
 
 MODELS = {
     "gpt2": TransformerConfig(d_model=48, n_layers=2, n_heads=4, d_vocab=97, n_ctx=300),
-    "llama-like": TransformerConfig(d_model=48, n_layers=2, n_heads=6, n_key_value_heads=2, d_head=8, d_vocab=97,
-                                    n_ctx=300, normalization_type="RMS", act_fn="silu", gated_mlp=True,
-                                    positional_embedding_type="rotary", rotary_adjacent_pairs=False, bias=False),
-    "neox, local layers": TransformerConfig(d_model=32, n_layers=2, n_heads=4, d_vocab=97, n_ctx=300,
-                                            positional_embedding_type="rotary", rotary_dim=4, parallel_attn_mlp=True,
-                                            window_size=50, attn_types=("local", "global")),
-    "bert": TransformerConfig(d_model=32, n_layers=2, n_heads=4, d_vocab=97, n_ctx=300, block_type="post_norm",
-                              attention_dir="bidirectional", act_fn="gelu", n_token_types=2),
+    "llama-like": TransformerConfig(
+        d_model=48,
+        n_layers=2,
+        n_heads=6,
+        n_key_value_heads=2,
+        d_head=8,
+        d_vocab=97,
+        n_ctx=300,
+        normalization_type="RMS",
+        act_fn="silu",
+        gated_mlp=True,
+        positional_embedding_type="rotary",
+        rotary_adjacent_pairs=False,
+        bias=False,
+    ),
+    "neox, local layers": TransformerConfig(
+        d_model=32,
+        n_layers=2,
+        n_heads=4,
+        d_vocab=97,
+        n_ctx=300,
+        positional_embedding_type="rotary",
+        rotary_dim=4,
+        parallel_attn_mlp=True,
+        window_size=50,
+        attn_types=("local", "global"),
+    ),
+    "bert": TransformerConfig(
+        d_model=32,
+        n_layers=2,
+        n_heads=4,
+        d_vocab=97,
+        n_ctx=300,
+        block_type="post_norm",
+        attention_dir="bidirectional",
+        act_fn="gelu",
+        n_token_types=2,
+    ),
 }
 
 
@@ -153,6 +183,7 @@ def test_keeping_some_activations_gives_those_of_keeping_all(model):
 
 
 # ------------------------------------------------------------------ a team's memory
+
 
 def test_slabs_hand_memory_back_only_when_no_view_holds_it():
     slabs = Slabs(limit=64 << 20, keep_s=60)

@@ -54,7 +54,9 @@ def test_transformers_computes_the_same_logits(case):
 def test_the_induction_model_has_a_previous_token_head_and_an_induction_head_on_a_learners_text():
     ckpt = load_checkpoint(MODELS["induction"])
     assert ckpt.cfg.attn_only and ckpt.cfg.n_layers == 2 and ckpt.cfg.n_ctx >= len(REPEATED)
-    scores = run_with_cache(ckpt.params, ckpt.cfg, np.array(ckpt.tokenizer.encode(REPEATED).ids), logits=False)[1].head_detector_scores()
+    scores = run_with_cache(ckpt.params, ckpt.cfg, np.array(ckpt.tokenizer.encode(REPEATED).ids), logits=False)[
+        1
+    ].head_detector_scores()
     assert scores["previous_token"][0].max() > 0.5  # layer 0 looks one token back...
     assert scores["induction"][1].max() > 0.5  # ...so layer 1 can look up what followed last time
 
@@ -62,19 +64,27 @@ def test_the_induction_model_has_a_previous_token_head_and_an_induction_head_on_
 def test_the_python_docs_model_has_a_previous_token_head():
     ckpt = load_checkpoint(MODELS["python-docs"])
     text = "The for statement is used to iterate over the elements of a sequence."
-    scores = run_with_cache(ckpt.params, ckpt.cfg, np.array(ckpt.tokenizer.encode(text).ids), logits=False)[1].head_detector_scores()
+    scores = run_with_cache(ckpt.params, ckpt.cfg, np.array(ckpt.tokenizer.encode(text).ids), logits=False)[
+        1
+    ].head_detector_scores()
     assert scores["previous_token"].max() > 0.5
 
 
-@pytest.mark.parametrize("sentence", ["The for statement is used to iterate over the elements of a sequence.",
-                                      "Ali makan nasi lemak di kedai."])
+@pytest.mark.parametrize(
+    "sentence",
+    ["The for statement is used to iterate over the elements of a sequence.", "Ali makan nasi lemak di kedai."],
+)
 def test_python_docs_induction_has_both_heads_on_a_repeated_sentence(sentence):
     """Trained on Python's documentation with repeated passages mixed in (its card: repeats 1.0), it has a
     previous-token head in layer 0 and an induction head in layer 1, each scoring at least 0.4 on a sentence said
     twice (python-docs, the same text without repeats, reaches 0.14 as an induction head)."""
     ckpt = load_checkpoint(MODELS["python-docs-induction"])
-    assert json.loads((MODELS["python-docs-induction"] / "config.json").read_text())["transformer_explorer"][
-        "settings"]["repeats"] == 1.0
+    assert (
+        json.loads((MODELS["python-docs-induction"] / "config.json").read_text())["transformer_explorer"]["settings"][
+            "repeats"
+        ]
+        == 1.0
+    )
     ids = ckpt.tokenizer.encode(f"{sentence} {sentence}").ids[: ckpt.cfg.n_ctx]
     scores = run_with_cache(ckpt.params, ckpt.cfg, np.array(ids), logits=False)[1].head_detector_scores()
     assert scores["previous_token"][0].max() >= 0.4
@@ -116,9 +126,11 @@ def test_nasi_lemak_retrained_on_any_cpu_matches_the_shipped_weights_within_1e_5
     """Where every ReLU saw the same side of 0 as in the shipped run, the runs differ only by rounding."""
     folder, pattern = retrained
     if pattern != nasi.SHIPPED_RELU_PATTERN:
-        pytest.skip("with this CPU's BLAS a pre-activation within rounding of 0 fell on the other side of a "
-                    "ReLU than in the shipped run (nasi_lemak_reproduction.py: as at step 22): the run went on "
-                    "from a nearby place, so only the 0.1 bound holds")
+        pytest.skip(
+            "with this CPU's BLAS a pre-activation within rounding of 0 fell on the other side of a "
+            "ReLU than in the shipped run (nasi_lemak_reproduction.py: as at step 22): the run went on "
+            "from a nearby place, so only the 0.1 bound holds"
+        )
     difference = nasi.max_abs_difference(nasi.weights(folder), nasi.weights(nasi.SHIPPED))
     assert difference <= nasi.WEIGHTS_ATOL_SAME_RELUS, difference
 
@@ -135,11 +147,15 @@ def test_nasi_lemak_retrained_on_any_cpu_predicts_as_the_shipped_model(retrained
 def test_nasi_lemak_retrained_on_any_cpu_has_the_shipped_head_scores_within_1e_2(retrained):
     got, shipped = nasi.predictions(retrained[0]), nasi.predictions(nasi.SHIPPED)
     for text in nasi.SCORE_TEXTS:
-        assert got["head_scores"][text].keys() == shipped["head_scores"][text].keys() == {
-            "previous_token", "duplicate_token", "induction"}
+        assert (
+            got["head_scores"][text].keys()
+            == shipped["head_scores"][text].keys()
+            == {"previous_token", "duplicate_token", "induction"}
+        )
         for name, scores in shipped["head_scores"][text].items():
-            np.testing.assert_allclose(got["head_scores"][text][name], scores, atol=nasi.SCORES_ATOL, rtol=0,
-                                       err_msg=f"{name} on {text!r}")
+            np.testing.assert_allclose(
+                got["head_scores"][text][name], scores, atol=nasi.SCORES_ATOL, rtol=0, err_msg=f"{name} on {text!r}"
+            )
 
 
 def test_nasi_lemak_retrained_on_any_cpu_writes_the_shipped_tokenizer_and_card(retrained):
@@ -153,8 +169,11 @@ def test_nasi_lemak_retrained_on_any_cpu_writes_the_shipped_tokenizer_and_card(r
     assert blas is None or blas["threads"] == 1  # retrain() trains on one BLAS thread, and the card says so
 
     def without_machine(c: dict) -> dict:
-        return c | {"transformer_explorer": {k: v for k, v in c["transformer_explorer"].items()
-                                             if k not in ("numpy", "python", "blas")}}
+        return c | {
+            "transformer_explorer": {
+                k: v for k, v in c["transformer_explorer"].items() if k not in ("numpy", "python", "blas")
+            }
+        }
 
     assert without_machine(config) == without_machine(shipped)
 

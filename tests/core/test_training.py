@@ -15,9 +15,17 @@ from threadpoolctl import threadpool_limits
 from core import run_with_cache
 from core.checkpoints import load_checkpoint
 from core.optim import AdamW, ParamVector, clip_grad_norm, learning_rate
-from core.recipes import (MAX_STEPS, NASI_LEMAK_PROMPT, TEXT_MAX_CHARS, TEXT_MAX_VOCAB, make_recipe, python_docs,
-                          settings)
+from core.recipes import (
+    MAX_STEPS,
+    NASI_LEMAK_PROMPT,
+    TEXT_MAX_CHARS,
+    TEXT_MAX_VOCAB,
+    make_recipe,
+    python_docs,
+    settings,
+)
 from core.train import Record, Snapshot, Training
+
 
 @pytest.fixture(autouse=True)
 def one_blas_thread():
@@ -35,6 +43,7 @@ def small(recipe="induction", **changes):
 
 
 # ------------------------------------------------------------------ reproducibility
+
 
 def test_same_settings_give_the_same_weights_bit_for_bit():
     a, b = Training(small()), Training(small())
@@ -93,6 +102,7 @@ def test_held_out_loss_starts_near_uniform_and_icl_is_late_minus_early():
 
 # ------------------------------------------------------------------ optimiser pieces
 
+
 def test_schedule_warms_up_linearly_then_decays_by_a_cosine_to_its_floor():
     lrs = [learning_rate(s, lr=1.0, steps=110, warmup=10, min_lr=0.1) for s in range(110)]
     assert lrs[:10] == pytest.approx([(s + 1) / 10 for s in range(10)])
@@ -123,22 +133,26 @@ def test_adamw_first_step_and_decoupled_decay_by_hand():
 
 # ------------------------------------------------------------------ settings
 
-@pytest.mark.parametrize("recipe, changes, message", [
-    ("induction", dict(steps=0), "at least one step"),
-    ("induction", dict(steps=MAX_STEPS + 1), "steps="),
-    ("induction", dict(d_model=30, n_heads=4), "not divisible by n_heads=4"),
-    ("induction", dict(seq_len=6), "cannot hold a segment"),
-    ("induction", dict(lr=0), "lr=0"),
-    ("induction", dict(warmup=2000), "fewer than steps"),
-    ("induction", dict(text="abc"), "text recipe"),
-    ("induction", dict(colour="red"), "unknown setting colour"),
-    ("nasi-lemak", dict(n_layers=2), "shape is fixed"),
-    ("nasi-lemak", dict(seq_len=4), "cannot hold 'nasi '"),
-    ("text", dict(text="x" * (TEXT_MAX_CHARS + 1)), "at most 1,000,000"),
-    ("text", dict(text="".join(map(chr, range(0x4E00, 0x4E00 + TEXT_MAX_VOCAB + 1))) * 10), "distinct characters"),
-    ("text", dict(text="too short"), "lengthen it or lower seq_len"),
-    ("poetry", {}, "not one of"),
-])
+
+@pytest.mark.parametrize(
+    "recipe, changes, message",
+    [
+        ("induction", dict(steps=0), "at least one step"),
+        ("induction", dict(steps=MAX_STEPS + 1), "steps="),
+        ("induction", dict(d_model=30, n_heads=4), "not divisible by n_heads=4"),
+        ("induction", dict(seq_len=6), "cannot hold a segment"),
+        ("induction", dict(lr=0), "lr=0"),
+        ("induction", dict(warmup=2000), "fewer than steps"),
+        ("induction", dict(text="abc"), "text recipe"),
+        ("induction", dict(colour="red"), "unknown setting colour"),
+        ("nasi-lemak", dict(n_layers=2), "shape is fixed"),
+        ("nasi-lemak", dict(seq_len=4), "cannot hold 'nasi '"),
+        ("text", dict(text="x" * (TEXT_MAX_CHARS + 1)), "at most 1,000,000"),
+        ("text", dict(text="".join(map(chr, range(0x4E00, 0x4E00 + TEXT_MAX_VOCAB + 1))) * 10), "distinct characters"),
+        ("text", dict(text="too short"), "lengthen it or lower seq_len"),
+        ("poetry", {}, "not one of"),
+    ],
+)
 def test_bad_settings_are_refused_with_what_to_change(recipe, changes, message):
     with pytest.raises(ValueError, match=message):
         settings(recipe, **changes)
@@ -172,11 +186,12 @@ def test_nasi_lemak_starts_from_the_spec_model():
     logits = run._logits(run.recipe.encode(NASI_LEMAK_PROMPT)[None])[0, -1].astype(np.float64)
     p = np.exp(logits - logits.max())
     p /= p.sum()
-    spec = {' ': 0.211, 'a': 0.115, 'e': 0.112, 'i': 0.123, 'k': 0.062, 'l': 0.151, 'm': 0.076, 'n': 0.09, 's': 0.06}
+    spec = {" ": 0.211, "a": 0.115, "e": 0.112, "i": 0.123, "k": 0.062, "l": 0.151, "m": 0.076, "n": 0.09, "s": 0.06}
     assert {c: round(float(x), 3) for c, x in zip(run.recipe.vocab, p)} == spec
 
 
 # ------------------------------------------------------------------ export
+
 
 def test_the_card_records_the_blas_the_run_trained_on(tmp_path):
     """config.json's card: NumPy's BLAS, its kernel and the thread count of the steps (one, here), which
@@ -190,8 +205,12 @@ def test_the_card_records_the_blas_the_run_trained_on(tmp_path):
     if not numpy_blas:  # a BLAS threadpoolctl cannot see (macOS's Accelerate): nothing to record
         pytest.skip("threadpoolctl sees no BLAS of NumPy's here")
     blas = numpy_blas[0]
-    assert card["blas"] == {"library": blas["internal_api"], "version": blas["version"],
-                            "kernel": blas.get("architecture"), "threads": 1}
+    assert card["blas"] == {
+        "library": blas["internal_api"],
+        "version": blas["version"],
+        "kernel": blas.get("architecture"),
+        "threads": 1,
+    }
     assert card["numpy"] == np.__version__
     untrained = Training(small(steps=2, eval_interval=2)).export(tmp_path / "untrained")
     assert "blas" not in json.loads((untrained / "config.json").read_text())["transformer_explorer"]
@@ -201,8 +220,12 @@ def test_exported_folder_loads_in_core_with_the_same_logits(tmp_path):
     run = Training(small(attn_only=True, steps=4, eval_interval=4))
     run.run()
     folder = run.export(tmp_path / "model")
-    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json",
-                                                         "tokenizer_config.json"]
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
     ckpt = load_checkpoint(folder)
     assert ckpt.cfg.attn_only and "mlp" not in ckpt.params["blocks"][0]
     text = "Ali makan nasi."  # 15 characters: the context here is 16
@@ -211,7 +234,9 @@ def test_exported_folder_loads_in_core_with_the_same_logits(tmp_path):
     ours, _ = run_with_cache(run.params, run.cfg, np.array(ids))
     theirs, _ = run_with_cache(ckpt.params, ckpt.cfg, np.array(ids))
     assert np.array_equal(ours, theirs)  # the same float32 numbers, exactly
-    assert run_with_cache(ckpt.params, ckpt.cfg, np.array(ids), logits=False)[1].head_detector_scores()["induction"].shape == (2, 2)
+    assert run_with_cache(ckpt.params, ckpt.cfg, np.array(ids), logits=False)[1].head_detector_scores()[
+        "induction"
+    ].shape == (2, 2)
 
 
 def test_nasi_lemak_exports_exactly_with_unit_gains_and_zero_biases(tmp_path):
@@ -222,8 +247,9 @@ def test_nasi_lemak_exports_exactly_with_unit_gains_and_zero_biases(tmp_path):
     assert np.all(block["ln1"]["w"] == 1) and np.all(block["ln1"]["b"] == 0)
     assert not np.any(block["attn"]["b_QKV"]) and not np.any(block["mlp"]["b_in"])
     ids = np.array(ckpt.tokenizer.encode(NASI_LEMAK_PROMPT).ids)
-    np.testing.assert_array_equal(run_with_cache(ckpt.params, ckpt.cfg, ids)[0],
-                                  run_with_cache(run.params, run.cfg, ids)[0])
+    np.testing.assert_array_equal(
+        run_with_cache(ckpt.params, ckpt.cfg, ids)[0], run_with_cache(run.params, run.cfg, ids)[0]
+    )
     with pytest.raises(ValueError, match="'gor' are not in this model's vocabulary"):
         ckpt.tokenizer.encode("nasi goreng")
 
@@ -243,6 +269,7 @@ def test_char_tokenizer_round_trips_every_character(tmp_path):
 
 
 # ------------------------------------------------------------------ the recipes learn what they promise
+
 
 def test_an_induction_head_forms_and_the_one_layer_control_forms_none():
     """The induction recipe's defaults (seed 0), stopped as soon as a layer-1 head's induction score on the
@@ -275,35 +302,68 @@ def test_nasi_lemak_learns_that_l_follows_nasi():
 
 # ------------------------------------------------------------------ the command line
 
+
 def test_the_command_prints_one_line_per_record_and_saves_a_folder(tmp_path):
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "core.train", "nasi-lemak", "--steps", "20", "--eval-interval", "10",
-                          "--out", str(tmp_path / "m"), "--snapshot", str(tmp_path / "s.npz")],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "core.train",
+            "nasi-lemak",
+            "--steps",
+            "20",
+            "--eval-interval",
+            "10",
+            "--out",
+            str(tmp_path / "m"),
+            "--snapshot",
+            str(tmp_path / "s.npz"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     lines = [line for line in out.stdout.splitlines() if " step " in line]
     assert [line.split("step")[1].split()[0] for line in lines] == ["0/20", "10/20", "20/20"]
     assert "target" in lines[-1] and (tmp_path / "m" / "model.safetensors").is_file()
     assert Snapshot.load(tmp_path / "s.npz").step == 20
 
-    bad = subprocess.run([sys.executable, "-m", "core.train", "induction", "--d-model", "30"],
-                         capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "core.train", "induction", "--d-model", "30"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "not divisible by n_heads=4" in bad.stderr
 
 
 def test_a_diverging_run_stops_with_what_to_change():
     run = Training(small())
     run.vector.flat[:5] = np.inf  # what a far too high learning rate ends in
-    with np.errstate(invalid="ignore"), pytest.raises(ValueError, match="loss became nan at step 1: .* lower the "
-                                                                        "learning rate"):
+    with (
+        np.errstate(invalid="ignore"),
+        pytest.raises(ValueError, match="loss became nan at step 1: .* lower the learning rate"),
+    ):
         run.train_step()
 
 
 def test_missing_scores_are_json_null():
-    r = Record(step=0, steps=1, lr=0.1, train_loss=None, val_loss=float("nan"), grad_norm=float("inf"),
-               previous_token=[[0.5, float("nan")]], induction=[[0.1, 0.2]], icl_score=0.0, target=None)
+    r = Record(
+        step=0,
+        steps=1,
+        lr=0.1,
+        train_loss=None,
+        val_loss=float("nan"),
+        grad_norm=float("inf"),
+        previous_token=[[0.5, float("nan")]],
+        induction=[[0.1, 0.2]],
+        icl_score=0.0,
+        target=None,
+    )
     assert json.loads(json.dumps(r.to_dict(), allow_nan=False))["previous_token"] == [[0.5, None]]
 
 

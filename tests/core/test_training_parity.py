@@ -15,8 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core import TransformerConfig, init_params
-from core import backprop
+from core import TransformerConfig, backprop, init_params
 from core.optim import AdamW, ParamVector, learning_rate
 from core.train import optimisation_step
 

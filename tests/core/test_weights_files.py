@@ -15,8 +15,16 @@ import numpy as np
 import pytest
 
 from core import iter_arrays, run_with_cache
-from core.checkpoints import (CheckpointError, SafetensorsFile, checkpoint_problem, is_mapped, load_checkpoint,
-                              mapped_nbytes, params_nbytes, read_spec)
+from core.checkpoints import (
+    CheckpointError,
+    SafetensorsFile,
+    checkpoint_problem,
+    is_mapped,
+    load_checkpoint,
+    mapped_nbytes,
+    params_nbytes,
+    read_spec,
+)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 FAMILIES = FIXTURES / "families"
@@ -70,12 +78,15 @@ def test_weights_of_other_dtypes_are_refused_by_name(tmp_path, dtype):
         SafetensorsFile(tmp_path / "w.safetensors").array("w")
 
 
-@pytest.mark.parametrize("damage, message", [
-    (lambda raw: raw[:4], "not a readable safetensors file"),
-    (lambda raw: struct.pack("<Q", 10**12) + raw[8:], "header length"),
-    (lambda raw: raw[:8] + b"[" + raw[9:], "not a readable safetensors file"),
-    (lambda raw: raw[:-8], "does not fit its byte range"),
-])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda raw: raw[:4], "not a readable safetensors file"),
+        (lambda raw: struct.pack("<Q", 10**12) + raw[8:], "header length"),
+        (lambda raw: raw[:8] + b"[" + raw[9:], "not a readable safetensors file"),
+        (lambda raw: raw[:-8], "does not fit its byte range"),
+    ],
+)
 def test_damaged_files_say_so(tmp_path, damage, message):
     path = tmp_path / "w.safetensors"
     write_safetensors(path, {"w": ("F32", (4,), np.ones(4, "<f4").tobytes())})
@@ -84,8 +95,9 @@ def test_damaged_files_say_so(tmp_path, damage, message):
         SafetensorsFile(path).array("w")
 
 
-@pytest.mark.parametrize("folder", ["gpt2-tiny", "bert-tiny", "families/llama-gqa", "families/gpt-neox-parallel",
-                                    "families/gpt-neo-local"])
+@pytest.mark.parametrize(
+    "folder", ["gpt2-tiny", "bert-tiny", "families/llama-gqa", "families/gpt-neox-parallel", "families/gpt-neo-local"]
+)
 def test_float32_checkpoints_are_mapped_without_a_single_copy(folder):
     """Every parameter of a float32 checkpoint is a view of its file (transposes and the per-head
     reshapes included), so a second worker loading it adds no copy of the weights."""
@@ -122,14 +134,17 @@ def test_an_index_that_points_to_the_wrong_shard_is_caught(tmp_path):
         load_checkpoint(folder)
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}}, "rope scaling 'llama3'"),
-    ({"rope_parameters": None, "rope_scaling": {"type": "linear", "factor": 2.0}}, "rope scaling 'linear'"),
-    ({"num_key_value_heads": 3}, "n_heads=4 is not divisible by n_key_value_heads=3"),
-    ({"hidden_act": "swiglu_fancy"}, "activation 'swiglu_fancy'"),
-    ({"layer_types": ["full_attention", "chunked_attention"]}, "layer_types"),
-    ({"hidden_size": None}, "'hidden_size'"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}}, "rope scaling 'llama3'"),
+        ({"rope_parameters": None, "rope_scaling": {"type": "linear", "factor": 2.0}}, "rope scaling 'linear'"),
+        ({"num_key_value_heads": 3}, "n_heads=4 is not divisible by n_key_value_heads=3"),
+        ({"hidden_act": "swiglu_fancy"}, "activation 'swiglu_fancy'"),
+        ({"layer_types": ["full_attention", "chunked_attention"]}, "layer_types"),
+        ({"hidden_size": None}, "'hidden_size'"),
+    ],
+)
 def test_config_fields_that_cannot_run_are_named(tmp_path, changes, message):
     folder = copy_folder("llama-gqa", tmp_path)
     raw = json.loads((folder / "config.json").read_text()) | changes
@@ -141,8 +156,10 @@ def test_config_fields_that_cannot_run_are_named(tmp_path, changes, message):
 def test_a_transformers_4_config_reads_like_a_5_one(tmp_path):
     """4.x wrote rope_theta and rope_scaling (GPT-NeoX: rotary_emb_base and rotary_pct) where 5.x
     writes rope_parameters; both spellings give the same model."""
-    for name, old in (("llama-gqa", {"rope_theta": 500.0, "rope_scaling": None}),
-                      ("gpt-neox-parallel", {"rotary_emb_base": 10000, "rotary_pct": 0.25})):
+    for name, old in (
+        ("llama-gqa", {"rope_theta": 500.0, "rope_scaling": None}),
+        ("gpt-neox-parallel", {"rotary_emb_base": 10000, "rotary_pct": 0.25}),
+    ):
         folder = copy_folder(name, tmp_path)
         raw = json.loads((folder / "config.json").read_text())
         del raw["rope_parameters"]
@@ -157,8 +174,12 @@ def test_family_configs_map_to_the_switches():
     cfg = read_spec(FAMILIES / "gpt-neo-local").cfg
     assert (cfg.attn_types, cfg.window_size, cfg.use_attn_scale) == (("global", "local"), 3, False)
     cfg = read_spec(FAMILIES / "qwen2-sliding").cfg
-    assert (cfg.qkv_bias, cfg.attn_out_bias, cfg.n_key_value_heads, cfg.attn_types) == (True, False, 2,
-                                                                                        ("global", "local"))
+    assert (cfg.qkv_bias, cfg.attn_out_bias, cfg.n_key_value_heads, cfg.attn_types) == (
+        True,
+        False,
+        2,
+        ("global", "local"),
+    )
     cfg = read_spec(FAMILIES / "qwen3-qk-norm").cfg
     assert cfg.use_qk_norm and cfg.d_head == 16 and cfg.d_head * cfg.n_heads != cfg.d_model
     spec = read_spec(FAMILIES / "llama-gqa")
@@ -166,7 +187,7 @@ def test_family_configs_map_to_the_switches():
 
 
 def test_sentencepiece_tokens_are_shown_readably():
-    """"▁" marks a space and <0xNN> pieces are raw bytes (TinyLlama's tokenizer does both)."""
+    """ "▁" marks a space and <0xNN> pieces are raw bytes (TinyLlama's tokenizer does both)."""
     tok = load_checkpoint(FAMILIES / "llama-gqa").tokenizer
     enc = tok.encode("the cat\nsat — é")
     assert enc.tokens[0] == "<s>"  # the BOS token the tokenizer's template adds, as transformers does

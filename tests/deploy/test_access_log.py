@@ -10,8 +10,8 @@ import logging
 import pytest
 from fastapi.testclient import TestClient
 
-from app.main import create_app
 from app.http.observability import ACCESS_LOGGER, JsonFormatter, configure_access_log
+from app.main import create_app
 from app.settings import get_settings
 
 
@@ -41,8 +41,10 @@ def test_one_json_line_per_request(client, access_lines):
     client.get("/no/such/page")
     lines = access_lines()
     assert [(e["method"], e["path"], e["status"]) for e in lines] == [
-        ("GET", "/healthz", 200), ("GET", "/static/vendor/htmx.min.js", 200),
-        ("GET", "/no/such/page", 404)]
+        ("GET", "/healthz", 200),
+        ("GET", "/static/vendor/htmx.min.js", 200),
+        ("GET", "/no/such/page", 404),
+    ]
     for entry in lines:
         assert entry["logger"] == ACCESS_LOGGER and entry["level"] == "info"
         assert isinstance(entry["duration_ms"], float) and entry["duration_ms"] >= 0

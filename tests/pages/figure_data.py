@@ -39,5 +39,9 @@ def load_figure(attribute: str) -> dict:
 
 def cards(page: str) -> dict[str, dict]:
     """{figure card id: figure dict} for every figure card of a rendered page."""
-    return {card_id: load_figure(html.unescape(attr)) for card_id, attr in
-            re.findall(r'<figure class="figure[^"]*" id="([^"]+)">.*?data-figure="([^"]*)"', page, re.S)}
+    return {
+        card_id: load_figure(html.unescape(attr))
+        for card_id, attr in re.findall(
+            r'<figure class="figure[^"]*" id="([^"]+)">.*?data-figure="([^"]*)"', page, re.S
+        )
+    }

@@ -30,12 +30,14 @@ def test_the_explorer_opens_on_the_induction_head_of_the_trained_model(client_wi
     assert model.default_text in html.unescape(page)
     layer, head = model.default_head
     assert layer == model.cfg.n_layers - 1  # an induction head needs a previous-token head before it
-    assert (client.get("/", params={"layer": layer, "head": head}).text == page)  # the same view, spelled out
+    assert client.get("/", params={"layer": layer, "head": head}).text == page  # the same view, spelled out
     # (that it is the model's best induction head: tests/api/test_trained_models_api.py)
     # and the heatmap drawn is that head's pattern
     weights = cards(page)["stage-weights"]["data"][0]["z"]
-    run = client.post("/api/v1/run", json={"model": "induction", "text": model.default_text,
-                                           "hooks": [f"blocks.{layer}.attn.hook_pattern"]}).json()
+    run = client.post(
+        "/api/v1/run",
+        json={"model": "induction", "text": model.default_text, "hooks": [f"blocks.{layer}.attn.hook_pattern"]},
+    ).json()
     # (the model's weights are float32: the API writes each number's shortest float32 spelling)
     pattern = np.array(run["hooks"][f"blocks.{layer}.attn.hook_pattern"], dtype=np.float32)[head]
     np.testing.assert_array_equal(np.array(weights, dtype=float).astype(np.float32), pattern)

@@ -10,7 +10,6 @@ from urllib.parse import parse_qs, urlparse
 import numpy as np
 
 from app.settings import get_settings
-
 from tests.pages.figure_data import cards as figures_by_card
 
 HX = {"HX-Request": "true"}
@@ -27,8 +26,9 @@ def test_plain_get_is_the_full_page_and_htmx_gets_only_the_results(client):
     assert "HX-Request" in part.headers["vary"]
     # every figure of the page, and no inline script anywhere
     cards = figures_by_card(full.text)
-    assert {"stage-raw", "stage-scaled", "stage-masked", "stage-weights", "residual", "writes",
-            "next-token"} <= set(cards)
+    assert {"stage-raw", "stage-scaled", "stage-masked", "stage-weights", "residual", "writes", "next-token"} <= set(
+        cards
+    )
     assert re.search(r"<script(?![^>]*\bsrc=)", full.text) is None
     assert not re.search(r"\son[a-z]+=", full.text)  # no inline event handlers
 
@@ -37,9 +37,16 @@ def test_the_page_shows_the_numbers_the_api_returns(client):
     text, layer, head = "the cat sat", 1, 2
     page = client.get("/", params={"text": text, "layer": layer, "head": head, "positional_embedding_type": "rotary"})
     cards = figures_by_card(page.text)
-    api = client.post("/api/v1/run", json={
-        "model": "toy", "text": text, "positional_embedding_type": "rotary", "top_k": 10,
-        "hooks": [f"blocks.{layer}.attn.hook_pattern", f"blocks.{layer}.attn.hook_attn_scores"]}).json()
+    api = client.post(
+        "/api/v1/run",
+        json={
+            "model": "toy",
+            "text": text,
+            "positional_embedding_type": "rotary",
+            "top_k": 10,
+            "hooks": [f"blocks.{layer}.attn.hook_pattern", f"blocks.{layer}.attn.hook_attn_scores"],
+        },
+    ).json()
     weights = np.array(api["hooks"][f"blocks.{layer}.attn.hook_pattern"][head])
     np.testing.assert_array_equal(np.array(cards["stage-weights"]["data"][0]["z"]), weights)
     scores = api["hooks"][f"blocks.{layer}.attn.hook_attn_scores"][head]
@@ -50,8 +57,11 @@ def test_the_page_shows_the_numbers_the_api_returns(client):
 
 
 def test_changing_the_model_answers_the_whole_form_with_that_models_defaults(client):
-    r = client.get("/", params={"model": "spec-forward", "text": "Ali makan nasi lemak", "n_heads": "4",
-                                "d_model": "64"}, headers=HX | {"HX-Trigger-Name": "model"})
+    r = client.get(
+        "/",
+        params={"model": "spec-forward", "text": "Ali makan nasi lemak", "n_heads": "4", "d_model": "64"},
+        headers=HX | {"HX-Trigger-Name": "model"},
+    )
     assert r.status_code == 200
     assert r.text.lstrip().startswith('<form id="explorer"')
     assert re.search(r'id="n_heads"[^>]*value="2"', r.text)  # the spec's model: 2 heads, d_model 16
@@ -63,14 +73,31 @@ def test_changing_the_model_answers_the_whole_form_with_that_models_defaults(cli
 
 def test_the_pushed_url_is_the_shortest_that_restores_the_view(client):
     # what the form sends: every control, checkboxes as hidden "0" then "1"
-    form = [("text", "hello"), ("model", "toy"), ("causal", "0"), ("causal", "1"), ("scale", "0"),
-            ("temperature", "1.0"), ("positional_embedding_type", "learned"), ("n_heads", "2"),
-            ("d_model", "64"), ("n_layers", "2"), ("seed", "0"), ("layer", "1"), ("head", "7")]
+    form = [
+        ("text", "hello"),
+        ("model", "toy"),
+        ("causal", "0"),
+        ("causal", "1"),
+        ("scale", "0"),
+        ("temperature", "1.0"),
+        ("positional_embedding_type", "learned"),
+        ("n_heads", "2"),
+        ("d_model", "64"),
+        ("n_layers", "2"),
+        ("seed", "0"),
+        ("layer", "1"),
+        ("head", "7"),
+    ]
     r = client.get("/", params=form, headers=HX)
     pushed = r.headers["hx-push-url"]
     # defaults dropped; scale off kept; the head is clamped to the 2 heads there are
-    assert parse_qs(urlparse(pushed).query) == {"text": ["hello"], "scale": ["0"], "n_heads": ["2"],
-                                                 "layer": ["1"], "head": ["1"]}
+    assert parse_qs(urlparse(pushed).query) == {
+        "text": ["hello"],
+        "scale": ["0"],
+        "n_heads": ["2"],
+        "layer": ["1"],
+        "head": ["1"],
+    }
     restored = client.get(pushed)
     assert 'id="head-1" name="head" value="1" checked' in restored.text
     assert figures_by_card(restored.text)["stage-weights"] == figures_by_card(r.text)["stage-weights"]
@@ -83,8 +110,12 @@ def test_a_bad_setting_renders_its_message_in_place_with_422(client):
     assert "data-figure" not in r.text
     # the chosen layer and head survive, so fixing the setting restores the view
     assert 'name="layer" value="1"' in r.text and 'name="head" value="2"' in r.text
-    for params, fragment in [({"n_heads": "many"}, "is not a whole number"), ({"temperature": "0"}, "temperature"),
-                             ({"model": "nope"}, "unknown model 'nope'"), ({"n_layers": "999"}, "n_layers")]:
+    for params, fragment in [
+        ({"n_heads": "many"}, "is not a whole number"),
+        ({"temperature": "0"}, "temperature"),
+        ({"model": "nope"}, "unknown model 'nope'"),
+        ({"n_layers": "999"}, "n_layers"),
+    ]:
         r = client.get("/", params=params, headers=HX)
         assert r.status_code == 422 and fragment in html.unescape(r.text), params
 

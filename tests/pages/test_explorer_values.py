@@ -83,11 +83,14 @@ def test_a_head_s_levels_are_those_its_weights_figure_would_carry(client):
 def test_a_read_that_cannot_be_answered_says_what_to_ask_for(client):
     url, _ = page(client)
     assert read(client, url, values="stage-nothing", rows="0-1").startswith(
-        "422 values='stage-nothing': this view paints no such matrix; it paints stage-raw, stage-scaled")
+        "422 values='stage-nothing': this view paints no such matrix; it paints stage-raw, stage-scaled"
+    )
     for rows in ("", "3", "5-5", "0-129", "-1-2", "a-b"):
         assert read(client, url, values="stage-weights", rows=rows).startswith(f"422 rows={rows!r} is not from-to")
     # a view that cannot run says why, as the page would
-    assert read(client, "/?model=toy&text=ab&n_heads=3&d_model=8", values="stage-weights", rows="0-1").startswith("422 ")
+    assert read(client, "/?model=toy&text=ab&n_heads=3&d_model=8", values="stage-weights", rows="0-1").startswith(
+        "422 "
+    )
     # below IMAGE_MIN_TOKENS the page holds every value: nothing to read
     assert "it paints none" in read(client, "/?model=toy&text=abc", values="stage-weights", rows="0-1")
 
@@ -106,11 +109,13 @@ def test_each_app_reads_from_its_own_cache(client, client_with):
     other = client_with(explorer_max_tokens=512)
     url, _ = page(client)
     assert read_cache(_request(client)) is not read_cache(_request(other))
-    np.testing.assert_array_equal(read(other, url, values="stage-weights", rows="0-2"),
-                                  read(client, url, values="stage-weights", rows="0-2"))
+    np.testing.assert_array_equal(
+        read(other, url, values="stage-weights", rows="0-2"), read(client, url, values="stage-weights", rows="0-2")
+    )
 
 
 def _request(client):
     class Request:  # what read_cache looks at: the app
         app = client.app
+
     return Request()

@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 from core import lessons
-
 from tests.pages.figure_data import cards, load_figure
 
 TEXT = "the cat sat"
@@ -55,10 +54,23 @@ def same(actual: np.ndarray, expected: np.ndarray, atol: float = 1e-12) -> None:
 
 # ------------------------------------------------------------------ the explorer
 
+
 def run_hooks(client, n_layers: int, **toggles) -> dict:
-    hooks = ["hook_embed"] + [f"blocks.{l}.{h}" for l in range(n_layers) for h in
-                              ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out", "hook_mlp_out",
-                               "attn.hook_q", "attn.hook_k", "attn.hook_attn_scores", "attn.hook_pattern")]
+    hooks = ["hook_embed"] + [
+        f"blocks.{l}.{h}"
+        for l in range(n_layers)
+        for h in (
+            "hook_resid_pre",
+            "hook_resid_mid",
+            "hook_resid_post",
+            "hook_attn_out",
+            "hook_mlp_out",
+            "attn.hook_q",
+            "attn.hook_k",
+            "attn.hook_attn_scores",
+            "attn.hook_pattern",
+        )
+    ]
     return api(client, "run", "post", json={"model": "toy", "text": TEXT, "hooks": hooks, "top_k": 10, **toggles})
 
 
@@ -98,7 +110,9 @@ def test_every_explorer_figure_holds_the_apis_numbers(client):
     same(z(figs["stage-scaled"]), raw / math.sqrt(cfg["d_head"]))
     scores = null_as_nan(h[b + "attn.hook_attn_scores"][HEAD])
     same(z(figs["stage-masked"]), scores)
-    assert np.isnan(scores).tolist() == np.triu(np.ones_like(raw, bool), 1).tolist()  # causal: masked above the diagonal
+    assert (
+        np.isnan(scores).tolist() == np.triu(np.ones_like(raw, bool), 1).tolist()
+    )  # causal: masked above the diagonal
     pattern = np.array(h[b + "attn.hook_pattern"])  # [head_index, query_pos, key_pos]
     same(z(figs["stage-weights"]), pattern[HEAD])
     assert sorted(thumbs) == list(range(cfg["n_heads"]))
@@ -107,8 +121,9 @@ def test_every_explorer_figure_holds_the_apis_numbers(client):
     # the residual stream's size: the token embedding, then each block's input, middle and output
     stream = ["hook_embed"] + [f"blocks.{l}.hook_resid_{p}" for l in range(2) for p in ("pre", "mid", "post")]
     same(z(figs["residual"]), np.stack([norms(h[name]) for name in stream], axis=1))
-    assert figs["residual"]["export"]["x"] == ["hook_embed"] + [f"{l} {p}" for l in range(2)
-                                                                  for p in ("pre", "mid", "post")]
+    assert figs["residual"]["export"]["x"] == ["hook_embed"] + [
+        f"{l} {p}" for l in range(2) for p in ("pre", "mid", "post")
+    ]
     writes = [f"blocks.{l}.hook_{w}_out" for l in range(2) for w in ("attn", "mlp")]
     same(z(figs["writes"]), np.stack([norms(h[name]) for name in writes], axis=1))
     assert figs["writes"]["export"]["x"] == [f"{l} {w}_out" for l in range(2) for w in ("attn", "mlp")]
@@ -116,8 +131,15 @@ def test_every_explorer_figure_holds_the_apis_numbers(client):
     assert bars["data"][0]["x"] == [t["prob"] for t in run["top_k"]]
     assert bars["export"]["x"] == [t["token"] for t in run["top_k"]]
     # every figure of the page was checked above
-    assert set(figs) == {"stage-raw", "stage-scaled", "stage-masked", "stage-weights", "residual", "writes",
-                         "next-token"}
+    assert set(figs) == {
+        "stage-raw",
+        "stage-scaled",
+        "stage-masked",
+        "stage-weights",
+        "residual",
+        "writes",
+        "next-token",
+    }
     assert every_figure(page) == len(figs) + len(thumbs)
 
 
@@ -176,8 +198,12 @@ def test_the_shapes_table_is_the_shape_of_every_array_the_api_returns(client, to
     parser.feed(client.get("/", params={"text": TEXT, **toggles}).text)
     rows = parser.rows
     hooks = api(client, "hooks", params={"model": "toy", **toggles})["hooks"]  # every hook name, with its axes
-    run = api(client, "run", "post", json={"model": "toy", "text": TEXT, "hooks": [x["name"] for x in hooks],
-                                           "top_k": 1, **toggles})
+    run = api(
+        client,
+        "run",
+        "post",
+        json={"model": "toy", "text": TEXT, "hooks": [x["name"] for x in hooks], "top_k": 1, **toggles},
+    )
     n = len(run["tokens"])
     expected = [["tokens", "[pos]", str((n,))]]
     expected += [[x["name"], x["shape"], str(np.array(run["hooks"][x["name"]], dtype=object).shape)] for x in hooks]
@@ -186,6 +212,7 @@ def test_the_shapes_table_is_the_shape_of_every_array_the_api_returns(client, to
 
 
 # ------------------------------------------------------------------ the Inspect views (others: test_inspect_page.py)
+
 
 def test_the_kv_cache_chart_is_the_apis_bytes_per_step(client):
     page = client.get("/inspect", params={"view": "kvcache", "text": "Ali", "n_new": 4}).text
@@ -211,6 +238,7 @@ def test_the_decomposition_waterfall_stacks_each_part_on_the_last(client):
 
 # ------------------------------------------------------------------ the lessons and the calculator
 
+
 def series(fig: dict) -> dict[str, tuple[list, list]]:
     return {t["name"]: (t["x"], t["y"]) for t in fig["data"]}
 
@@ -233,8 +261,11 @@ def test_scaling_lesson_figures(client):
     rows = api(client, "lessons/scaling", params=query)["rows"]
     dims = [3.0, 16.0, 100.0]
     top = series(figs["fig-top-weight"])
-    assert list(top.values()) == [(dims, [r["top_weight_unscaled"] for r in rows]),
-                                  (dims, [r["top_weight_scaled"] for r in rows]), (dims, [1 / 8] * 3)]
+    assert list(top.values()) == [
+        (dims, [r["top_weight_unscaled"] for r in rows]),
+        (dims, [r["top_weight_scaled"] for r in rows]),
+        (dims, [1 / 8] * 3),
+    ]
     std = series(figs["fig-std"])
     assert list(std.values()) == [(dims, [r["std"] for r in rows]), (dims, [math.sqrt(d) for d in dims])]
     assert set(figs) == {"fig-top-weight", "fig-std"} and every_figure(page) == 2
@@ -277,11 +308,17 @@ def test_positions_lesson_figures(client):
 
 def gpt2_small_components(d=768, vocab=50257, n_ctx=1024, layers=12, d_mlp=3072) -> dict[str, tuple[int, bool]]:
     """GPT-2 small's parameters by component, from the architecture (Radford et al., 2019): (count, counted)."""
-    return {"token table": (vocab * d, True), "position table": (n_ctx * d, True),
-            "layer norms (gain + bias)": ((2 * layers + 1) * 2 * d, True),
-            "attention weights": (layers * 4 * d * d, True), "attention biases": (layers * 4 * d, True),
-            "MLP weights": (layers * 2 * d * d_mlp, True), "MLP biases": (layers * (d_mlp + d), True),
-            "causal mask buffers": (layers * n_ctx * n_ctx, False), "unembedding (tied)": (d * vocab, False)}
+    return {
+        "token table": (vocab * d, True),
+        "position table": (n_ctx * d, True),
+        "layer norms (gain + bias)": ((2 * layers + 1) * 2 * d, True),
+        "attention weights": (layers * 4 * d * d, True),
+        "attention biases": (layers * 4 * d, True),
+        "MLP weights": (layers * 2 * d * d_mlp, True),
+        "MLP biases": (layers * (d_mlp + d), True),
+        "causal mask buffers": (layers * n_ctx * n_ctx, False),
+        "unembedding (tied)": (d * vocab, False),
+    }
 
 
 def breakdown(fig: dict) -> dict[str, tuple[int, bool]]:

@@ -16,7 +16,7 @@ def _cells_covered(overlay: dict, n: int) -> np.ndarray:
     for start in range(0, len(xs), 6):  # each rectangle: 5 corners then a None break
         x0, x1 = xs[start], xs[start + 1]
         y0, y1 = ys[start], ys[start + 2]
-        covered[int(y0 + 0.5):int(y1 + 0.5), int(x0 + 0.5):int(x1 + 0.5)] = True
+        covered[int(y0 + 0.5) : int(y1 + 0.5), int(x0 + 0.5) : int(x1 + 0.5)] = True
     return covered
 
 

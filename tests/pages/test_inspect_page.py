@@ -12,7 +12,6 @@ import pytest
 
 from tests.pages.figure_data import cards
 
-
 HX = {"HX-Request": "true"}
 MINILM = "all-MiniLM-L6-v2"
 
@@ -26,8 +25,13 @@ def api(client, path, **body):
 def test_explorer_links_to_every_inspect_view_with_its_state(client):
     page = client.get("/", params={"text": "the cat", "causal": 0, "layer": 1, "ablate": "0.2"}).text
     links = [html.unescape(u) for u in re.findall(r'<a href="(/inspect\?[^"]+)"', page)]
-    assert [parse_qs(urlparse(u).query)["view"][0] for u in links] == ["decompose", "lens", "detectors",
-                                                                      "kvcache", "compare"]
+    assert [parse_qs(urlparse(u).query)["view"][0] for u in links] == [
+        "decompose",
+        "lens",
+        "detectors",
+        "kvcache",
+        "compare",
+    ]
     for url in links:
         q = parse_qs(urlparse(url).query)
         assert q["text"] == ["the cat"] and q["causal"] == ["0"] and q["layer"] == ["1"] and q["ablate"] == ["0.2"]
@@ -35,8 +39,9 @@ def test_explorer_links_to_every_inspect_view_with_its_state(client):
 
 def test_ablating_in_the_explorer_shows_the_apis_change(client):
     page = client.get("/", params={"text": "the cat sat", "ablate": ["1.3", "0.0"], "layer": 1}).text
-    effect = api(client, "run", text="the cat sat", top_k=10,
-                 ablate=[{"layer": 0, "head": 0}, {"layer": 1, "head": 3}])["ablation_effect"]
+    effect = api(
+        client, "run", text="the cat sat", top_k=10, ablate=[{"layer": 0, "head": 0}, {"layer": 1, "head": 3}]
+    )["ablation_effect"]
     bars = cards(page)["next-token"]["data"]
     assert [t["name"] for t in bars] == ["without ablation", "with ablation"]
     assert bars[0]["x"] == [c["baseline_prob"] for c in effect["changes"]]
@@ -70,8 +75,9 @@ def test_lens_page_labels_cells_with_the_apis_top_tokens(client):
     fig = cards(client.get("/inspect", params={"view": "lens", "text": "abc"}).text)["lens-heatmap"]
     lens = api(client, "analysis/logit-lens", text="abc", top_k=5)
     assert fig["data"][0]["z"] == [[cell[0]["prob"] for cell in point] for point in lens["top_k"]]
-    assert fig["data"][0]["text"] == [[html.escape(cell[0]["token"], quote=False) for cell in point]
-                                      for point in lens["top_k"]]
+    assert fig["data"][0]["text"] == [
+        [html.escape(cell[0]["token"], quote=False) for cell in point] for point in lens["top_k"]
+    ]
 
 
 def test_detectors_page_has_a_heatmap_per_detector_and_sequence(client):
@@ -90,8 +96,9 @@ def test_kv_cache_page_shows_every_step(client):
 
 
 def test_compare_page_draws_both_sides_and_their_difference(client):
-    page = client.get("/inspect", params={"view": "compare", "text": "the cat", "layer": 1, "head": 2,
-                                          "b_causal": 0}).text
+    page = client.get(
+        "/inspect", params={"view": "compare", "text": "the cat", "layer": 1, "head": 2, "b_causal": 0}
+    ).text
     figs = cards(page)
     r = api(client, "analysis/compare", text="the cat", layer=1, head=2, other={"causal": False})
     assert figs["compare-a"]["data"][0]["z"] == r["a"]["pattern"]
@@ -128,9 +135,12 @@ def test_the_compare_view_of_an_encoder_compares_the_scaling(client):
     page = client.get("/inspect", params={"view": "compare", "model": "all-MiniLM-L6-v2", "text": "the cat sat"})
     assert page.status_code == 200, page.text[:300]
     figs = cards(page.text)
-    r = client.post("/api/v1/analysis/compare", json={"model": "all-MiniLM-L6-v2", "text": "the cat sat",
-                                                      "other": {"scale": False}})
+    r = client.post(
+        "/api/v1/analysis/compare", json={"model": "all-MiniLM-L6-v2", "text": "the cat sat", "other": {"scale": False}}
+    )
     assert r.status_code == 200, r.text[:300]
     # MiniLM runs in float32: the same float32 numbers (JSON writes them short, the figure as float64)
-    np.testing.assert_array_equal(np.array(figs["compare-b"]["data"][0]["z"], dtype=np.float32),
-                                  np.array(r.json()["b"]["pattern"], dtype=np.float32))
+    np.testing.assert_array_equal(
+        np.array(figs["compare-b"]["data"][0]["z"], dtype=np.float32),
+        np.array(r.json()["b"]["pattern"], dtype=np.float32),
+    )

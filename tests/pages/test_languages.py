@@ -20,11 +20,27 @@ from tests.test_catalogue import TECHNICAL, catalogue
 from .figure_data import load_figure
 
 LESSONS = ["attention", "scaling", "causal", "multihead", "positions", "params", "forward"]
-ALL_PAGES = (["/", "/?view=compare&rollout=1&ablate=0.1", "/lessons", "/params", "/params?preset=tinyllama-1.1b", "/glossary", "/train", "/train?recipe=text"]
-             + [f"/lessons/{name}" for name in LESSONS] + [f"/inspect?view={view}" for view in INSPECT_VIEWS]
-             + ["/generate", "/generate?model=nasi-lemak&top_k=5&repetition_penalty=1.2&stop=.", "/circuits",
-                "/circuits?target=attn_head_pos&direction=denoise&metric=prob&layer=1&head=1&query=3",
-                "/circuits?model=toy&target=resid_mid"])
+ALL_PAGES = (
+    [
+        "/",
+        "/?view=compare&rollout=1&ablate=0.1",
+        "/lessons",
+        "/params",
+        "/params?preset=tinyllama-1.1b",
+        "/glossary",
+        "/train",
+        "/train?recipe=text",
+    ]
+    + [f"/lessons/{name}" for name in LESSONS]
+    + [f"/inspect?view={view}" for view in INSPECT_VIEWS]
+    + [
+        "/generate",
+        "/generate?model=nasi-lemak&top_k=5&repetition_penalty=1.2&stop=.",
+        "/circuits",
+        "/circuits?target=attn_head_pos&direction=denoise&metric=prob&layer=1&head=1&query=3",
+        "/circuits?model=toy&target=resid_mid",
+    ]
+)
 # Pages whose words are not all in the catalogue yet, and what they still show in English.
 PENDING: dict[str, str] = {}
 PAGES = [p for p in ALL_PAGES if p not in PENDING]
@@ -55,6 +71,7 @@ def html_lang(text: str) -> str:
 
 # ------------------------------------------------------------------ choosing the language
 
+
 def test_english_by_default_and_malay_when_the_browser_prefers_it(web):
     assert html_lang(web.get("/lessons").text) == "en"
     r = web.get("/lessons/causal", headers={"Accept-Language": "ms-MY,ms;q=0.9,en;q=0.8"})
@@ -77,21 +94,29 @@ def test_a_malay_page_keeps_its_language_in_every_link_form_and_pushed_url(web):
     r = web.get("/lessons/attention?lang=ms")
     links = re.findall(r'href="(/[^"]*)"', r.text)
     switch = re.search(r'<nav class="language-switch".*?</nav>', r.text, re.S).group(0)
-    own = [u for u in links if not u.startswith(("/static/", "/api/", "/docs")) and not u.endswith("snippet.py")
-           and u not in switch]
+    own = [
+        u
+        for u in links
+        if not u.startswith(("/static/", "/api/", "/docs")) and not u.endswith("snippet.py") and u not in switch
+    ]
     assert own and all("lang=ms" in u for u in own), [u for u in own if "lang=ms" not in u]
     assert '<input type="hidden" name="lang" value="ms">' in r.text  # the settings form sends it with htmx
     part = web.get("/lessons/attention?lang=ms&seed=3", headers=HX)
     assert parse_qs(urlparse(part.headers["hx-push-url"]).query) == {"seed": ["3"], "lang": ["ms"]}
     inspect = web.get("/inspect?view=lens&lang=ms")
-    tabs = re.findall(r'href="(/inspect\?[^"]*)"', re.search(r'<nav class="tabs".*?</nav>', inspect.text, re.S).group(0))
+    tabs = re.findall(
+        r'href="(/inspect\?[^"]*)"', re.search(r'<nav class="tabs".*?</nav>', inspect.text, re.S).group(0)
+    )
     assert len(tabs) == len(INSPECT_VIEWS) and all("lang=ms" in t for t in tabs)
 
 
 def test_the_switch_links_this_page_in_each_language(web):
     text = web.get("/lessons/scaling?seed=7&lang=ms").text
     switch = re.search(r'<nav class="language-switch".*?</nav>', text, re.S).group(0)
-    assert 'href="/lessons/scaling?seed=7&amp;lang=ms"' in switch and 'href="/lessons/scaling?seed=7&amp;lang=en"' in switch
+    assert (
+        'href="/lessons/scaling?seed=7&amp;lang=ms"' in switch
+        and 'href="/lessons/scaling?seed=7&amp;lang=en"' in switch
+    )
     assert re.search(r'lang="ms"[^>]*aria-current="true"', switch)
 
 
@@ -102,9 +127,15 @@ def test_the_training_form_comes_back_to_the_run_in_malay(web):
 
 # ------------------------------------------------------------------ no English left on a Malay page
 
+
 def _english_vocabulary() -> set[str]:
     """The words of the interface's English (every English message) that its Malay never uses."""
-    words = lambda text: {w.lower() for w in re.findall(r"[A-Za-z]{2,}", re.sub(r"\b\w*[_\d]\w*\b", " ", re.sub(r"<[^>]+>|%\(\w+\)s|\{\w+[^}]*\}", " ", text)))}  # noqa: E731
+
+    def words(text: str) -> set[str]:
+        text = re.sub(r"<[^>]+>|%\(\w+\)s|\{\w+[^}]*\}", " ", text)  # markup and placeholders
+        text = re.sub(r"\b\w*[_\d]\w*\b", " ", text)  # identifiers and numbers
+        return {w.lower() for w in re.findall(r"[A-Za-z]{2,}", text)}
+
     english, malay = set(), set()
     for m in catalogue("ms"):
         if m.id:
@@ -157,8 +188,14 @@ NAMES = {"toy", "induction", "python", "docs", "spec", "forward", "all", "minilm
 def english_left(text: str) -> list[str]:
     p = _Visible()
     p.feed(text)
-    return sorted({w for t in p.found for w in re.findall(r"[A-Za-z]{2,}", re.sub(r"\b\w*[_\d]\w*\b", " ", t))
-                   if w.lower() in ENGLISH - NAMES})
+    return sorted(
+        {
+            w
+            for t in p.found
+            for w in re.findall(r"[A-Za-z]{2,}", re.sub(r"\b\w*[_\d]\w*\b", " ", t))
+            if w.lower() in ENGLISH - NAMES
+        }
+    )
 
 
 def figures(text: str) -> list[dict]:
@@ -196,8 +233,12 @@ def test_a_malay_page_has_no_english_left(web, path):
     r = web.get(in_malay(path))
     assert r.status_code == 200 and html_lang(r.text) == "ms"
     assert english_left(r.text) == []
-    drawn = [w for t in figure_texts(r.text) for w in re.findall(r"[A-Za-z]{2,}", re.sub(r"<[^>]+>|%\{[^}]*\}", " ", t))
-             if w.lower() in ENGLISH]
+    drawn = [
+        w
+        for t in figure_texts(r.text)
+        for w in re.findall(r"[A-Za-z]{2,}", re.sub(r"<[^>]+>|%\{[^}]*\}", " ", t))
+        if w.lower() in ENGLISH
+    ]
     assert drawn == [], "the figures' titles, axes, legends or hover text"
 
 
@@ -211,7 +252,9 @@ def test_every_models_description_is_said_in_malay_and_the_api_keeps_its_english
 
     catalog = build_catalog(get_settings())
     models = list(catalog.values())
-    assert {"toy", "spec-forward", "induction", "nasi-lemak", "python-docs", "all-MiniLM-L6-v2"} <= {m.name for m in models}
+    assert {"toy", "spec-forward", "induction", "nasi-lemak", "python-docs", "all-MiniLM-L6-v2"} <= {
+        m.name for m in models
+    }
     for m in models:
         english = m.described()
         assert english == m.description, m.name  # the same words, said in English
@@ -222,6 +265,7 @@ def test_every_models_description_is_said_in_malay_and_the_api_keeps_its_english
 
 
 # ------------------------------------------------------------------ the numbers never change
+
 
 def _numbers(text: str) -> list[str]:
     """Every number a page prints in its tables and text, in order of size (a translation may reorder a
@@ -255,9 +299,17 @@ def test_the_spec_tables_are_the_same_in_malay(web):
     assert count >= 94
 
 
-API_GETS = ["/api/v1/lessons/attention", "/api/v1/lessons/scaling", "/api/v1/lessons/multihead",
-            "/api/v1/lessons/positions", "/api/v1/lessons/forward", "/api/v1/params?preset=gpt2-small",
-            "/api/v1/kv-cache?preset=gpt2-xl", "/api/v1/models", "/api/v1/hooks"]
+API_GETS = [
+    "/api/v1/lessons/attention",
+    "/api/v1/lessons/scaling",
+    "/api/v1/lessons/multihead",
+    "/api/v1/lessons/positions",
+    "/api/v1/lessons/forward",
+    "/api/v1/params?preset=gpt2-small",
+    "/api/v1/kv-cache?preset=gpt2-xl",
+    "/api/v1/models",
+    "/api/v1/hooks",
+]
 
 
 @pytest.mark.parametrize("path", API_GETS)
@@ -271,7 +323,10 @@ def test_the_api_answers_the_same_json_whatever_the_language(web, path):
 API_POSTS = [
     ("/api/v1/run", {"model": "toy", "text": "Ali makan nasi lemak", "hooks": ["blocks.0.attn.hook_pattern"]}),
     ("/api/v1/generate", {"model": "toy", "text": "Ali makan", "max_new_tokens": 4, "temperature": 0.8, "seed": 3}),
-    ("/api/v1/analysis/patching", {"model": "induction", "clean": "abcab", "corrupted": "abcaa", "target": "attn_head"}),
+    (
+        "/api/v1/analysis/patching",
+        {"model": "induction", "clean": "abcab", "corrupted": "abcaa", "target": "attn_head"},
+    ),
 ]
 
 
@@ -300,28 +355,78 @@ def test_the_api_says_its_errors_in_malay_for_accept_language_ms(web):
 
 # (method, path, body or params, status, English message, Malay message): core's, the service's and pydantic's
 API_ERRORS = [
-    ("GET", "/api/v1/lessons/multihead", {"d_model": 10, "n_heads": 4}, 422,
-     "d_model=10 is not divisible by n_heads=4: each head gets d_model / n_heads dimensions",
-     "d_model=10 tidak boleh dibahagi dengan n_heads=4: setiap kepala mendapat d_model / n_heads dimensi"),
-    ("POST", "/api/v1/run", {"model": "nope", "text": "Ali"}, 422,
-     "unknown model 'nope': choose one of ", "model 'nope' tidak dikenali: pilih salah satu daripada "),
-    ("POST", "/api/v1/generate", {"model": "toy", "text": "Ali", "top_k": 5000}, 422,
-     "top_k=5000 is more than 'toy''s vocabulary of 96 tokens",
-     "top_k=5000 melebihi kosa kata 'toy' yang berjumlah 96 token"),
-    ("POST", "/api/v1/generate", {"model": "all-MiniLM-L6-v2", "text": "Ali"}, 422,
-     "'all-MiniLM-L6-v2' is an encoder (BERT-style)", "'all-MiniLM-L6-v2' ialah pengekod (gaya BERT)"),
-    ("POST", "/api/v1/generate", {"model": "toy", "text": "Ali", "top_p": 1.5}, 422,
-     "top_p: Input should be less than or equal to 1", "top_p: Input mesti kurang daripada atau sama dengan 1"),
-    ("POST", "/api/v1/analysis/patching", {"model": "induction", "clean": "abc", "corrupted": "ab"}, 422,
-     "the clean text has 3 tokens and the corrupted text 2: patching swaps activations position by position",
-     "teks bersih mempunyai 3 token dan teks rosak 2: penampalan menukar pengaktifan kedudukan demi kedudukan"),
-    ("POST", "/api/v1/run", {"model": "toy", "text": "   "}, 422,
-     "text: the text is empty or only spaces", "text: teks kosong atau hanya ruang"),  # the app's own pydantic error
-    ("GET", "/api/v1/lessons/scaling", {"dims": "4,0"}, 422,
-     "dims: dims must each lie in 1 … 65,536; got 0", "dims: setiap dims mesti terletak dalam 1 … 65,536; tetapi diberi 0"),
-    ("GET", "/api/v1/runs/induction-000000000000", None, 404,
-     "there is no run 'induction-000000000000' on this server: GET /api/v1/runs lists them",
-     "tiada larian 'induction-000000000000' pada pelayan ini: GET /api/v1/runs menyenaraikannya"),
+    (
+        "GET",
+        "/api/v1/lessons/multihead",
+        {"d_model": 10, "n_heads": 4},
+        422,
+        "d_model=10 is not divisible by n_heads=4: each head gets d_model / n_heads dimensions",
+        "d_model=10 tidak boleh dibahagi dengan n_heads=4: setiap kepala mendapat d_model / n_heads dimensi",
+    ),
+    (
+        "POST",
+        "/api/v1/run",
+        {"model": "nope", "text": "Ali"},
+        422,
+        "unknown model 'nope': choose one of ",
+        "model 'nope' tidak dikenali: pilih salah satu daripada ",
+    ),
+    (
+        "POST",
+        "/api/v1/generate",
+        {"model": "toy", "text": "Ali", "top_k": 5000},
+        422,
+        "top_k=5000 is more than 'toy''s vocabulary of 96 tokens",
+        "top_k=5000 melebihi kosa kata 'toy' yang berjumlah 96 token",
+    ),
+    (
+        "POST",
+        "/api/v1/generate",
+        {"model": "all-MiniLM-L6-v2", "text": "Ali"},
+        422,
+        "'all-MiniLM-L6-v2' is an encoder (BERT-style)",
+        "'all-MiniLM-L6-v2' ialah pengekod (gaya BERT)",
+    ),
+    (
+        "POST",
+        "/api/v1/generate",
+        {"model": "toy", "text": "Ali", "top_p": 1.5},
+        422,
+        "top_p: Input should be less than or equal to 1",
+        "top_p: Input mesti kurang daripada atau sama dengan 1",
+    ),
+    (
+        "POST",
+        "/api/v1/analysis/patching",
+        {"model": "induction", "clean": "abc", "corrupted": "ab"},
+        422,
+        "the clean text has 3 tokens and the corrupted text 2: patching swaps activations position by position",
+        "teks bersih mempunyai 3 token dan teks rosak 2: penampalan menukar pengaktifan kedudukan demi kedudukan",
+    ),
+    (
+        "POST",
+        "/api/v1/run",
+        {"model": "toy", "text": "   "},
+        422,
+        "text: the text is empty or only spaces",
+        "text: teks kosong atau hanya ruang",
+    ),  # the app's own pydantic error
+    (
+        "GET",
+        "/api/v1/lessons/scaling",
+        {"dims": "4,0"},
+        422,
+        "dims: dims must each lie in 1 … 65,536; got 0",
+        "dims: setiap dims mesti terletak dalam 1 … 65,536; tetapi diberi 0",
+    ),
+    (
+        "GET",
+        "/api/v1/runs/induction-000000000000",
+        None,
+        404,
+        "there is no run 'induction-000000000000' on this server: GET /api/v1/runs lists them",
+        "tiada larian 'induction-000000000000' pada pelayan ini: GET /api/v1/runs menyenaraikannya",
+    ),
 ]
 
 
@@ -333,22 +438,31 @@ def test_an_api_error_is_said_in_malay_and_nothing_else_changes(web, method, pat
 
     e, m = ask("en"), ask("ms")
     assert e.status_code == m.status_code == status
-    assert [{k: v for k, v in d.items() if k != "msg"} for d in e.json()["detail"]] == \
-        [{k: v for k, v in d.items() if k != "msg"} for d in m.json()["detail"]]  # loc and type: the same
+    assert [{k: v for k, v in d.items() if k != "msg"} for d in e.json()["detail"]] == [
+        {k: v for k, v in d.items() if k != "msg"} for d in m.json()["detail"]
+    ]  # loc and type: the same
     (e_msg,), (m_msg,) = [d["msg"] for d in e.json()["detail"]], [d["msg"] for d in m.json()["detail"]]
     assert e_msg.startswith(english) and m_msg.startswith(malay)
     assert re.findall(r"\d+(?:\.\d+)?", e_msg) == re.findall(r"\d+(?:\.\d+)?", m_msg)  # the same numbers
 
 
-@pytest.mark.parametrize("path, malay", [
-    ("/lessons/multihead?d_model=10&n_heads=4",
-     "d_model=10 tidak boleh dibahagi dengan n_heads=4: setiap kepala mendapat d_model / n_heads dimensi"),
-    ("/generate?top_p=1.5", "top_p mesti terletak dalam (0, 1]: bahagian kebarangkalian yang disimpan"),
-    ("/generate?model=toy&max_new_tokens=100000", "max_new_tokens=100000 melebihi had pelayan ini"),
-    ("/lessons/attention?d_model=0", "d_model: Input mesti lebih besar daripada atau sama dengan 1"),
-    ("/inspect?view=decompose&pos=99", "pos=99 berada di luar "),
-    ("/circuits?model=induction&clean=abc&corrupted=ab", "teks bersih mempunyai 3 token dan teks rosak 2: penampalan"),
-])
+@pytest.mark.parametrize(
+    "path, malay",
+    [
+        (
+            "/lessons/multihead?d_model=10&n_heads=4",
+            "d_model=10 tidak boleh dibahagi dengan n_heads=4: setiap kepala mendapat d_model / n_heads dimensi",
+        ),
+        ("/generate?top_p=1.5", "top_p mesti terletak dalam (0, 1]: bahagian kebarangkalian yang disimpan"),
+        ("/generate?model=toy&max_new_tokens=100000", "max_new_tokens=100000 melebihi had pelayan ini"),
+        ("/lessons/attention?d_model=0", "d_model: Input mesti lebih besar daripada atau sama dengan 1"),
+        ("/inspect?view=decompose&pos=99", "pos=99 berada di luar "),
+        (
+            "/circuits?model=induction&clean=abc&corrupted=ab",
+            "teks bersih mempunyai 3 token dan teks rosak 2: penampalan",
+        ),
+    ],
+)
 def test_a_malay_page_says_an_error_in_place_in_malay(web, path, malay):
     r = web.get(in_malay(path))
     assert r.status_code == 422 and html_lang(r.text) == "ms"

@@ -12,7 +12,6 @@ import re
 
 import numpy as np
 import pytest
-
 from markupsafe import escape
 
 from app.pages import figures
@@ -34,8 +33,12 @@ def level(value: float, lo: float, hi: float) -> int:
 
 def naive_levels(matrix: np.ndarray, mask: np.ndarray | None, lo: float, hi: float) -> list[int]:
     """Row by row, the level of every cell the mask leaves (and that has a value)."""
-    return [level(v, lo, hi) for i, row in enumerate(matrix) for j, v in enumerate(row)
-            if not (mask is not None and mask[i, j]) and np.isfinite(v)]
+    return [
+        level(v, lo, hi)
+        for i, row in enumerate(matrix)
+        for j, v in enumerate(row)
+        if not (mask is not None and mask[i, j]) and np.isfinite(v)
+    ]
 
 
 def naive_pool(matrix: np.ndarray, mask: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -47,10 +50,10 @@ def naive_pool(matrix: np.ndarray, mask: np.ndarray, size: int) -> tuple[np.ndar
     masked = np.zeros((len(blocks), len(blocks)), dtype=bool)
     for a, i in enumerate(blocks):
         for b, j in enumerate(blocks):
-            block = matrix[i:i + f, j:j + f]
+            block = matrix[i : i + f, j : j + f]
             finite = [v for v in block.ravel() if not np.isnan(v)]
             values[a, b] = max(finite) if finite else np.nan
-            masked[a, b] = bool(mask[i:i + f, j:j + f].all())
+            masked[a, b] = bool(mask[i : i + f, j : j + f].all())
     return values, masked
 
 
@@ -103,8 +106,14 @@ def test_pooling_keeps_a_score_only_where_its_block_has_one():
     np.testing.assert_array_equal(pooled_mask, want_mask)
 
 
-@pytest.mark.parametrize(("n", "draw", "dtype"), [(20, None, np.float64), (figures.IMAGE_MIN_TOKENS, "image", np.float64),
-                                                  (figures.FLOAT32_MIN_TOKENS, "image", np.float32)])
+@pytest.mark.parametrize(
+    ("n", "draw", "dtype"),
+    [
+        (20, None, np.float64),
+        (figures.IMAGE_MIN_TOKENS, "image", np.float64),
+        (figures.FLOAT32_MIN_TOKENS, "image", np.float32),
+    ],
+)
 def test_off_the_explorer_a_matrix_travels_as_its_values_float32_from_its_threshold(n, draw, dtype):
     weights = np.tril(np.ones((n, n))) / np.arange(1, n + 1)[:, None]
     fig = figures.attention_heatmap(weights, ["x"] * n, kind="weights", mask=causal_mask(n))
@@ -117,11 +126,17 @@ def test_off_the_explorer_a_matrix_travels_as_its_values_float32_from_its_thresh
 def test_a_read_matrix_is_painted_from_its_levels_from_64_tokens(kind):
     n = figures.IMAGE_MIN_TOKENS
     mask = causal_mask(n)
-    matrix = weights_like(n, 1) if kind == "weights" else np.where(mask, -np.inf, np.random.default_rng(2).normal(size=(n, n)))
+    matrix = (
+        weights_like(n, 1)
+        if kind == "weights"
+        else np.where(mask, -np.inf, np.random.default_rng(2).normal(size=(n, n)))
+    )
     fig = figures.attention_heatmap(matrix, ["x"] * n, kind=kind, mask=mask, read="stage-x")
     ex, trace = fig["export"], fig["data"][0]
     assert "z" not in trace and ex["read"] == "stage-x" and ex["shape"] == [n, n] and ex["draw"] == "image"
-    assert ex["levels"].dtype == np.uint8 and ex["levels"].tolist() == naive_levels(matrix, mask, trace["zmin"], trace["zmax"])
+    assert ex["levels"].dtype == np.uint8 and ex["levels"].tolist() == naive_levels(
+        matrix, mask, trace["zmin"], trace["zmax"]
+    )
     assert ex["mask"]["runs"].tolist() == runs(mask) and "gaps" not in ex
     overlay = fig["data"][1]  # the legend's "masked" entry only: its cells are painted
     assert overlay["name"] == figures.MASKED_NAME and len(overlay["x"]) == 0
@@ -168,11 +183,16 @@ def test_a_1024_token_update_is_under_its_byte_budget_as_sent(client):
 
 
 def test_a_matrix_travels_in_its_own_precision_and_the_attribute_is_escaped_as_autoescape_would():
-    fig = {"z": np.array([[0.1, np.nan]]), "z32": np.array([[0.1, np.nan]], dtype=np.float32),
-           "levels": np.array([0, 255], dtype=np.uint8), "label": "<b>\"it's\" & more</b>"}
+    fig = {
+        "z": np.array([[0.1, np.nan]]),
+        "z32": np.array([[0.1, np.nan]], dtype=np.float32),
+        "levels": np.array([0, 255], dtype=np.uint8),
+        "label": '<b>"it\'s" & more</b>',
+    }
     out = figure_json(fig)
-    assert str(out) == str(escape(json.dumps(json.loads(html.unescape(out)), separators=(",", ":"),
-                                             ensure_ascii=False)))
+    assert str(out) == str(
+        escape(json.dumps(json.loads(html.unescape(out)), separators=(",", ":"), ensure_ascii=False))
+    )
     packed = json.loads(html.unescape(out))
     assert packed["z"]["dtype"] == "f8" and packed["z32"]["dtype"] == "f4" and packed["levels"]["dtype"] == "u1"
     assert np.frombuffer(base64.b64decode(packed["z32"]["bdata"]), "<f4")[0] == np.float32(0.1)

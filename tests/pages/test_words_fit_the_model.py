@@ -43,9 +43,26 @@ DECOMPOSE_NO_MLP = "every head's output and their biases (this model has no MLP)
 DECOMPOSE_MLP = "every head's output, every MLP's output and their biases"
 
 # Every sentence above that only some models may say: a page says the ones its model fits and none of the rest.
-EXPLORER_SENTENCES = [RANDOM, TRAINED, PRETRAINED, ENCODER, NO_MLP, NO_MLP_WRITES, WITH_MLP, WITH_MLP_WRITES,
-                      POST_NORM, POST_NORM_WRITES, PARALLEL, PARALLEL_WRITES, CAUSAL, TURN_ON, READS_WHOLE, SCALED,
-                      NOT_SCALED, ABLATED]
+EXPLORER_SENTENCES = [
+    RANDOM,
+    TRAINED,
+    PRETRAINED,
+    ENCODER,
+    NO_MLP,
+    NO_MLP_WRITES,
+    WITH_MLP,
+    WITH_MLP_WRITES,
+    POST_NORM,
+    POST_NORM_WRITES,
+    PARALLEL,
+    PARALLEL_WRITES,
+    CAUSAL,
+    TURN_ON,
+    READS_WHOLE,
+    SCALED,
+    NOT_SCALED,
+    ABLATED,
+]
 
 
 def text_of(page: str) -> str:
@@ -94,10 +111,13 @@ def test_the_toy_s_switches_change_the_sentences_they_touch(client):
     assert "Scores are not divided by √d_head here, only by the temperature 2." in page
 
 
-@pytest.mark.parametrize(("model", "text", "blocks"), [
-    ("induction", "abcabc", [NO_MLP, NO_MLP_WRITES]),  # attention only
-    ("python-docs", "def f(x):", [WITH_MLP, WITH_MLP_WRITES]),
-])
+@pytest.mark.parametrize(
+    ("model", "text", "blocks"),
+    [
+        ("induction", "abcabc", [NO_MLP, NO_MLP_WRITES]),  # attention only
+        ("python-docs", "def f(x):", [WITH_MLP, WITH_MLP_WRITES]),
+    ],
+)
 def test_trained_weights_are_said_to_be_trained(client, model, text, blocks):
     says_exactly(explorer(client, model=model, text=text), [TRAINED, CAUSAL, SCALED, *blocks])
 
@@ -108,13 +128,17 @@ def test_an_encoder_has_no_prediction_no_mask_to_turn_on_and_normalises_its_stre
 
 
 def test_a_pretrained_decoder_is_said_to_be_pretrained(pretrained):
-    says_exactly(explorer(pretrained, model="gpt2-tiny", text="the cat sat"),
-                 [PRETRAINED, CAUSAL, SCALED, WITH_MLP, WITH_MLP_WRITES])
+    says_exactly(
+        explorer(pretrained, model="gpt2-tiny", text="the cat sat"),
+        [PRETRAINED, CAUSAL, SCALED, WITH_MLP, WITH_MLP_WRITES],
+    )
 
 
 def test_the_families_blocks_masks_and_scaling_are_said_as_they_are(pretrained):
-    says_exactly(explorer(pretrained, model="gpt-neox-parallel", text="The cat sat"),
-                 [PRETRAINED, CAUSAL, SCALED, PARALLEL, PARALLEL_WRITES])
+    says_exactly(
+        explorer(pretrained, model="gpt-neox-parallel", text="The cat sat"),
+        [PRETRAINED, CAUSAL, SCALED, PARALLEL, PARALLEL_WRITES],
+    )
     # GPT-Neo: no √d_head scaling; its layers alternate global and local (window 256 here)
     neo = explorer(pretrained, model="gpt-neo-local", text="The cat sat", layer="1")
     assert NOT_SCALED in neo and SCALED not in neo and PRETRAINED in neo
@@ -125,11 +149,14 @@ def test_the_families_blocks_masks_and_scaling_are_said_as_they_are(pretrained):
     assert re.search(r"every key more than \d+ tokens back: a token sees itself and the \d+ before it", mistral)
 
 
-@pytest.mark.parametrize(("model", "text", "random"), [
-    ("toy", "the cat sat on the mat", True),
-    ("induction", "abcabcabc", False),
-    ("all-MiniLM-L6-v2", "the cat sat on the mat", False),
-])
+@pytest.mark.parametrize(
+    ("model", "text", "random"),
+    [
+        ("toy", "the cat sat on the mat", True),
+        ("induction", "abcabcabc", False),
+        ("all-MiniLM-L6-v2", "the cat sat on the mat", False),
+    ],
+)
 def test_the_detectors_blame_random_weights_only_when_they_are_random(client, model, text, random):
     r = client.get("/inspect", params={"view": "detectors", "model": model, "text": text, "threshold": "1"})
     page = text_of(r.text)
@@ -137,11 +164,14 @@ def test_the_detectors_blame_random_weights_only_when_they_are_random(client, mo
     assert (DETECTORS_RANDOM in page) is random and (DETECTORS_OTHER in page) is not random
 
 
-@pytest.mark.parametrize(("model", "text", "sentence", "not_said"), [
-    ("induction", "abcabc", DECOMPOSE_NO_MLP, DECOMPOSE_MLP),
-    ("python-docs", "def f(x):", DECOMPOSE_MLP, DECOMPOSE_NO_MLP),
-    ("toy", "the cat sat", DECOMPOSE_MLP, DECOMPOSE_NO_MLP),
-])
+@pytest.mark.parametrize(
+    ("model", "text", "sentence", "not_said"),
+    [
+        ("induction", "abcabc", DECOMPOSE_NO_MLP, DECOMPOSE_MLP),
+        ("python-docs", "def f(x):", DECOMPOSE_MLP, DECOMPOSE_NO_MLP),
+        ("toy", "the cat sat", DECOMPOSE_MLP, DECOMPOSE_NO_MLP),
+    ],
+)
 def test_the_decomposition_lists_the_parts_this_model_has(client, model, text, sentence, not_said):
     r = client.get("/inspect", params={"view": "decompose", "model": model, "text": text})
     page = text_of(r.text)

@@ -28,8 +28,9 @@ def db_url(server: services.RedisServer, db: int) -> str:
     return server.url.rsplit("/", 1)[0] + f"/{db}"
 
 
-def wait(client: httpx.Client, id: str, until=("done", "failed", "cancelled", "interrupted"),
-         timeout=WAIT_S, check=None) -> dict:
+def wait(
+    client: httpx.Client, id: str, until=("done", "failed", "cancelled", "interrupted"), timeout=WAIT_S, check=None
+) -> dict:
     """The run once its status is one of `until` (and `check(run)` holds, if given)."""
     return services.wait_until(lambda: _run_if(client, id, until, check), timeout, f"run {id} {until}", 0.1)
 

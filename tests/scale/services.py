@@ -80,6 +80,7 @@ def stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
 
 # ------------------------------------------------------------------ Redis
 
+
 @dataclass
 class RedisServer:
     """redis-server with append-only persistence in a folder of its own (restartable on the same port)."""
@@ -97,8 +98,23 @@ class RedisServer:
         return redis.Redis.from_url(self.url)
 
     def start(self) -> RedisServer:
-        args = [need("redis-server"), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.folder),
-                "--appendonly", "yes", "--save", "", "--daemonize", "no", "--protected-mode", "yes"]
+        args = [
+            need("redis-server"),
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.folder),
+            "--appendonly",
+            "yes",
+            "--save",
+            "",
+            "--daemonize",
+            "no",
+            "--protected-mode",
+            "yes",
+        ]
         if self.password:
             args += ["--requirepass", self.password]
         log = open(self.folder / "redis.log", "ab")
@@ -144,6 +160,7 @@ def redis_server(password: str | None = None) -> Iterator[RedisServer]:
 
 # ------------------------------------------------------------------ Celery workers
 
+
 @dataclass
 class Worker:
     """`python -m app.worker` in a process group of its own: a machine, as far as the run can tell."""
@@ -183,15 +200,17 @@ def worker_env(redis_url: str, **settings) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def worker(redis_url: str, *, cwd: Path = REPO, pythonpath: str | None = None, wait: bool = True,
-           **settings) -> Iterator[Worker]:
+def worker(
+    redis_url: str, *, cwd: Path = REPO, pythonpath: str | None = None, wait: bool = True, **settings
+) -> Iterator[Worker]:
     """A worker with these settings (EXPLORER_<NAME>=value), ready (registered in Redis) when yielded."""
     env = {**os.environ, **worker_env(redis_url, **settings)}
     if pythonpath is not None:
         env["PYTHONPATH"] = pythonpath
     log = tempfile.NamedTemporaryFile(prefix="explorer-worker-", suffix=".log", delete=False)
-    proc = subprocess.Popen([PYTHON, "-m", "app.worker"], cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "app.worker"], cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     w = Worker(proc, Path(log.name), f"explorer-{proc.pid}@{os.uname().nodename}")
     try:
         if wait:
@@ -211,6 +230,7 @@ def worker(redis_url: str, *, cwd: Path = REPO, pythonpath: str | None = None, w
 
 
 # ------------------------------------------------------------------ app replicas and Caddy
+
 
 @dataclass
 class Replica:
@@ -244,11 +264,31 @@ def replica(redis_url: str, *, port: int | None = None, **settings) -> Iterator[
     env = {**os.environ, "EXPLORER_REDIS_URL": redis_url, "EXPLORER_ACCESS_LOG": "false"}
     env |= {f"EXPLORER_{k.upper()}": str(v) for k, v in settings.items()}
     log = tempfile.NamedTemporaryFile(prefix="explorer-replica-", suffix=".log", delete=False)
-    proc = subprocess.Popen([PYTHON, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port),
-                             "--log-level", "warning", "--no-access-log", "--http", liveserver.HTTP_PROTOCOL],
-                            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            PYTHON,
+            "-m",
+            "uvicorn",
+            "app.main:app",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            "--no-access-log",
+            "--http",
+            liveserver.HTTP_PROTOCOL,
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     r = Replica(f"http://127.0.0.1:{port}", proc, Path(log.name))
     try:
+
         def up() -> bool:
             if proc.poll() is not None:
                 raise RuntimeError(f"the replica exited {proc.returncode}:\n{r.log()[-3000:]}")
@@ -282,15 +322,29 @@ def caddy(upstreams: list[str], **env) -> Iterator[Caddy]:
     binary = need("caddy")
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="explorer-caddy-") as home:
-        environ = {**os.environ, "HOME": home, "XDG_DATA_HOME": home, "XDG_CONFIG_HOME": home,
-                   "PROXY_PORT": str(port), "PROXY_BIND": "127.0.0.1", "PROXY_UPSTREAMS": " ".join(upstreams),
-                   "PROXY_HEALTH_INTERVAL": "1s", **env}
+        environ = {
+            **os.environ,
+            "HOME": home,
+            "XDG_DATA_HOME": home,
+            "XDG_CONFIG_HOME": home,
+            "PROXY_PORT": str(port),
+            "PROXY_BIND": "127.0.0.1",
+            "PROXY_UPSTREAMS": " ".join(upstreams),
+            "PROXY_HEALTH_INTERVAL": "1s",
+            **env,
+        }
         log_path = Path(home) / "caddy.log"
         with open(log_path, "ab") as log:
-            proc = subprocess.Popen([binary, "run", "--config", str(CADDYFILE), "--adapter", "caddyfile"],
-                                    env=environ, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                [binary, "run", "--config", str(CADDYFILE), "--adapter", "caddyfile"],
+                env=environ,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         c = Caddy(f"http://127.0.0.1:{port}", proc, log_path, upstreams)
         try:
+
             def up() -> bool:
                 if proc.poll() is not None:
                     raise RuntimeError(f"caddy exited {proc.returncode}:\n{c.log()[-3000:]}")
@@ -306,6 +360,7 @@ def caddy(upstreams: list[str], **env) -> Iterator[Caddy]:
 
 
 # ------------------------------------------------------------------ following a run
+
 
 def parse_events(lines):
     """Server-Sent Events from a stream's lines: {"id", "event", "data"} each."""

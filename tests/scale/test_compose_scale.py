@@ -42,14 +42,16 @@ def test_redis_takes_a_password_from_an_uncommitted_env_file_and_keeps_an_append
     redis = compose["services"]["redis"]
     assert redis["user"] == "redis"  # not root
     command = " ".join(redis["command"])
-    assert "--requirepass \"$$REDIS_PASSWORD\"" in command and "--appendonly yes" in command
+    assert '--requirepass "$$REDIS_PASSWORD"' in command and "--appendonly yes" in command
     assert "--maxmemory-policy noeviction" in command
     assert env(redis)["REDIS_PASSWORD"].startswith("${REDIS_PASSWORD:?")  # no default: Compose refuses without
     assert "redis:/data" in redis["volumes"] and "redis" in compose["volumes"]
     assert "/.env" in (REPO / ".gitignore").read_text().splitlines()
     for name in ("app1", "worker1"):
-        assert env(compose["services"][name])["EXPLORER_REDIS_URL"].startswith(
-            "redis://:${REDIS_PASSWORD:?") and "@redis:6379/" in env(compose["services"][name])["EXPLORER_REDIS_URL"]
+        assert (
+            env(compose["services"][name])["EXPLORER_REDIS_URL"].startswith("redis://:${REDIS_PASSWORD:?")
+            and "@redis:6379/" in env(compose["services"][name])["EXPLORER_REDIS_URL"]
+        )
 
 
 def test_replicas_and_workers_run_the_one_image_with_settings_the_app_reads(compose):
@@ -67,8 +69,12 @@ def test_replicas_and_workers_run_the_one_image_with_settings_the_app_reads(comp
 
 def test_the_caddyfile_balances_checks_readiness_streams_and_hides_metrics():
     caddy = services.need("caddy")
-    adapted = subprocess.run([caddy, "adapt", "--config", str(REPO / "deploy" / "Caddyfile"), "--adapter",
-                              "caddyfile"], capture_output=True, text=True, env=os.environ | {"HOME": "/tmp"})
+    adapted = subprocess.run(
+        [caddy, "adapt", "--config", str(REPO / "deploy" / "Caddyfile"), "--adapter", "caddyfile"],
+        capture_output=True,
+        text=True,
+        env=os.environ | {"HOME": "/tmp"},
+    )
     assert adapted.returncode == 0, adapted.stderr
     server = json.loads(adapted.stdout)["apps"]["http"]["servers"]["srv0"]
     routes = {json.dumps(r["match"]) if "match" in r else "*": r["handle"][0] for r in server["routes"]}

@@ -32,8 +32,11 @@ RUN = {"recipe": "nasi-lemak", "steps": 400, "eval_interval": 20}  # a snapshot 
 @pytest.fixture(scope="module")
 def stack(redis_server):
     url = db_url(redis_server, DB)
-    with services.worker(url, train_pickup_s=PICKUP_S) as a, services.worker(url, train_pickup_s=PICKUP_S) as b, \
-            services.replica(url, train_pickup_s=PICKUP_S) as app:
+    with (
+        services.worker(url, train_pickup_s=PICKUP_S) as a,
+        services.worker(url, train_pickup_s=PICKUP_S) as b,
+        services.replica(url, train_pickup_s=PICKUP_S) as app,
+    ):
         yield {"workers": [a, b], "app": app}
 
 
@@ -76,8 +79,13 @@ def test_a_lost_worker_is_replaced_and_the_run_ends_bit_for_bit(stack, lost, see
         else:
             os.kill(pid, signal.SIGKILL)
         lost_at = time.monotonic()
-        taken = wait(c, id, until=("running", "done"), timeout=PICKUP_S + 30,
-                     check=lambda r: r["worker"] is not None and r["worker"]["pid"] != pid or r["status"] == "done")
+        taken = wait(
+            c,
+            id,
+            until=("running", "done"),
+            timeout=PICKUP_S + 30,
+            check=lambda r: r["worker"] is not None and r["worker"]["pid"] != pid or r["status"] == "done",
+        )
         picked_up_s = time.monotonic() - lost_at
         print(f"{lost} lost: run {id} taken up after {picked_up_s:.1f} s (pickup time {PICKUP_S} s)")
         assert picked_up_s <= PICKUP_S, f"taken up after {picked_up_s:.1f} s, more than {PICKUP_S} s"
@@ -100,8 +108,8 @@ def test_a_lost_worker_is_replaced_and_the_run_ends_bit_for_bit(stack, lost, see
     # then the whole run as the new worker has it, and every record after it once: none missed
     assert names[gap + 1] == "run" and json.loads(events[gap + 1]["data"])["status"] == "running"
     had = json.loads(events[gap + 1]["data"])["metrics"]["step"]
-    after = [json.loads(e["data"])["step"] for e in events[gap + 2:] if e["event"] == "record"]
+    after = [json.loads(e["data"])["step"] for e in events[gap + 2 :] if e["event"] == "record"]
     seen = had + after  # the last ones may come in the final `run` event instead (it replaces the whole run)
-    assert had[-1] >= resume_from and seen == done["metrics"]["step"][:len(seen)]
+    assert had[-1] >= resume_from and seen == done["metrics"]["step"][: len(seen)]
     final = json.loads(events[-2]["data"])
     assert names[-2:] == ["run", "end"] and final["status"] == "done" and final["metrics"] == done["metrics"]

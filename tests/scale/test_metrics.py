@@ -21,8 +21,11 @@ DB = 3
 
 
 def samples(text: str) -> dict[tuple[str, tuple], float]:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def test_metrics_are_off_by_default(client):
@@ -31,11 +34,18 @@ def test_metrics_are_off_by_default(client):
 
 def test_metrics_add_up_every_worker_process_and_tell_the_training_queue(redis_server):
     url = db_url(redis_server, DB)
-    env = {"EXPLORER_REDIS_URL": url, "EXPLORER_METRICS": "true", "EXPLORER_WORKERS": "2",
-           "EXPLORER_TRAIN_PICKUP_S": str(PICKUP_S), "EXPLORER_MAX_CONCURRENT_COMPUTE": "1",
-           "EXPLORER_ACCESS_LOG": "false"}
-    with services.worker(url, train_pickup_s=PICKUP_S), \
-            liveserver.live_server(env=env, entry_point=True, startup_timeout_s=60) as server:
+    env = {
+        "EXPLORER_REDIS_URL": url,
+        "EXPLORER_METRICS": "true",
+        "EXPLORER_WORKERS": "2",
+        "EXPLORER_TRAIN_PICKUP_S": str(PICKUP_S),
+        "EXPLORER_MAX_CONCURRENT_COMPUTE": "1",
+        "EXPLORER_ACCESS_LOG": "false",
+    }
+    with (
+        services.worker(url, train_pickup_s=PICKUP_S),
+        liveserver.live_server(env=env, entry_point=True, startup_timeout_s=60) as server,
+    ):
         with httpx.Client(base_url=server.url, timeout=30) as c:
             id = c.post("/api/v1/train", json={"recipe": "nasi-lemak", "steps": 20, "eval_interval": 10}).json()["id"]
             wait(c, id)
@@ -43,8 +53,14 @@ def test_metrics_add_up_every_worker_process_and_tell_the_training_queue(redis_s
             assert httpx.get(server.url + "/readyz", timeout=30).status_code == 200
         text = " ".join(["nasi lemak"] * 30)  # long enough that one computing view overlaps the next
         with concurrent.futures.ThreadPoolExecutor(12) as pool:
-            codes = list(pool.map(lambda _: httpx.get(server.url + "/", params={"model": "toy", "text": text},
-                                                      timeout=60).status_code, range(24)))
+            codes = list(
+                pool.map(
+                    lambda _: (
+                        httpx.get(server.url + "/", params={"model": "toy", "text": text}, timeout=60).status_code
+                    ),
+                    range(24),
+                )
+            )
         busy = codes.count(503)
         assert set(codes) <= {200, 503}
         answer = httpx.get(server.url + "/metrics", timeout=30)

@@ -72,10 +72,15 @@ def test_redis_restarted_keeps_finished_runs_their_weights_and_the_queue(redis_w
 def test_redis_lost_mid_run_marks_the_run_interrupted_and_the_worker_goes_on(redis_with_password):
     redis = redis_with_password
     long = {"recipe": "nasi-lemak", "steps": 20000, "eval_interval": 20}  # a snapshot every 100 steps
-    with services.replica(redis.url) as app, httpx.Client(base_url=app.url, timeout=30) as c, \
-            services.worker(redis.url, train_pickup_s=PICKUP_S) as worker:
+    with (
+        services.replica(redis.url) as app,
+        httpx.Client(base_url=app.url, timeout=30) as c,
+        services.worker(redis.url, train_pickup_s=PICKUP_S) as worker,
+    ):
         id = c.post("/api/v1/train", json=long | {"seed": 91}).json()["id"]
-        wait(c, id, until=("running",), check=lambda r: max(r["metrics"]["step"], default=0) >= 200)  # snapshot 200 written
+        wait(
+            c, id, until=("running",), check=lambda r: max(r["metrics"]["step"], default=0) >= 200
+        )  # snapshot 200 written
         time.sleep(1.1)  # and in the append-only file (fsync every second)
         redis.kill()  # SIGKILL: the machine Redis ran on, lost
         time.sleep(1.0)
@@ -148,8 +153,11 @@ def test_a_run_whose_task_was_never_sent_is_not_lost(redis_with_password):
             dying.create(forgotten, "t")  # the worker is running: only its sweep can find this one
         assert store.unsent() == []  # not before Timing.unsent_s
         started = time.monotonic()
-        services.wait_until(lambda: f"run {ids[1]} was queued more than" in w.log(),
-                            timing.unsent_s + 2 * REGISTER_EVERY_S + 5, "the worker's sweep sending it")
+        services.wait_until(
+            lambda: f"run {ids[1]} was queued more than" in w.log(),
+            timing.unsent_s + 2 * REGISTER_EVERY_S + 5,
+            "the worker's sweep sending it",
+        )
         assert time.monotonic() - started < timing.unsent_s + 2 * REGISTER_EVERY_S + 5
         services.wait_until(lambda: store.info(ids[1]).status == "done", 60, "the forgotten run trained")
     for id in ids:
@@ -171,6 +179,12 @@ def test_a_worker_takes_only_its_own_task_and_only_json(redis_with_password):
         intruder.send_task("celery.accumulate", args=[1, 2], queue=QUEUE)
         intruder.send_task("app.training.jobs.anything", args=[], queue=QUEUE)
         intruder.send_task(TASK, args=["nasi-lemak-000000000000", __version__], queue=QUEUE, serializer="pickle")
-        services.wait_until(lambda: worker.log().count("Received unregistered task") == 2
-                            and "untrusted content of type pickle" in worker.log(), 30, "the worker refusing them")
+        services.wait_until(
+            lambda: (
+                worker.log().count("Received unregistered task") == 2
+                and "untrusted content of type pickle" in worker.log()
+            ),
+            30,
+            "the worker refusing them",
+        )
         assert "succeeded" not in worker.log() and worker.proc.poll() is None

@@ -31,12 +31,20 @@ def stack(redis_server):
     url = db_url(redis_server, DB)
     with tempfile.TemporaryDirectory(prefix="explorer-replica-b-") as tmp:
         models = Path(tmp) / "models"
-        with services.worker(url, train_pickup_s=PICKUP_S) as worker, \
-                services.replica(url, train_pickup_s=PICKUP_S, **LIMITS) as a, \
-                services.replica(url, train_pickup_s=PICKUP_S, models_dir=models, **LIMITS) as b, \
-                services.caddy([a.hostport, b.hostport]) as proxy:
-            yield {"worker": worker, "a": a, "b": b, "proxy": proxy, "b_models": models,
-                   "redis": services.redis.Redis.from_url(url)}
+        with (
+            services.worker(url, train_pickup_s=PICKUP_S) as worker,
+            services.replica(url, train_pickup_s=PICKUP_S, **LIMITS) as a,
+            services.replica(url, train_pickup_s=PICKUP_S, models_dir=models, **LIMITS) as b,
+            services.caddy([a.hostport, b.hostport]) as proxy,
+        ):
+            yield {
+                "worker": worker,
+                "a": a,
+                "b": b,
+                "proxy": proxy,
+                "b_models": models,
+                "redis": services.redis.Redis.from_url(url),
+            }
 
 
 def post_all(bodies_and_urls: list[tuple[dict, str, dict]]) -> list[httpx.Response]:
@@ -121,29 +129,37 @@ def test_a_page_following_a_run_through_caddy_survives_its_replica(stack, browse
     try:
         id = httpx.post(proxy.url + "/api/v1/train", json=FOLLOWED | {"seed": 71}, timeout=30).json()["id"]
         page.goto(f"{proxy.url}/train?run={id}")
-        page.wait_for_function("() => { const s = document.querySelector('#run-results [data-run-status] "
-                               "[data-field=\"step\"]'); return s && Number(s.textContent) >= 1; }")
+        page.wait_for_function(
+            "() => { const s = document.querySelector('#run-results [data-run-status] "
+            '[data-field="step"]\'); return s && Number(s.textContent) >= 1; }'
+        )
         # the next event stream (a record re-renders the run) and its first progress event, which has an id
         page.evaluate("""() => { window.sseSeen = [];
             document.body.addEventListener('htmx:sseOpen', () => window.sseSeen.push('open'));
             document.body.addEventListener('htmx:sseMessage', e => window.sseSeen.push(e.detail.type)); }""")
-        page.wait_for_function("() => { const s = window.sseSeen, i = s.lastIndexOf('open');"
-                               " return i >= 0 && s.slice(i).includes('progress'); }")
+        page.wait_for_function(
+            "() => { const s = window.sseSeen, i = s.lastIndexOf('open');"
+            " return i >= 0 && s.slice(i).includes('progress'); }"
+        )
         a.kill()  # SIGKILL: the page's event stream was A's, the only ready replica
         killed_at = time.monotonic()
         stack["b_models"].mkdir()  # B ready at Caddy's next health check (every 1 s here)
-        page.wait_for_function("() => { const s = document.querySelector('#run-results [data-run-status] "
-                               "[data-field=\"status\"]'); return s && s.textContent.trim() === 'done'; }",
-                               timeout=120_000)
+        page.wait_for_function(
+            "() => { const s = document.querySelector('#run-results [data-run-status] "
+            "[data-field=\"status\"]'); return s && s.textContent.trim() === 'done'; }",
+            timeout=120_000,
+        )
         with httpx.Client(base_url=proxy.url, timeout=30) as c:
             run = c.get(f"/api/v1/runs/{id}").json()
         assert run["status"] == "done"
         # the page reconnected through Caddy to B, saying where it was, and was answered
         asked = sorted((on_wire[r] for r in streams if r in on_wire), key=lambda t: t[0])
         resumed = [when for when, last in asked if when > killed_at and last]
-        assert resumed, ("no reconnect with Last-Event-ID after the kill: asked "
-                         f"{[(round(w - killed_at, 2), last) for w, last in asked]}, answered "
-                         f"{[(round(w - killed_at, 2), st) for w, st in answered]}")
+        assert resumed, (
+            "no reconnect with Last-Event-ID after the kill: asked "
+            f"{[(round(w - killed_at, 2), last) for w, last in asked]}, answered "
+            f"{[(round(w - killed_at, 2), st) for w, st in answered]}"
+        )
         assert any(when > resumed[0] and status == 200 for when, status in answered)
         # and misses no record: the loss curves (training, held-out) have every record's step
         steps = page.evaluate("""() => { const el = document.querySelector('#train-loss .plot');

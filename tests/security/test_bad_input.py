@@ -8,9 +8,9 @@ import json
 import socket
 
 import httpx
+import liveserver
 import pytest
 
-import liveserver
 from app.settings import get_settings
 
 S = get_settings()
@@ -28,6 +28,7 @@ def post_raw(client, body: bytes):
 
 
 # ------------------------------------------------------------------ text
+
 
 @pytest.mark.parametrize("text", ["", "   ", " \t\n "])
 def test_empty_and_blank_text(client, text):
@@ -91,6 +92,7 @@ def test_malformed_bodies(client, raw):
 
 def test_body_over_the_cap_without_content_length(server):
     """A chunked body (no Content-Length) is cut off at the cap too, not buffered whole."""
+
     def chunks():
         yield b'{"model": "toy", "text": "'
         for _ in range(S.max_body_bytes // 1000 + 2):
@@ -102,6 +104,7 @@ def test_body_over_the_cap_without_content_length(server):
 
 
 # ------------------------------------------------------------------ a cold model, many at once
+
 
 def _pretrained_name(client) -> str | None:
     models = client.get("/api/v1/models").json()["models"]
@@ -141,7 +144,11 @@ def _rss(pid: int) -> int:
 
 def test_raw_socket_garbage_does_not_kill_the_server(server):
     host, port = server.url.removeprefix("http://").split(":")
-    for garbage in [b"\x00\x01\x02\r\n\r\n", b"GET / HTTP/9.9\r\n\r\n", b"POST /api/v1/run HTTP/1.1\r\nContent-Length: -5\r\n\r\n"]:
+    for garbage in [
+        b"\x00\x01\x02\r\n\r\n",
+        b"GET / HTTP/9.9\r\n\r\n",
+        b"POST /api/v1/run HTTP/1.1\r\nContent-Length: -5\r\n\r\n",
+    ]:
         with socket.create_connection((host, int(port)), timeout=10) as s:
             s.sendall(garbage)
             try:

@@ -24,9 +24,14 @@ def _app(limit: int, release: asyncio.Event, started: list) -> ComputeLimitMiddl
     async def healthz(request):
         return JSONResponse({"status": "ok"})
 
-    inner = Starlette(routes=[Route("/api/v1/run", run, methods=["POST"]), Route("/healthz", healthz),
-                              Route("/api/v1/lessons/boom", boom)],
-                      exception_handlers={ValueError: lambda r, e: JSONResponse({"detail": str(e)}, 422)})
+    inner = Starlette(
+        routes=[
+            Route("/api/v1/run", run, methods=["POST"]),
+            Route("/healthz", healthz),
+            Route("/api/v1/lessons/boom", boom),
+        ],
+        exception_handlers={ValueError: lambda r, e: JSONResponse({"detail": str(e)}, 422)},
+    )
     return SecurityHeadersMiddleware(ComputeLimitMiddleware(inner, limit=limit, retry_after_s=3))
 
 
@@ -34,16 +39,38 @@ def test_routes_classified():
     assert is_compute("/") and is_compute("/api/v1/run") and is_compute("/api/v1/lessons/attention")
     assert is_compute("/lessons/forward") and is_compute("/inspect") and is_compute("/api/v1/analysis/logit-lens")
     assert is_compute("/api/v1/generate") and is_compute("/circuits") and is_compute("/api/v1/analysis/patching")
-    for cheap in ("/healthz", "/static/vendor/htmx.min.js", "/docs", "/openapi.json", "/api/v1/models",
-                  "/api/v1/params", "/api/v1/kv-cache", "/params", "/lessons", "/readyz", "/generate"):
+    for cheap in (
+        "/healthz",
+        "/static/vendor/htmx.min.js",
+        "/docs",
+        "/openapi.json",
+        "/api/v1/models",
+        "/api/v1/params",
+        "/api/v1/kv-cache",
+        "/params",
+        "/lessons",
+        "/readyz",
+        "/generate",
+    ):
         assert not is_compute(cheap), cheap
 
 
 # The API's routes that never run a model: health, listings and arithmetic, and training (a request only
 # queues a run, which trains in its own processes; the runs' routes read what they wrote).
-CHEAP_API = {"/healthz", "/readyz", "/api/v1/params", "/api/v1/kv-cache", "/api/v1/models", "/api/v1/hooks",
-             "/api/v1/train", "/api/v1/runs", "/api/v1/runs/{id}", "/api/v1/runs/{id}/events",
-             "/api/v1/runs/{id}/checkpoint", "/api/v1/runs/{id}/patterns/{step}"}
+CHEAP_API = {
+    "/healthz",
+    "/readyz",
+    "/api/v1/params",
+    "/api/v1/kv-cache",
+    "/api/v1/models",
+    "/api/v1/hooks",
+    "/api/v1/train",
+    "/api/v1/runs",
+    "/api/v1/runs/{id}",
+    "/api/v1/runs/{id}/events",
+    "/api/v1/runs/{id}/checkpoint",
+    "/api/v1/runs/{id}/patterns/{step}",
+}
 
 
 def test_every_api_route_is_limited_unless_it_is_known_to_be_cheap():

@@ -34,6 +34,7 @@ def test_csp_forbids_inline_and_eval_scripts():
 
 def test_headers_on_the_live_server(server):
     import httpx
+
     r = httpx.get(server.url + "/healthz")
     assert r.status_code == 200
     assert r.headers["x-frame-options"] == "DENY"

@@ -21,9 +21,9 @@ import urllib.request
 from pathlib import Path
 
 import httpx
+import liveserver
 import pytest
 
-import liveserver
 from app.http.security import SECURITY_HEADERS
 from app.settings import get_settings
 
@@ -79,6 +79,7 @@ def _assert_readable_error(status: int, headers, body: bytes, expected: int, typ
 
 # ------------------------------------------------------------------ 413: a 5 MB body
 
+
 def _five_mb_body() -> bytes:
     body = json.dumps({"model": "toy", "text": "a" * FIVE_MB}).encode()
     assert len(body) > FIVE_MB > S.max_body_bytes
@@ -86,12 +87,14 @@ def _five_mb_body() -> bytes:
 
 
 def test_a_5mb_body_gets_a_json_413_that_urllib_reads(entry):
-    request = urllib.request.Request(entry.url + RUN, data=_five_mb_body(),
-                                     headers={"content-type": "application/json"})
+    request = urllib.request.Request(
+        entry.url + RUN, data=_five_mb_body(), headers={"content-type": "application/json"}
+    )
     with pytest.raises(urllib.error.HTTPError) as refused:  # not URLError("connection reset")
         urllib.request.urlopen(request, timeout=60)
-    _assert_readable_error(refused.value.code, dict(refused.value.headers), refused.value.read(), 413,
-                           "body_too_large", S.max_body_bytes)
+    _assert_readable_error(
+        refused.value.code, dict(refused.value.headers), refused.value.read(), 413, "body_too_large", S.max_body_bytes
+    )
 
 
 def test_a_5mb_body_gets_a_json_413_that_http_client_httpx_and_a_socket_read(entry):
@@ -111,8 +114,10 @@ def test_a_5mb_body_gets_a_json_413_that_http_client_httpx_and_a_socket_read(ent
 
 
 def test_a_client_that_waits_for_100_continue_is_refused_without_sending_its_body(entry):
-    head = (f"POST {RUN} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nExpect: 100-continue\r\n"
-            f"Content-Length: {FIVE_MB}\r\n\r\n")
+    head = (
+        f"POST {RUN} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nExpect: 100-continue\r\n"
+        f"Content-Length: {FIVE_MB}\r\n\r\n"
+    )
     with socket.create_connection(_address(entry), timeout=30) as sock:
         sock.sendall(head.encode())
         status, headers, body = _read_response(sock)  # a final answer, not "100 Continue"
@@ -123,6 +128,7 @@ def test_a_client_that_waits_for_100_continue_is_refused_without_sending_its_bod
 
 # ------------------------------------------------------------------ 414: a long URL
 
+
 def _get(target: str) -> bytes:
     return f"GET {target} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
 
@@ -130,8 +136,7 @@ def _get(target: str) -> bytes:
 @pytest.mark.parametrize("path", ["/api/v1/lessons/attention", "/"])
 def test_a_100k_character_query_string_gets_a_json_414(entry, path):
     before = len(_access_lines(entry))
-    _assert_readable_error(*_raw(entry, _get(path + "?text=" + "a" * 100_000)), 414, "url_too_long",
-                           S.max_url_bytes)
+    _assert_readable_error(*_raw(entry, _get(path + "?text=" + "a" * 100_000)), 414, "url_too_long", S.max_url_bytes)
     deadline = time.monotonic() + 10  # the line is written once the answer has gone out
     while len(_access_lines(entry)) == before and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -158,6 +163,7 @@ def test_the_url_limit_is_exact(entry):
 
 # ------------------------------------------------------------------ EXPLORER_BLAS_THREADS
 
+
 def _default_blas_threads() -> int:
     """What BLAS would use in a fresh process on this machine without the setting."""
     probe = "import json, numpy, threadpoolctl; print(json.dumps(threadpoolctl.threadpool_info()))"
@@ -169,8 +175,12 @@ def test_blas_threads_setting_takes_effect_in_the_server_process(tmp_path):
     default = _default_blas_threads()
     wanted = 1 if default > 1 else 2  # differs from the default, so the setting is what we see
     report = tmp_path / "blas.json"
-    env = {"EXPLORER_BLAS_THREADS": str(wanted), "EXPLORER_ACCESS_LOG": "false", "PYTHONPATH": str(BLAS_REPORT_DIR),
-           "BLAS_REPORT_FILE": str(report)}
+    env = {
+        "EXPLORER_BLAS_THREADS": str(wanted),
+        "EXPLORER_ACCESS_LOG": "false",
+        "PYTHONPATH": str(BLAS_REPORT_DIR),
+        "BLAS_REPORT_FILE": str(report),
+    }
     with liveserver.live_server(env=env, entry_point=True) as server:
         r = httpx.post(server.url + RUN, json={"model": "toy", "text": "the cat sat on the mat"}, timeout=60)
         assert r.status_code == 200

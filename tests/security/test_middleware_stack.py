@@ -18,15 +18,20 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from app.main import create_app
 from app.http.security import SECURITY_HEADERS
+from app.main import create_app
 from app.settings import get_settings
 
 HOLD = "/api/v1/analysis/test-hold"  # a compute path (the limiter counts /api/v1/analysis/...)
 BOOM = "/test-boom"
 SECRET = "secret-internal-detail-7f3a"
-LIMITS = {"EXPLORER_MAX_CONCURRENT_COMPUTE": "1", "EXPLORER_RETRY_AFTER_S": "7", "EXPLORER_MAX_URL_BYTES": "2048",
-          "EXPLORER_MAX_BODY_BYTES": "4096", "EXPLORER_ACCESS_LOG": "true"}
+LIMITS = {
+    "EXPLORER_MAX_CONCURRENT_COMPUTE": "1",
+    "EXPLORER_RETRY_AFTER_S": "7",
+    "EXPLORER_MAX_URL_BYTES": "2048",
+    "EXPLORER_MAX_BODY_BYTES": "4096",
+    "EXPLORER_ACCESS_LOG": "true",
+}
 
 
 @pytest.fixture
@@ -71,9 +76,16 @@ def access_lines():
 
 def test_the_order_of_the_layers():
     names = [m.cls.__name__ for m in create_app().user_middleware]  # outermost first
-    assert names == ["AccessLogMiddleware", "SecurityHeadersMiddleware", "LanguageMiddleware", "ServerErrorMiddleware",
-                     "UrlLengthLimitMiddleware", "BodySizeLimitMiddleware", "ComputeLimitMiddleware",
-                     "GZipMiddleware"]
+    assert names == [
+        "AccessLogMiddleware",
+        "SecurityHeadersMiddleware",
+        "LanguageMiddleware",
+        "ServerErrorMiddleware",
+        "UrlLengthLimitMiddleware",
+        "BodySizeLimitMiddleware",
+        "ComputeLimitMiddleware",
+        "GZipMiddleware",
+    ]
 
 
 def _has_security_headers(r: httpx.Response) -> bool:
@@ -96,8 +108,9 @@ def test_what_each_layer_adds(stack, access_lines):
             while not started:  # the only compute slot is taken
                 await asyncio.sleep(0.01)
             busy = await c.post("/api/v1/run", json={"model": "toy", "text": "abc"})
-            too_large = await c.post("/api/v1/run", content=b"{" + b" " * 4095 + b"}",
-                                     headers={"content-type": "application/json"})
+            too_large = await c.post(
+                "/api/v1/run", content=b"{" + b" " * 4095 + b"}", headers={"content-type": "application/json"}
+            )
             too_long = await c.get("/api/v1/lessons/attention", params={"text": "a" * 2048})
             gzipped = await c.get("/openapi.json", headers={"accept-encoding": "gzip"})
             bug = await c.get(BOOM)
@@ -107,7 +120,9 @@ def test_what_each_layer_adds(stack, access_lines):
     busy, too_large, too_long, gzipped, bug, held = asyncio.run(scenario())
     answers = [busy, too_large, too_long, gzipped, bug, held]
     # security headers: on every answer, refusals and the bug's 500 included
-    assert all(_has_security_headers(r) for r in answers), [r.status_code for r in answers if not _has_security_headers(r)]
+    assert all(_has_security_headers(r) for r in answers), [
+        r.status_code for r in answers if not _has_security_headers(r)
+    ]
     # compute limiter: the second compute request is turned away at once
     assert busy.status_code == 503 and busy.headers["retry-after"] == "7" and _detail(busy)["type"] == "server_busy"
     # size limits sit outside the limiter: refused for their size while the slot is taken, not 503
@@ -121,8 +136,14 @@ def test_what_each_layer_adds(stack, access_lines):
     assert held.status_code == 200 and held.json() == {"held": True}
     # access log: outermost, one line per answer with its status, and the bytes as sent (compressed)
     logged = {(e["path"], e["status"]): e for e in access_lines()}
-    for path, r in [("/api/v1/run", busy), ("/api/v1/run", too_large), ("/api/v1/lessons/attention", too_long),
-                    ("/openapi.json", gzipped), (BOOM, bug), (HOLD, held)]:
+    for path, r in [
+        ("/api/v1/run", busy),
+        ("/api/v1/run", too_large),
+        ("/api/v1/lessons/attention", too_long),
+        ("/openapi.json", gzipped),
+        (BOOM, bug),
+        (HOLD, held),
+    ]:
         assert (path, r.status_code) in logged, (path, r.status_code)
     assert logged[("/openapi.json", 200)]["bytes"] == int(gzipped.headers["content-length"]) < len(gzipped.content)
 
@@ -146,8 +167,11 @@ def test_the_body_limit_is_exact(extra, status):
     body += b" " * (limit + extra - len(body))  # JSON may end in whitespace
     with TestClient(create_app()) as client:
         declared = client.post("/api/v1/run", content=body, headers={"content-type": "application/json"})
-        chunked = client.post("/api/v1/run", content=iter([body[: limit // 2], body[limit // 2:]]),
-                              headers={"content-type": "application/json"})
+        chunked = client.post(
+            "/api/v1/run",
+            content=iter([body[: limit // 2], body[limit // 2 :]]),
+            headers={"content-type": "application/json"},
+        )
     assert "content-length" not in chunked.request.headers  # really sent without a declared length
     for r in (declared, chunked):
         assert r.status_code == status, r.text[:300]

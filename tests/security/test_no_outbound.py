@@ -13,9 +13,8 @@ from html.parser import HTMLParser
 from urllib.parse import urljoin, urlsplit
 
 import httpx
-import pytest
-
 import liveserver
+import pytest
 
 MAX_PAGES = 80
 

@@ -13,9 +13,9 @@ import asyncio
 import time
 
 import httpx
+import liveserver
 import pytest
 
-import liveserver
 from app.settings import get_settings
 
 S = get_settings()
@@ -68,7 +68,9 @@ def heaviest_toy_run(client) -> tuple[dict, dict]:
     work, sizes, n = best
     # Return as many attention patterns as the response limit allows: serialising them is work too.
     per_pattern = N_HEADS * n * n
-    hooks = [f"blocks.{layer}.attn.hook_pattern" for layer in range(min(sizes["n_layers"], S.max_hook_values // per_pattern))]
+    hooks = [
+        f"blocks.{layer}.attn.hook_pattern" for layer in range(min(sizes["n_layers"], S.max_hook_values // per_pattern))
+    ]
     body = {"model": "toy", "text": "a" * n, **sizes, "ablate": [{"layer": 0, "head": 0}], "hooks": hooks, "top_k": 5}
     assert n < S.max_tokens and not allowed(sizes["d_model"], sizes["n_layers"], n + 1)
     heavier = {**body, "text": "a" * (n + 1)}
@@ -125,8 +127,10 @@ def test_heaviest_allowed_requests_finish_while_healthz_answers(limited_server, 
     assert len(done[0].json()["hooks"]) == len(body["hooks"])
     assert probes and all(status == 200 for status, _ in probes)
     latencies = sorted(t for _, t in probes)
-    print(f"2 heaviest runs took {elapsed:.1f} s; /healthz answered {len(probes)} times, "
-          f"median {latencies[len(latencies) // 2] * 1000:.0f} ms, max {latencies[-1] * 1000:.0f} ms")
+    print(
+        f"2 heaviest runs took {elapsed:.1f} s; /healthz answered {len(probes)} times, "
+        f"median {latencies[len(latencies) // 2] * 1000:.0f} ms, max {latencies[-1] * 1000:.0f} ms"
+    )
     assert busy, "the two heaviest runs never held both compute slots at once"
     r = busy[0]
     assert int(r.headers["retry-after"]) == S.retry_after_s

@@ -18,25 +18,25 @@ pytestmark = pytest.mark.browser
 
 PAYLOADS = [
     "<script>window.__xss=1;alert(1)</script>",
-    "<img src=x onerror=\"window.__xss=2;alert(2)\">",
-    "<svg onload=\"window.__xss=3\">",
+    '<img src=x onerror="window.__xss=2;alert(2)">',
+    '<svg onload="window.__xss=3">',
     "<svg><script>window.__xss=4</script></svg>",
     "javascript:window.__xss=5",
-    "<a href=\"javascript:window.__xss=6\">click me</a>",
-    "\"><script>window.__xss=7</script>",
+    '<a href="javascript:window.__xss=6">click me</a>',
+    '"><script>window.__xss=7</script>',
     "'><img src=x onerror=window.__xss=8>",
-    "<iframe srcdoc=\"<script>parent.__xss=9</script>\"></iframe>",
+    '<iframe srcdoc="<script>parent.__xss=9</script>"></iframe>',
     "<body onload=window.__xss=10>",
     "<details open ontoggle=window.__xss=11>",
     "<b onmouseover=window.__xss=12>bold</b> <i>it</i> <br> <sub>2</sub>",  # Plotly's label markup
-    "<a href=\"javascript:window.__xss=13\" target=\"_blank\">plotly link</a>",
+    '<a href="javascript:window.__xss=13" target="_blank">plotly link</a>',
     "{{7*7}} {{constructor.constructor('window.__xss=14')()}}",
     "${7*7} ${window.__xss=15}",
-    "<math><mi xlink:href=\"javascript:window.__xss=16\">m</mi></math>",
+    '<math><mi xlink:href="javascript:window.__xss=16">m</mi></math>',
     "<input autofocus onfocus=window.__xss=17>",
     "</textarea></title><script>window.__xss=18</script>",
-    "<div hx-get=\"/healthz\" hx-trigger=\"load\" hx-on::after-request=\"window.__xss=19\">h</div>",
-    "<img src=\"http://203.0.113.7/x.png\" onerror=window.__xss=20>",
+    '<div hx-get="/healthz" hx-trigger="load" hx-on::after-request="window.__xss=19">h</div>',
+    '<img src="http://203.0.113.7/x.png" onerror=window.__xss=20>',
 ]
 assert len(PAYLOADS) == 20
 
@@ -47,8 +47,15 @@ INJECTED = """() => document.querySelectorAll(
 
 SETTLED = "() => !document.querySelector('.htmx-request, .htmx-settling, .htmx-swapping')"
 
-PAGES = ["/", "/inspect?view=compare", "/lessons/attention", "/lessons/causal", "/lessons/multihead",
-         "/lessons/forward", "/params"]
+PAGES = [
+    "/",
+    "/inspect?view=compare",
+    "/lessons/attention",
+    "/lessons/causal",
+    "/lessons/multihead",
+    "/lessons/forward",
+    "/params",
+]
 TEXT_INPUTS = "textarea:not([disabled]), input[type=text]:not([disabled]), input:not([type]):not([disabled])"
 
 
@@ -79,8 +86,12 @@ def tab(browser, live_server):  # noqa: F811
     page.close()
     # Everything any page loaded, in every test of this module, came from the live server.
     origin = urlsplit(live_server)
-    foreign = [u for u in page.watch.requests if not u.startswith(("data:", "blob:"))
-               and (urlsplit(u).hostname != "127.0.0.1" or urlsplit(u).port != origin.port)]
+    foreign = [
+        u
+        for u in page.watch.requests
+        if not u.startswith(("data:", "blob:"))
+        and (urlsplit(u).hostname != "127.0.0.1" or urlsplit(u).port != origin.port)
+    ]
     assert page.watch.requests and not foreign, foreign
 
 
