@@ -1,4 +1,4 @@
-# Transformer Explorer image: `docker compose up --build` (see README "Run with Docker").
+# Transformer Explorer image: `docker compose up --build` (see docs/deployment.md, "Run with Docker").
 # Three stages: Node fetches the pinned front-end files, Python builds the wheel and a venv,
 # and the runtime stage is a slim Python with that venv only (no compilers, no node, no source tree).
 # After the build nothing is fetched: the app makes no outbound request at run time.

@@ -77,7 +77,7 @@ fuzz: setup
 soak: setup
 	$(PY) scripts/soak.py
 
-# Benchmarks (BENCHMARKS.md), not part of `make test`. They run in their own venv, since the
+# Benchmarks (docs/benchmarks.md), not part of `make test`. They run in their own venv, since the
 # PyTorch peer needs torch (2.13.0: the CPU wheel on these machines' disk; the app never imports
 # it); the server they measure runs from the app's own venv. OPENBLAS_CORETYPE and
 # OPENBLAS_L2_SIZE, set on some machines for old OpenBLAS builds, slow a current NumPy: they are
@@ -112,7 +112,7 @@ fixtures: setup
 	$(PY) -m pytest -q tests/core/test_parity.py tests/core/test_checkpoints.py tests/core/test_sampling.py tests/core/test_generate.py \
 		tests/core/test_patching.py
 
-# Retrain the models that ship in core/trained/ (README, "Training"). Bit for bit only with .venv's
+# Retrain the models that ship in core/trained/ (docs/training.md). Bit for bit only with .venv's
 # NumPy (and so its OpenBLAS), one BLAS thread (core.train's default) and the BLAS kernel each folder's
 # config.json records: OpenBLAS picks a kernel per CPU, so elsewhere force it where the CPU can run it
 # (OPENBLAS_CORETYPE=Haswell make trained-models). Another kernel, ARM or macOS's Accelerate changes

@@ -52,7 +52,7 @@ class Settings(BaseSettings):
     train_max_text_chars: int = Field(
         200_000, ge=1, le=1_000_000, description="characters of a text of your own (the text recipe)"
     )
-    # Beyond one machine (README, "A whole school: several machines"): with a Redis URL the runs live in Redis
+    # Beyond one machine (docs/deployment.md, "A whole school: several machines"): with a Redis URL the runs live in Redis
     # and Celery workers train them (`python -m app.worker`, EXPLORER_TRAIN_WORKERS processes each, on any
     # machine that reaches Redis); unset, the runs folder and the in-process scheduler above. The pickup time
     # sets Celery's visibility timeout and the run lock's lease (app/training/redis_store.py `Timing`).
@@ -100,7 +100,7 @@ class Settings(BaseSettings):
     # A pretrained model's weights are loaded, not drawn, and a real one is large: the explorer's
     # 128-token view of SmolLM2-135M is 1.4 × 10¹⁰ multiply-adds, of Qwen2.5-0.5B 4.7 × 10¹⁰, and the
     # logit lens decodes every layer through the whole vocabulary (Qwen's default text: 1.4 × 10¹¹).
-    # One BLAS thread on this 2-core machine does 2.3-2.8 × 10¹⁰ a second (README "Work limits"), so a
+    # One BLAS thread on this 2-core machine does 2.3-2.8 × 10¹⁰ a second (docs/models.md, "Work limits"), so a
     # request at 2 × 10¹¹ takes about 8 s, and the logit lens of every named model's default text fits.
     max_pretrained_work: int = Field(
         200_000_000_000, ge=1, description="multiply-adds of one request on a pretrained (loaded) model"

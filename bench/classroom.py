@@ -8,7 +8,7 @@ with its defaults: one worker) and once with two workers (EXPLORER_WORKERS=2).
 Server time is each request's `duration_ms` in the app's own access log (app/http/observability.py: from
 the request's arrival to the last byte of its answer), so it does not include Locust's own
 scheduling; the students' view (Locust's response times, which do) is printed beside it.
-Budget: no errors, p95 server time <= 150 ms. README's table "how many students one machine serves"
+Budget: no errors, p95 server time <= 150 ms. docs/deployment.md's table "how many students one machine serves"
 comes from this output.
 """
 

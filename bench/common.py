@@ -57,7 +57,7 @@ def percentile(xs: Sequence[float], q: float) -> float:
 
 
 def table(title: str, header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """A GitHub-flavoured Markdown table (readable in a terminal and pasteable into BENCHMARKS.md)."""
+    """A GitHub-flavoured Markdown table (readable in a terminal and pasteable into docs/benchmarks.md)."""
     cells = [[str(c) for c in header]] + [[_fmt(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     lines = [f"### {title}", ""]

@@ -1,5 +1,5 @@
 """`make bench`: every benchmark in turn, each printing its tables; the whole output is also
-written to bench/out/latest.md, from which BENCHMARKS.md's tables are copied.
+written to bench/out/latest.md, from which docs/benchmarks.md's tables are copied.
 
     bench/.env/bin/python -m bench.run [core_vs_torch training training_live api_load browser long_inputs memory families classroom
                                         generate patching scale]

@@ -12,7 +12,7 @@ redis-server and caddy, Celery workers, app replicas; tests/scale/services.py st
     bench/.env/bin/python -m bench.scale [--runs 4] [--steps 150] [--repeat 3] [--clients 60] [--students 60]
                                          [--minutes 1] [--skip runs events class]
 
-BENCHMARKS.md and README ("A whole school: several machines") quote its tables.
+docs/benchmarks.md and docs/deployment.md ("A whole school: several machines") quote its tables.
 """
 
 from __future__ import annotations

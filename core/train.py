@@ -13,7 +13,7 @@ From code (the app runs this in a worker process, beside its request workers):
     run = Training.resume(Snapshot.load("run.npz"))     # continues bit for bit
     run.export("models/mine")                           # a Hugging Face GPT-2 folder
 
-What reproduces where (README, "Training"):
+What reproduces where (docs/training.md):
 
   bit for bit   same settings, same NumPy (and so the same BLAS build), the same BLAS kernel and one
                 BLAS thread: every random draw comes from the seed (core/recipes.py), the optimiser is
@@ -25,7 +25,7 @@ What reproduces where (README, "Training"):
                 pre-activation that is within rounding of 0 on the other side of a ReLU's kink; the run
                 then goes on from a nearby but different place (nasi-lemak: weights up to 0.044 apart,
                 p('l' | "nasi ") within 3e-5, head scores within 0.002, the same predicted letters;
-                tests/core/nasi_lemak_reproduction.py). A long run drifts further (README, "Training").
+                tests/core/nasi_lemak_reproduction.py). A long run drifts further (docs/training.md).
 
 An exported folder's config.json records the BLAS its training ran on (`blas`: library, version, kernel,
 threads) beside NumPy's and Python's versions, so a run can be repeated bit for bit.

@@ -1,4 +1,4 @@
-"""The README's notebook example runs, and its figures hold the numbers the JSON API returns."""
+"""docs/api.md's notebook example runs, and its figures hold the numbers the JSON API returns."""
 
 from __future__ import annotations
 
@@ -8,17 +8,17 @@ from pathlib import Path
 import numpy as np
 import plotly.graph_objects as go
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 
 
 def notebook_example() -> str:
-    section = README.read_text(encoding="utf-8").split("## In a notebook", 1)[1]
+    section = DOC.read_text(encoding="utf-8").split("## In a notebook", 1)[1]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
 def test_the_readme_notebook_example_runs_and_draws_the_apis_numbers(client):
     ns: dict = {}
-    exec(compile(notebook_example(), "README.md", "exec"), ns)  # noqa: S102  the README's own code
+    exec(compile(notebook_example(), "docs/api.md", "exec"), ns)  # noqa: S102  the docs' own code
     figs = ns["figs"]
     assert all(isinstance(f, go.Figure) for f in figs.values())
     assert {"raw", "scaled", "masked", "weights", "head-0", "residual", "writes", "next-token"} <= set(figs)

@@ -5,7 +5,7 @@ Bit for bit only with the card's NumPy and CPython (the corpus is that Python's 
 its SHA-256), the card's BLAS kernel (OPENBLAS_CORETYPE=Haswell on x86-64) and one BLAS thread. Elsewhere a
 3,000-step run drifts from the shipped weights: another kernel adds a product's terms in another order, and a
 long run carries the last bits further (the induction model retrained on SkylakeX instead of Haswell ends 0.82
-from its shipped weights, README "Training"). Measured on 2026-12-02 on a 2-core AMD EPYC (NumPy 2.4.6, OpenBLAS
+from its shipped weights, docs/training.md). Measured on 2026-12-02 on a 2-core AMD EPYC (NumPy 2.4.6, OpenBLAS
 0.3.31, Python 3.11.7): under the card's Haswell kernel the four files byte for byte; under the CPU's own SkylakeX
 kernel weights 1.4e-4 (max abs) from the shipped ones, head scores and copy loss the same to 3 decimals. So what
 is held on any CPU is what the model does, not its bytes:

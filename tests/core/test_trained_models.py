@@ -5,7 +5,7 @@ tests/core/nasi_lemak_reproduction.py states and measured, bit for bit only twic
 tests/fixtures/trained_logits.npz holds what Hugging Face transformers (on PyTorch) computed from each
 folder as it is (scripts/make_training_fixtures.py); this test needs no torch. The other two models
 take minutes to retrain and are not retrained here; nothing here claims they reproduce bit for bit
-on another machine (README, "Training"). tests/core/test_blas_kernels.py retrains nasi-lemak under
+on another machine (docs/training.md). tests/core/test_blas_kernels.py retrains nasi-lemak under
 several OpenBLAS kernels on one machine.
 """
 

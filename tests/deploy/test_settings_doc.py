@@ -1,4 +1,4 @@
-"""README's "## Settings" table lists every field of app.settings.Settings by its environment name,
+"""docs/deployment.md's "## Settings" table lists every field of app.settings.Settings by its environment name,
 with its default, so an operator never has to read the code to configure a container."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ from pathlib import Path
 
 from app.settings import Settings
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "deployment.md"
 ROW = re.compile(r"^\| `(EXPLORER_[A-Z0-9_]+)` \| `([^`]*)` \| (.+) \|$")
 
 
 def _documented() -> dict[str, str]:
-    text = README.read_text()
+    text = DOC.read_text()
     section = text.split("\n## Settings\n", 1)[1].split("\n## ", 1)[0]
     return {m.group(1): m.group(2) for m in map(ROW.match, section.splitlines()) if m}
 
@@ -32,4 +32,6 @@ def expected_rows() -> str:
 
 def test_every_setting_is_documented_with_its_default():
     expected = {f"EXPLORER_{name.upper()}": _shown(f.default) for name, f in Settings.model_fields.items()}
-    assert _documented() == expected, f"README's Settings table is out of date; expected rows:\n{expected_rows()}"
+    assert _documented() == expected, (
+        f"docs/deployment.md's Settings table is out of date; expected rows:\n{expected_rows()}"
+    )
