@@ -3,7 +3,7 @@
 Each function takes the same parameters as the service function that computes the page
 (app/service/), and returns a self-contained script (NumPy only) that prints what the page
 shows. With the spec's defaults the script is the spec's snippet and prints the spec's output;
-tests/api/test_snippets.py runs the scripts and compares their arrays with the service's, so a
+tests/pages/test_snippets.py runs the scripts and compares their arrays with the service's, so a
 snippet can never drift from the numbers on the page.
 
 User text enters a script only as a Python string literal (`_py`), never as code. The

@@ -1,7 +1,6 @@
 """/api/v1/params and /api/v1/kv-cache: the spec's counts, and sizes checked independently; the other
 families' presets against transformers' own counts (tests/fixtures/families/presets.json)."""
 
-import html
 import json
 from pathlib import Path
 
@@ -128,24 +127,3 @@ def test_bad_shapes_are_422_saying_what_to_change(client, query, says):
             continue
         r = client.get(path, params=query)
         assert r.status_code == 422 and says in r.text, (path, r.text)
-
-
-def test_the_calculator_page_offers_every_preset_and_says_which_heads_share(client):
-    r = client.get("/params", params={"preset": "smollm2-135m"})
-    assert r.status_code == 200
-    for preset in FAMILY_PRESETS:
-        assert f'<option value="{preset}"' in r.text
-    text = " ".join(html.unescape(r.text).split())
-    assert "9 query heads sharing 3 K/V heads × d_head 64" in text and "d_mlp 1536 gated" in text
-    assert f'<dd id="total">{PRESETS_JSON["presets"]["smollm2-135m"]["num_parameters"]:,}</dd>' in r.text
-    r = client.get("/params", params={"preset": "gpt2-small", "n_key_value_heads": 3, "gated_mlp": "true"})
-    text = " ".join(html.unescape(r.text).split())
-    assert r.status_code == 200 and "12 query heads sharing 3 K/V heads" in text
-    assert "/api/v1/kv-cache?preset=gpt2-small&amp;n_key_value_heads=3" in r.text  # the API link says the same
-
-
-def test_the_params_lesson_keeps_to_the_models_its_formula_counts(client):
-    r = client.get("/lessons/params")
-    assert '<option value="gpt2-xl"' in r.text and '<option value="smollm2-135m"' not in r.text
-    r = client.get("/lessons/params", params={"preset": "smollm2-135m"})
-    assert r.status_code == 422 and "gpt2-small" in html.unescape(r.text)

@@ -284,8 +284,8 @@ def test_a_lesson_prints_the_same_numbers_in_both_languages(web, path):
 
 
 def test_the_spec_tables_are_the_same_in_malay(web):
-    """The lessons' printed tables (tests/api/test_lesson_pages.py checks them in English): every cell."""
-    from tests.api.test_lesson_pages import tables
+    """The lessons' printed tables (tests/pages/test_lesson_pages.py checks them in English): every cell."""
+    from tests.pages.test_lesson_pages import tables
 
     count = 0
     for name in LESSONS:

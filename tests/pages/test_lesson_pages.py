@@ -14,6 +14,7 @@ import pytest
 
 from app.pages import snippets
 from core import lessons
+from tests.api.test_calculators import FAMILY_PRESETS, PRESETS_JSON
 
 HX = {"HX-Request": "true"}
 
@@ -382,3 +383,24 @@ def test_every_rounded_cell_is_the_apis_number_to_two_decimals(client):
     assert hover == w
     assert all(rounded_from(cell, v) for row, values in zip(cells, w) for cell, v in zip(row, values))
     assert "-0.00" not in r.text and cells[0][1:] == ["0.00"] * 7  # masked: exactly 0
+
+
+def test_the_calculator_page_offers_every_preset_and_says_which_heads_share(client):
+    r = client.get("/params", params={"preset": "smollm2-135m"})
+    assert r.status_code == 200
+    for preset in FAMILY_PRESETS:
+        assert f'<option value="{preset}"' in r.text
+    text = " ".join(html.unescape(r.text).split())
+    assert "9 query heads sharing 3 K/V heads × d_head 64" in text and "d_mlp 1536 gated" in text
+    assert f'<dd id="total">{PRESETS_JSON["presets"]["smollm2-135m"]["num_parameters"]:,}</dd>' in r.text
+    r = client.get("/params", params={"preset": "gpt2-small", "n_key_value_heads": 3, "gated_mlp": "true"})
+    text = " ".join(html.unescape(r.text).split())
+    assert r.status_code == 200 and "12 query heads sharing 3 K/V heads" in text
+    assert "/api/v1/kv-cache?preset=gpt2-small&amp;n_key_value_heads=3" in r.text  # the API link says the same
+
+
+def test_the_params_lesson_keeps_to_the_models_its_formula_counts(client):
+    r = client.get("/lessons/params")
+    assert '<option value="gpt2-xl"' in r.text and '<option value="smollm2-135m"' not in r.text
+    r = client.get("/lessons/params", params={"preset": "smollm2-135m"})
+    assert r.status_code == 422 and "gpt2-small" in html.unescape(r.text)
