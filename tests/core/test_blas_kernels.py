@@ -130,7 +130,8 @@ def test_nasi_lemak_retrained_under_each_openblas_kernel_reproduces_what_is_port
 
 def test_the_kernels_weights_may_differ_in_the_last_bits_and_are_recorded(runs, record_property):
     """Not asserted to differ (on some machine they may agree): each kernel's largest weight difference
-    from the shipped folder and from every other kernel, printed and recorded (pytest -rP shows them)."""
+    from the shipped folder and from every other kernel, printed and recorded (pytest -rP shows them); two
+    kernels' weights no farther apart than two retrains of the same ReLU pattern (or not) may be."""
     distinct = _distinct(runs)
     if len(distinct) < 2:
         pytest.skip(f"only {len(distinct)} distinct kernel ran here: {sorted(distinct)}")
@@ -147,9 +148,17 @@ def test_the_kernels_weights_may_differ_in_the_last_bits_and_are_recorded(runs, 
         )
         lines.append(f"{name:>22} vs shipped: max abs {d:.3g}{'  (the shipped bytes)' if same else ''}; {relus}")
         record_property(f"max_abs_vs_shipped[{name}]", d)
+    far = []
     for a, b in itertools.combinations(distinct, 2):
         d = nasi.max_abs_difference(w[a], w[b])
-        lines.append(f"{a:>22} vs {b}: max abs {d:.3g}")
+        same_relus = distinct[a]["relu_pattern"] == distinct[b]["relu_pattern"]
+        lines.append(f"{a:>22} vs {b}: max abs {d:.3g}{'' if same_relus else ' (their ReLU patterns differ)'}")
         record_property(f"max_abs[{a} vs {b}]", d)
-        assert d <= 2 * nasi.WEIGHTS_ATOL  # each within WEIGHTS_ATOL of the shipped weights
+        # Two retrains that made the same ReLU decisions at every step differ by rounding alone: held to the
+        # same-pattern bound between themselves, whichever pattern they share (not implied by each one's
+        # distance from the shipped weights, which only bounds the pair by twice that). Two whose patterns
+        # differ: each is at most 0.0435 from the shipped weights (measured), so the pair within WEIGHTS_ATOL.
+        if d > (nasi.WEIGHTS_ATOL_SAME_RELUS if same_relus else nasi.WEIGHTS_ATOL):
+            far.append(f"{a} vs {b}: {d:.3g}")
     print("\n".join(lines))
+    assert not far, far

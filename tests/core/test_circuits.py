@@ -188,6 +188,35 @@ def test_the_baseline_is_the_score_of_random_matrices_and_shrinks_with_width():
     assert composition_baseline(16, 4) == narrow  # seeded
 
 
+@pytest.mark.parametrize("shape", ["test model", "induction"])
+def test_the_reported_baseline_is_the_mean_score_of_random_matrices_of_the_models_shapes(shape):
+    """The baseline composition_scores reports, against the mean composition score of 2,000 pairs of Gaussian
+    matrices of the model's shapes drawn here (another seed than the code's): W_A = A1 B1 and W_B = A2 B2 with
+    A [d_model, d_head], B [d_head, d_model], scored the long way, ‖W_A W_B‖_F / (‖W_A‖_F ‖W_B‖_F) on the
+    d_model × d_model products. The code averages BASELINE_SAMPLES = 64 scores, so the two means may differ by
+    sampling alone: the tolerance is 4 standard errors of their difference, sd·√(1/64 + 1/2000); the standard
+    deviation it reports is held to 4 standard errors of a 64-sample estimate, sd/√(2·63)."""
+    if shape == "induction":
+        ckpt = load_checkpoint(trained_models()["induction"])
+        cfg, params = ckpt.cfg, ckpt.params
+    else:
+        cfg, params = model()
+    comp = composition_scores(params, cfg)
+    rng = np.random.default_rng(2026)
+    n, d, r = 2000, cfg.d_model, cfg.d_head
+    A1, A2 = rng.standard_normal((2, n, d, r))
+    B1, B2 = rng.standard_normal((2, n, r, d))
+    W_A, W_B = A1 @ B1, A2 @ B2  # [n, d_model, d_model]
+    scores = np.linalg.norm(W_A @ W_B, axis=(1, 2)) / (
+        np.linalg.norm(W_A, axis=(1, 2)) * np.linalg.norm(W_B, axis=(1, 2))
+    )
+    mean, sd = scores.mean(), scores.std()
+    assert abs(comp.baseline - mean) < 4 * sd * np.sqrt(1 / 64 + 1 / n), (comp.baseline, mean, sd)
+    assert abs(comp.baseline_std - sd) < 4 * sd / np.sqrt(2 * 63), (comp.baseline_std, sd)
+    # the tolerance is narrow enough to tell these shapes' baseline from a neighbour's
+    assert abs(composition_baseline(2 * d, r)[0] - mean) > 4 * sd * np.sqrt(1 / 64 + 1 / n)
+
+
 def test_the_ov_circuit_and_its_copying_score_equal_the_full_vocabulary_matrix():
     cfg, params = model()
     ov = ov_circuit(params, cfg, 1, 2, [3, 7, 7])

@@ -100,6 +100,36 @@ def test_held_out_loss_starts_near_uniform_and_icl_is_late_minus_early():
     assert isinstance(r.icl_score, float)
 
 
+def test_icl_score_is_the_late_quarters_held_out_loss_minus_the_early_quarters():
+    """Written out here from its definition, on a model trained 12 steps (so its losses differ by position):
+    each held-out sequence of 17 tokens gives 16 predictions; a quarter is 4 of them. The score is the mean
+    −log p(next token) of predictions 12-15 (late in the context) minus that of predictions 0-3 (early),
+    over every held-out sequence, with the model's logits from core.forward (the inference pass, not the
+    training pass evaluate() uses) and the log-softmax written out in plain Python."""
+    from core import forward
+
+    run = Training(small())
+    run.run()
+    held_out = run.recipe.held_out
+    assert held_out.shape == (16, 17)
+    early, late = [], []
+    for sequence in held_out:
+        logits = forward(run.params, run.cfg, sequence[:-1])[0].astype(float)
+        for pos, target in enumerate(sequence[1:]):
+            row = logits[pos].tolist()
+            top = max(row)
+            loss = top + math.log(sum(math.exp(z - top) for z in row)) - row[int(target)]
+            if pos < 4:
+                early.append(loss)
+            elif pos >= 12:
+                late.append(loss)
+    assert len(early) == len(late) == 16 * 4
+    expected = sum(late) / len(late) - sum(early) / len(early)
+    r = run.evaluate()
+    assert r.icl_score == pytest.approx(expected, abs=1e-5)
+    assert abs(expected) > 1e-3  # a score that is not trivially 0: it tells late from early
+
+
 # ------------------------------------------------------------------ optimiser pieces
 
 
