@@ -100,6 +100,10 @@ bench: setup $(BENCH_VENV)/.stamp
 # ones also the generator's hash); the parity tests then run against what was written.
 TORCHENV ?= /tmp/torchenv
 FIXTURE_PINS := torch==2.13.0 transformers==5.24.0
+# SAELens (the SAE references) in a venv of its own: it needs TransformerLens < 4, whose transformers
+# pin is not FIXTURE_PINS'.
+SAEENV ?= /tmp/saeenv
+SAE_PINS := torch==2.13.0 sae-lens==6.54.12 transformer-lens==3.9.0
 fixtures: setup
 	test -x $(TORCHENV)/bin/python || $(PYTHON) -m venv $(TORCHENV)
 	$(TORCHENV)/bin/pip install --quiet $(FIXTURE_PINS) safetensors tokenizers numpy
@@ -109,8 +113,11 @@ fixtures: setup
 	$(TORCHENV)/bin/python scripts/make_training_fixtures.py
 	$(TORCHENV)/bin/python scripts/make_generation_fixtures.py
 	$(TORCHENV)/bin/python scripts/make_patching_fixtures.py
+	test -x $(SAEENV)/bin/python || $(PYTHON) -m venv $(SAEENV)
+	$(SAEENV)/bin/pip install --quiet $(SAE_PINS)
+	$(SAEENV)/bin/python scripts/make_sae_fixtures.py
 	$(PY) -m pytest -q tests/core/test_parity.py tests/core/test_checkpoints.py tests/core/test_sampling.py tests/core/test_generate.py \
-		tests/core/test_patching.py
+		tests/core/test_patching.py tests/core/test_sae.py
 
 # Retrain the models that ship in core/trained/ (docs/training.md). Bit for bit only with .venv's
 # NumPy (and so its OpenBLAS), one BLAS thread (core.train's default) and the BLAS kernel each folder's

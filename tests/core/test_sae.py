@@ -1,0 +1,168 @@
+"""core/sae.py against SAELens (fixtures recorded by scripts/make_sae_fixtures.py with SAELens 6.54 on torch)
+and against the formulas written out as loops.
+
+SAELens computed in float32 through torch's matmul, core through NumPy's BLAS: the activations agree to
+float32 rounding (atol 1e-5 on values of order 1), not bit for bit; the set of active features is equal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from core.errors import InputError
+from core.sae import SAE, SAEConfig, load_sae, save_sae
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+FOLDERS = FIXTURES / "saes"
+GENERATOR = Path(__file__).resolve().parents[2] / "scripts" / "make_sae_fixtures.py"
+CASES = ["standard", "standard-no-b-dec-in", "topk", "topk-rescaled", "jumprelu"]
+ATOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    with np.load(FIXTURES / "saes.npz") as z:
+        return {k: z[k] for k in z.files}
+
+
+def test_the_fixture_was_recorded_by_the_generator_as_it_is(recorded):
+    assert str(recorded["meta_generator_sha256"]) == hashlib.sha256(GENERATOR.read_bytes()).hexdigest(), (
+        "scripts/make_sae_fixtures.py changed since tests/fixtures/saes.npz was made: run make fixtures"
+    )
+    assert str(recorded["meta_sae_lens_version"]).startswith("6.")
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_encode_and_decode_equal_saelens_within_float32_rounding(case, recorded):
+    sae = load_sae(FOLDERS / case)
+    x = recorded[f"{case}/x"]
+    acts = sae.encode(x)
+    assert acts.dtype == np.float32 and acts.shape == (x.shape[0], sae.cfg.d_sae)
+    np.testing.assert_array_equal(acts > 0, recorded[f"{case}/acts"] > 0)  # the same features fire
+    np.testing.assert_allclose(acts, recorded[f"{case}/acts"], rtol=0, atol=ATOL)
+    np.testing.assert_allclose(sae.decode(acts), recorded[f"{case}/recon"], rtol=0, atol=ATOL)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_folder_written_here_opens_in_saelens_with_the_same_activations(case, recorded):
+    """SAELens's load_from_disk read what save_sae wrote (in the generator) and encoded as core does."""
+    sae = load_sae(FOLDERS / case)
+    np.testing.assert_allclose(
+        sae.encode(recorded[f"{case}/x"]), recorded[f"{case}/core_written_acts"], rtol=0, atol=ATOL
+    )
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_save_then_load_gives_the_same_sae(case, tmp_path):
+    sae = load_sae(FOLDERS / case)
+    again = load_sae(save_sae(sae, tmp_path / case))
+    assert again.cfg == sae.cfg
+    for name, array in sae.arrays().items():
+        np.testing.assert_array_equal(getattr(again, name), array)  # no arithmetic: bit for bit
+    assert json.loads((tmp_path / case / "cfg.json").read_text())["architecture"] == sae.cfg.architecture
+
+
+def _loops(sae: SAE, x: np.ndarray) -> np.ndarray:
+    """Each architecture's rule written out token by token, feature by feature, in float64."""
+    W_enc, b_enc, b_dec = (np.asarray(a, dtype=np.float64) for a in (sae.W_enc, sae.b_enc, sae.b_dec))
+    norms = np.sqrt((np.asarray(sae.W_dec, dtype=np.float64) ** 2).sum(axis=1))
+    out = np.zeros((len(x), sae.cfg.d_sae))
+    for t, row in enumerate(np.asarray(x, dtype=np.float64)):
+        sae_in = [row[d] - (b_dec[d] if sae.cfg.apply_b_dec_to_input else 0.0) for d in range(sae.cfg.d_in)]
+        pre = []
+        for i in range(sae.cfg.d_sae):
+            p = b_enc[i] + sum(sae_in[d] * W_enc[d, i] for d in range(sae.cfg.d_in))
+            pre.append(p * norms[i] if sae.cfg.rescale_acts_by_decoder_norm else p)
+        for i, p in enumerate(pre):
+            if sae.cfg.architecture == "jumprelu":
+                out[t, i] = p if p > sae.threshold[i] and p > 0 else 0.0
+            elif sae.cfg.architecture == "topk":
+                out[t, i] = max(p, 0.0) if sorted(pre, reverse=True).index(p) < sae.cfg.k else 0.0
+            else:
+                out[t, i] = max(p, 0.0)
+    return out
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_encode_equals_the_rule_written_as_loops(case, recorded):
+    sae = load_sae(FOLDERS / case)
+    x = recorded[f"{case}/x"][:4]
+    np.testing.assert_allclose(sae.encode(x), _loops(sae, x), rtol=0, atol=ATOL)
+
+
+def test_topk_keeps_exactly_k_features_and_the_largest(recorded):
+    sae = load_sae(FOLDERS / "topk")
+    pre = sae.hidden_pre(recorded["topk/x"])
+    acts = sae.encode(recorded["topk/x"])
+    assert ((acts > 0).sum(axis=1) <= sae.cfg.k).all()
+    for p, a in zip(pre, acts):
+        kth = np.sort(p)[-sae.cfg.k]
+        assert (a[p < kth] == 0).all() and np.array_equal(a[p >= kth], np.maximum(p[p >= kth], 0))
+
+
+def test_a_hook_z_sae_reads_the_heads_side_by_side(tmp_path):
+    raw = json.loads((FOLDERS / "standard" / "cfg.json").read_text())
+    folder = tmp_path / "z"
+    shutil.copytree(FOLDERS / "standard", folder)
+    raw["reshape_activations"] = "hook_z"
+    (folder / "cfg.json").write_text(json.dumps(raw))
+    flat = load_sae(FOLDERS / "standard")
+    by_head = load_sae(folder)
+    z = np.random.default_rng(0).standard_normal((5, 4, 4)).astype(np.float32)  # [pos, head_index, d_head]
+    np.testing.assert_array_equal(by_head.encode(z), flat.encode(z.reshape(5, 16)))
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"architecture": "gated"}, "architecture is 'gated'"),
+        ({"normalize_activations": "layer_norm"}, "normalises its input ('layer_norm')"),
+        ({"dtype": "bfloat16"}, "dtype is 'bfloat16'"),
+        ({"metadata": {}}, "names no metadata.hook_name"),
+        ({"reshape_activations": "hook_q"}, "reshapes its input"),
+        ({"d_in": 17}, "W_enc has shape (16, 48), its cfg.json says (17, 48)"),
+    ],
+)
+def test_what_cannot_run_is_refused_with_the_reason(change, message, tmp_path):
+    folder = tmp_path / "sae"
+    shutil.copytree(FOLDERS / "standard", folder)
+    raw = json.loads((folder / "cfg.json").read_text())
+    (folder / "cfg.json").write_text(json.dumps({**raw, **change}))
+    with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_sae(folder)
+
+
+def test_a_folder_without_its_files_is_refused(tmp_path):
+    with pytest.raises(InputError, match="has no cfg.json"):
+        load_sae(tmp_path)
+    shutil.copy(FOLDERS / "standard" / "cfg.json", tmp_path / "cfg.json")
+    with pytest.raises(InputError, match="has no sae_weights.safetensors"):
+        load_sae(tmp_path)
+
+
+def test_vectors_of_the_wrong_width_and_features_out_of_range_are_refused():
+    sae = load_sae(FOLDERS / "standard")
+    with pytest.raises(InputError, match="reads vectors of 16 numbers, the activations have 8"):
+        sae.encode(np.zeros((3, 8)))
+    with pytest.raises(InputError, match="feature 48 is not in this SAE: it has features 0 to 47"):
+        sae.feature_direction(48)
+    np.testing.assert_array_equal(sae.feature_direction(3), sae.W_dec[3])
+
+
+def test_saving_never_overwrites(tmp_path):
+    sae = load_sae(FOLDERS / "standard")
+    save_sae(sae, tmp_path / "a")
+    with pytest.raises(InputError, match="exists already"):
+        save_sae(sae, tmp_path / "a")
+
+
+def test_config_round_trips_through_cfg_json():
+    cfg = SAEConfig.from_dict(json.loads((FOLDERS / "topk-rescaled" / "cfg.json").read_text()))
+    assert cfg.k == 5 and cfg.rescale_acts_by_decoder_norm and cfg.hook_name == "blocks.0.hook_resid_post"
+    assert SAEConfig.from_dict(cfg.to_dict()) == cfg
