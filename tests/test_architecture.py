@@ -28,6 +28,7 @@ API_MAY_IMPORT = {
     "app.http.jsonio",
     "app.http.errors",
     "app.http.security",
+    "app.http.sse",
     "app.http.language",
     "app.deps",
     "app.settings",

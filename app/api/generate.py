@@ -15,19 +15,18 @@ import asyncio
 from collections.abc import AsyncIterator, Iterator
 
 from fastapi import APIRouter, Request
-from fastapi.responses import StreamingResponse
 
 from app.api.generation_models import SAMPLING_HELP, GeneratedModel, GenerateRequest, GenerateResponse, StepModel
 from app.deps import ServiceDep
-from app.http.jsonio import FastJSONResponse, dumps
+from app.http import sse
+from app.http.jsonio import FastJSONResponse
 from app.service.generation import GenerationRun
 
 router = APIRouter(prefix="/api/v1", tags=["api v1"], default_response_class=FastJSONResponse)
 
-EVENT_STREAM = "text/event-stream"
 _RESPONSES = {
     200: {
-        "content": {EVENT_STREAM: {}},
+        "content": {sse.MEDIA_TYPE: {}},
         "description": "The whole generation as JSON; with `Accept: text/event-stream`, Server-Sent Events: `start` "
         "(the response's fields but steps, generated and finish_reason), `step` (one per token, as "
         "`steps[i]`), `end` (`finish_reason`, `generated`)",
@@ -40,30 +39,24 @@ _RESPONSES = {
 }
 
 
-def _event(name: str, data: object, id: str | None = None) -> bytes:
-    return (f"id: {id}\n".encode() if id is not None else b"") + b"event: %s\ndata: %s\n\n" % (
-        name.encode(),
-        dumps(data),
-    )
-
-
 def head(run: GenerationRun) -> dict:
     """What the stream starts with: the response's fields that are known before the first step."""
     return GenerateResponse.model_validate(run.result()).model_dump(exclude={"steps", "generated", "finish_reason"})
 
 
-async def events(run: GenerationRun, request: Request) -> AsyncIterator[bytes]:
+async def events(run: GenerationRun, request: Request) -> AsyncIterator[sse.Event]:
     steps: Iterator = iter(run)
-    yield _event("start", head(run))
+    yield None, "start", head(run)
     while True:
         if await request.is_disconnected():
             return  # the client left (Stop): nothing more is computed
         step = await asyncio.to_thread(next, steps, None)  # one token: NumPy work off the event loop
         if step is None:
             break
-        yield _event("step", StepModel.model_validate(step).model_dump(), id=str(step.index))
+        yield str(step.index), "step", StepModel.model_validate(step).model_dump()
     result = run.result()
-    yield _event(
+    yield (
+        None,
         "end",
         {
             "finish_reason": result.finish_reason,
@@ -85,12 +78,8 @@ async def events(run: GenerationRun, request: Request) -> AsyncIterator[bytes]:
 )
 async def generate(req: GenerateRequest, request: Request, svc: ServiceDep):
     spec, settings = req.spec(), req.generate_settings()
-    if EVENT_STREAM in request.headers.get("accept", ""):
+    if sse.MEDIA_TYPE in request.headers.get("accept", ""):
         run = await asyncio.to_thread(svc.generation.start, spec, settings)  # a 422 here, before the stream
-        return StreamingResponse(
-            events(run, request),
-            media_type=EVENT_STREAM,
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
+        return sse.event_stream(events(run, request))
     result = await asyncio.to_thread(svc.generation.generate, spec, settings)
     return FastJSONResponse(GenerateResponse.model_validate(result).model_dump())

@@ -11,13 +11,14 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Path, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 
 from app.api import requests, responses
 from app.deps import ServiceDep
-from app.http.jsonio import FastJSONResponse, dumps
+from app.http import sse
+from app.http.jsonio import FastJSONResponse
 from app.http.security import client_address
 from app.service import calculators
 
@@ -41,7 +42,6 @@ RunId = Annotated[
     ),
 ]
 EVENTS_POLL_S = 0.1  # how often a run's event stream looks for news (a trainer writes progress every 0.1 s)
-KEEPALIVE_S = 15.0
 
 
 def respond(model: type[BaseModel], result: object) -> FastJSONResponse:
@@ -329,55 +329,36 @@ def run_detail(id: RunId, svc: ServiceDep) -> FastJSONResponse:
     return respond(responses.TrainingRun, svc.training.get(id))
 
 
-EventId = Annotated[
-    str | None,
-    Query(max_length=64, description="an event id: start after it (what Last-Event-ID does, for a new connection)"),
-]
-LastEventId = Annotated[
-    str | None, Header(max_length=64, description="what EventSource sends when it reconnects: the last event id it saw")
-]
-
-
 @router.get(
     "/runs/{id}/events",
     responses=_TRAIN_ERRORS
     | {
         200: {
-            "content": {"text/event-stream": {}},
+            "content": {sse.MEDIA_TYPE: {}},
             "description": "`run` (the whole run, first and whenever its status changes), `record` (each new record), "
             "`progress` (step and loss, several times a second) and `end` (the run has finished)",
         }
     },
     summary="Server-Sent Events: a run's progress as it happens",
 )
-async def run_events(
-    id: RunId, request: Request, svc: ServiceDep, last_event_id: LastEventId = None, since: EventId = None
-) -> StreamingResponse:
+async def run_events(id: RunId, request: Request, svc: ServiceDep, resume: sse.ResumeFrom) -> StreamingResponse:
     """Each event's id says where the stream stands; a client that reconnects with `Last-Event-ID` (as
     EventSource does), or opens a new stream with `since`, gets only what it missed. The stream ends
     after the `end` event."""
     await asyncio.to_thread(svc.training.get, id)  # 404 before the stream starts
 
-    async def stream() -> AsyncIterator[bytes]:
-        cursor, quiet = last_event_id or since, 0.0
-        yield b"retry: 1000\n\n"
+    async def changes() -> AsyncIterator[sse.Event]:
+        cursor = resume
         while not await request.is_disconnected():
             events, cursor, finished = await asyncio.to_thread(svc.training.changes, id, cursor)
             for name, data in events:
-                payload = responses.TrainingRun.model_validate(data).model_dump() if name == "run" else data
-                yield b"id: %s\nevent: %s\ndata: %s\n\n" % (cursor.encode(), name.encode(), dumps(payload))
+                yield cursor, name, responses.TrainingRun.model_validate(data).model_dump() if name == "run" else data
             if finished:
-                yield b"id: %s\nevent: end\ndata: {}\n\n" % cursor.encode()
+                yield cursor, "end", {}
                 return
-            quiet = 0.0 if events else quiet + EVENTS_POLL_S
-            if quiet >= KEEPALIVE_S:  # a comment keeps proxies from closing a quiet stream
-                yield b": keep-alive\n\n"
-                quiet = 0.0
             await asyncio.sleep(EVENTS_POLL_S)
 
-    return StreamingResponse(
-        stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    )
+    return sse.event_stream(changes(), retry_ms=1000)
 
 
 @router.delete(
