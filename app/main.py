@@ -21,7 +21,7 @@ from app.http.bodylimit import BodySizeLimitMiddleware, UrlLengthLimitMiddleware
 from app.http.compression import CachedStaticFiles, GZipMiddleware
 from app.http.language import LanguageMiddleware
 from app.http.observability import AccessLogMiddleware, configure_access_log
-from app.http.security import ComputeLimitMiddleware, SecurityHeadersMiddleware
+from app.http.security import ComputeLimitMiddleware, SecurityHeadersMiddleware, busy_description, is_compute
 from app.models.catalog import build_catalog
 from app.pages import circuits as circuits_page
 from app.pages import docs, explorer, glossary, inspect, lessons, train
@@ -91,7 +91,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # - requests too large are refused before they take a compute slot;
     # - gzip is innermost: it compresses what the routes answer (refusals are too small to matter).
     app.add_middleware(GZipMiddleware)  # off the event loop for big bodies; static files compressed once
-    app.add_middleware(ComputeLimitMiddleware, limit=s.max_concurrent_compute, retry_after_s=s.retry_after_s)
+    app.add_middleware(
+        ComputeLimitMiddleware, limit=s.max_concurrent_compute, retry_after_s=s.retry_after_s, queue_s=s.compute_queue_s
+    )
     # A text to train on may be larger than any other body: up to 4 bytes a character, and the form around it.
     train_body = 4 * s.train_max_text_chars + 8192
     app.add_middleware(
@@ -134,6 +136,13 @@ def _openapi_for_injected_settings(app: FastAPI, s: Settings) -> Callable[[], di
                 if "413" in operation.get("responses", {}):  # "The body is over {max_body_bytes:,} bytes"
                     said = operation["responses"]["413"]
                     said["description"] = said["description"].format(max_body_bytes=s.max_body_bytes)
+            busy = busy_description(s.max_concurrent_compute, s.compute_queue_s, s.retry_after_s)
+            for path, operations in schema.get("paths", {}).items():
+                if is_compute(path):  # the compute limiter's 503, in front of the route (app/http/security.py)
+                    for operation in operations.values():
+                        said = operation.setdefault("responses", {}).setdefault("503", {"description": busy})
+                        if said["description"] != busy:
+                            said["description"] += f"; or {busy[0].lower()}{busy[1:]}"
             written.update(schema=schema, settings=settings)
         return written["schema"]
 

@@ -4,16 +4,18 @@
   to every response (pages, JSON, static files, errors), so an XSS that slipped past the templates'
   escaping still could not run script or send data elsewhere.
 - `ComputeLimitMiddleware` lets at most `max_concurrent_compute` heavy requests (the ones that run
-  a model or a lesson) be in flight per process; the next one gets 503 + Retry-After at once
-  instead of queueing behind them, so a classroom of clicks cannot pile up unbounded work and
-  cheap routes such as /healthz keep answering.
+  a model or a lesson) be in flight per process; the next one waits its turn for at most
+  `compute_queue_s`, then gets 503 + Retry-After, so a burst of clicks is served in order while a
+  classroom cannot pile up unbounded work, and cheap routes such as /healthz keep answering.
 
 Both are plain ASGI (not BaseHTTPMiddleware): they never buffer a body and add no task per request.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections import deque
 
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -87,35 +89,41 @@ class SecurityHeadersMiddleware:
 
 
 class ComputeLimitMiddleware:
-    """At most `limit` compute requests computing at once; the rest get 503 + Retry-After immediately.
+    """At most `limit` compute requests computing at once; the next ones wait, first come first served, for at
+    most `queue_s` each, and whoever is still waiting then gets 503 + Retry-After.
 
-    A slot is taken when the request arrives and given back when its response starts (or it fails).
+    A slot is taken when the request arrives (or its turn comes) and given back when its response starts (or it
+    fails); given back while someone waits, it passes straight to the longest waiting, so a newcomer never
+    overtakes the queue. Turning the next one away at once refused most of a burst that a moment's wait serves
+    (the figures: app/settings.py `compute_queue_s`; tests/security/test_compute_queue.py).
 
-    The count lives in this process (asyncio is single-threaded, so a plain int is safe); with
-    several uvicorn workers each has its own limit, which matches each having its own CPU share.
+    The count and the queue live in this process and are only touched on the event loop, so they need no lock;
+    with several uvicorn workers each has its own limit, which matches each having its own CPU share.
     """
 
-    def __init__(self, app: ASGIApp, limit: int, retry_after_s: int) -> None:
+    def __init__(self, app: ASGIApp, limit: int, retry_after_s: int, queue_s: float) -> None:
         self.app = app
         self.limit = limit
         self.retry_after_s = retry_after_s
+        self.queue_s = queue_s
         self.in_flight = 0
+        # Each waiting request's turn: set True when a slot passes to it, False when its wait is over.
+        self.waiting: deque[asyncio.Future[bool]] = deque()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not is_compute(scope["path"]):
             await self.app(scope, receive, send)
             return
-        if self.in_flight >= self.limit:
+        if not await self._take():
             await self._busy(scope, send)
             return
-        self.in_flight += 1
         released = False
 
         def release() -> None:
             nonlocal released
             if not released:
                 released = True
-                self.in_flight -= 1
+                self._give_back()
 
         async def send_releasing(message: Message) -> None:
             # The computing is over once the response starts (bodies are built, and gzipped, before
@@ -128,6 +136,42 @@ class ComputeLimitMiddleware:
             await self.app(scope, receive, send_releasing)
         finally:
             release()
+
+    async def _take(self) -> bool:
+        """A slot now if one is free, else the next one given back within `queue_s`; False if none was."""
+        if self.in_flight < self.limit:
+            self.in_flight += 1
+            return True
+        if self.queue_s <= 0:
+            return False
+        loop = asyncio.get_running_loop()
+        turn: asyncio.Future[bool] = loop.create_future()
+        self.waiting.append(turn)
+
+        def give_up() -> None:
+            if not turn.done():
+                turn.set_result(False)
+                self.waiting.remove(turn)
+
+        timer = loop.call_later(self.queue_s, give_up)
+        try:
+            return await turn
+        except asyncio.CancelledError:  # the client went away while waiting
+            if turn.done() and not turn.cancelled() and turn.result():
+                self._give_back()  # its slot had just passed to it: hand it on
+            elif turn in self.waiting:
+                self.waiting.remove(turn)
+            raise
+        finally:
+            timer.cancel()
+
+    def _give_back(self) -> None:
+        while self.waiting:
+            turn = self.waiting.popleft()
+            if not turn.done():  # (one cancelled with its request is skipped)
+                turn.set_result(True)  # the slot passes on: in_flight stays the same
+                return
+        self.in_flight -= 1
 
     async def _busy(self, scope: Scope, send: Send) -> None:
         msg = _(
@@ -152,6 +196,15 @@ class ComputeLimitMiddleware:
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+
+def busy_description(limit: int, queue_s: float, retry_after_s: int) -> str:
+    """What a compute route's 503 means, as its OpenAPI states it (app/main.py writes it into every one)."""
+    return (
+        f"The server is busy: all {limit} compute slots (EXPLORER_MAX_CONCURRENT_COMPUTE) stayed taken while this "
+        f"request waited its turn for {queue_s:g} s (EXPLORER_COMPUTE_QUEUE_S); try again after Retry-After "
+        f"({retry_after_s} s)"
+    )
 
 
 def client_address(request: Request) -> str:

@@ -7,7 +7,8 @@ a request is validated and when the OpenAPI is written (app/api/requests.py `Lim
 the environment's are also checked in a fresh interpreter, as a deployment sets them. Process settings (host, port,
 workers, log level) are checked on `python -m app` itself. (EXPLORER_BLAS_THREADS:
 tests/security/test_http_edge.py;
-EXPLORER_MAX_CONCURRENT_COMPUTE and EXPLORER_RETRY_AFTER_S: tests/security/test_compute_limit.py;
+EXPLORER_MAX_CONCURRENT_COMPUTE, EXPLORER_COMPUTE_QUEUE_S and EXPLORER_RETRY_AFTER_S: tests/security/test_compute_limit.py
+and test_compute_queue.py;
 EXPLORER_ACCESS_LOG: tests/deploy/test_access_log.py; EXPLORER_MAX_URL_BYTES: tests/security/test_http_edge.py;
 EXPLORER_RUNS_DIR, _TRAIN_WORKERS, _TRAIN_MAX_PER_CLIENT, _TRAIN_MAX_RUNS, _RUNS_MAX_MB: tests/api/test_training.py.)
 """
@@ -62,6 +63,7 @@ def test_every_setting_is_covered_here_or_named():
     elsewhere = {
         "blas_threads",
         "max_concurrent_compute",
+        "compute_queue_s",
         "retry_after_s",
         "access_log",
         "max_url_bytes",

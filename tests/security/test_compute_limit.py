@@ -1,4 +1,5 @@
-"""The compute limiter in isolation: a route that holds its slot until released."""
+"""The compute limiter in isolation: a route that holds its slot until released; the next ones turned away at
+once (queue_s 0) or waiting their turn."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from starlette.routing import Route
 from app.http.security import ComputeLimitMiddleware, SecurityHeadersMiddleware, is_compute
 
 
-def _app(limit: int, release: asyncio.Event, started: list) -> ComputeLimitMiddleware:
+def _app(limit: int, release: asyncio.Event, started: list, queue_s: float = 0) -> ComputeLimitMiddleware:
     async def run(request):
-        started.append(1)
+        started.append(request.query_params.get("who", 1))
         await release.wait()
         return JSONResponse({"ok": True})
 
@@ -32,7 +33,7 @@ def _app(limit: int, release: asyncio.Event, started: list) -> ComputeLimitMiddl
         ],
         exception_handlers={ValueError: lambda r, e: JSONResponse({"detail": str(e)}, 422)},
     )
-    return SecurityHeadersMiddleware(ComputeLimitMiddleware(inner, limit=limit, retry_after_s=3))
+    return SecurityHeadersMiddleware(ComputeLimitMiddleware(inner, limit=limit, retry_after_s=3, queue_s=queue_s))
 
 
 def test_routes_classified():
@@ -133,3 +134,61 @@ def test_page_gets_a_plain_text_busy_message():
     assert page.status_code == 503
     assert page.headers["content-type"].startswith("text/plain")
     assert "busy" in page.text
+
+
+def test_a_full_limiter_serves_the_waiting_in_order_of_arrival():
+    """One slot, a long wait: three requests wait behind the one holding it, and each is served in the order it
+    came, the slot passing from one to the next (never back to the pool, where a newcomer could take it)."""
+
+    async def scenario():
+        release, started = asyncio.Event(), []
+        app = _app(1, release, started, queue_s=30)
+        limiter = app.app
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            first = asyncio.create_task(c.post("/api/v1/run?who=first"))
+            while not started:
+                await asyncio.sleep(0.01)
+            waiting = []
+            for who in ("a", "b", "c"):
+                waiting.append(asyncio.create_task(c.post(f"/api/v1/run?who={who}")))
+                while len(limiter.waiting) < len(waiting):
+                    await asyncio.sleep(0.01)
+            queued, in_flight = len(limiter.waiting), limiter.in_flight
+            release.set()
+            done = await asyncio.gather(first, *waiting)
+            return started, queued, in_flight, done, limiter.in_flight, len(limiter.waiting)
+
+    started, queued, in_flight, done, after, left = asyncio.run(scenario())
+    assert (queued, in_flight) == (3, 1)
+    assert [r.status_code for r in done] == [200] * 4
+    assert started == ["first", "a", "b", "c"]
+    assert (after, left) == (0, 0)
+
+
+def test_a_wait_that_runs_out_is_a_503_and_a_client_that_leaves_keeps_no_place():
+    async def scenario():
+        release, started = asyncio.Event(), []
+        app = _app(1, release, started, queue_s=0.2)
+        limiter = app.app
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            held = asyncio.create_task(c.post("/api/v1/run"))
+            while not started:
+                await asyncio.sleep(0.01)
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            busy = await c.post("/api/v1/run")
+            waited = loop.time() - t0
+            gone = asyncio.create_task(c.post("/api/v1/run"))  # a client that gives up while waiting
+            while not limiter.waiting:
+                await asyncio.sleep(0.01)
+            gone.cancel()
+            await asyncio.gather(gone, return_exceptions=True)
+            left_waiting = len(limiter.waiting)
+            release.set()
+            await held
+            return busy, waited, left_waiting, limiter.in_flight
+
+    busy, waited, left_waiting, in_flight = asyncio.run(scenario())
+    assert busy.status_code == 503 and busy.headers["retry-after"] == "3"
+    assert 0.2 <= waited < 2, waited
+    assert left_waiting == 0 and in_flight == 0  # neither the 503 nor the one that left holds anything

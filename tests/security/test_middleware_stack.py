@@ -27,6 +27,7 @@ BOOM = "/test-boom"
 SECRET = "secret-internal-detail-7f3a"
 LIMITS = {
     "EXPLORER_MAX_CONCURRENT_COMPUTE": "1",
+    "EXPLORER_COMPUTE_QUEUE_S": "0",  # turned away at once: the order of the layers is what is checked
     "EXPLORER_RETRY_AFTER_S": "7",
     "EXPLORER_MAX_URL_BYTES": "2048",
     "EXPLORER_MAX_BODY_BYTES": "4096",

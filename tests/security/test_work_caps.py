@@ -85,8 +85,10 @@ def heaviest(client):
 
 @pytest.fixture(scope="module")
 def limited_server():
-    """A server that lets two computations run at once."""
-    with liveserver.live_server(env={"EXPLORER_MAX_CONCURRENT_COMPUTE": "2", "EXPLORER_ACCESS_LOG": "false"}) as s:
+    """A server that lets two computations run at once and turns the next away at once (no wait for a slot:
+    tests/security/test_compute_queue.py checks the wait)."""
+    env = {"EXPLORER_MAX_CONCURRENT_COMPUTE": "2", "EXPLORER_COMPUTE_QUEUE_S": "0", "EXPLORER_ACCESS_LOG": "false"}
+    with liveserver.live_server(env=env) as s:
         yield s
 
 
