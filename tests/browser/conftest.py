@@ -34,6 +34,16 @@ CHROMIUM_ARGS = [
 SERVER_START_TIMEOUT_S = 30
 
 
+def require_chromium() -> None:
+    """Skip without /usr/bin/chromium, or fail where EXPLORER_REQUIRE_BROWSER=1 (CI): every fixture that opens
+    Chromium calls this first."""
+    if not CHROMIUM.exists():
+        message = f"{CHROMIUM} is missing (apt-get install chromium)"
+        if os.environ.get("EXPLORER_REQUIRE_BROWSER") == "1":
+            pytest.fail(message + " and EXPLORER_REQUIRE_BROWSER=1")
+        pytest.skip(message)
+
+
 @pytest.fixture(scope="session")
 def live_server() -> Iterator[str]:
     """Base URL of a real uvicorn server running the app in its own process."""
@@ -53,11 +63,7 @@ def browser() -> Iterator[object]:
 
     Module-scoped: Playwright's sync API keeps an asyncio loop marked as running on this thread
     while it is open, which would break any later test in the session that calls asyncio.run()."""
-    if not CHROMIUM.exists():
-        message = f"{CHROMIUM} is missing (apt-get install chromium)"
-        if os.environ.get("EXPLORER_REQUIRE_BROWSER") == "1":
-            pytest.fail(message + " and EXPLORER_REQUIRE_BROWSER=1")
-        pytest.skip(message)
+    require_chromium()
     from playwright.sync_api import sync_playwright
 
     with tempfile.TemporaryDirectory(prefix="explorer-chromium-") as profile, sync_playwright() as pw:

@@ -16,7 +16,7 @@ import pytest
 
 from app.pages.web import INSPECT_VIEWS
 
-from .conftest import CHROMIUM, CHROMIUM_ARGS, PageWatch
+from .conftest import CHROMIUM, CHROMIUM_ARGS, PageWatch, require_chromium
 
 pytestmark = pytest.mark.browser
 
@@ -59,8 +59,7 @@ RUN_AXE = """async (tags) => {
 @pytest.fixture(scope="module")
 def context(live_server):
     """A browser context that lets the test inject axe-core despite the pages' CSP."""
-    if not CHROMIUM.exists():
-        pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium)")
+    require_chromium()
     if not AXE.exists():
         pytest.fail(f"{AXE} is missing: run make setup (npm ci installs axe-core)")
     from playwright.sync_api import sync_playwright
