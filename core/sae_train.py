@@ -1,0 +1,209 @@
+"""Training a sparse autoencoder on one hook's activations, with SAELens's objectives, in NumPy.
+
+The losses are SAELens's (`TrainingSAE.training_forward_pass`), so an SAE trained here means what one
+trained there means ("Towards Monosemanticity"; Gao et al. 2024 for top-k and its auxiliary loss):
+
+    mse      = Σ_d (x̂ − x)² averaged over the batch                       (both architectures)
+    standard:  + l1_coefficient · mean_b Σ_i acts[b, i] · ‖W_dec[i]‖          (the L1 penalty, decoder-norm weighted)
+    topk:      + aux_coefficient · scale · mean_b Σ_d (ê − (x − x̂))²        (AuxK: the top k_aux dead features
+               reconstruct what the live ones missed; k_aux = d_in / 2, scale = min(dead / k_aux, 1),
+               ê = acts_aux @ W_dec, no bias; the residual is held fixed)
+
+A feature is dead when it has not fired in the last `dead_window` steps. The gradients are written out
+below (checked against finite differences in tests/core/test_sae_train.py) and the update is core's
+AdamW with no weight decay (SAELens's Adam: betas 0.9, 0.999). Initialisation as SAELens: decoder rows in
+random directions of norm `decoder_init_norm`, the encoder their transpose, biases zero.
+
+Shapes: x [batch, d_in]; W_enc [d_in, d_sae]; W_dec [d_sae, d_in]; pre and acts [batch, d_sae].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import InputError
+from .i18n import _
+from .optim import AdamW, ParamVector
+from .sae import SAE, SAEConfig
+
+TRAINABLE_ARCHITECTURES = ("standard", "topk")
+
+
+@dataclass(frozen=True)
+class SAETraining:
+    """How to train: the objective's coefficients and the optimiser's settings (SAELens's defaults)."""
+
+    steps: int = 2000
+    batch_size: int = 1024
+    lr: float = 3e-4
+    seed: int = 0
+    l1_coefficient: float = 1.0  # standard only
+    aux_coefficient: float = 1.0  # topk only: the AuxK loss's weight
+    dead_window: int = 200  # steps without firing after which a feature counts as dead
+    decoder_init_norm: float = 0.1
+
+
+@dataclass
+class SAEStepRecord:
+    """What one step measured, on its batch (the metrics a training run streams)."""
+
+    step: int
+    loss: float
+    mse: float  # mean over the batch of Σ_d (x̂ − x)²
+    explained_variance: float  # 1 − Σ (x − x̂)² / Σ (x − mean x)², over the batch
+    l0: float  # features active per token, averaged over the batch
+    dead_fraction: float  # features that have not fired in the last dead_window steps
+
+
+@dataclass
+class TrainingState:
+    steps_since_fired: np.ndarray  # [d_sae], int
+    records: list[SAEStepRecord] = field(default_factory=list)
+
+
+def check_trainable(cfg: SAEConfig) -> None:
+    if cfg.architecture not in TRAINABLE_ARCHITECTURES:
+        raise InputError(
+            _("SAEs are trained here as {choices}; a {architecture} SAE can be loaded from a folder").format(
+                choices=" or ".join(TRAINABLE_ARCHITECTURES), architecture=cfg.architecture
+            )
+        )
+    if cfg.reshape_activations != "none" or cfg.rescale_acts_by_decoder_norm:
+        raise InputError(_("SAEs are trained here on a hook's vectors as they are, with no rescaling"))
+
+
+def init_sae(cfg: SAEConfig, training: SAETraining) -> SAE:
+    """A new SAE as SAELens starts one (float32 or float64, as cfg says)."""
+    check_trainable(cfg)
+    rng = np.random.default_rng(training.seed)
+    dtype = np.dtype(cfg.dtype)
+    W_dec = rng.standard_normal((cfg.d_sae, cfg.d_in))
+    W_dec *= training.decoder_init_norm / np.linalg.norm(W_dec, axis=1, keepdims=True)
+    W_dec = W_dec.astype(dtype)
+    return SAE(
+        cfg=cfg,
+        W_enc=np.ascontiguousarray(W_dec.T),
+        b_enc=np.zeros(cfg.d_sae, dtype=dtype),
+        W_dec=W_dec,
+        b_dec=np.zeros(cfg.d_in, dtype=dtype),
+    )
+
+
+def _aux_acts(pre: np.ndarray, dead: np.ndarray, k_aux: int) -> np.ndarray:
+    """[batch, d_sae]: each row's k_aux largest pre-activations among dead features, zero elsewhere
+    (not rectified, as SAELens's calculate_topk_aux_acts)."""
+    dead_idx = np.flatnonzero(dead)
+    among = pre[:, dead_idx]  # [batch, n_dead]
+    top = np.argpartition(among, -k_aux, axis=1)[:, -k_aux:]  # [batch, k_aux] into dead_idx
+    out = np.zeros_like(pre)
+    np.put_along_axis(out, dead_idx[top], np.take_along_axis(among, top, axis=1), axis=1)
+    return out
+
+
+def loss_and_grads(
+    sae: SAE, x: np.ndarray, training: SAETraining, dead: np.ndarray | None = None
+) -> tuple[dict[str, float], dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    """The objective on one batch and its gradient for every array of `sae`.
+
+    Returns (losses, grads by array name, acts [batch, d_sae], x̂ [batch, d_in]). `dead` [d_sae] marks
+    the dead features for the top-k auxiliary loss (None: none dead)."""
+    cfg = sae.cfg
+    B = x.shape[0]
+    sae_in = x - sae.b_dec if cfg.apply_b_dec_to_input else x
+    pre = sae_in @ sae.W_enc + sae.b_enc  # [batch, d_sae]
+    acts = sae.activate(pre)
+    x_hat = acts @ sae.W_dec + sae.b_dec  # [batch, d_in]
+    err = x_hat - x
+    mse = float((err * err).sum() / B)
+    losses = {"mse": mse}
+
+    d_xhat = (2.0 / B) * err  # [batch, d_in]
+    d_W_dec = acts.T @ d_xhat  # [d_sae, d_in]
+    d_acts = d_xhat @ sae.W_dec.T  # [batch, d_sae]
+    d_pre_aux: np.ndarray | float = 0.0  # what the top-k auxiliary loss sends to the pre-activations
+    if cfg.architecture == "standard":
+        norms = np.linalg.norm(sae.W_dec, axis=1)  # [d_sae]
+        c = training.l1_coefficient
+        losses["l1"] = float(c * (acts @ norms).sum() / B)
+        d_acts += (c / B) * norms
+        # d‖W_dec[i]‖ = W_dec[i] / ‖W_dec[i]‖, times Σ_b acts[b, i]
+        d_W_dec += (c / B) * (acts.sum(axis=0) / np.where(norms > 0, norms, 1))[:, None] * sae.W_dec
+    elif dead is not None and dead.any():
+        k_aux = x.shape[1] // 2
+        n_dead = int(dead.sum())
+        scale = min(n_dead / k_aux, 1.0)
+        k_aux = min(k_aux, n_dead)
+        aux = _aux_acts(pre, dead, k_aux)  # [batch, d_sae]
+        residual = x - x_hat  # held fixed (detached in SAELens)
+        e = aux @ sae.W_dec - residual
+        w = training.aux_coefficient * scale
+        losses["aux"] = float(w * (e * e).sum() / B)
+        d_e = (2.0 * w / B) * e
+        d_W_dec += aux.T @ d_e
+        d_aux = d_e @ sae.W_dec.T  # flows into the chosen pre-activations only
+        d_pre_aux = np.where(aux != 0, d_aux, 0)
+    d_pre = np.where(acts > 0, d_acts, 0) + d_pre_aux  # relu's and top-k's gate: only active features pass
+    grads = {
+        "W_enc": sae_in.T @ d_pre,
+        "b_enc": d_pre.sum(axis=0),
+        "W_dec": d_W_dec,
+        "b_dec": d_xhat.sum(axis=0) - (d_pre @ sae.W_enc.T).sum(axis=0) * cfg.apply_b_dec_to_input,
+    }
+    losses["loss"] = sum(losses.values())
+    return losses, grads, acts, x_hat
+
+
+def train_sae(
+    activations: np.ndarray,
+    cfg: SAEConfig,
+    training: SAETraining,
+    *,
+    sae: SAE | None = None,
+    on_step: Callable[[SAEStepRecord, SAE], bool | None] | None = None,
+) -> tuple[SAE, list[SAEStepRecord]]:
+    """Train on rows of `activations` [n, d_in], drawn in random batches (the seed fixes the order).
+
+    `on_step(record, sae)` is called after every step; returning True stops early (a cancel). Passing
+    `sae` continues from it (its optimiser state starts fresh)."""
+    check_trainable(cfg)
+    if activations.ndim != 2 or activations.shape[1] != cfg.d_in:
+        raise InputError(
+            _("an SAE of d_in={d_in} trains on vectors of {d_in} numbers, not {shape}").format(
+                d_in=cfg.d_in, shape=tuple(activations.shape)
+            )
+        )
+    sae = sae or init_sae(cfg, training)
+    dtype = np.dtype(cfg.dtype)
+    data = np.asarray(activations, dtype=dtype)
+    vector = ParamVector(sae.arrays(), dtype=dtype)
+    arrays = vector.params  # views into the flat vector: the SAE's arrays are these from now on
+    for name, array in arrays.items():
+        setattr(sae, name, array)
+    opt = AdamW(vector, betas=(0.9, 0.999), weight_decay=0.0)
+    rng = np.random.default_rng(training.seed + 1)
+    since = np.zeros(cfg.d_sae, dtype=np.int64)
+    records = []
+    for step in range(training.steps):
+        batch = data[rng.integers(0, len(data), size=min(training.batch_size, len(data)))]
+        dead = since >= training.dead_window
+        losses, grads, acts, x_hat = loss_and_grads(sae, batch, training, dead)
+        opt.step(vector.flatten(grads), training.lr)
+        fired = (acts > 0).any(axis=0)
+        since = np.where(fired, 0, since + 1)
+        centred = batch - batch.mean(axis=0)
+        total = float((centred * centred).sum())
+        record = SAEStepRecord(
+            step=step + 1,
+            loss=losses["loss"],
+            mse=losses["mse"],
+            explained_variance=1.0 - losses["mse"] * len(batch) / total if total > 0 else float("nan"),
+            l0=float((acts > 0).sum(axis=1).mean()),
+            dead_fraction=float((since >= training.dead_window).mean()),
+        )
+        records.append(record)
+        if on_step is not None and on_step(record, sae):
+            break
+    return sae, records
