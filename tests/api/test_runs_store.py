@@ -172,11 +172,11 @@ def test_cancel_of_a_run_nobody_trains_is_immediate(store):
 def test_the_limits_count_the_runs_queued_or_training(store):
     room = Room(per_client=2, total=3)
     a = [store.create(quick(seed=s), client="a", room=room)[0] for s in (1, 2)]
-    with pytest.raises(NoRoom) as full:
+    with pytest.raises(NoRoom, match=r"^2 runs queued or training \(client\)$") as full:
         store.create(quick(seed=3), client="a", room=room)
     assert full.value.scope == "client" and full.value.count == 2
     store.create(quick(seed=4), client="b", room=room)
-    with pytest.raises(NoRoom) as full:
+    with pytest.raises(NoRoom, match=r"^3 runs queued or training \(server\)$") as full:
         store.create(quick(seed=5), client="c", room=room)
     assert full.value.scope == "server" and full.value.count == 3
     assert store.create(quick(seed=1), client="c", room=room) == (a[0], False)  # an existing run: no room needed
@@ -246,7 +246,7 @@ def test_a_redis_trainer_that_lost_its_lease_cannot_write(redis_url):
     assert second is not None and store.r.get(lock_key(id)).decode() == second.token
     from app.training.redis_writer import LeaseLost
 
-    with pytest.raises(LeaseLost):
+    with pytest.raises(LeaseLost, match=f"^{id}$"):  # the run whose lease it lost
         RedisWriter(store, id, first).write_progress(7, 1.0)
     RedisWriter(store, id, second).write_progress(3, 2.0)
     second.release()

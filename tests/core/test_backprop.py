@@ -322,7 +322,7 @@ def test_training_refuses_an_unsupported_value_saying_what_to_choose(field):
 
 def test_every_problem_is_named_at_once():
     cfg = TransformerConfig(**BASE, block_type="post_norm", normalization_type="RMS")
-    with pytest.raises(InputError) as info:
+    with pytest.raises(InputError, match="normalization_type='RMS'") as info:
         backprop.check_trainable(cfg)
     assert "normalization_type='RMS'" in str(info.value) and "choose LN or LNPre" in str(info.value)
     assert "block_type='post_norm'" in str(info.value) and "choose pre_norm" in str(info.value)

@@ -186,7 +186,7 @@ def test_2000_draws_follow_the_warped_distribution_and_never_leave_the_kept_set(
 def test_the_draw_rule_is_the_stated_one():
     probs = np.array([0.125, 0.0, 0.5, 0.375])  # ranked: 2, 3, 0 (exact in binary); 1 can never be drawn
     assert [draw(probs, u) for u in (0.0, 0.49, 0.5, 0.87, 0.875, 0.9999999)] == [2, 2, 3, 3, 0, 0]
-    with pytest.raises(InputError):
+    with pytest.raises(InputError, match=r"u must lie in \[0, 1\), got 1\.0"):
         draw(probs, 1.0)
     first = sampler(42).random()
     token, _, u = sample(np.log(probs + 1e-300), Sampling(), sampler(42))

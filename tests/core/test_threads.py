@@ -60,7 +60,7 @@ def test_a_team_holds_the_blas_to_one_thread_and_gives_it_back():
         with team_for(4 * ROWS) as team:
             assert team.width == 2 and blas_threads() == 1
         assert blas_threads() == 2
-        with pytest.raises(RuntimeError), team_for(4 * ROWS):
+        with pytest.raises(RuntimeError, match="a failed pass"), team_for(4 * ROWS):
             raise RuntimeError("a failed pass")
         assert blas_threads() == 2
         with team_for(2 * ROWS - 1) as team:  # too short to cut: the BLAS keeps its threads

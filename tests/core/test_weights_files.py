@@ -48,7 +48,7 @@ def test_float32_tensors_are_read_only_views_of_the_file(tmp_path):
     array = SafetensorsFile(tmp_path / "w.safetensors").array("w")
     np.testing.assert_array_equal(array, values)
     assert is_mapped(array) and not array.flags.writeable and not array.flags.owndata
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="read-only"):
         array[0, 0] = 1.0  # shared by every request (and every worker): nothing may write to it
 
 

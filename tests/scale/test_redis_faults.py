@@ -141,7 +141,7 @@ def test_a_run_whose_task_was_never_sent_is_not_lost(redis_with_password):
     dying, store = DiesBeforeSending(redis.url, 2**20, timing), RedisStore(redis.url, 2**20, timing)
     asked_again, forgotten = (train_settings("nasi-lemak", steps=40, eval_interval=10, seed=s) for s in (96, 97))
     ids = [training_run_id(s) for s in (asked_again, forgotten)]
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="the replica died here"):
         dying.create(asked_again, "t")
     assert store.info(ids[0]).status == "queued" and r.hget(run_key(ids[0]), "sent") is None
     assert store.create(asked_again, "t") == (ids[0], False) and r.hget(run_key(ids[0]), "sent") is None  # too soon
@@ -149,7 +149,7 @@ def test_a_run_whose_task_was_never_sent_is_not_lost(redis_with_password):
     assert store.create(asked_again, "t") == (ids[0], False) and r.hget(run_key(ids[0]), "sent") is not None
     with services.worker(redis.url, train_pickup_s=PICKUP_S) as w:
         services.wait_until(lambda: store.info(ids[0]).status == "done", 60, "the run asked for again trained")
-        with pytest.raises(RuntimeError):
+        with pytest.raises(RuntimeError, match="the replica died here"):
             dying.create(forgotten, "t")  # the worker is running: only its sweep can find this one
         assert store.unsent() == []  # not before Timing.unsent_s
         started = time.monotonic()

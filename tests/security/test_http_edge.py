@@ -90,7 +90,7 @@ def test_a_5mb_body_gets_a_json_413_that_urllib_reads(entry):
     request = urllib.request.Request(
         entry.url + RUN, data=_five_mb_body(), headers={"content-type": "application/json"}
     )
-    with pytest.raises(urllib.error.HTTPError) as refused:  # not URLError("connection reset")
+    with pytest.raises(urllib.error.HTTPError, match="^HTTP Error 413") as refused:  # not URLError("connection reset")
         urllib.request.urlopen(request, timeout=60)
     _assert_readable_error(
         refused.value.code, dict(refused.value.headers), refused.value.read(), 413, "body_too_large", S.max_body_bytes
