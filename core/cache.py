@@ -23,6 +23,7 @@ import numpy as np
 
 from . import analysis
 from .attention import attention_scale
+from .cell import HeadVectors
 from .config import TransformerConfig
 from .errors import InputError
 from .functional import softmax
@@ -151,10 +152,7 @@ class ActivationCache(Mapping):
         [n_layers, head_index, query_pos, key_pos]."""
         return np.stack([self[f"blocks.{layer}.{name}"] for layer in range(self.cfg.n_layers)])
 
-    def attention_stages(self, layer: int, head: int) -> AttentionStages:
-        """Raw, scaled and masked scores and the weights of one query head (needs `stage_hooks`).
-
-        Under grouped-query attention the keys are those of the head's key/value head, cfg.kv_head(head)."""
+    def _check_head(self, layer: int, head: int) -> None:
         cfg = self.cfg
         if not (0 <= layer < cfg.n_layers and 0 <= head < cfg.n_heads):
             raise InputError(
@@ -163,6 +161,13 @@ class ActivationCache(Mapping):
                     "layer(s) of {n_heads} head(s), counted from 0"
                 ).format(layer=layer, head=head, n_layers=cfg.n_layers, n_heads=cfg.n_heads)
             )
+
+    def attention_stages(self, layer: int, head: int) -> AttentionStages:
+        """Raw, scaled and masked scores and the weights of one query head (needs `stage_hooks`).
+
+        Under grouped-query attention the keys are those of the head's key/value head, cfg.kv_head(head)."""
+        cfg = self.cfg
+        self._check_head(layer, head)
         q_name, k_name, scores_name, pattern_name = stage_hooks(cfg, layer)
         q = self[q_name][:, head]  # [pos, d_head]
         k = self[k_name][:, cfg.kv_head(head)]  # the key/value head this query head shares with its group
@@ -170,6 +175,28 @@ class ActivationCache(Mapping):
         scaled = raw / attention_scale(cfg.d_head, cfg.use_attn_scale, cfg.attn_temperature)
         masked = self[scores_name][head]
         return AttentionStages(raw, scaled, np.isneginf(masked), masked, self[pattern_name][head])
+
+    def head_vectors(self, layer: int, head: int) -> HeadVectors:
+        """One query head's q, k, v and z, [pos, d_head] each (needs `stage_hooks` and `core.cell.cell_hooks`):
+        the queries and keys its scores use (rotated, for rotary, with the unrotated ones beside them), and
+        the keys and values of its key/value head under grouped-query attention."""
+        self._check_head(layer, head)
+        cfg, b = self.cfg, f"blocks.{layer}.attn."
+        q_name, k_name = stage_hooks(cfg, layer)[:2]
+        kv = cfg.kv_head(head)
+        rotary = cfg.positional_embedding_type == "rotary"
+        one = lambda name, h: np.ascontiguousarray(self[name][:, h])  # noqa: E731  a copy: not the layer's array
+        return HeadVectors(
+            layer,
+            head,
+            kv,
+            one(q_name, head),
+            one(k_name, kv),
+            one(b + "hook_v", kv),
+            one(b + "hook_z", head),
+            one(b + "hook_q", head) if rotary else None,
+            one(b + "hook_k", kv) if rotary else None,
+        )
 
     def residual_norms(self) -> ResidualNorms:
         """Per-token L2 norms along the residual stream and of what each sub-layer adds (needs `residual_hooks`)."""

@@ -32,7 +32,7 @@ from app.api import requests
 from app.deps import ServiceDep
 from app.http import language
 from app.http.language import _, ngettext
-from app.pages import figures, inspect_figures, web
+from app.pages import explorer_cell, figures, inspect_figures, web
 from app.service import Service
 from app.service.results import AttentionStages, ExplorerView
 
@@ -435,7 +435,8 @@ def _run(request: Request, svc: Service, parsed: web.Parsed) -> tuple[ExplorerVi
     except web.PAGE_ERRORS as exc:
         return None, web.error_message(exc)
     c.layer, c.head = v.layer, v.head  # what is shown is what the URL will say
-    read_cache(request).put(web.explorer_query(parsed), readable(v, c.all_stages) | head_levels(v))
+    read_cache(request).put(web.explorer_query(parsed, cell=False), readable(v, c.all_stages) | head_levels(v))
+    explorer_cell.keep(request, parsed, v)
     return v, None
 
 
@@ -443,6 +444,8 @@ def _run(request: Request, svc: Service, parsed: web.Parsed) -> tuple[ExplorerVi
 def explorer(request: Request, svc: ServiceDep) -> Response:
     if "values" in request.query_params or "levels" in request.query_params:
         return explorer_values(request, svc)
+    if "part" in request.query_params:  # the open cell's panel or its download
+        return explorer_cell.answer(request, svc, _run)
     model_changed = web.is_fragment(request) and request.headers.get("hx-trigger-name") == "model"
     models = svc.views.models()
     parsed = web.parse_explorer(
@@ -456,6 +459,9 @@ def explorer(request: Request, svc: ServiceDep) -> Response:
         "controls": c,
         "view": None if v is None else view_context(v, set(c.ablate), c.all_stages),
         "values_url": url,
+        "cell": explorer_cell.page_context(parsed, v),
+        "cell_base": language.localized(web.explorer_query(parsed, cell=False)),
+        "cell_url": url,
         "error": error,
         "models": list(models.values()),
         "accepted": set(model.toggles),
@@ -497,7 +503,7 @@ def explorer_values(request: Request, svc: ServiceDep) -> Response:
     From the cache, else by running the view again."""
     query = request.query_params
     parsed = web.parse_explorer(query, svc.views.models(), preferred=svc.settings.default_model)
-    kept = read_cache(request).get(web.explorer_query(parsed))
+    kept = read_cache(request).get(web.explorer_query(parsed, cell=False))
     if kept is None:
         v, error = _run(request, svc, parsed)
         if error is not None:

@@ -215,6 +215,17 @@ def parse_number(name: str, value: str, kind: type, errors: list[str]):
     return number
 
 
+def parse_cell(value: str | None, errors: list[str]) -> tuple[int, int] | None:
+    """ "QUERY,KEY" (token positions, from 0) -> (query, key); None when absent."""
+    if value is None or value == "":
+        return None
+    query, comma, key = value.partition(",")
+    if not (comma and query.strip().isdigit() and key.strip().isdigit()):
+        errors.append(_("cell={value!r} is not QUERY,KEY (two token positions, e.g. cell=2,0)").format(value=value))
+        return None
+    return int(query), int(key)
+
+
 def parse_ablate(values: list[str], errors: list[str]) -> tuple[tuple[int, int], ...]:
     """Ablated heads from `layer.head` values ("0.2" = layer 0, head 2), sorted, each once."""
     heads = set()
@@ -319,6 +330,7 @@ class _Controls:
     ablate_method: str = "zero"  # "zero" | "mean", for every ablated head
     rollout: bool = False  # show attention rollout beside the pattern
     all_stages: bool = False  # long texts: the scores stages too, not only the weights (app/pages/explorer.py)
+    cell: tuple[int, int] | None = None  # the open cell (query, key) of the head's stages (app/pages/explorer_cell.py)
 
     def ablate_request(self) -> list[dict]:
         """The ablated heads as a request's `ablate` list."""
@@ -407,12 +419,14 @@ def parse_explorer(
         ablate_method=method,
         rollout=is_on(query, "rollout"),
         all_stages=is_on(query, "stages"),
+        cell=parse_cell(last(query, "cell"), errors),
     )
     return Parsed(controls, given, defaults, errors, model.default_text, default, model.default_head)
 
 
-def explorer_query(parsed: Parsed) -> str:
-    """The shortest URL that restores this view: only what differs from the model's defaults."""
+def explorer_query(parsed: Parsed, *, cell: bool = True) -> str:
+    """The shortest URL that restores this view: only what differs from the model's defaults.
+    cell=False: the view without its open cell (what the figures, and the values kept for them, depend on)."""
     c = parsed.controls
     params: dict[str, object] = {}
     if c.model != parsed.default_model:
@@ -436,6 +450,8 @@ def explorer_query(parsed: Parsed) -> str:
         params["rollout"] = 1
     if c.all_stages:
         params["stages"] = 1
+    if cell and c.cell is not None:
+        params["cell"] = f"{c.cell[0]},{c.cell[1]}"
     return "/?" + urlencode(params, doseq=True) if params else "/"
 
 
@@ -451,7 +467,7 @@ INSPECT_VIEWS = {
 
 def explorer_state(parsed: Parsed) -> list[tuple[str, str]]:
     """The explorer's canonical parameters (model, text, toggles, layer, head, ablations), minus its view."""
-    query = explorer_query(parsed).partition("?")[2]
+    query = explorer_query(parsed, cell=False).partition("?")[2]
     return [(k, v) for k, v in parse_qsl(query) if k != "view"]
 
 

@@ -11,6 +11,7 @@ from app.models.catalog import Model
 from app.settings import Settings
 from core import InputError, TransformerConfig
 from core.cache import pattern_hooks, residual_hooks, stage_hooks
+from core.cell import cell_hooks
 from core.hooks import hook_dims
 from core.i18n import _
 
@@ -21,8 +22,9 @@ def _fmt(n: int | float) -> str:
 
 def explorer_view_hooks(cfg: TransformerConfig, layer: int = 0, rollout: bool = False) -> list[str]:
     """The activations one explorer view keeps: every layer's residual stream, the chosen layer's
-    stages (q, k, scores, pattern), and every layer's pattern with rollout."""
-    hooks = residual_hooks(cfg) + stage_hooks(cfg, layer)
+    stages (q, k, scores, pattern) and what opens one of its cells (v, z; rotary's unrotated q, k),
+    and every layer's pattern with rollout."""
+    hooks = residual_hooks(cfg) + stage_hooks(cfg, layer) + cell_hooks(cfg, layer)
     if rollout:
         hooks += [h for h in pattern_hooks(cfg) if h not in hooks]
     return hooks

@@ -12,6 +12,7 @@ from app.service.spec import AblatedHead, Prepared
 from core import TransformerConfig, hook_shape
 from core.analysis import LogitLens, ResidualDecomposition
 from core.cache import AttentionStages, ResidualNorms
+from core.cell import AttentionCell, HeadVectors, attention_cell
 
 
 @dataclass(frozen=True)
@@ -120,12 +121,48 @@ class ExplorerView(ModelResult):
     # frozen): the ablated heads' direct and value paths only. Beside ablation_effect's (every pattern recomputed),
     # the difference is what the ablation does through later heads' queries and keys.
     frozen_ablation: list[ProbabilityChange] | None = None
+    vectors: HeadVectors | None = None  # the chosen head's q, k, v, z: what opens one of its cells
+
+    @property
+    def cells(self) -> HeadCells:
+        """What opens any cell of the chosen head, without the rest of the view."""
+        return HeadCells(self.model, self.tokens, self.config, self.stages, self.vectors)
 
     @property
     def kv_heads(self) -> list[int]:
         """The key/value head each query head reads: consecutive query heads share one under
         grouped-query attention (cfg.kv_head); [0, 1, 2, ...] when every head has its own."""
         return [self.config.kv_head(h) for h in range(self.config.n_heads)]
+
+
+@dataclass(frozen=True)
+class HeadCells:
+    """One head of one explorer view, as much as opens any of its cells: its stages and its vectors (a page
+    keeps this for a while, so that moving the open cell does not run the model again)."""
+
+    model: str
+    tokens: list[str]
+    config: TransformerConfig
+    stages: AttentionStages
+    vectors: HeadVectors
+
+    @property
+    def layer(self) -> int:
+        return self.vectors.layer
+
+    @property
+    def head(self) -> int:
+        return self.vectors.head
+
+    @property
+    def nbytes(self) -> int:
+        st = self.stages
+        return self.vectors.nbytes + sum(a.nbytes for a in (st.raw, st.scaled, st.mask, st.masked, st.weights))
+
+    def cell(self, query: int, key: int) -> AttentionCell:
+        """The cell (query, key): q, k and their products, the four stages' numbers, the row's weights and
+        values, and the head's output for the query (core/cell.py attention_cell)."""
+        return attention_cell(self.vectors, self.stages, self.config, query, key)
 
 
 @dataclass(frozen=True)

@@ -277,6 +277,7 @@ class ModelViews:
             cache.rollout()[layer] if rollout else None,
             self._shape_rows(cfg, n, decoder),
             frozen_ablation,
+            cache.head_vectors(layer, head),
         )
 
     @staticmethod

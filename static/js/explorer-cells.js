@@ -111,6 +111,8 @@ export function selectCell(el, i, j) {
   if (!el._cells) return;
   el._selected = {i: Math.max(0, Math.min(el._cells.rows - 1, i)), j: Math.max(0, Math.min(el._cells.cols - 1, j))};
   showSelected(el);
+  // the cell opened beside the stages (explorer-cell.js)
+  el.dispatchEvent(new CustomEvent("explorer:cell", {bubbles: true, detail: el._selected}));
 }
 
 document.addEventListener("keydown", function (evt) {

@@ -11,6 +11,7 @@
 //   explorer-values.js     a painted matrix's exact values (and another head's levels), read from the
 //                          server when they are read
 //   explorer-cells.js      the selected cell (keyboard, click) read out in a live region
+//   explorer-cell.js       the selected cell of the four stages opened beside them ("This cell")
 //   explorer-draw.js       Plotly.react, decorations, plots kept across htmx swaps
 //   explorer-downloads.js  JSON and CSV downloads of a figure's data
 //   explorer-main.js       this file: page state and requests (classroom size, failed requests, the
@@ -21,6 +22,7 @@ import * as P from "./plotly-adapter.js";
 import {isClassroom} from "./explorer-figures.js";
 import {draw, drawAll, keepPlots, copyAttributes, headBeingRead} from "./explorer-draw.js";
 import "./explorer-downloads.js";
+import "./explorer-cell.js";
 
 // ------------------------------------------------------------------ classroom size
 
