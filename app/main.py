@@ -12,8 +12,6 @@ from starlette.middleware.errors import ServerErrorMiddleware
 from threadpoolctl import threadpool_limits
 
 from app import __version__
-from app.api import circuits as circuits_api
-from app.api import generate as generate_api
 from app.api import health, routes
 from app.deps import apply_settings
 from app.http import errors, metrics
@@ -70,16 +68,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.dependency_overrides[get_settings] = lambda: settings
     app.openapi = _openapi_for_injected_settings(app, s)
     app.include_router(health.router)
-    app.include_router(routes.router)
+    for router in routes.ROUTERS:  # /api/v1, one router per resource
+        app.include_router(router)
     app.include_router(docs.router)
     app.include_router(explorer.router)
     app.include_router(inspect.router)
     app.include_router(lessons.router)
     app.include_router(train.router)
     app.include_router(glossary.router)
-    app.include_router(circuits_api.router)
     app.include_router(circuits_page.router)
-    app.include_router(generate_api.router)
     app.include_router(generate_page.router)
     errors.install(app)
     # Middleware, outermost first (each add_middleware wraps what was added before it):

@@ -36,12 +36,26 @@ API_MAY_IMPORT = {
     "app",
 }
 PAGES_MAY_IMPORT = API_MAY_IMPORT | {"app.api.requests"}
+# The routes (app/api/routes/, one module per resource) read requests and write responses with the API's
+# models, ask the service, and answer through app/http's JSON and event streams.
+ROUTES_MAY_IMPORT = {
+    "app.api.requests",
+    "app.api.responses",
+    "app.api.circuit_models",
+    "app.api.generation_models",
+    "app.service",
+    "app.http.jsonio",
+    "app.http.sse",
+    "app.http.security",
+    "app.deps",
+}
 MAY_IMPORT: dict[str, tuple[set[str], bool]] = {
     "app.http": ({"app.settings", "app.service.errors"}, True),  # core: only InputError, to map it to 422
     "app.training": ({"app.settings"}, True),
     "app.models": ({"app.settings", "app.training.store"}, True),
     "app.service": ({"app.settings", "app.models", "app.training"}, True),
     "app.api": (API_MAY_IMPORT, False),
+    "app.api.routes": (ROUTES_MAY_IMPORT, False),
     "app.pages": (PAGES_MAY_IMPORT, False),
 }
 PACKAGES = sorted(MAY_IMPORT)
@@ -98,10 +112,21 @@ def test_each_package_imports_only_what_its_docstring_allows(package):
 
 def test_every_package_of_the_app_has_rules_and_says_them():
     found = {module_name(p.parent) for p in APP.glob("*/__init__.py")}
-    assert found == set(MAY_IMPORT), "a new package of app/ needs its import rules here and in its docstring"
-    for package in found:
+    top = {package for package in MAY_IMPORT if package.count(".") == 1}
+    assert found == top, "a new package of app/ needs its import rules here and in its docstring"
+    for package in MAY_IMPORT:  # a subpackage with rules of its own (app.api.routes) says them too
         doc = ast.get_docstring(ast.parse((ROOT / package.replace(".", "/") / "__init__.py").read_text()))
         assert doc and "May import" in doc, f"{package}/__init__.py says what it may import"
+
+
+def test_a_route_module_imports_no_other_route_module():
+    """Each resource's routes stand alone: what they share is app/api/routes/shared.py, nothing else."""
+    routes = sorted((APP / "api" / "routes").glob("*.py"))
+    assert len(routes) >= 8
+    for path in routes:
+        if path.name != "__init__.py":
+            own = {name for name in imports(path) if name.startswith("app.api.routes")}
+            assert own <= {"app.api.routes.shared"}, f"{path.name} imports {own}"
 
 
 def test_the_top_of_the_app_stays_small():

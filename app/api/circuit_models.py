@@ -1,4 +1,4 @@
-"""Request and response models of the circuits endpoints (app/api/circuits.py): activation patching, one
+"""Request and response models of the circuits endpoints (app/api/routes/circuits.py): activation patching, one
 score's QK circuit, the heads' composition, a head's OV circuit.
 
 A patching request is a model request (app/api/requests.py `ModelRequest`: the model and its toggles) with

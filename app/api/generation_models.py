@@ -1,4 +1,4 @@
-"""Request and response models of POST /api/v1/generate (app/api/generate.py): writing with a model.
+"""Request and response models of POST /api/v1/generate (app/api/routes/generate.py): writing with a model.
 
 The request is a model request (app/api/requests.py `ModelRequest`: the model, the text and its
 toggles) whose `temperature` and `seed` are the sampler's: 0 means greedy, and the same seed and

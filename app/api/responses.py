@@ -1,6 +1,6 @@
 """Response models of the REST API v1: each is read from a service result's attributes
 (`from_attributes`); a route validates its result into its response model and sends that
-(app/api/routes.py), so the OpenAPI describes exactly what is sent. Small value types (a top-k token,
+(app/api/routes/), so the OpenAPI describes exactly what is sent. Small value types (a top-k token,
 an ablation's effect, a flagged head) are the service's own dataclasses, used here as they are. Arrays
 pass through unvalidated as `Matrix` (NumPy in, JSON out, app/http/jsonio.py) with their JSON schema
 stated."""

@@ -14,15 +14,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterator
 
-from fastapi import APIRouter, Request
+from fastapi import Request
 
 from app.api.generation_models import SAMPLING_HELP, GeneratedModel, GenerateRequest, GenerateResponse, StepModel
+from app.api.routes.shared import api_router, errors, respond
 from app.deps import ServiceDep
 from app.http import sse
-from app.http.jsonio import FastJSONResponse
 from app.service.generation import GenerationRun
 
-router = APIRouter(prefix="/api/v1", tags=["api v1"], default_response_class=FastJSONResponse)
+router = api_router()
 
 _RESPONSES = {
     200: {
@@ -31,12 +31,14 @@ _RESPONSES = {
         "(the response's fields but steps, generated and finish_reason), `step` (one per token, as "
         "`steps[i]`), `end` (`finish_reason`, `generated`)",
     },
-    422: {
-        "description": "Invalid input, or a generation beyond the limits (temperature < 0, top_p outside (0, 1], "
+} | errors(
+    422,
+    said={
+        422: "Invalid input, or a generation beyond the limits (temperature < 0, top_p outside (0, 1], "
         "top_k < 1, max_new_tokens past the limit or the model's context, an encoder): "
         "`detail[].msg` says what to change"
     },
-}
+)
 
 
 def head(run: GenerationRun) -> dict:
@@ -82,4 +84,4 @@ async def generate(req: GenerateRequest, request: Request, svc: ServiceDep):
         run = await asyncio.to_thread(svc.generation.start, spec, settings)  # a 422 here, before the stream
         return sse.event_stream(events(run, request))
     result = await asyncio.to_thread(svc.generation.generate, spec, settings)
-    return FastJSONResponse(GenerateResponse.model_validate(result).model_dump())
+    return respond(GenerateResponse, result)

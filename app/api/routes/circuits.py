@@ -6,13 +6,11 @@
     POST /analysis/ov-circuit   a head's OV circuit through the unembedding, and its copying score
 
 Request model (app/api/circuit_models.py) -> service (app/service/circuits.py) -> response model -> JSON, as
-every route of app/api/routes.py. Each is priced before it runs (a sweep: its patched runs against
+every route of app/api/routes/. Each is priced before it runs (a sweep: its patched runs against
 settings.patching_max_passes, and its work against the cost limits): 422 saying what was asked and the limit.
 """
 
 from __future__ import annotations
-
-from fastapi import APIRouter
 
 from app.api.circuit_models import (
     CompositionRequest,
@@ -24,12 +22,11 @@ from app.api.circuit_models import (
     QKCircuitRequest,
     QKCircuitResponse,
 )
+from app.api.routes.shared import api_router, errors, respond
 from app.deps import ServiceDep
 from app.http.jsonio import FastJSONResponse
 
-router = APIRouter(prefix="/api/v1", tags=["api v1"], default_response_class=FastJSONResponse)
-
-_ERRORS = {422: {"description": "Invalid input, or a request beyond the limits: `detail[].msg` says what to change"}}
+router = api_router()
 _DECODERS = (
     "Causal pre-norm decoders only: an encoder (all-MiniLM-L6-v2) or a run without the causal mask answers "
     "422 saying why."
@@ -39,7 +36,7 @@ _DECODERS = (
 @router.post(
     "/analysis/patching",
     response_model=PatchingResponse,
-    responses=_ERRORS,
+    responses=errors(422),
     summary="Activation patching: which activations carry the behaviour from a clean text to a corrupted one",
     description="Runs `clean` and `corrupted` (the same number of tokens), then, for every cell of the "
     "`target`'s grid, one of them again with that activation taken from the other (`denoise`: "
@@ -56,13 +53,13 @@ def patching(req: PatchingRequest, svc: ServiceDep) -> FastJSONResponse:
     [view] = svc.circuits.patching(
         req.spec(), req.corrupted, req.answer, req.wrong, req.target, req.direction, req.metric, (req.frozen_attention,)
     )
-    return FastJSONResponse(PatchingResponse.model_validate(view).model_dump())
+    return respond(PatchingResponse, view)
 
 
 @router.post(
     "/analysis/qk-circuit",
     response_model=QKCircuitResponse,
-    responses=_ERRORS,
+    responses=errors(422),
     summary="Why a head attends: one score split into query part × key part terms",
     description="The residual stream before `layer` at the query and at the key is a sum of what wrote it "
     "(token and position embeddings, each earlier head, each MLP, biases). With each norm's "
@@ -72,14 +69,13 @@ def patching(req: PatchingRequest, svc: ServiceDep) -> FastJSONResponse:
     "models only.",
 )
 def qk_circuit(req: QKCircuitRequest, svc: ServiceDep) -> FastJSONResponse:
-    view = svc.circuits.qk_circuit(req.spec(), req.layer, req.head, req.query, req.key)
-    return FastJSONResponse(QKCircuitResponse.model_validate(view).model_dump())
+    return respond(QKCircuitResponse, svc.circuits.qk_circuit(req.spec(), req.layer, req.head, req.query, req.key))
 
 
 @router.post(
     "/analysis/composition",
     response_model=CompositionResponse,
-    responses=_ERRORS,
+    responses=errors(422),
     summary="How heads compose: Q-, K- and V-composition between every pair of heads in different layers",
     description="For an earlier head's W_OV = W_V W_O and a later head's W_QK = W_Q W_Kᵀ (or its W_OV), the "
     'score ‖W_A W_B‖_F / (‖W_A‖_F ‖W_B‖_F) of "A Mathematical Framework for Transformer '
@@ -89,14 +85,13 @@ def qk_circuit(req: QKCircuitRequest, svc: ServiceDep) -> FastJSONResponse:
     "are left out.",
 )
 def composition(req: CompositionRequest, svc: ServiceDep) -> FastJSONResponse:
-    view = svc.circuits.composition(req.spec())
-    return FastJSONResponse(CompositionResponse.model_validate(view).model_dump())
+    return respond(CompositionResponse, svc.circuits.composition(req.spec()))
 
 
 @router.post(
     "/analysis/ov-circuit",
     response_model=OVCircuitResponse,
-    responses=_ERRORS,
+    responses=errors(422),
     summary="What a head writes: its OV circuit through the unembedding, and its copying score",
     description="A source token's embedding through the head's W_V W_O and the unembedding (norm gains "
     "folded in, layer-norm centring, positions and scales aside): the logits the head raises "
@@ -105,5 +100,4 @@ def composition(req: CompositionRequest, svc: ServiceDep) -> FastJSONResponse:
     "Pre-norm decoders only.",
 )
 def ov_circuit(req: OVCircuitRequest, svc: ServiceDep) -> FastJSONResponse:
-    view = svc.circuits.ov_circuit(req.spec(), req.layer, req.head, req.top_k)
-    return FastJSONResponse(OVCircuitResponse.model_validate(view).model_dump())
+    return respond(OVCircuitResponse, svc.circuits.ov_circuit(req.spec(), req.layer, req.head, req.top_k))
