@@ -60,6 +60,7 @@ serve: $(VENV)/.stamp-runtime $(VENDOR)/.stamp $(COMPILED)
 test: setup
 	$(PY) -m ruff format --check .
 	$(PY) -m ruff check .
+	npx --no-install eslint static/js eslint.config.js
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The container smoke test, not part of `make test` (it needs Docker or podman; .ci/run runs it):

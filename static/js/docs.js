@@ -1,9 +1,7 @@
 // Starts Swagger UI on /docs from the schema URL in the page's data attribute.
 // validatorUrl: null stops Swagger UI sending the schema to validator.swagger.io (no outbound requests).
-(function () {
-  "use strict";
-  var root = document.getElementById("swagger-ui");
-  if (!root || typeof window.SwaggerUIBundle !== "function") return;
+const root = document.getElementById("swagger-ui");
+if (root && typeof window.SwaggerUIBundle === "function") {
   window.ui = window.SwaggerUIBundle({
     url: root.dataset.openapiUrl,
     domNode: root,
@@ -14,4 +12,4 @@
     tryItOutEnabled: true,
     defaultModelsExpandDepth: 0,
   });
-})();
+}

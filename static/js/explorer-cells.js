@@ -26,10 +26,10 @@ function valueWords(figure, row, j) {
 export function cellWords(el, figure, i, j) {
   const layout = figure.layout || {};
   const text = fillCell(cellParts(figure.export.cell_text), i, layout.yaxis.ticktext[i], j, layout.xaxis.ticktext[j]);
-  const name = figure.export.value || "value";
+  const value = figure.export.value || "value";
   const label = document.createElement("span");
   label.innerHTML = text;  // the labels are escaped by the server (app/pages/figures.py): decode entities only
-  return label.textContent + ": " + name + " " + valueWords(figure, rowValues(el, figure, i), j);
+  return label.textContent + ": " + value + " " + valueWords(figure, rowValues(el, figure, i), j);
 }
 
 export function setupCells(el, figure) {

@@ -14,6 +14,7 @@ import {setupImage, syncZoomButton} from "./explorer-zoom.js";
 import {drawLabels} from "./explorer-labels.js";
 import {setupCells} from "./explorer-cells.js";
 import {headLevels} from "./explorer-values.js";
+import {say} from "./words.js";
 
 // Draw `figure` (default: the element's own) into el; "explorer:drawn" fires once it is drawn.
 export function draw(el, figure) {
@@ -23,9 +24,8 @@ export function draw(el, figure) {
     if (P.isDrawn(el) && json === el._explorerDrawn) return Promise.resolve();  // nothing changed
     try {
       figure = readFigure(el);
-    } catch (err) {
-      showFigureError(el, JSON.parse(document.body.dataset.requestWords || "{}").unreadable ||
-                          "This figure's data could not be read.");
+    } catch {
+      showFigureError(el, say("request", "unreadable"));
       return Promise.resolve();
     }
   }

@@ -136,9 +136,9 @@ export function figureLayout(el, figure) {
   }
   const bands = (figure.export && figure.export.label_px) || {};
   for (const letter in bands) {
-    const name = letter + "axis";
-    const axis = layout[name] || {};
-    layout[name] = Object.assign({}, axis, {
+    const key = letter + "axis";
+    const axis = layout[key] || {};
+    layout[key] = Object.assign({}, axis, {
       showticklabels: false,
       // no tick per token for Plotly to lay out (1,024 of them cost it ~100 ms): explorer-labels.js
       // writes the labels from the figure's own ticktext
@@ -153,10 +153,10 @@ export function figureLayout(el, figure) {
     layout.hovermode = false;  // hover is explorer-zoom.js's (cellHover), from the figure's data
     layout.dragmode = el.hasAttribute("data-static") ? false : "zoom";
   }
-  for (const name of ["xaxis", "yaxis"]) {
+  for (const key of ["xaxis", "yaxis"]) {
     // Plotly writes a zoom into the range it was given: the figure's own stays the way back
-    const axis = layout[name];
-    if (axis && Array.isArray(axis.range)) layout[name] = Object.assign({}, axis, {range: axis.range.slice()});
+    const axis = layout[key];
+    if (axis && Array.isArray(axis.range)) layout[key] = Object.assign({}, axis, {range: axis.range.slice()});
   }
   layout.autosize = true;
   return layout;
@@ -165,7 +165,7 @@ export function figureLayout(el, figure) {
 const STATIC_CONFIG = {staticPlot: true, responsive: true, displayModeBar: false};
 
 export function figureConfig(el, figure) {
-  const name = (figure.export && figure.export.name) || "figure";
+  const filename = (figure.export && figure.export.name) || "figure";
   if (el.hasAttribute("data-static")) return STATIC_CONFIG;
   return {
     responsive: true,
@@ -180,7 +180,7 @@ export function figureConfig(el, figure) {
     // The PNG export stays (toImage); the rest of the bar is trimmed to what a learner needs.
     modeBarButtonsToRemove: ["sendChartToCloud", "select2d", "lasso2d", "autoScale2d", "toggleSpikelines",
       "hoverClosestCartesian", "hoverCompareCartesian"],
-    toImageButtonOptions: {format: "png", filename: name, scale: 2},
+    toImageButtonOptions: {format: "png", filename: filename, scale: 2},
   };
 }
 

@@ -56,9 +56,9 @@ export function drawLabels(el, figure) {
     // upright labels (the server turns them when any is longer than 2 characters) need their width
     const chars = upright ? Math.max(1, ...labels.map(function (t) { return t.replace(/&[a-z]+;/g, "_").length; })) : 0;
     const step = Math.max(1, Math.ceil((upright ? chars * 0.62 * (font.size || 13) + 4 : line) / cell));
-    const top = area.top + area.height + 4;
+    const below = area.top + area.height + 4;
     html += labelHtml(labels, upright ? "x-label" : "x-label x-label-turned", function (k) {
-      return k % step || !inside("x", k) ? null : "left:" + at("x", k) + "px;top:" + top + "px";
+      return k % step || !inside("x", k) ? null : "left:" + at("x", k) + "px;top:" + below + "px";
     });
   }
   layer.innerHTML = html;

@@ -1,7 +1,7 @@
 // Transformer Explorer's pages in the browser, as ES modules (no bundler, no inline script, so the
 // pages run under a strict Content-Security-Policy: script-src 'self' admits same-origin modules).
-// templates/base.html loads one classic deferred script, explorer.js, which imports this module;
-// the modules import one another:
+// templates/base.html loads explorer.js (<script type="module">, as every page script), which imports
+// this module; the modules import one another:
 //   plotly-adapter.js      the one place that reads Plotly's private state (also window.PlotlyAdapter)
 //   explorer-figures.js    figure data (a `data-figure` attribute) -> Plotly traces, layout, config;
 //                          the classroom size the layout follows
@@ -16,6 +16,7 @@
 //   explorer-downloads.js  JSON and CSV downloads of a figure's data
 //   explorer-main.js       this file: page state and requests (classroom size, failed requests, the
 //                          latest setting wins, morphing, paced typing) and the start
+//   words.js               the page's words in its language (every page script's: not the explorer's only)
 // The others only define functions and listeners; this one starts drawing when explorer.js calls
 // start(), and draws what htmx loads from then on (load()).
 import * as P from "./plotly-adapter.js";
@@ -23,6 +24,7 @@ import {isClassroom} from "./explorer-figures.js";
 import {draw, drawAll, keepPlots, copyAttributes, headBeingRead} from "./explorer-draw.js";
 import "./explorer-downloads.js";
 import "./explorer-cell.js";
+import {say} from "./words.js";
 
 // ------------------------------------------------------------------ classroom size
 
@@ -60,15 +62,11 @@ document.addEventListener("change", function (evt) {
 
 // Failed requests that the server could not answer in place (busy, network down, 5xx) show a
 // message in the results area; 422s arrive as server-rendered HTML and are swapped like any page.
-// The words, in the page's language: templates/base.html's data-request-words.
+// The words, in the page's language: templates/base.html's data-request-words (words.js).
 function messageFor(xhr) {
-  const words = JSON.parse(document.body.dataset.requestWords || "{}");
-  if (!xhr || xhr.status === 0) return words.unreachable || "The server could not be reached. Is it still running?";
-  if (xhr.status === 503) {
-    return words.busy || "The server is busy with other requests; change a setting again in a moment.";
-  }
-  const status = (xhr.status + " " + (xhr.statusText || "")).trim();
-  return (words.answered || "The server answered {status}. Try another setting.").replace("{status}", status);
+  if (!xhr || xhr.status === 0) return say("request", "unreachable");
+  if (xhr.status === 503) return say("request", "busy");
+  return say("request", "answered", {status: (xhr.status + " " + (xhr.statusText || "")).trim()});
 }
 
 function showRequestError(evt) {
@@ -199,12 +197,9 @@ document.addEventListener("input", function (evt) {
 
 // ------------------------------------------------------------------ htmx lifecycle
 
-// The start, called once by explorer.js when this module graph has loaded, with the roots htmx
-// loaded before that (usually the page's body: htmx fires its first "htmx:load" a task after
-// DOMContentLoaded, and these modules may arrive before or after it). explorer.js hands every later
-// root to load(), so each is drawn once, whichever came first.
+// The start, called once by explorer.js before htmx loads the page's body (which load() then draws).
 let started = false;
-export function start(roots) {
+export function start() {
   if (started) return;
   started = true;
   document.addEventListener("htmx:beforeCleanupElement", function (evt) {
@@ -216,10 +211,6 @@ export function start(roots) {
   window.addEventListener("beforeprint", function () {
     document.querySelectorAll("[data-figure]").forEach(function (el) { if (el._explorerPending) draw(el); });
   });
-  // a root swapped out since, or inside another one, is drawn with the one that holds it now
-  const live = (roots || []).filter(function (root, k, all) { return root.isConnected && all.indexOf(root) === k; });
-  live.filter(function (root) { return !live.some(function (other) { return other !== root && other.contains(root); }); })
-    .forEach(load);
 }
 
 // What htmx loaded (htmx.onLoad: the page's body, then each swapped-in part) is drawn.

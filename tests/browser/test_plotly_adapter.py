@@ -86,7 +86,7 @@ def test_plotly_internals_are_named_only_in_the_adapter():
 
 
 def test_the_explorers_modules_import_the_adapter():
-    """The explorer's scripts are ES modules (explorer.js, a classic script, imports explorer-main.js):
+    """The explorer's scripts are ES modules (explorer.js, the entry base.html loads, imports explorer-main.js):
     one that asks the adapter imports it; none reads window.PlotlyAdapter."""
     assert re.search(r'^export const PLOTLY_VERSION = "', ADAPTER.read_text(encoding="utf-8"), re.M)
     modules = sorted(set(JS.glob("explorer-*.js")))
