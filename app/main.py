@@ -26,6 +26,7 @@ from app.pages import docs, explorer, glossary, inspect, lessons, train
 from app.pages import generate as generate_page
 from app.paths import STATIC_DIR
 from app.settings import Settings, get_settings, in_effect
+from app.training import FolderStore
 from app.training.scheduler import TrainingManager
 
 
@@ -40,9 +41,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # Found once per process: the built-in models and the checkpoint folders' config.json files
         # (weights load on first use). Routes get it through app/deps.py.
         app.state.catalog = catalog = build_catalog(s)
-        # Training runs queued in the runs folder start in worker processes (app/training/scheduler.py).
+        # Training runs queued in the runs folder start in worker processes (app/training/scheduler.py);
+        # runs in Redis are Celery's workers' (app/training/jobs.py), so no manager runs for them.
         manager = None
-        if catalog.training_runs is not None and catalog.training_runs.error is None:
+        if isinstance(catalog.training_runs, FolderStore) and catalog.training_runs.error is None:
             manager = TrainingManager(catalog.training_runs, s.train_workers)
             scheduler = asyncio.create_task(manager.run_forever())
         yield

@@ -40,8 +40,8 @@ class Settings(BaseSettings):
     pretrained_memory_mb: int = Field(
         5120, ge=1, le=1_048_576, description="MiB of upcast (float16/bfloat16) pretrained weights per worker"
     )
-    # Training (app/training/store.py, app/training/scheduler.py). Runs live in runs_dir (None: a per-user folder, see
-    # runs_folder()); each trains in its own process, at most train_workers at once per runs folder.
+    # Training (app/training/folder_store.py, app/training/scheduler.py). Runs live in runs_dir (None: a per-user
+    # folder, see runs_folder()); each trains in its own process, at most train_workers at once per runs folder.
     runs_dir: Path | None = Field(None, description="folder of training runs (default: per-user data folder)")
     runs_max_mb: int = Field(
         2048, ge=1, le=1_048_576, description="MB the runs folder may hold; oldest finished runs are deleted beyond it"

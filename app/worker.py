@@ -46,12 +46,13 @@ def main(argv: list[str] | None = None) -> int:
     if s.train_workers < 1:
         print("app.worker: EXPLORER_TRAIN_WORKERS must be 1 or more here (training processes)", file=sys.stderr)
         return 2
-    from app.training import jobs
-    from app.training.redis_store import HOST, RedisStore, register_worker, unregister_worker
+    from app.training import jobs, open_redis
+    from app.training.base import HOST
+    from app.training.redis_store import Timing, register_worker, unregister_worker
 
     node = f"explorer-{os.getpid()}@{HOST}"
     os.environ["EXPLORER_WORKER_NODE"] = node  # the training processes read it (the shutdown flag's name)
-    store = RedisStore.from_settings(s)
+    store = open_redis(s.redis_url, s.runs_max_mb * 2**20, Timing(s.train_pickup_s))  # its sweep sends tasks
     app = jobs.configure(store.url, store.timing)
     alive = threading.Event()
 
@@ -113,7 +114,8 @@ def check(s) -> int:
     import json
     import time
 
-    from app.training.redis_store import HOST, WORKERS, RedisStore
+    from app.training.base import HOST
+    from app.training.redis_store import WORKERS, RedisStore
 
     try:
         seen = [json.loads(v) for v in RedisStore.from_settings(s).r.hvals(WORKERS)]

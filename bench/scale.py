@@ -53,11 +53,12 @@ def queue_and_wait(submit, status, ids: list[str], timeout_s: float) -> float:
 
 
 def throughput_redis(redis: services.RedisServer, processes: int, runs: int, steps: int, db: int) -> float:
-    from app.training.redis_store import RedisStore, Timing
+    from app.training import open_redis
+    from app.training.redis_store import Timing
     from core.recipes import settings
 
     url = redis.url.rsplit("/", 1)[0] + f"/{db}"
-    store = RedisStore(url, 2**30, Timing(60))
+    store = open_redis(url, 2**30, Timing(60))
     with services.worker(url, train_workers=processes):
         return queue_and_wait(
             lambda i: store.create(settings("induction", steps=steps, seed=1000 * db + i), client=f"bench-{i}")[0],

@@ -19,7 +19,8 @@ import numpy as np
 
 from app.models import knobs, pretrained
 from app.settings import Settings
-from app.training.store import TrainingStore, open_store
+from app.training import open_store
+from app.training.base import TrainingStore
 from core import PRESETS, InputError, TransformerConfig, init_params, lessons, run_with_cache
 from core.cache import pattern_hooks
 from core.checkpoints import FAMILIES, CheckpointError, CheckpointSpec, read_spec
@@ -307,7 +308,7 @@ def _checkpoint_toggles(cfg: TransformerConfig, is_encoder: bool) -> tuple[str, 
 class Catalog(Mapping[str, Model]):
     """Every model this server knows, runnable or not, by name: the built-ins, the pretrained ones
     (the bundled MiniLM and EXPLORER_MODELS_DIR's folders), then the runs trained here that have
-    weights (app/training/store.py), which appear as they finish without a restart."""
+    weights (app/training/), which appear as they finish without a restart."""
 
     def __init__(
         self,
@@ -384,5 +385,5 @@ def build_catalog(settings: Settings) -> Catalog:
         settings.models_dir, settings.pretrained_memory_mb * 2**20, taken=frozenset(models)
     )
     models |= {name: _checkpoint_model(name, entry) for name, entry in checkpoints.entries.items()}
-    runs = open_store(settings)  # the runs folder, or Redis with EXPLORER_REDIS_URL (app/training/store.py)
+    runs = open_store(settings)  # the runs folder, or Redis with EXPLORER_REDIS_URL (app/training/__init__.py)
     return Catalog(models, checkpoints, toy_cache, runs)

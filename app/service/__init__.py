@@ -33,7 +33,7 @@ from app.service.spec import AblatedHead, Method, RunSpec
 from app.service.training import TrainingService
 from app.service.views import ModelViews
 from app.settings import Settings
-from app.training.store import FINISHED, STATUSES, TrainingRunInfo
+from app.training.base import FINISHED, RUN_ID_MAX_LENGTH, RUN_ID_MIN_LENGTH, RUN_ID_PATTERN, STATUSES, TrainingRunInfo
 from core import InputError
 
 __all__ = [
@@ -44,6 +44,9 @@ __all__ = [
     "Method",
     "Model",
     "NotFound",
+    "RUN_ID_MAX_LENGTH",
+    "RUN_ID_MIN_LENGTH",
+    "RUN_ID_PATTERN",
     "RunSpec",
     "Service",
     "TrainingRunInfo",

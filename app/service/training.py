@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from app.models.catalog import Catalog
 from app.service.errors import NotFound, Unavailable
 from app.settings import Settings
-from app.training.store import NoRoom, Room, StoreUnavailable, TrainingRunInfo, TrainingStore, training_run_id
+from app.training.base import NoRoom, Room, StoreUnavailable, TrainingRunInfo, TrainingStore, training_run_id
 from core import InputError
 from core.i18n import _
 from core.recipes import probe_tokens as recipe_probe_tokens
@@ -182,9 +182,9 @@ class TrainingService:
         """What changed in a run since a stream's last event id: ([(event, data)], the new id, finished).
 
         The id is TrainingRunInfo.event_id: the folder store's "records.step.status", the Redis store's
-        stream ids (app/training/store.py `changes`). A stream with no id gets the whole run first; then each
-        new record, the progress (step and loss) when it moved, and the whole run again when the status
-        changes."""
+        stream ids (app/training/base.py `TrainingStore.changes`). A stream with no id gets the whole run
+        first; then each new record, the progress (step and loss) when it moved, and the whole run again
+        when the status changes."""
         if not self._store().exists(id):
             raise NotFound(_("there is no run {id!r} on this server: GET /api/v1/runs lists them").format(id=id))
         return self._store().changes(id, since)

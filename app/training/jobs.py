@@ -33,12 +33,14 @@ import time
 import redis
 from celery import Celery
 from celery.exceptions import Reject
+from kombu.exceptions import OperationalError
 
 from app import __version__
 from app.settings import get_settings
-from app.training.redis_store import HOST, RedisStore, Timing, lock_key
+from app.training.base import FINISHED, HOST, StoreUnavailable, is_training_run_id
+from app.training.redis_store import RedisStore, Send, Timing, lock_key, unreachable
 from app.training.redis_writer import LeaseLost, RedisWriter, acquire, fenced
-from app.training.store import FINISHED, StoreUnavailable, is_training_run_id
+from app.training.worker import train
 
 log = logging.getLogger("app.training.jobs")
 
@@ -88,13 +90,21 @@ _senders: dict[str, Celery] = {}  # a sending app per broker (a process may reac
 _senders_lock = threading.Lock()
 
 
-def submit(store: RedisStore, id: str) -> None:
-    """Send the run's task (from a replica, or a worker putting a run back)."""
-    with _senders_lock:
-        if store.url not in _senders:
-            _senders[store.url] = configure(store.url, store.timing, Celery("explorer-sender", set_as_current=False))
-        sender = _senders[store.url]
-    sender.send_task(TASK, args=[id, __version__], queue=QUEUE)
+def sender(url: str, timing: Timing) -> Send:
+    """How a store on this broker sends a run's task (RedisStore's `send`: from a replica, or a worker's
+    sweep): the broker refusing the message is StoreUnavailable, which the service answers with 503."""
+
+    def send(id: str) -> None:
+        with _senders_lock:
+            if url not in _senders:
+                _senders[url] = configure(url, timing, Celery("explorer-sender", set_as_current=False))
+            app = _senders[url]
+        try:
+            app.send_task(TASK, args=[id, __version__], queue=QUEUE)
+        except OperationalError as e:
+            raise StoreUnavailable(unreachable(url, e)) from e
+
+    return send
 
 
 def version_tuple(version: str) -> tuple[int, ...]:
@@ -105,6 +115,8 @@ _stores: dict[str, RedisStore] = {}
 
 
 def _store() -> RedisStore:
+    """The training processes' store: they read and write their runs and send no task (a run this worker puts
+    back goes back through Celery itself, Reject below)."""
     s = get_settings()
     if s.redis_url not in _stores:
         _stores[s.redis_url] = RedisStore.from_settings(s)
@@ -147,8 +159,6 @@ def train_run(self, id: str, version: str) -> str:
 
 
 def _train_leased(store: RedisStore, id: str, lease) -> str:
-    from app.training.worker import train
-
     stored = store.stored_status(id)
     if stored in FINISHED:
         return stored

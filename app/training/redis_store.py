@@ -32,7 +32,6 @@ import logging
 import os
 import re
 import shutil
-import socket
 import tempfile
 import threading
 import time
@@ -45,20 +44,22 @@ from urllib.parse import urlsplit, urlunsplit
 import redis
 
 from app.settings import Settings
-from app.training.store import (
+from app.training.base import (
     FINISHED,
+    HOST,
     STATUSES,
     NoRoom,
     Room,
     StoreUnavailable,
     TrainingRunInfo,
     TrainingStore,
+    checked_run_id,
+    dumps,
     is_training_run_id,
-    step_and_loss,
+    run_info,
     training_run_id,
 )
 from core import InputError
-from core.i18n import _
 from core.recipes import TrainSettings, text_hash
 
 log = logging.getLogger("app.training.redis_store")
@@ -71,7 +72,6 @@ SEND_GRACE_S = 2.0
 STREAM_MAXLEN = 10_000  # events kept per run (about): progress comes ten times a second
 STREAM_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
 PING_EVERY_S = 1.0  # how long a reachability answer is trusted
-HOST = socket.gethostname()
 
 
 def run_key(id: str) -> str:
@@ -154,10 +154,6 @@ def _decode(raw: bytes | None) -> str | None:
 
 def _json(raw: bytes | None) -> Any:
     return None if raw is None else json.loads(raw)
-
-
-def dumps(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
 def _reaching(method: Callable) -> Callable:
@@ -253,51 +249,32 @@ return 1
 # ------------------------------------------------------------------ the store
 
 
-def _read_info(
-    id: str, queue: list[str] | None, fields: list, keys: list[bytes], locked: bool, cursor: str
-) -> TrainingRunInfo:
-    """A run's info from its hash's fields (as RedisStore._info reads them), its keys, its lease and its
-    stream's last event id."""
-    req, stored, error, state, progress, worker, model_dir = fields
-    req, state = json.loads(req), _json(state) or {}
-    status = _shown_status(_decode(stored) or "queued", bool(locked))
-    records = state.get("records", [])
-    step, loss = step_and_loss(state, _json(progress) if status == "running" else None)
-    settings = dict(req["settings"])
-    if req.get("text_sha256"):
-        settings["text"] = f"<sha256 {req['text_sha256'][:16]}>"
-    names = {k.decode() for k in keys}
-    snapshots = sorted(int(k.split(":", 1)[1]) for k in names if k.startswith("patterns:"))
-    position = queue.index(id) + 1 if status == "queued" and queue is not None and id in queue else None
-    info = TrainingRunInfo(
-        id=id,
-        recipe=settings["recipe"],
-        config=settings,
-        status=status,
-        step=step,
-        steps=settings["steps"],
-        created_at=req["created_at"],
-        updated_at=state.get("updated_at", req["created_at"]),
-        records=records,
-        snapshots=snapshots,
-        loss=loss,
-        model=id if model_dir else None,
-        error=_decode(error),
-        queue_position=position,
-        resumable="snapshot" in names,
-        worker=_json(worker) if locked and status == "running" else None,
-        cursor=cursor,
+# How a run's task reaches the workers: called with the run's id, raises StoreUnavailable when the broker
+# cannot take it. Celery's (app/training/jobs.py `sender`), handed in by app/training/__init__.py `open_redis`.
+Send = Callable[[str], None]
+
+
+def unreachable(url: str, e: Exception) -> str:
+    """Why training is off while Redis at `url` cannot be reached, for the 503 and /readyz."""
+    return (
+        f"training is off for now: Redis at {redacted(url)} cannot be reached ({e}); check that it "
+        "runs and EXPLORER_REDIS_URL (host, port, password)"
     )
-    return info
 
 
 class RedisStore(TrainingStore):
+    """Runs in Redis, shared by every replica and worker. It reads and writes Redis only: starting a run's
+    training is `send`'s (None: a store that only reads and trains, such as a worker's, sends nothing)."""
+
     kind = "redis"
 
-    def __init__(self, url: str, max_bytes: int, timing: Timing, cache_dir: Path | None = None):
+    def __init__(
+        self, url: str, max_bytes: int, timing: Timing, cache_dir: Path | None = None, send: Send | None = None
+    ):
         self.url = url
         self.max_bytes = max_bytes
         self.timing = timing
+        self.send = send
         self.r = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=10, health_check_interval=10)
         digest = hashlib.sha256(url.encode()).hexdigest()[:12]
         self.cache = cache_dir or Path(tempfile.gettempdir()) / f"transformer-explorer-{os.getuid()}" / digest
@@ -310,13 +287,12 @@ class RedisStore(TrainingStore):
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RedisStore:
+        """A store that reads and trains and sends no task (a worker's); app/training/__init__.py `open_redis`
+        opens one that sends."""
         return cls(settings.redis_url, settings.runs_max_mb * 2**20, Timing(settings.train_pickup_s))
 
     def unreachable(self, e: Exception) -> str:
-        return (
-            f"training is off for now: Redis at {redacted(self.url)} cannot be reached ({e}); check that it "
-            "runs and EXPLORER_REDIS_URL (host, port, password)"
-        )
+        return unreachable(self.url, e)
 
     @property
     def error(self) -> str | None:
@@ -350,11 +326,7 @@ class RedisStore(TrainingStore):
         return [id.decode() for id in self.r.zrange(QUEUE, 0, -1)]
 
     def _fields(self, id: str, *names: str) -> list[bytes | None]:
-        if not is_training_run_id(id):
-            raise InputError(
-                _("{id!r} is not a run id: ids look like induction-3f2a9c1b7d0e (GET /api/v1/runs)").format(id=id)
-            )
-        return self.r.hmget(run_key(id), names)
+        return self.r.hmget(run_key(checked_run_id(id)), names)
 
     @_reaching
     def request(self, id: str) -> dict:
@@ -399,19 +371,28 @@ class RedisStore(TrainingStore):
 
     def _info(self, id: str, queue: list[str] | None) -> tuple[TrainingRunInfo, bytes | None]:
         """The run and its stream's last event id, read in one transaction (so nothing falls between)."""
-        if not is_training_run_id(id):
-            raise InputError(
-                _("{id!r} is not a run id: ids look like induction-3f2a9c1b7d0e (GET /api/v1/runs)").format(id=id)
-            )
+        checked_run_id(id)
         pipe = self.r.pipeline(transaction=True)
         pipe.hmget(run_key(id), ["request", "status", "error", "state", "progress", "worker", "model_dir"])
         pipe.hkeys(run_key(id))
         pipe.exists(lock_key(id))
         pipe.xrevrange(events_key(id), count=1)
-        fields, keys, locked, last = pipe.execute()
-        if fields[0] is None:
+        (req, stored, error, state, progress, worker, model_dir), keys, locked, last = pipe.execute()
+        if req is None:
             raise KeyError(id)
-        info = _read_info(id, queue, fields, keys, bool(locked), last[0][0].decode() if last else "0-0")
+        names = {k.decode() for k in keys}
+        info = run_info(
+            id,
+            json.loads(req),
+            (_json(state) or {}) | {"error": _decode(error), "model_dir": _decode(model_dir)},
+            status=_shown_status(_decode(stored) or "queued", bool(locked)),
+            progress=_json(progress),
+            snapshots=sorted(int(k.split(":", 1)[1]) for k in names if k.startswith("patterns:")),
+            resumable="snapshot" in names,
+            queue=queue,
+            worker=_json(worker),
+            cursor=last[0][0].decode() if last else "0-0",
+        )
         return info, (last[0][0] if last else None)
 
     def stats(self) -> dict:
@@ -535,18 +516,13 @@ class RedisStore(TrainingStore):
             self.submit(id)
 
     def submit(self, id: str) -> None:
-        """Queue the run's Celery task (app/training/jobs.py), then mark the run as sent. Between its creation
-        and this mark a run has no task that anyone knows of: a replica that dies there, or a broker that
-        refuses the message, leaves it to the same request made again (create) or to a worker's sweep
+        """Send the run's task (`send`: Celery's, app/training/jobs.py), then mark the run as sent. Between its
+        creation and this mark a run has no task that anyone knows of: a replica that dies there, or a broker
+        that refuses the message, leaves it to the same request made again (create) or to a worker's sweep
         (`unsent`); a second message is harmless (a run trains once)."""
-        from kombu.exceptions import OperationalError
-
-        from app.training.jobs import submit
-
-        try:
-            submit(self, id)
-        except OperationalError as e:
-            raise StoreUnavailable(self.unreachable(e)) from e
+        if self.send is None:
+            raise RuntimeError("this RedisStore sends no tasks: open it with app.training.open_redis")
+        self.send(id)
         self.r.hset(run_key(id), "sent", repr(time.time()))
 
     def _unsent(self, id: str, older_than_s: float) -> bool:

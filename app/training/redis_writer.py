@@ -24,20 +24,18 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
+from app.training.base import FINISHED, HOST, MODEL_PREFIX, RunWriter, dumps, progress_event
 from app.training.redis_store import (
     ACTIVE,
-    HOST,
     QUEUE,
     STREAM_MAXLEN,
     RedisStore,
     client_key,
-    dumps,
     events_key,
     lock_key,
     run_key,
     stopping_key,
 )
-from app.training.store import FINISHED, MODEL_PREFIX, RunWriter
 from core.recipes import TrainSettings
 
 if TYPE_CHECKING:
@@ -257,9 +255,7 @@ class RedisWriter(RunWriter):
         progress = {"step": step, "loss": loss}
         self._write(
             set={"progress": dumps(progress)},
-            events=[
-                ("progress", {"id": self.id, "step": step, "steps": self.steps, "loss": loss, "status": "running"})
-            ],
+            events=[("progress", progress_event(self.id, step, self.steps, loss, "running"))],
         )
 
     def write_patterns(self, step: int, patterns: list) -> None:

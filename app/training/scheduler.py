@@ -1,7 +1,7 @@
 """Starting queued training runs in worker processes, never on the event loop.
 
 Every server process (each uvicorn worker, each replica sharing EXPLORER_RUNS_DIR) runs one
-`TrainingManager`. Twice a second it looks at the runs folder (app/training/store.py) and, while fewer than
+`TrainingManager`. Twice a second it looks at the runs folder (app/training/folder_store.py) and, while fewer than
 EXPLORER_TRAIN_WORKERS runs are being trained in all, starts the oldest queued one: it takes the
 run's lock, hands it to a new `python -m app.training.worker` process and forgets it. The decision is made
 under a folder-wide lock, so two processes never start the same run or overshoot the bound.
@@ -9,8 +9,9 @@ under a folder-wide lock, so two processes never start the same run or overshoot
 A trainer dies with the server process that started it (app/training/worker.py), and on a graceful shutdown
 the manager asks its trainers to stop (SIGTERM: they save a snapshot and end as interrupted).
 
-This is the embedded default, for the folder store. With EXPLORER_REDIS_URL set the runs live in Redis and
-Celery workers train them (app/training/jobs.py, `python -m app.worker`): the manager then has nothing to do.
+This is the embedded default, for the folder store only (it is typed for it, and app/main.py starts it only
+with it). With EXPLORER_REDIS_URL set the runs live in Redis and Celery workers train them
+(app/training/jobs.py, `python -m app.worker`): no manager runs.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import subprocess
 import sys
 import threading
 
-from app.training.store import FolderStore, TrainingStore
+from app.training.folder_store import FolderStore
 
 log = logging.getLogger("app.training.scheduler")
 
@@ -34,7 +35,7 @@ STOP_GRACE_S = 10.0  # a trainer's time to save its snapshot when the server shu
 
 
 class TrainingManager:
-    def __init__(self, store: TrainingStore, workers: int, python: str = sys.executable):
+    def __init__(self, store: FolderStore, workers: int, python: str = sys.executable):
         self.store = store
         self.workers = workers
         self.python = python
@@ -93,8 +94,6 @@ class TrainingManager:
                 del self.children[id]
 
     async def run_forever(self) -> None:
-        if not isinstance(self.store, FolderStore):
-            return  # queued in Redis: Celery's workers take them
         while True:
             try:
                 for id, fd in await asyncio.to_thread(self.claim):

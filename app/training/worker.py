@@ -1,6 +1,6 @@
 """One training run in its own process: `python -m app.training.worker RUNS_DIR RUN_ID --lock-fd N`.
 
-Started by app/training/scheduler.py, which took the run's lock (app/training/store.py) and hands it
+Started by app/training/scheduler.py, which took the run's lock (app/training/folder_store.py) and hands it
 over as an inherited file descriptor: the lock lives as long as this process, so when it dies however it
 dies, the run shows as interrupted. It trains with core.train.Training and writes, each as a whole file:
 progress.json several times a second, state.json with every record, the probe's attention patterns at
@@ -24,7 +24,8 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from app.training.store import FolderStore, RunWriter
+from app.training.base import RunWriter
+from app.training.folder_store import FolderStore
 
 PROGRESS_EVERY_S = 0.1  # progress.json at most this often: a page sees ≥ 4 updates a second
 NICENESS = 10  # below the request workers'

@@ -1,4 +1,4 @@
-"""The run stores (app/training/store.py) on their own, the runs folder and Redis alike: names, one creator
+"""The run stores (app/training/folder_store.py, redis_store.py) on their own, the runs folder and Redis alike: names, one creator
 among many, the lock that says a run is alive, cancel, eviction oldest first, the limits counted where the
 runs are; and what only one of them has: whole-file writes and an unwritable folder, a lease that expires
 and an unreachable Redis."""
@@ -12,9 +12,11 @@ import time
 
 import pytest
 
+from app.training import open_redis
+from app.training.base import FINISHED, NoRoom, Room, TrainingStore, training_run_id
+from app.training.folder_store import FolderStore, write_json
 from app.training.redis_store import RedisStore, Timing, lock_key, run_key
 from app.training.redis_writer import RedisWriter, acquire
-from app.training.store import FINISHED, FolderStore, NoRoom, Room, TrainingStore, training_run_id, write_json
 from core.recipes import settings as train_settings
 from tests.scale import services
 
@@ -30,7 +32,7 @@ def redis_url():
 def open_store(kind: str, where, max_bytes: int) -> TrainingStore:
     if kind == "folder":
         return FolderStore(where, max_bytes=max_bytes)
-    return RedisStore(where, max_bytes, Timing(6 * LEASE_S))
+    return open_redis(where, max_bytes, Timing(6 * LEASE_S))
 
 
 @pytest.fixture(params=["folder", "redis"])
@@ -237,7 +239,7 @@ def test_an_unreachable_redis_turns_training_off_with_a_reason_and_hides_no_pass
 
 def test_a_redis_trainer_that_lost_its_lease_cannot_write(redis_url):
     services.redis.Redis.from_url(redis_url).flushdb()
-    store = RedisStore(redis_url, 2**20, Timing(6 * LEASE_S))
+    store = open_redis(redis_url, 2**20, Timing(6 * LEASE_S))
     id, _ = store.create(quick(), client="a")
     first = acquire(store, id)
     first._done.set()  # stalled: it renews no more
@@ -257,7 +259,7 @@ def test_a_resumed_run_never_reports_the_previous_trainers_progress():
     """A run resumed from its snapshot at step 100 writes that step to its state; the progress the previous
     trainer left (step 97, written before its last steps) is behind it and not read, so the step shown
     never goes back. A progress ahead of the state is the current trainer's."""
-    from app.training.store import step_and_loss
+    from app.training.base import step_and_loss
 
     state = {"step": 100, "records": [{"step": 100, "train_loss": 1.5}]}
     assert step_and_loss(state, {"step": 97, "loss": 1.7}) == (100, 1.5)

@@ -3,7 +3,7 @@ stores: the runs folder with the server's own trainer processes (the embedded de
 Celery worker (`python -m app.worker`; tests/scale/services.py starts redis-server and the worker).
 
 A run is a pure function of its request (one id, one training however many ask); it trains in a worker
-process and reports through its store (app/training/store.py); cancel, a killed server and a resume leave it
+process and reports through its store (app/training/); cancel, a killed server and a resume leave it
 consistent; the event stream resumes where a client left it; bad settings are readable 422s; each
 client and the server have a stated number of runs.
 """
@@ -248,6 +248,37 @@ def test_bad_settings_are_readable_422s(client, body, says):
     r = client.post("/api/v1/train", json=body)
     assert r.status_code == 422, r.text
     assert says in " ".join(d["msg"] for d in r.json()["detail"])
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "induction-3f2a9c1b7d0e",
+        "nasi-lemak-0123456789ab",
+        "a-0123456789ab",  # the shortest
+        "a" * 51 + "-0123456789ab",  # the longest: 64 characters
+        "a" * 52 + "-0123456789ab",
+        "Induction-3f2a9c1b7d0e",
+        "induction-3F2A9C1B7D0E",
+        "induction-3f2a9c1b7d0",
+        "induction-3f2a9c1b7d0e0",
+        "induction3f2a9c1b7d0e",
+        "-0123456789ab",
+        "x_y-0123456789ab",
+        "x.y-0123456789ab",
+        "x%20y-0123456789ab",
+    ],
+)
+def test_the_api_and_the_store_agree_on_what_a_run_id_is(client_with, runs_dir, name):
+    """The path's pattern and the store's check are one (app/training/base.py RUN_ID_PATTERN): what the API
+    refuses with 422 is exactly what the store would refuse, and every recipe's ids pass both."""
+    from app.training.base import is_training_run_id, training_run_id
+    from core.recipes import RECIPES
+    from core.recipes import settings as train_settings
+
+    assert all(is_training_run_id(training_run_id(train_settings(recipe))) for recipe in RECIPES)
+    r = client_with(runs_dir=runs_dir).get(f"/api/v1/runs/{name}")
+    assert r.status_code == (404 if is_training_run_id(name.replace("%20", " ")) else 422), r.text
 
 
 @pytest.mark.parametrize("per_client, total, status", [(2, 10, 429), (10, 2, 503)])

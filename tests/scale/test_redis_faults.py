@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from app import __version__
+from app.training import open_redis
 from app.training.redis_store import RedisStore, Timing
 from core.recipes import settings as train_settings
 from tests.scale import services
@@ -109,7 +110,7 @@ def older_app(folder: Path, version: str) -> Path:
 
 def test_a_worker_on_an_older_version_refuses_the_run(redis_with_password):
     redis = redis_with_password
-    store = RedisStore(redis.url, 2**20, Timing(PICKUP_S))
+    store = open_redis(redis.url, 2**20, Timing(PICKUP_S))
     with tempfile.TemporaryDirectory(prefix="explorer-older-") as tmp:
         old = older_app(Path(tmp), "0.0.1")
         with services.worker(redis.url, cwd=old, train_pickup_s=PICKUP_S) as stale:
@@ -121,24 +122,24 @@ def test_a_worker_on_an_older_version_refuses_the_run(redis_with_password):
             services.wait_until(lambda: store.info(id).status == "done", 60, "trained by the current worker")
 
 
-class DiesBeforeSending(RedisStore):
-    """A replica that creates a run in Redis and dies (or finds the broker refusing) before its task is sent."""
-
-    def submit(self, id: str) -> None:
-        raise RuntimeError("the replica died here")
+def dies_before_sending(id: str) -> None:
+    """The `send` of a replica that creates a run in Redis and dies (or finds the broker refusing) before its
+    task is sent."""
+    raise RuntimeError("the replica died here")
 
 
 def test_a_run_whose_task_was_never_sent_is_not_lost(redis_with_password):
     """Between creating a run and sending its task a replica may die: the same request made again sends it
     (after SEND_GRACE_S), and a run nobody asks for again is sent by a running worker's sweep once it has
     waited Timing.unsent_s. Either way it trains once."""
+    from app.training.base import training_run_id
     from app.training.redis_store import SEND_GRACE_S, run_key
-    from app.training.store import training_run_id
     from app.worker import REGISTER_EVERY_S
 
     redis = redis_with_password
     r, timing = redis.client(), Timing(PICKUP_S)
-    dying, store = DiesBeforeSending(redis.url, 2**20, timing), RedisStore(redis.url, 2**20, timing)
+    dying = RedisStore(redis.url, 2**20, timing, send=dies_before_sending)
+    store = open_redis(redis.url, 2**20, timing)
     asked_again, forgotten = (train_settings("nasi-lemak", steps=40, eval_interval=10, seed=s) for s in (96, 97))
     ids = [training_run_id(s) for s in (asked_again, forgotten)]
     with pytest.raises(RuntimeError, match="the replica died here"):

@@ -1,7 +1,7 @@
 """Training runs: POST /api/v1/train queues a run, /api/v1/runs lists them, and each run has its detail,
 its Server-Sent Events (app/http/sse.py), its weights as a zip and its attention patterns by step.
 
-A run is a pure function of its request: the id is derived from it (app/training/store.py), so the same
+A run is a pure function of its request: the id is derived from it (app/training/base.py), so the same
 request names the same run."""
 
 from __future__ import annotations
@@ -19,16 +19,18 @@ from app.deps import ServiceDep
 from app.http import sse
 from app.http.jsonio import FastJSONResponse
 from app.http.security import client_address
+from app.service import RUN_ID_MAX_LENGTH, RUN_ID_MIN_LENGTH, RUN_ID_PATTERN
 
 router = api_router()
 
-# A run's id as the path takes it: a recipe and 12 hex digits (app/training/store.py training_run_id).
+# A run's id as the path takes it: a recipe and 12 hex digits, the one pattern the store checks too
+# (app/training/base.py RUN_ID_PATTERN, re-exported by app.service).
 RunId = Annotated[
     str,
     Path(
-        min_length=14,
-        max_length=64,
-        pattern=r"^[a-z-]+-[0-9a-f]{12}$",
+        min_length=RUN_ID_MIN_LENGTH,
+        max_length=RUN_ID_MAX_LENGTH,
+        pattern=RUN_ID_PATTERN,
         description="a run's id, e.g. induction-3f2a9c1b7d0e (GET /api/v1/runs)",
     ),
 ]
