@@ -46,8 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     if s.train_workers < 1:
         print("app.worker: EXPLORER_TRAIN_WORKERS must be 1 or more here (training processes)", file=sys.stderr)
         return 2
+    import redis
+
     from app.training import jobs, open_redis
-    from app.training.base import HOST
+    from app.training.base import HOST, StoreUnavailable
     from app.training.redis_store import Timing, register_worker, unregister_worker
 
     node = f"explorer-{os.getpid()}@{HOST}"
@@ -57,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     alive = threading.Event()
 
     def register_forever() -> None:
+        """The sweep: say this worker is alive, and send the tasks of runs whose replica never did. It
+        survives whatever goes wrong (it tries again next time) and logs each time it does."""
         while not alive.wait(REGISTER_EVERY_S):
             try:
                 register_worker(store, node, s.train_workers, __version__)
@@ -67,8 +71,10 @@ def main(argv: list[str] | None = None) -> int:
                         store.timing.unsent_s,
                     )
                     store.submit(id)
-            except Exception:  # Redis away: the broker connection says so in the log
-                pass
+            except (redis.RedisError, StoreUnavailable) as e:  # Redis away: one line each sweep, no traceback
+                log.warning("worker sweep: Redis cannot be reached, trying again in %.0f s: %s", REGISTER_EVERY_S, e)
+            except Exception:  # a bug: its traceback, and the sweep goes on
+                log.exception("worker sweep failed; trying again in %.0f s", REGISTER_EVERY_S)
 
     @signals.worker_ready.connect(weak=False)
     def ready(**_) -> None:
@@ -82,8 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         alive.set()
         try:
             unregister_worker(store, node)  # and tell its trainers to put their runs back
-        except Exception:
-            pass
+        except Exception:  # it still shuts down: its registration ages out, its leases expire
+            log.exception("worker %s: could not unregister while shutting down", node)
 
     @signals.worker_process_init.connect(weak=False)
     def lower_priority(**_) -> None:

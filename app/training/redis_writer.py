@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import logging
 import os
 import tempfile
 import threading
@@ -40,6 +41,8 @@ from core.recipes import TrainSettings
 
 if TYPE_CHECKING:
     from core.train import Snapshot, Training
+
+log = logging.getLogger("app.training.redis_writer")
 
 # The trainer's writes: only while its token holds the lease. ARGV: token, maxlen, mode ('' | 'start' |
 # 'finish' | 'queue'), id, then n and n field/value pairs to set, m and m fields to delete, k and k (event, data) pairs.
@@ -168,7 +171,9 @@ class Lease:
                     args=[self.token, int(t.lease_s * 1000), repr(time.time())],
                 )
                 self.unreachable = False
-            except redis.RedisError:
+            except redis.RedisError as e:
+                if not self.unreachable:  # once per outage: it renews again every heartbeat until Redis is back
+                    log.warning("run %s: cannot renew its lease, Redis cannot be reached: %s", self.id, e)
                 self.unreachable = True
                 continue
             if not held:
@@ -183,8 +188,8 @@ class Lease:
         self._done.set()
         try:
             _script(self.store, "release")(keys=[lock_key(self.id)], args=[self.token])
-        except redis.RedisError:
-            pass  # it expires by itself
+        except redis.RedisError as e:
+            log.warning("run %s: cannot release its lease (it expires by itself): %s", self.id, e)
 
 
 class RedisWriter(RunWriter):
