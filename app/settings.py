@@ -2,21 +2,24 @@
 
 A route is given its settings by the `get_settings` dependency (app/deps.py; an app made with
 create_app(settings), or `app.dependency_overrides[get_settings]`, gives others). The request models'
-limits (app/api/requests.py) read `settings_in_effect()`: the settings of the request being validated
-(app/deps.py `apply_settings`, every route's first dependency) or of the OpenAPI being written
-(app/main.py), else the environment's.
+limits (`Limit`, below: app/api/requests.py, the run's knobs in app/models/knobs.py) read
+`settings_in_effect()`: the settings of the request being validated (app/deps.py `apply_settings`, every
+route's first dependency) or of the OpenAPI being written (app/main.py), else the environment's.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any, Literal
 
 from pydantic import Field
+from pydantic_core import PydanticKnownError, core_schema
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -189,3 +192,63 @@ def in_effect(settings: Settings) -> Iterator[None]:
         yield
     finally:
         _IN_EFFECT.reset(token)
+
+
+# ------------------------------------------------------------------ limits that are settings
+
+
+def setting(of: str | Callable[[Settings], int]) -> int:
+    """A setting's value in effect now (`of`: its name, or a function of the settings)."""
+    s = settings_in_effect()
+    return getattr(s, of) if isinstance(of, str) else of(s)
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A bound that is a setting, read from the settings in effect when a value is validated and when
+    the JSON schema is written: `le`/`ge` bound a number, `max_length` a text or a list. On `X | None`
+    it bounds the value as pydantic's own max_length does there ("Value should have at most ...")."""
+
+    kind: Literal["le", "ge", "max_length"]
+    of: str | Callable[[Settings], int]
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> core_schema.CoreSchema:
+        schema = handler(source)
+        kind, of, on = self.kind, self.of, schema["type"]
+        if kind == "max_length" and on == "list":  # counted before the items are validated, as pydantic does
+
+            def count_first(value: Any, validate: Callable) -> Any:
+                if isinstance(value, (list, tuple)) and len(value) > (bound := setting(of)):
+                    raise PydanticKnownError(
+                        "too_long", {"field_type": "List", "max_length": bound, "actual_length": len(value)}
+                    )
+                return validate(value)
+
+            return core_schema.no_info_wrap_validator_function(count_first, schema)
+
+        def check(value: Any) -> Any:
+            if value is None:
+                return value
+            bound = setting(of)
+            if kind == "le" and value > bound:
+                raise PydanticKnownError("less_than_equal", {"le": bound})
+            if kind == "ge" and value < bound:
+                raise PydanticKnownError("greater_than_equal", {"ge": bound})
+            if kind == "max_length" and len(value) > bound:
+                if on == "str":
+                    raise PydanticKnownError("string_too_long", {"max_length": bound})
+                raise PydanticKnownError(
+                    "too_long", {"field_type": "Value", "max_length": bound, "actual_length": len(value)}
+                )
+            return value
+
+        return core_schema.no_info_after_validator_function(check, schema)
+
+    def __get_pydantic_json_schema__(self, schema: Any, handler: Any) -> dict:
+        js = handler(schema)
+        target = next((b for b in js.get("anyOf", ()) if b.get("type") != "null"), js)
+        key = {"le": "maximum", "ge": "minimum"}.get(self.kind) or (
+            "maxLength" if target.get("type") == "string" else "maxItems"
+        )
+        target[key] = setting(self.of)
+        return js

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import ConfigDict, Field, create_model
+from pydantic import ConfigDict, Field
 
 from app.api import requests
 from app.api.responses import Matrix, ModelResultResponse, ResponseModel, Vector
-from app.service import RunSpec, knobs
+from app.service import Knobs, RunSpec, knobs
 from app.service.circuits import DIRECTIONS, METRICS, TARGETS
 from app.service.results import TokenRef
 
@@ -34,125 +34,95 @@ TARGET_HELP = (
 TOKEN_TEXT = requests.TextUpTo("max_text_chars")
 
 
-class _PatchingRequest(requests.Request):
+# The model request's fields (the model and every knob) but its text, then the patching's own (Knobs first
+# among the bases: app/api/requests.py ModelRequest says why).
+class PatchingRequest(Knobs, requests.ModelChoice):
+    """Activation patching: two texts of the same length, the answer and wrong tokens, what to patch."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "model": "induction",
+                    "clean": "wqnhibbaevqxnpzsqooyhvrawqnhibbaevqxnpzsqooyhvr",
+                    "corrupted": "kwoatswecwaochmkkaadarnqwqnhibbaevqxnpzsqooyhvr",
+                    "answer": "a",
+                    "wrong": "q",
+                    "target": "attn_head",
+                    "direction": "noise",
+                },
+                {
+                    "model": "toy",
+                    "clean": "the cat sat on the mat",
+                    "corrupted": "the dog sat on the mat",
+                    "target": "resid_pre",
+                },
+            ]
+        },
+    )
+
+    clean: TOKEN_TEXT = Field(
+        json_schema_extra=requests.stating(
+            "the text where the model does the thing (predicts the answer); at most {max_text_chars:,} "
+            "characters and {max_tokens:,} tokens"
+        )
+    )
+    corrupted: TOKEN_TEXT = Field(
+        description="a text of as many tokens as `clean`, changed where it matters (422 naming both counts otherwise)"
+    )
+    answer: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description=(
+            "the token the clean run should predict after its last token: one of the texts' tokens as the API "
+            'shows them ("␣the" or " the"), or a text that is one token; null: the clean run\'s most likely '
+            "next token"
+        ),
+    )
+    wrong: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description=(
+            "the token the metric compares the answer with; null: the corrupted run's most likely next token (the "
+            "clean run's next best when that is the answer)"
+        ),
+    )
+    target: Target = Field(
+        "resid_pre",
+        json_schema_extra=requests.stating(
+            TARGET_HELP.replace("{", "{{").replace("}", "}}") + ". A sweep makes one patched run per cell: at most "
+            "{patching_max_passes:,} on this server, counted before anything runs (422 naming how many were asked)"
+        ),
+    )
+    direction: Direction = Field(
+        "denoise",
+        description=(
+            "denoise: the corrupted run with one activation from the clean run (how much does it restore?); "
+            "noise: the clean run with one activation from the corrupted run (how much does the behaviour "
+            "depend on it?)"
+        ),
+    )
+    metric: Metric = Field(
+        "logit_diff",
+        description=(
+            "logit_diff: the answer's logit minus the wrong token's at the last position; prob: the answer's "
+            "probability there"
+        ),
+    )
+    frozen_attention: bool = Field(
+        False,
+        description=(
+            "hold every attention pattern downstream of the patch at its value in the unpatched run: what is "
+            "left is the effect through values and the direct path, not through later heads' queries and keys"
+        ),
+    )
+
     def spec(self) -> RunSpec:
         """The clean run as the service's typed specification (the corrupted text is the same model's)."""
         return RunSpec(model=self.model, text=self.clean, **{name: getattr(self, name) for name in knobs.names()})
-
-
-# The model request's fields (the model and every knob) but its text, then the patching's own.
-PatchingRequest = create_model(
-    "PatchingRequest",
-    __base__=_PatchingRequest,
-    __module__=__name__,
-    __doc__="Activation patching: two texts of the same length, the answer and wrong tokens, what to patch.",
-    **{name: (f.annotation, f) for name, f in requests.ModelRequest.model_fields.items() if name != "text"},
-    clean=(
-        TOKEN_TEXT,
-        Field(
-            json_schema_extra=requests.stating(
-                "the text where the model does the thing (predicts the answer); at most {max_text_chars:,} "
-                "characters and {max_tokens:,} tokens"
-            )
-        ),
-    ),
-    corrupted=(
-        TOKEN_TEXT,
-        Field(
-            description="a text of as many tokens as `clean`, changed where it matters (422 "
-            "naming both counts otherwise)"
-        ),
-    ),
-    answer=(
-        str | None,
-        Field(
-            None,
-            min_length=1,
-            max_length=200,
-            description=(
-                "the token the clean run should predict after its last token: one of the texts' tokens as the API "
-                'shows them ("␣the" or " the"), or a text that is one token; null: the clean run\'s most likely '
-                "next token"
-            ),
-        ),
-    ),
-    wrong=(
-        str | None,
-        Field(
-            None,
-            min_length=1,
-            max_length=200,
-            description=(
-                "the token the metric compares the answer with; null: the corrupted run's most likely next token (the "
-                "clean run's next best when that is the answer)"
-            ),
-        ),
-    ),
-    target=(
-        Target,
-        Field(
-            "resid_pre",
-            json_schema_extra=requests.stating(
-                TARGET_HELP.replace("{", "{{").replace("}", "}}") + ". A sweep makes one patched run per cell: at most "
-                "{patching_max_passes:,} on this server, counted before anything runs (422 naming how many were asked)"
-            ),
-        ),
-    ),
-    direction=(
-        Direction,
-        Field(
-            "denoise",
-            description=(
-                "denoise: the corrupted run with one activation from the clean run (how much does it restore?); "
-                "noise: the clean run with one activation from the corrupted run (how much does the behaviour "
-                "depend on it?)"
-            ),
-        ),
-    ),
-    metric=(
-        Metric,
-        Field(
-            "logit_diff",
-            description=(
-                "logit_diff: the answer's logit minus the wrong token's at the last position; prob: the answer's "
-                "probability there"
-            ),
-        ),
-    ),
-    frozen_attention=(
-        bool,
-        Field(
-            False,
-            description=(
-                "hold every attention pattern downstream of the patch at its value in the unpatched run: what is "
-                "left is the effect through values and the direct path, not through later heads' queries and keys"
-            ),
-        ),
-    ),
-)
-PatchingRequest.model_config = ConfigDict(
-    extra="forbid",
-    json_schema_extra={
-        "examples": [
-            {
-                "model": "induction",
-                "clean": "wqnhibbaevqxnpzsqooyhvrawqnhibbaevqxnpzsqooyhvr",
-                "corrupted": "kwoatswecwaochmkkaadarnqwqnhibbaevqxnpzsqooyhvr",
-                "answer": "a",
-                "wrong": "q",
-                "target": "attn_head",
-                "direction": "noise",
-            },
-            {
-                "model": "toy",
-                "clean": "the cat sat on the mat",
-                "corrupted": "the dog sat on the mat",
-                "target": "resid_pre",
-            },
-        ]
-    },
-)
-PatchingRequest.model_rebuild(force=True)
 
 
 class QKCircuitRequest(requests.ModelRequest):

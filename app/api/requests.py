@@ -1,8 +1,8 @@
 """Request models of the REST API v1 (also what validates a page's state), with their limits and examples.
 
 Every limit comes from app/settings.py and every default from the core function it feeds
-(core.lessons' signatures), so each is written once. The run's toggles are the knobs declared in
-app/models/knobs.py (ModelRequest, CompareSide and HooksQuery take their fields from them), the
+(core.lessons' signatures), so each is written once. The run's toggles are the fields of the class Knobs
+(app/models/knobs.py): ModelRequest inherits them, CompareSide and HooksQuery take some by their types; the
 training settings are core/recipes.py's TrainSettings fields (TrainRequest's). Request models forbid
 unknown fields; a model request becomes the service's typed RunSpec with `.spec()`.
 
@@ -23,75 +23,18 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator
-from pydantic_core import PydanticCustomError, PydanticKnownError, core_schema
+from pydantic_core import PydanticCustomError
 
 from app.http.language import _
-from app.service import AblatedHead, RunSpec, knobs
-from app.settings import Settings, settings_in_effect
+from app.service import AblatedHead, Knobs, RunSpec, knobs
+from app.settings import Limit, Settings, setting, settings_in_effect
 from core import DTYPE_BYTES, POSITION_SCHEMES, PRESETS, TransformerConfig, lessons, recipes
 from core.config import NORMALIZATION_TYPES
 
 MAX_SEED = knobs.MAX_SEED
 
 
-# ------------------------------------------------------------------ limits that are settings
-
-
-def setting(of: str | Callable[[Settings], int]) -> int:
-    """A setting's value in effect now (`of`: its name, or a function of the settings)."""
-    s = settings_in_effect()
-    return getattr(s, of) if isinstance(of, str) else of(s)
-
-
-@dataclass(frozen=True)
-class Limit:
-    """A bound that is a setting, read from the settings in effect when a value is validated and when
-    the JSON schema is written: `le`/`ge` bound a number, `max_length` a text or a list. On `X | None`
-    it bounds the value as pydantic's own max_length does there ("Value should have at most ...")."""
-
-    kind: Literal["le", "ge", "max_length"]
-    of: str | Callable[[Settings], int]
-
-    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> core_schema.CoreSchema:
-        schema = handler(source)
-        kind, of, on = self.kind, self.of, schema["type"]
-        if kind == "max_length" and on == "list":  # counted before the items are validated, as pydantic does
-
-            def count_first(value: Any, validate: Callable) -> Any:
-                if isinstance(value, (list, tuple)) and len(value) > (bound := setting(of)):
-                    raise PydanticKnownError(
-                        "too_long", {"field_type": "List", "max_length": bound, "actual_length": len(value)}
-                    )
-                return validate(value)
-
-            return core_schema.no_info_wrap_validator_function(count_first, schema)
-
-        def check(value: Any) -> Any:
-            if value is None:
-                return value
-            bound = setting(of)
-            if kind == "le" and value > bound:
-                raise PydanticKnownError("less_than_equal", {"le": bound})
-            if kind == "ge" and value < bound:
-                raise PydanticKnownError("greater_than_equal", {"ge": bound})
-            if kind == "max_length" and len(value) > bound:
-                if on == "str":
-                    raise PydanticKnownError("string_too_long", {"max_length": bound})
-                raise PydanticKnownError(
-                    "too_long", {"field_type": "Value", "max_length": bound, "actual_length": len(value)}
-                )
-            return value
-
-        return core_schema.no_info_after_validator_function(check, schema)
-
-    def __get_pydantic_json_schema__(self, schema: Any, handler: Any) -> dict:
-        js = handler(schema)
-        target = next((b for b in js.get("anyOf", ()) if b.get("type") != "null"), js)
-        key = {"le": "maximum", "ge": "minimum"}.get(self.kind) or (
-            "maxLength" if target.get("type") == "string" else "maxItems"
-        )
-        target[key] = setting(self.of)
-        return js
+# ------------------------------------------------------------------ limits that are settings (Limit: app/settings.py)
 
 
 def upper_bound(model: type[BaseModel], name: str) -> int | float | None:
@@ -342,29 +285,12 @@ class KVCacheQuery(Request):
 SHAPE_FIELDS = frozenset(TransformerConfig.__dataclass_fields__)
 
 
-def knob_field(knob: knobs.Knob, describe: bool = True) -> tuple[Any, Any]:
-    """A knob (app/models/knobs.py) as a request field: null (the model's own value), or a value within
-    its bounds and its limit (a setting), described by its help text."""
-    kind = Literal[knob.choices] if knob.choices else knob.type  # type: ignore[valid-type]
-    bounds: dict[str, Any] = {}
-    if knob.low is not None:
-        bounds["gt" if knob.low_exclusive else "ge"] = knob.low
-    if knob.high is not None:
-        bounds["le"] = knob.high
-    if knob.type is float:
-        bounds["allow_inf_nan"] = False
-    meta = ([Field(**bounds)] if bounds else []) + ([Limit("le", knob.limit)] if knob.limit else [])
-    annotated = Annotated[(kind, *meta)] if meta else kind
-    return annotated | None, Field(None, description=knob.help if describe else None)
-
-
-HooksQuery = create_model(
-    "HooksQuery",
-    __base__=Request,
-    __module__=__name__,
-    model=(str, Field("toy", max_length=200, description="a name from GET /api/v1/models")),
-    **{k.name: knob_field(k) for k in map(knobs.by_name, ("n_layers", "positional_embedding_type"))},
-)
+# What decides a model's activation names: the model, and the knobs that add or remove hooks (its blocks,
+# its position scheme).
+class HooksQuery(Request):
+    model: str = Field("toy", max_length=200, description="a name from GET /api/v1/models")
+    n_layers: knobs.NLayers = None
+    positional_embedding_type: knobs.PositionalEmbeddingType = None
 
 
 # ------------------------------------------------------------------ run
@@ -395,28 +321,28 @@ COST = (
 )
 
 
-class _ModelRequest(Request):
+# The model a request runs: every model request's first field.
+class ModelChoice(Request):
+    model: str = Field("toy", max_length=200, json_schema_extra=stating("a name from GET /api/v1/models. " + COST))
+
+
+class _ModelAndText(ModelChoice):
+    text: TextUpTo("max_text_chars") = Field(
+        json_schema_extra=stating("the input; at most {max_text_chars:,} characters and {max_tokens:,} tokens")
+    )
+
+
+# Knobs first among the bases: pydantic orders fields base-most first, so the knobs follow the model and the
+# text (Knobs has no __init__, repr or equality to take over from the pydantic model's).
+class ModelRequest(Knobs, _ModelAndText):
+    """A model, a text and the toggles: what every model endpoint (run and the analyses) reads."""
+
     def spec(self) -> RunSpec:
         """What to run, as the service's typed specification."""
         ablate = tuple(AblatedHead(a.layer, a.head, a.method) for a in getattr(self, "ablate", ()))
         return RunSpec(
             model=self.model, text=self.text, ablate=ablate, **{name: getattr(self, name) for name in knobs.names()}
         )
-
-
-# A model, a text and the toggles (one field per knob: app/models/knobs.py).
-ModelRequest = create_model(
-    "ModelRequest",
-    __base__=_ModelRequest,
-    __module__=__name__,
-    __doc__="A model, a text and the toggles: what every model endpoint (run and the analyses) reads.",
-    model=(str, Field("toy", max_length=200, json_schema_extra=stating("a name from GET /api/v1/models. " + COST))),
-    text=(
-        TextUpTo("max_text_chars"),
-        Field(json_schema_extra=stating("the input; at most {max_text_chars:,} characters and {max_tokens:,} tokens")),
-    ),
-    **{k.name: knob_field(k) for k in knobs.KNOBS},
-)
 
 
 class AblatingRequest(ModelRequest):
@@ -533,29 +459,37 @@ class KVStepsRequest(ModelRequest):
     n_new: IntUpTo("max_new_tokens", low=0) = Field(8, description="tokens to generate greedily after the text")
 
 
-class _CompareSide(Request):
+def _without_knob_help(schema: dict[str, Any]) -> None:
+    """The knobs' descriptions say what null means for a run (the model's default); on the second side null
+    keeps the first side's value (the model's description says so), so they are left out there."""
+    for name in knobs.names():
+        schema["properties"].get(name, {}).pop("description", None)
+
+
+# The second side may change the text, every knob that keeps the model's shape (the same weights, or the
+# same shape drawn from another seed: its heads compare one to one) and the ablations. tests/api/test_knobs.py
+# checks that these are the knobs that keep the shape.
+class CompareSide(Request):
+    """What the second side changes; a field left null keeps the first side's value."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_without_knob_help)
+
+    text: Annotated[NonBlank | None, Limit("max_length", "max_text_chars")] = Field(None, min_length=1)
+    causal: knobs.Causal = None
+    scale: knobs.Scale = None
+    temperature: knobs.Temperature = None
+    positional_embedding_type: knobs.PositionalEmbeddingType = None
+    seed: knobs.Seed = None
+    ablate: Annotated[list[HeadAblation], Limit("max_length", "max_ablations")] | None = Field(
+        None, description="replaces the first side's list (use [] for none)"
+    )
+
     def changes(self) -> dict[str, object]:
         """The fields this side changes, as RunSpec fields (ablations as the service's type)."""
         out = {k: v for k, v in self.model_dump(exclude={"ablate"}).items() if v is not None}
         if self.ablate is not None:
             out["ablate"] = tuple(AblatedHead(a.layer, a.head, a.method) for a in self.ablate)
         return out
-
-
-# The second side may change the text, every knob that keeps the model's shape (the same weights, or
-# the same shape drawn from another seed: its heads compare one to one) and the ablations.
-CompareSide = create_model(
-    "CompareSide",
-    __base__=_CompareSide,
-    __module__=__name__,
-    __doc__="What the second side changes; a field left null keeps the first side's value.",
-    text=(Annotated[NonBlank | None, Limit("max_length", "max_text_chars")], Field(None, min_length=1)),
-    **{k.name: knob_field(k, describe=False) for k in knobs.KNOBS if not k.reshapes},
-    ablate=(
-        Annotated[list[HeadAblation], Limit("max_length", "max_ablations")] | None,
-        Field(None, description="replaces the first side's list (use [] for none)"),
-    ),
-)
 
 
 class CompareRequest(AblatingRequest):

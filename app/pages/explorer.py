@@ -18,6 +18,7 @@ them (`ReadCache`), or by running the view again when they are gone.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import math
 import threading
@@ -426,7 +427,9 @@ def _run(request: Request, svc: Service, parsed: web.Parsed) -> tuple[ExplorerVi
     # heads that no longer exist (fewer layers or heads now) are dropped, as layer and head are clamped
     n_layers = parsed.given.get("n_layers", model.cfg.n_layers)
     n_heads = parsed.given.get("n_heads", model.cfg.n_heads)
-    c.ablate = tuple((layer, head) for layer, head in c.ablate if layer < n_layers and head < n_heads)
+    c = parsed.controls = dataclasses.replace(
+        c, ablate=tuple((layer, head) for layer, head in c.ablate if layer < n_layers and head < n_heads)
+    )
     try:
         spec = requests.AblatingRequest(**parsed.request()).spec()
         v = svc.views.explorer(
@@ -434,7 +437,7 @@ def _run(request: Request, svc: Service, parsed: web.Parsed) -> tuple[ExplorerVi
         )
     except web.PAGE_ERRORS as exc:
         return None, web.error_message(exc)
-    c.layer, c.head = v.layer, v.head  # what is shown is what the URL will say
+    c = parsed.controls = dataclasses.replace(c, layer=v.layer, head=v.head)  # what is shown is what the URL will say
     read_cache(request).put(web.explorer_query(parsed, cell=False), readable(v, c.all_stages) | head_levels(v))
     explorer_cell.keep(request, parsed, v)
     return v, None
@@ -451,9 +454,9 @@ def explorer(request: Request, svc: ServiceDep) -> Response:
     parsed = web.parse_explorer(
         request.query_params, models, preferred=svc.settings.default_model, model_changed=model_changed
     )
-    c = parsed.controls
-    model = models[c.model]
+    model = models[parsed.controls.model]
     v, error = _run(request, svc, parsed)
+    c = parsed.controls  # as _run left it: the head shown, the ablated heads that exist
     url = web.explorer_query(parsed)
     context = {
         "controls": c,

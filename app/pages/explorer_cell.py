@@ -13,6 +13,7 @@ When the kept head is gone (evicted, or another server process drew the view), t
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -73,7 +74,7 @@ def keep(request: Request, parsed: web.Parsed, v: ExplorerView) -> None:
     head are clamped)."""
     c = parsed.controls
     if c.cell is not None and max(c.cell) >= len(v.tokens):
-        c.cell = None
+        parsed.controls = dataclasses.replace(c, cell=None)
     cell_cache(request).put(web.explorer_query(parsed, cell=False), v.cells)
 
 

@@ -22,7 +22,6 @@ Routers use these; they never import each other (ARCHITECTURE.md).
 from __future__ import annotations
 
 import base64
-import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -41,7 +40,7 @@ from app.http import language
 from app.http.errors import readable
 from app.http.language import N_, _
 from app.paths import TEMPLATES_DIR
-from app.service import InputError, NotFound, Unavailable, knobs
+from app.service import InputError, Knobs, NotFound, Unavailable, knobs
 from app.settings import Settings
 
 if TYPE_CHECKING:
@@ -318,8 +317,11 @@ def default_model(models: Mapping[str, Model], preferred: str) -> str:
     return preferred if preferred in models and not models[preferred].error else FALLBACK_MODEL
 
 
-@dataclass
-class _Controls:
+@dataclass(frozen=True)
+class ExplorerState(Knobs):
+    """What the explorer's controls show: the URL's values, else the model's defaults. Its toggles are the
+    run's knobs (app/models/knobs.py), each set: the URL's value, else the model's own."""
+
     model: str
     text: str
     layer: int = 0
@@ -336,22 +338,13 @@ class _Controls:
         """The ablated heads as a request's `ablate` list."""
         return [{"layer": layer, "head": head, "method": self.ablate_method} for layer, head in self.ablate]
 
-    def __getitem__(self, name: str):  # templates read controls[name]
+    def __getitem__(self, name: str) -> Any:  # templates read controls[name]
         return getattr(self, name)
-
-
-# Its fields: the model, the text, one per knob (app/models/knobs.py, given by name), the head shown and
-# the view's own (_Controls).
-ExplorerState = dataclasses.make_dataclass(
-    "ExplorerState", [(k.name, k.type, field(kw_only=True)) for k in knobs.on_form()], bases=(_Controls,)
-)
-ExplorerState.__module__ = __name__
-ExplorerState.__doc__ = "What the explorer's controls show: the URL's values, else the model's defaults."
 
 
 @dataclass
 class Parsed:
-    controls: ExplorerState  # type: ignore[valid-type]
+    controls: ExplorerState
     given: dict[str, object]  # toggles the URL sets (not left to the model's default)
     defaults: dict[str, object]  # the model's own values of the toggles
     errors: list[str] = field(default_factory=list)

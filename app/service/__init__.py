@@ -12,7 +12,7 @@ Bad input raises core's InputError with a message a learner can act on (app/http
 anything else that escapes is a bug (500). ARCHITECTURE.md follows one request through here.
 
 The run's knobs (the toggles a request may set) are declared once, in app/models/knobs.py, and
-re-exported here as `knobs` for the faces.
+re-exported here (`knobs`, and its class `Knobs`) for the faces.
 
 May import: `core`, `app.models` (the catalogue), `app.training` (the training store) and
 `app.settings`. Never the faces or the HTTP plumbing.
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from app.models import knobs
 from app.models.catalog import Catalog, Model
+from app.models.knobs import Knobs
 from app.service import calculators
 from app.service.circuits import CircuitViews
 from app.service.errors import NotFound, Unavailable
@@ -41,6 +42,7 @@ __all__ = [
     "STATUSES",
     "AblatedHead",
     "InputError",
+    "Knobs",
     "Method",
     "Model",
     "NotFound",

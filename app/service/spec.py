@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
 from app.models import knobs
 from app.models.catalog import Model
+from app.models.knobs import Knobs
 from core import InputError, TransformerConfig
 from core.i18n import _
 from core.model import Params
@@ -31,31 +32,23 @@ class AblatedHead:
     method: Method = "zero"
 
 
-class _RunSpecMethods:
-    def replace(self, **changes) -> RunSpec:
+@dataclass(frozen=True)
+class RunSpec(Knobs):
+    """A model, a text and the toggles (Knobs: app/models/knobs.py): what every model view runs. A toggle
+    left None keeps the model's default.
+
+    Built once from a request (app/api/requests.py `ModelRequest.spec()`) or from a page's URL."""
+
+    model: str
+    text: str
+    ablate: tuple[AblatedHead, ...] = ()
+
+    def replace(self, **changes: Any) -> RunSpec:
         return dataclasses.replace(self, **changes)
 
     def toggles(self) -> dict[str, object]:
         """The toggles this spec sets (not left to the model), by name."""
         return {k.name: getattr(self, k.name) for k in knobs.KNOBS if getattr(self, k.name) is not None}
-
-
-# Its fields: the model, the text, one per knob (app/models/knobs.py, in its order) and the ablated heads.
-RunSpec = dataclasses.make_dataclass(
-    "RunSpec",
-    [
-        ("model", str),
-        ("text", str),
-        *[(k.name, k.type | None, dataclasses.field(default=None)) for k in knobs.KNOBS],
-        ("ablate", tuple[AblatedHead, ...], dataclasses.field(default=())),
-    ],
-    bases=(_RunSpecMethods,),
-    frozen=True,
-)
-RunSpec.__module__ = __name__
-RunSpec.__doc__ = """A model, a text and the toggles: what every model view runs. None keeps the model's default.
-
-Built once from a request (app/api/requests.py `ModelRequest.spec()`) or from a page's URL."""
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,10 @@
-"""A knob added to the declaration (app/models/knobs.py) is everywhere a toggle is: the API's schema with
-its limit from the settings, what the API refuses and runs, the explorer's state from its URL, its form.
+"""A knob added to the declaration (app/models/knobs.py, the class Knobs) is everywhere a toggle is: the
+API's schema with its limit from the settings, what the API refuses and runs, the explorer's state from its
+URL, its form.
 
-The modules that derive from the declaration read it when they are imported, so the knob is added in a
-fresh interpreter before the app is imported: as if one line had been added to KNOBS.
+The classes that inherit the declaration (RunSpec, the requests, the explorer's state) are made when their
+modules are imported, so the knob is added in a fresh interpreter before the app is imported: there,
+app/models/knobs.py is read with one line added to the class Knobs, as if it had been written there.
 """
 
 from __future__ import annotations
@@ -13,18 +15,40 @@ import subprocess
 import sys
 from pathlib import Path
 
+from app.api import requests
 from app.models import knobs
 
 REPO = Path(__file__).resolve().parents[2]
 
 # The hidden width of the MLP as a run toggle: a size of the toy's config, bounded by a setting.
 PROBE = """
-import json, re
+import ast, importlib.abc, importlib.util, json, re, sys
+from pathlib import Path
 from starlette.datastructures import QueryParams
 
-from app.models import knobs
-knobs.KNOBS += (knobs.Knob("d_mlp", int, "size", "MLP width", help="hidden width of each MLP", config="d_mlp",
-                           low=1, limit="max_d_mlp"),)
+FIELD = (
+    '    d_mlp: Annotated[int | None, Field(ge=1, description="hidden width of each MLP"), Limit("le", "max_d_mlp"), '
+    'Knob("size", "MLP width", config="d_mlp")] = None'
+)
+PATH = Path("app/models/knobs.py")
+source = PATH.read_text(encoding="utf-8")
+knobs_class = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "Knobs")
+lines = source.splitlines()
+lines.insert(knobs_class.end_lineno, FIELD)  # the class's last line, then the new field
+
+
+class WithTheField(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path, target=None):
+        return importlib.util.spec_from_loader(name, self, origin=str(PATH)) if name == "app.models.knobs" else None
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        exec(compile("\\n".join(lines), str(PATH), "exec"), module.__dict__)
+
+
+sys.meta_path.insert(0, WithTheField())
 
 from fastapi.testclient import TestClient
 from app.main import create_app
@@ -103,3 +127,17 @@ def test_the_declared_knobs_are_the_run_requests_toggles(client):
     assert list(props) == ["model", "text", *knobs.names(), "ablate", "hooks", "top_k"]
     toy = next(m for m in client.get("/api/v1/models").json()["models"] if m["name"] == "toy")
     assert tuple(toy["toggles"]) == knobs.names()
+
+
+def test_the_requests_that_take_some_knobs_take_them_as_declared():
+    """CompareSide and HooksQuery name the knobs they take (by their types in app/models/knobs.py): the second
+    side of a comparison every knob that keeps the model's shape, the hooks query those that decide which
+    activations exist. Their fields are the declared ones, with the same validation."""
+    assert [n for n in requests.CompareSide.model_fields if n not in ("text", "ablate")] == [
+        k.name for k in knobs.KNOBS if not k.reshapes
+    ]
+    for request in (requests.CompareSide, requests.HooksQuery):
+        for name, field in request.model_fields.items():
+            if name in knobs.names():
+                assert field.annotation == requests.ModelRequest.model_fields[name].annotation
+                assert field.metadata == requests.ModelRequest.model_fields[name].metadata
