@@ -1,7 +1,8 @@
 // "This cell" (templates/partials/cell.html, app/pages/explorer_cell.py): the cell selected on any of the
 // four stage heatmaps (explorer-cells.js: a click, the arrow keys) opened beside them: q and k and their
 // products, the score, the scaling, the mask, the softmax and the weighted values. The server renders the
-// panel from the head it kept when it drew the view: one small request (`part=cell`) per move, no new run.
+// panel from the head it kept when it drew the view: one small request (`part=cell`) per cell, no new run; the
+// open cell's four neighbours are asked for once it is shown, so an arrow key's panel is usually here already.
 // The open cell lives in the URL (`cell=QUERY,KEY`, replaced, not pushed: a move is not a new page) and in
 // the form's hidden `cell` input, so the next view keeps it open.
 const STAGES = ["stage-raw", "stage-scaled", "stage-masked", "stage-weights"];
@@ -11,7 +12,30 @@ const STAGES = ["stage-raw", "stage-scaled", "stage-masked", "stage-weights"];
 export const timings = [];
 window.explorerCellTimings = timings;
 
-let pending = null;  // the request in flight: a newer move aborts it
+let pending = null;  // the cell whose panel is awaited: an answer for another one is not shown
+
+// Panels asked for, by URL (a promise of {ok, text}): the neighbours of the open cell are asked for once it is
+// shown, so that the next arrow key finds its panel here instead of waiting for the server. The view's URL
+// is part of the key, so a new view asks afresh; the oldest go past KEEP.
+const answers = new Map();
+const KEEP = 64;
+
+function ask(url) {
+  let got = answers.get(url);
+  if (!got) {
+    got = fetch(url, {headers: {Accept: "text/html"}})
+      .then(function (r) { return r.text().then(function (text) { return {ok: r.ok, text: text}; }); });
+    got.then(function (a) { if (!a.ok) answers.delete(url); }, function () { answers.delete(url); });
+    answers.set(url, got);
+    while (answers.size > KEEP) answers.delete(answers.keys().next().value);
+  }
+  return got;
+}
+
+function panelURL(box, i, j) {
+  const base = box.dataset.cellBase || "/";
+  return base + (base.includes("?") ? "&" : "?") + "cell=" + encodeURIComponent(i + "," + j) + "&part=cell";
+}
 
 function panel() { return document.getElementById("cell-panel"); }
 
@@ -26,7 +50,24 @@ function rememberCell(cell) {
   history.replaceState(Object.assign({}, history.state, {htmx: true}), "", url.pathname + url.search);
 }
 
-export function openCell(i, j, start) {
+// The cells an arrow key may open next: the four neighbours, and further on in the direction the last move
+// went (a held key moves on), AHEAD of them.
+const AHEAD = 4;
+let last = null;  // the cell shown before, [i, j]
+
+function askAround(box, i, j, size) {
+  const wanted = [[i, j - 1], [i, j + 1], [i - 1, j], [i + 1, j]];
+  if (last && Math.abs(i - last[0]) + Math.abs(j - last[1]) === 1) {
+    for (let k = 2; k <= AHEAD; k++) wanted.push([i + k * (i - last[0]), j + k * (j - last[1])]);
+  }
+  last = [i, j];
+  wanted.forEach(function ([a, b]) {
+    if (a >= 0 && b >= 0 && a < size.rows && b < size.cols) ask(panelURL(box, a, b));
+  });
+}
+
+// size: the heatmap's {rows, cols}, for the neighbours worth asking for
+export function openCell(i, j, start, size) {
   const box = panel();
   if (!box) return;
   const cell = i + "," + j;
@@ -36,40 +77,35 @@ export function openCell(i, j, start) {
   input.value = cell;
   input.disabled = false;
   rememberCell(cell);
-  if (pending) pending.abort();
-  const mine = pending = new AbortController();
-  const base = box.dataset.cellBase || "/";
-  const url = base + (base.includes("?") ? "&" : "?") + "cell=" + encodeURIComponent(cell) + "&part=cell";
+  pending = cell;
   box.setAttribute("aria-busy", "true");
-  fetch(url, {signal: mine.signal, headers: {Accept: "text/html"}})
-    .then(function (r) { return r.text().then(function (text) { return {ok: r.ok, text: text}; }); })
-    .then(function (answer) {
-      if (mine !== pending) return;
-      pending = null;
-      box.removeAttribute("aria-busy");
-      const said = box.querySelector("#cell-said");
-      if (!answer.ok) {  // the server says why (a 422's message)
-        said.textContent = answer.text;
-        return;
-      }
-      const t = document.createElement("template");
-      t.innerHTML = answer.text;
-      const next = t.content.getElementById("cell-panel");
-      box.querySelector("#cell-body").replaceWith(next.querySelector("#cell-body"));
-      said.textContent = next.querySelector("#cell-said").textContent;
-      timings.push(performance.now() - start);
-      box.dataset.ms = timings[timings.length - 1].toFixed(1);
-    })
-    .catch(function (err) {
-      if (err.name === "AbortError" || mine !== pending) return;
-      pending = null;
-      box.removeAttribute("aria-busy");
-      box.querySelector("#cell-said").textContent = String(err);
-    });
+  ask(panelURL(box, i, j)).then(function (answer) {
+    if (pending !== cell || !box.isConnected) return;
+    pending = null;
+    box.removeAttribute("aria-busy");
+    const said = box.querySelector("#cell-said");
+    if (!answer.ok) {  // the server says why (a 422's message)
+      said.textContent = answer.text;
+      return;
+    }
+    const t = document.createElement("template");
+    t.innerHTML = answer.text;
+    const next = t.content.getElementById("cell-panel");
+    box.querySelector("#cell-body").replaceWith(next.querySelector("#cell-body"));
+    said.textContent = next.querySelector("#cell-said").textContent;
+    timings.push(performance.now() - start);
+    box.dataset.ms = timings[timings.length - 1].toFixed(1);
+    if (size) setTimeout(function () { askAround(box, i, j, size); }, 0);
+  }, function (err) {
+    if (pending !== cell) return;
+    pending = null;
+    box.removeAttribute("aria-busy");
+    box.querySelector("#cell-said").textContent = String(err);
+  });
 }
 
 document.addEventListener("explorer:cell", function (evt) {
-  if (isStage(evt.target)) openCell(evt.detail.i, evt.detail.j, performance.now());
+  if (isStage(evt.target)) openCell(evt.detail.i, evt.detail.j, performance.now(), evt.target._cells);
 });
 
 // A view drawn with a cell open (a link with cell=, or a new view keeping it): the stages mark that cell.
