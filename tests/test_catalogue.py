@@ -344,8 +344,7 @@ MESSAGE_PIECES = {
     "load",
     "require_pre_norm",
     "require_causal_decoder",
-    "next_token_reason",
-    "_require_next_token",
+    "decomposition",  # app/service/capabilities.py: the view that cannot run
 }
 
 

@@ -3,10 +3,12 @@
 One `Service` per request (app/deps.py) holds the model catalogue and the settings and offers each
 domain's views: `views` (a run's activations, the explorer), `inspect` (looking inside a run),
 `lessons` (the spec's lessons), `training` (training runs), `generation` (writing with a model);
-`calculators` needs neither catalogue nor settings and is a module of functions. Each view takes a
-typed `RunSpec` (what to run) and its own arguments, checks the cost against the limits *before*
-computing, prepares the model once (tokens, config, weights), asks core for the numbers and returns
-a plain dataclass with token strings resolved. No JSON, no HTML: the faces (app/api/, app/pages/) format.
+`calculators` needs neither catalogue nor settings and is a module of functions; `capabilities`
+answers what a model can do (write, give gradients, be patched, be decomposed) and why not, for every
+view that asks. Each view takes a typed `RunSpec` (what to run) and its own arguments, checks the cost
+against the limits *before* computing, prepares the model once (tokens, config, weights), asks core
+for the numbers and returns a plain dataclass with token strings resolved. No JSON, no HTML: the
+faces (app/api/, app/pages/) format.
 
 Bad input raises core's InputError with a message a learner can act on (app/http/errors.py: 422);
 anything else that escapes is a bug (500). ARCHITECTURE.md follows one request through here.

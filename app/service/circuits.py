@@ -14,6 +14,7 @@ import numpy as np
 
 from app.models import pretrained
 from app.models.catalog import Model
+from app.service import capabilities
 from app.service.results import ModelResult, TokenRef
 from app.service.spec import Prepared, RunSpec, Setup
 from app.service.views import ModelViews
@@ -39,7 +40,6 @@ from core.patching import (
     check_pair,
     check_target,
     induction_example,
-    require_causal_decoder,
     sweep,
     sweep_passes,
     sweep_work,
@@ -253,15 +253,7 @@ class CircuitViews:
     def _setup_pair(self, spec: RunSpec, corrupted: str) -> tuple[Setup, list[int], list[str]]:
         """The clean text's setup and the corrupted text's tokens: a causal decoder, the same number of tokens."""
         st = self.views.setup(spec)
-        if st.model.is_encoder:
-            raise InputError(
-                _(
-                    "activation patching measures the next-token prediction at the last position; "
-                    "{model!r} is an encoder, which predicts no next token: choose a decoder such as "
-                    "'induction' or 'toy'"
-                ).format(model=st.model.name)
-            )
-        require_causal_decoder(st.cfg)
+        capabilities.require(capabilities.patching(st.model, st.cfg))
         encoding = st.model.tokenizer.encode(corrupted)
         self.limits.check_count(
             _("the corrupted text"), len(encoding.ids), self.settings.max_tokens, _("use a shorter text")
@@ -381,14 +373,7 @@ class CircuitViews:
         st = self.views.setup(spec)
         cfg, n = st.cfg, st.n
         self._check_head(st, layer, head)
-        if cfg.block_type != "pre_norm":
-            raise InputError(
-                _(
-                    "the QK decomposition splits the residual stream into what wrote it, which needs a "
-                    "pre-norm model; {model!r} is post-norm (its stream is re-normalised in every block): "
-                    "choose a decoder such as 'induction'"
-                ).format(model=st.model.name)
-            )
+        capabilities.require(capabilities.qk_circuit(st.model, cfg))
         for name, pos in (("query", query), ("key", key)):
             if pos is not None and not -n <= pos < n:
                 raise InputError(
@@ -433,14 +418,7 @@ class CircuitViews:
         st = self.views.setup(self._with_text(spec))
         cfg = st.cfg
         self._check_head(st, layer, head)
-        if st.model.is_encoder or cfg.block_type != "pre_norm":
-            raise InputError(
-                _(
-                    "the OV circuit reads a head's output through the final norm and the "
-                    "unembedding; {model!r} is an encoder (post-norm): choose a decoder "
-                    "such as 'induction'"
-                ).format(model=st.model.name)
-            )
+        capabilities.require(capabilities.ov_circuit(st.model, cfg))
         sources = list(dict.fromkeys(st.encoding.ids))[:first]
         if len(sources) > (most := self.settings.ov_max_sources):
             raise InputError(

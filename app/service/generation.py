@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from app.models.catalog import Model
+from app.service import capabilities
 from app.service.results import ModelResult
 from app.service.spec import Prepared, RunSpec, Setup
 from app.service.views import ModelViews
@@ -218,23 +219,6 @@ class GenerationViews:
         self.views = views
         self.settings = views.settings
 
-    @staticmethod
-    def reason(model: Model, cfg: TransformerConfig) -> str | None:
-        """Why this model cannot write, or None."""
-        if model.is_encoder:
-            return _(
-                "{model!r} is an encoder (BERT-style): it was trained to fill in masked words seeing both ways, "
-                "not to predict the next token, so it cannot write. Choose a decoder such as 'toy' or a GPT-2, "
-                "Llama or Qwen checkpoint"
-            ).format(model=model.name)
-        if model.make_cfg is not None:  # the spec's model: its position table is drawn to fit each text
-            return _(
-                "{model!r} draws its position table with exactly one row per token of the text (as the spec's "
-                "snippet does), so it has no position left to write into. Choose 'toy' or a trained model such "
-                "as 'python-docs'"
-            ).format(model=model.name)
-        return None
-
     def attention_values(self, cfg: TransformerConfig, n: int, max_new_tokens: int) -> int:
         """The attention weights a generation returns: every step's row (n + i keys) in every layer and head."""
         m = max_new_tokens
@@ -263,9 +247,7 @@ class GenerationViews:
         s = self.settings
         st = self.views.setup(spec)
         model, cfg, n = st.model, st.cfg, st.n
-        reason = self.reason(model, cfg)
-        if reason:
-            raise InputError(reason)
+        capabilities.require(capabilities.generation(model, cfg))
         m = settings.max_new_tokens
         if isinstance(m, bool) or not isinstance(m, int) or m < 1:
             raise InputError(_("max_new_tokens must be a whole number of tokens, at least 1, got {m!r}").format(m=m))

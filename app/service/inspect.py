@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from app.models.catalog import Model
+from app.service import capabilities
 from app.service.results import (
     ComparedSide,
     Comparison,
@@ -22,9 +22,9 @@ from app.service.results import (
     TokenRef,
     TopToken,
 )
-from app.service.spec import RunSpec, Setup, ablation_map, configure
+from app.service.spec import RunSpec, ablation_map, configure
 from app.service.views import ModelViews
-from core import InputError, TransformerConfig, run_with_cache
+from core import InputError, run_with_cache
 from core.analysis import HEAD_DETECTORS, lens_points, repeated_random_tokens
 from core.attention import causal_mask
 from core.cache import decomposition_hooks, pattern_hooks
@@ -42,60 +42,23 @@ class InspectViews:
         self.views = views
         self.limits = views.limits
 
-    def next_token_reason(self, model: Model, cfg: TransformerConfig, what: str) -> str | None:
-        """Why `what` (decomposition, logit lens) cannot run on this model, or None. Both read the residual
-        stream through the final layer norm and the unembedding, which only a pre-norm decoder has."""
-        if model.is_encoder:
-            return _(
-                "{what} does not apply to {model!r}: it is an encoder (BERT-style), which predicts no next "
-                "token, and post-norm, so it has no final layer norm and unembedding to read the residual stream "
-                "through. Choose a decoder such as 'toy' (detectors and rollout do work on encoders)"
-            ).format(what=what, model=model.name)
-        if cfg.block_type != "pre_norm":
-            return _(
-                "{what} needs a pre-norm model (GPT-2 style, with a final layer norm); {model!r} is post-norm, "
-                "whose residual stream is re-normalised in every block"
-            ).format(what=what, model=model.name)
-        return None
-
-    @staticmethod
-    def kv_cache_reason(model: Model, cfg: TransformerConfig) -> str | None:
-        """Why stepped generation with a KV cache cannot run on this model and setting, or None."""
-        if model.is_encoder:
-            return _(
-                "{model!r} is an encoder: it generates nothing, and its bidirectional attention lets every new "
-                "token change the earlier positions, so nothing could be cached. Choose a decoder such as "
-                "'toy'"
-            ).format(model=model.name)
-        if not cfg.causal:
-            return _(
-                "a KV cache needs the causal mask: without it every new token changes the earlier positions "
-                "too, so nothing can be reused. Turn causal back on"
-            )
-        return None
-
     def reason(self, view: str, spec: RunSpec) -> str | None:
         """Why an Inspect view does not apply to this model and setting, or None."""
         model = self.views.catalog.get_model(spec.model)
         causal = model.cfg.causal if spec.causal is None else spec.causal
         cfg = model.cfg.replace(attention_dir="causal" if causal else "bidirectional")
         if view == "decompose":
-            return self.next_token_reason(model, cfg, _("the residual-stream decomposition"))
+            return capabilities.decomposition(model, cfg, _("the residual-stream decomposition"))
         if view == "lens":
-            return self.next_token_reason(model, cfg, _("the logit lens"))
+            return capabilities.decomposition(model, cfg, _("the logit lens"))
         if view == "kvcache":
-            return self.kv_cache_reason(model, cfg)
+            return capabilities.kv_cache(model, cfg)
         return None
-
-    def _require_next_token(self, st: Setup, what: str) -> None:
-        reason = self.next_token_reason(st.model, st.cfg, what)
-        if reason:
-            raise InputError(reason)
 
     def decompose(self, spec: RunSpec, pos: int, target: int | None, n_targets: int = 10) -> Decomposition:
         """The residual stream at `pos` split into its parts, each part's direct logit for the target token."""
         st = self.views.setup(spec)
-        self._require_next_token(st, _("the residual-stream decomposition"))
+        capabilities.require(capabilities.decomposition(st.model, st.cfg, _("the residual-stream decomposition")))
         if not -st.n <= pos < st.n:
             raise InputError(
                 _("pos={pos} is outside the text's {n} tokens: use 0 … {last}, or -1 for the last").format(
@@ -127,7 +90,7 @@ class InspectViews:
     def logit_lens(self, spec: RunSpec, top_k: int) -> Lens:
         """Every resid_pre / resid_mid (and the last resid_post) decoded through ln_final and W_U."""
         st = self.views.setup(spec)
-        self._require_next_token(st, _("the logit lens"))
+        capabilities.require(capabilities.decomposition(st.model, st.cfg, _("the logit lens")))
         cfg, n = st.cfg, st.n
         points = lens_points(cfg)
         k = min(top_k, cfg.d_vocab)
@@ -197,9 +160,7 @@ class InspectViews:
         s = self.limits.settings
         st = self.views.setup(spec)
         model, cfg, n = st.model, st.cfg, st.n
-        reason = self.kv_cache_reason(model, cfg)
-        if reason:
-            raise InputError(reason)
+        capabilities.require(capabilities.kv_cache(model, cfg))
         total = n + n_new
         self.limits.check_count(
             _("the text plus the generated tokens"), total, s.max_tokens, _("reduce n_new or shorten the text")

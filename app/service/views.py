@@ -10,6 +10,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from app.models.catalog import Catalog, Model
+from app.service import capabilities
 from app.service.limits import Limits, explorer_view_hooks, explorer_view_values
 from app.service.results import (
     AblationEffect,
@@ -195,7 +196,7 @@ class ModelViews:
                 "per response: ask for fewer hooks or use a shorter text"
             ),
         )
-        decoder = not st.model.is_encoder
+        decoder = capabilities.predicts_next_token(st.model)
         baseline = bool(st.ablate) and decoder
         p = self.load(st, self._pass_work(cfg, n, decoder) * (2 if baseline else 1), cfg.d_vocab if decoder else 0)
         cache, top, effect = self._run_predicting(p, hooks, top_k, decoder)
@@ -241,10 +242,11 @@ class ModelViews:
                     remedy=remedy,
                 )
             )
-        decoder = not st.model.is_encoder
+        decoder = capabilities.predicts_next_token(st.model)
         compare = compare and "causal" in st.model.toggles
-        # ablations on a causal pre-norm decoder: the prediction with later attention frozen too (one more pass)
-        frozen = bool(st.ablate) and decoder and cfg.causal and cfg.block_type == "pre_norm"
+        # ablations on a model that can be patched (a causal pre-norm decoder): the prediction with later
+        # attention frozen too (one more pass)
+        frozen = bool(st.ablate) and capabilities.patching(st.model, cfg) is None
         passes = 1 + (bool(st.ablate) and decoder) + compare + frozen
         p = self.load(st, self._pass_work(cfg, n, decoder) * passes, cfg.d_vocab if decoder else 0)
         cache, top, effect = self._run_predicting(p, hooks, top_k, decoder)
