@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from pydantic import Field
 from pydantic_core import PydanticKnownError, core_schema
@@ -63,6 +64,13 @@ class Settings(BaseSettings):
         None,
         description="redis://[:password@]host:port/db (rediss:// over TLS): runs "
         "live in Redis and are trained by Celery workers",
+    )
+    # Over TLS every client checks Redis's certificate (redis_connection_url below): against this authority when
+    # Redis's certificate is a school's own, else against the system's.
+    redis_ca: Path | None = Field(
+        None,
+        description="PEM file of the certificate authority that signed a rediss:// Redis's certificate "
+        "(unset: the system's authorities)",
     )
     train_pickup_s: float = Field(
         60,
@@ -164,6 +172,22 @@ def runs_folder(settings: Settings) -> Path:
         return settings.runs_dir
     data = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
     return Path(data) / "transformer-explorer" / "runs"
+
+
+def redis_connection_url(settings: Settings) -> str | None:
+    """EXPLORER_REDIS_URL as every Redis client is given it (the store's redis-py and Celery's broker, in the
+    replicas and the workers): over TLS (rediss://) with Redis's certificate checked, against EXPLORER_REDIS_CA
+    when set. Celery's broker, handed a bare rediss:// URL, would not check the certificate at all (kombu falls
+    back to ssl_cert_reqs=none); its URL query is what both read. A query the URL already has is kept."""
+    url = settings.redis_url
+    if not url or not url.startswith("rediss://"):
+        return url
+    parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query))
+    query.setdefault("ssl_cert_reqs", "required")
+    if settings.redis_ca is not None:
+        query.setdefault("ssl_ca_certs", str(settings.redis_ca))
+    return urlunsplit(parts._replace(query=urlencode(query, safe="/")))
 
 
 @lru_cache

@@ -24,7 +24,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 from celery import signals  # noqa: E402
 
 from app import __version__  # noqa: E402
-from app.settings import get_settings  # noqa: E402
+from app.settings import get_settings, redis_connection_url  # noqa: E402
 
 REGISTER_EVERY_S = 5.0  # how often a worker says it is alive (explorer:workers in Redis)
 NICENESS = 10  # below a server's request workers on the same machine
@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
 
     node = f"explorer-{os.getpid()}@{HOST}"
     os.environ["EXPLORER_WORKER_NODE"] = node  # the training processes read it (the shutdown flag's name)
-    store = open_redis(s.redis_url, s.runs_max_mb * 2**20, Timing(s.train_pickup_s))  # its sweep sends tasks
+    url = redis_connection_url(s)  # over TLS, checking Redis's certificate (EXPLORER_REDIS_CA)
+    store = open_redis(url, s.runs_max_mb * 2**20, Timing(s.train_pickup_s))  # its sweep sends tasks
     app = jobs.configure(store.url, store.timing)
     alive = threading.Event()
 

@@ -457,7 +457,8 @@ class ScaleStack:
         t0 = time.monotonic()
         while time.monotonic() - t0 < SCALE_START_S:
             try:
-                if http(self.url + "/readyz")[0] == 200:
+                code, raw = http(self.url + "/readyz")  # "ready": Redis answers too, not only "degraded"
+                if code == 200 and json.loads(raw)["status"] == "ready":
                     return f"{self.url} (Caddy) ready after {time.monotonic() - t0:.0f} s"
             except OSError:
                 pass

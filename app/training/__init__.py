@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from app.settings import Settings, runs_folder
+from app.settings import Settings, redis_connection_url, runs_folder
 from app.training.base import TrainingStore
 from app.training.folder_store import FolderStore
 
@@ -38,7 +38,8 @@ def open_store(settings: Settings) -> TrainingStore | None:
     if settings.redis_url:
         from app.training.redis_store import Timing
 
-        return open_redis(settings.redis_url, settings.runs_max_mb * 2**20, Timing(settings.train_pickup_s))
+        url = redis_connection_url(settings)  # over TLS, checking Redis's certificate (EXPLORER_REDIS_CA)
+        return open_redis(url, settings.runs_max_mb * 2**20, Timing(settings.train_pickup_s))
     return FolderStore(runs_folder(settings), settings.runs_max_mb * 2**20)
 
 

@@ -43,7 +43,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
-from app.settings import Settings
+from app.settings import Settings, redis_connection_url
 from app.training.base import (
     FINISHED,
     HOST,
@@ -157,13 +157,13 @@ def _json(raw: bytes | None) -> Any:
 
 
 def _reaching(method: Callable) -> Callable:
-    """Redis cannot be reached: StoreUnavailable, which the service answers with 503."""
+    """Redis cannot be reached, or stopped answering: StoreUnavailable, which the service answers with 503."""
 
     @functools.wraps(method)
     def wrapper(self: RedisStore, *args, **kwargs):
         try:
             return method(self, *args, **kwargs)
-        except redis.ConnectionError as e:
+        except (redis.ConnectionError, redis.TimeoutError) as e:  # (redis-py's TimeoutError is not a ConnectionError)
             raise StoreUnavailable(self.unreachable(e)) from e
 
     return wrapper
@@ -289,7 +289,8 @@ class RedisStore(TrainingStore):
     def from_settings(cls, settings: Settings) -> RedisStore:
         """A store that reads and trains and sends no task (a worker's); app/training/__init__.py `open_redis`
         opens one that sends."""
-        return cls(settings.redis_url, settings.runs_max_mb * 2**20, Timing(settings.train_pickup_s))
+        url = redis_connection_url(settings)  # over TLS, checking Redis's certificate (EXPLORER_REDIS_CA)
+        return cls(url, settings.runs_max_mb * 2**20, Timing(settings.train_pickup_s))
 
     def unreachable(self, e: Exception) -> str:
         return unreachable(self.url, e)

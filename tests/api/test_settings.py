@@ -77,6 +77,7 @@ def test_every_setting_is_covered_here_or_named():
         "patching_max_passes",
         "ov_max_sources",  # tests/api/test_circuits.py
         "redis_url",
+        "redis_ca",  # tests/scale/test_redis_down.py (TLS), tests/deploy/test_readyz.py
         "train_pickup_s",
         "metrics",
     }  # tests/scale/ (Redis, Celery workers, /metrics)

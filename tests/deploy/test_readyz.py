@@ -1,8 +1,10 @@
 """/healthz says the process answers; /readyz says it can serve: the front-end files are there and
-the models folder, when one is set, can be read. Not ready -> 503 with reasons an operator can act on."""
+the models folder, when one is set, can be read. Not ready -> 503 with reasons an operator can act on.
+Redis out of reach only degrades it (200 "degraded", naming Redis): everything but training is served."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,7 @@ from fastapi.testclient import TestClient
 from app.api.health import VENDOR_LIST, models_dir_problems, vendor_asset_problems
 from app.main import create_app
 from app.paths import STATIC_DIR
-from app.settings import Settings, get_settings
+from app.settings import Settings, get_settings, redis_connection_url
 
 
 @pytest.fixture
@@ -58,6 +60,55 @@ def test_not_ready_when_models_dir_is_not_a_folder(app, tmp_path, make):
 def test_readyz_is_documented_with_its_503(app):
     responses = TestClient(app).get("/openapi.json").json()["paths"]["/readyz"]["get"]["responses"]
     assert {"200", "503"} <= responses.keys()
+    assert "degraded" in responses["200"]["description"]
+    schema = TestClient(app).get("/openapi.json").json()["components"]["schemas"]["Readiness"]
+    assert schema["properties"]["status"]["enum"] == ["ready", "degraded", "not ready"]
+    assert schema["required"] == ["status"]  # the fields of before, no new one: old clients read it as they did
+
+
+def _unreachable_redis() -> str:
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"redis://:pw-not-shown@127.0.0.1:{port}/0"
+
+
+def test_redis_out_of_reach_is_degraded_not_unready():
+    """Served (200) and named: the proxy keeps the replica, an operator sees what to fix; training is a 503."""
+    with TestClient(create_app(Settings(redis_url=_unreachable_redis(), models_dir=None))) as c:
+        r = c.get("/readyz")
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["status"] == "degraded" and len(body["reasons"]) == 1
+        assert "Redis" in body["reasons"][0] and "EXPLORER_REDIS_URL" in body["reasons"][0]
+        assert "pw-not-shown" not in r.text
+        train = c.post("/api/v1/train", json={"recipe": "nasi-lemak", "steps": 20})
+        assert train.status_code == 503 and int(train.headers["retry-after"]) > 0
+        assert c.post("/api/v1/run", json={"model": "toy", "text": "Ali makan"}).status_code == 200
+
+
+def test_not_ready_names_what_is_degraded_too(tmp_path):
+    missing = tmp_path / "models"
+    with TestClient(create_app(Settings(redis_url=_unreachable_redis(), models_dir=missing))) as c:
+        r = c.get("/readyz")
+    assert r.status_code == 503
+    body = r.json()
+    assert body["status"] == "not ready"
+    assert body["reasons"][0] == f"EXPLORER_MODELS_DIR={missing} is not a folder" and "Redis" in body["reasons"][1]
+
+
+def test_the_redis_url_over_tls_checks_the_certificate():
+    """Every client of Redis (the store, Celery's broker) is given this URL: over TLS the certificate is checked,
+    against EXPLORER_REDIS_CA when set; a URL's own choice stays; plain redis:// is left alone."""
+    tls = "rediss://:pw@redis.school:6380/0"
+    assert redis_connection_url(Settings(redis_url=tls)) == tls + "?ssl_cert_reqs=required"
+    with_ca = redis_connection_url(Settings(redis_url=tls, redis_ca="/etc/school/ca.pem"))
+    assert with_ca == tls + "?ssl_cert_reqs=required&ssl_ca_certs=/etc/school/ca.pem"
+    own = tls + "?ssl_cert_reqs=optional"
+    assert redis_connection_url(Settings(redis_url=own)) == own
+    plain = "redis://:pw@redis:6379/0"
+    assert redis_connection_url(Settings(redis_url=plain, redis_ca="/etc/school/ca.pem")) == plain
+    assert redis_connection_url(Settings(redis_url=None)) is None
 
 
 def test_models_dir_problems_none_when_unset():
