@@ -18,6 +18,7 @@ from fastapi import Depends, Request
 
 from app.models.catalog import Catalog, build_catalog
 from app.service import Service
+from app.service.classes import Classes
 from app.settings import Settings, get_settings, put_in_effect
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
@@ -44,6 +45,14 @@ def get_service(catalog: CatalogDep, settings: SettingsDep) -> Service:
 
 
 ServiceDep = Annotated[Service, Depends(get_service)]
+
+
+def get_classes(request: Request) -> Classes:
+    """The live classes (app/service/classes.py), opened once in the lifespan like the catalogue."""
+    return request.app.state.classes
+
+
+ClassesDep = Annotated[Classes, Depends(get_classes)]
 
 
 @lru_cache(maxsize=1)

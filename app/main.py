@@ -13,6 +13,7 @@ from threadpoolctl import threadpool_limits
 
 from app import __version__
 from app.api import health, routes
+from app.classes import open_class_store
 from app.deps import apply_settings
 from app.http import errors, metrics
 from app.http.bodylimit import BodySizeLimitMiddleware, UrlLengthLimitMiddleware
@@ -25,6 +26,7 @@ from app.pages import circuits as circuits_page
 from app.pages import docs, explorer, glossary, inspect, lessons, train
 from app.pages import generate as generate_page
 from app.paths import STATIC_DIR
+from app.service.classes import Classes
 from app.settings import Settings, get_settings, in_effect
 from app.training import FolderStore
 from app.training.scheduler import TrainingManager
@@ -47,7 +49,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if isinstance(catalog.training_runs, FolderStore) and catalog.training_runs.error is None:
             manager = TrainingManager(catalog.training_runs, s.train_workers)
             scheduler = asyncio.create_task(manager.run_forever())
+        # Live classes, in this process or in Redis (app/classes/); the class routes reach them on app.state.
+        app.state.classes = Classes(open_class_store(s), s)
         yield
+        await app.state.classes.store.close()
         if manager is not None:
             scheduler.cancel()
             await asyncio.to_thread(manager.shutdown)

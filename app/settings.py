@@ -78,6 +78,15 @@ class Settings(BaseSettings):
         le=3600,
         description="seconds within which another worker takes up a run whose worker machine died (Redis only)",
     )
+    # Live classes (app/classes/, app/service/classes.py): a class is forgotten after this long without a
+    # teacher's or a student's action; a teacher's link is for one room, so the students a class takes are
+    # capped; and codes are 2.1 × 10¹¹ (app/classes/base.py), so at this many wrong codes a minute per client
+    # finding a class by guessing takes longer than any class lasts.
+    class_idle_s: int = Field(3 * 3600, ge=60, le=7 * 86400, description="seconds a live class lasts without activity")
+    class_max_students: int = Field(200, ge=1, le=10_000, description="students one live class takes")
+    class_max_wrong_codes: int = Field(
+        20, ge=1, le=10_000, description="wrong class codes one client may try a minute (429 beyond)"
+    )
     metrics: bool = Field(
         False,
         description="serve Prometheus metrics at /metrics (request counts and latencies "

@@ -79,7 +79,8 @@ def _posts(schema: dict) -> list[tuple[str, dict]]:
     """(path, body) for every example of every POST operation in the OpenAPI."""
     out = []
     for path, ops in sorted(schema["paths"].items()):
-        if "post" not in ops:
+        # A live class's answers hold a random code and token: not a response to compare
+        if "post" not in ops or path.startswith("/api/v1/classes"):
             continue
         ref = ops["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[-1]
         for example in schema["components"]["schemas"][ref].get("examples", []):

@@ -43,6 +43,7 @@ ROUTES_MAY_IMPORT = {
     "app.api.responses",
     "app.api.circuit_models",
     "app.api.generation_models",
+    "app.api.class_models",
     "app.service",
     "app.http.jsonio",
     "app.http.sse",
@@ -54,7 +55,8 @@ MAY_IMPORT: dict[str, tuple[set[str], bool]] = {
     "app.training": ({"app.settings"}, True),
     # of the training store, its interface and the package's factory (`from app.training import open_store`)
     "app.models": ({"app.settings", "app.training.base", "=app.training"}, True),
-    "app.service": ({"app.settings", "app.models", "app.training"}, True),
+    "app.classes": ({"app.settings"}, False),
+    "app.service": ({"app.settings", "app.models", "app.training", "app.classes"}, True),
     "app.api": (API_MAY_IMPORT, False),
     "app.api.routes": (ROUTES_MAY_IMPORT, False),
     "app.pages": (PAGES_MAY_IMPORT, False),

@@ -4,7 +4,7 @@
 - InputError, raised by core/ and the service for input the user can fix: 422 with its message
   (any other exception, a ValueError from a bug included, is a 500);
 - Unavailable (training off, or full: 503; one client's share used: 429), with Retry-After when waiting
-  helps; NotFound (no such run): 404;
+  helps; NotFound (no such run): 404; Forbidden (not a class's teacher): 401 without a token, 403 with another;
 - HTTP errors under /api/ (404, 405): the same shape, saying where the API is documented;
 - anything else is a bug: logged with its traceback, answered with a generic 500 (`unexpected`,
   which app/main.py installs as a middleware inside the security headers, not here: Starlette calls
@@ -26,7 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.http.jsonio import FastJSONResponse
 from app.http.language import DEFAULT, N_, _, current
-from app.service.errors import NotFound, Unavailable
+from app.service.errors import Forbidden, NotFound, Unavailable
 from core import InputError
 
 log = logging.getLogger("app.http.errors")
@@ -136,6 +136,15 @@ async def not_found(request: Request, exc: NotFound) -> FastJSONResponse:
     return FastJSONResponse(error_body(str(exc), type_="not_found"), status_code=404)
 
 
+async def forbidden(request: Request, exc: Forbidden) -> FastJSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+    return FastJSONResponse(
+        error_body(str(exc), type_="unauthorized" if exc.status_code == 401 else "forbidden"),
+        status_code=exc.status_code,
+        headers=headers,
+    )
+
+
 async def http_error(request: Request, exc: StarletteHTTPException):
     if not request.url.path.startswith("/api/"):
         return await http_exception_handler(request, exc)  # pages keep FastAPI's default
@@ -162,4 +171,5 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(InputError, bad_input)
     app.add_exception_handler(Unavailable, unavailable)
     app.add_exception_handler(NotFound, not_found)
+    app.add_exception_handler(Forbidden, forbidden)
     app.add_exception_handler(StarletteHTTPException, http_error)

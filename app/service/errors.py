@@ -17,3 +17,12 @@ class Unavailable(Exception):
 
 class NotFound(Exception):
     """No such thing (a training run's id): 404."""
+
+
+class Forbidden(Exception):
+    """Not yours to do: 401 when no credential was given, 403 when it is not the right one (a class's
+    teacher token)."""
+
+    def __init__(self, message: str, status_code: int = 403):
+        super().__init__(message)
+        self.status_code = status_code

@@ -71,6 +71,15 @@ CHEAP_API = {
     "/api/v1/runs/{id}/events",
     "/api/v1/runs/{id}/checkpoint",
     "/api/v1/runs/{id}/patterns/{step}",
+    # live classes: no model runs, a follower's stream waits on the class store
+    "/api/v1/classes",
+    "/api/v1/classes/{code}",
+    "/api/v1/classes/{code}/state",
+    "/api/v1/classes/{code}/events",
+    "/api/v1/classes/{code}/polls",
+    "/api/v1/classes/{code}/polls/{poll_id}",
+    "/api/v1/classes/{code}/polls/{poll_id}/answers",
+    "/api/v1/classes/{code}/polls/{poll_id}/close",
 }
 
 

@@ -13,6 +13,8 @@ from app.http.jsonio import FastJSONResponse
 # Each error status the API answers with, and what it means (app/http/errors.py writes the body:
 # {"detail": [{"loc", "msg", "type"}]}). An operation names the ones it can answer with `errors()`.
 ERRORS: dict[int, str] = {
+    401: "No credential: this needs the teacher's token (`Authorization: Bearer`)",
+    403: "Not yours to do: not the teacher's token",
     422: "Invalid input, or a request beyond the limits: `detail[].msg` says what to change",
     404: "No run with this id",
     413: "The body is over {max_body_bytes:,} bytes",  # app/main.py writes in the limit it is given

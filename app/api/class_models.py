@@ -1,0 +1,71 @@
+"""The live classes' request and response models (app/api/routes/classes.py): their limits, stated in the
+schema, are the ones the service holds a class to (app/service/classes.py)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, Field
+
+from app.service.classes import MAX_PATH_CHARS
+
+MAX_QUESTION_CHARS = 300
+MAX_OPTION_CHARS = 80
+MAX_OPTIONS = 8
+
+
+class StartRequest(BaseModel):
+    path: str = Field("/", min_length=1, max_length=MAX_PATH_CHARS, description="the page the class opens on")
+
+
+class StateRequest(BaseModel):
+    path: str = Field(
+        min_length=1,
+        max_length=MAX_PATH_CHARS,
+        description="a page of this site with its state, e.g. /?text=Ali+makan&layer=1 (not another site, not the API)",
+    )
+
+
+class PollRequest(BaseModel):
+    question: str = Field(min_length=1, max_length=MAX_QUESTION_CHARS, description="shown as text, never as HTML")
+    options: list[Annotated[str, Field(min_length=1, max_length=MAX_OPTION_CHARS)]] = Field(
+        min_length=2, max_length=MAX_OPTIONS, description="the buttons students choose from, each different"
+    )
+
+
+class AnswerRequest(BaseModel):
+    option: str = Field(min_length=1, max_length=MAX_OPTION_CHARS, description="one of the poll's options, as written")
+
+
+class RevealRequest(BaseModel):
+    answer: str | None = Field(None, max_length=MAX_OPTION_CHARS, description="the model's answer, shown to everyone")
+
+
+class Started(BaseModel):
+    code: str
+    join_url: str = Field(description="the students' page: /class/{code}")
+    teacher_token: str = Field(
+        description="the teacher's secret: send it as `Authorization: Bearer` (keep it out of URLs)"
+    )
+    path: str
+
+
+class ClassState(BaseModel):
+    code: str
+    path: str = Field(description="the teacher's current page")
+    students: int
+    poll: dict | None = Field(None, description="the open poll: {id, question, options}")
+
+
+class PollResult(BaseModel):
+    id: int
+    question: str
+    options: list[str]
+    counts: list[int] = Field(description="answers per option, in the options' order")
+    closed: bool
+    answer: str | None = None
+
+
+class Pushed(BaseModel):
+    id: str = Field(description="the `state` event's id")
+    path: str

@@ -1,0 +1,24 @@
+"""Live classes: a teacher's view followed by every student's screen, and the teacher's polls.
+
+The interface is base.py (`ClassStore`, `LiveClass`, `Poll`, `ClassEvent`, codes and tokens); a class
+lives in this process (memory.py, the embedded default) or, with EXPLORER_REDIS_URL, in Redis
+(redis_store.py), so every replica serves every class. `open_class_store` picks one from the settings;
+the app opens it in its lifespan (app/main.py) and the service (app/service/classes.py) is what the API
+and the pages call.
+
+May import: `app.settings`. Never core (a class computes nothing), never the service or the faces.
+"""
+
+from __future__ import annotations
+
+from app.classes.base import ClassStore
+from app.classes.memory import MemoryClassStore
+from app.classes.redis_store import RedisClassStore
+from app.settings import Settings
+
+
+def open_class_store(settings: Settings) -> ClassStore:
+    """The store the settings name: Redis when EXPLORER_REDIS_URL is set, else this process."""
+    if settings.redis_url:
+        return RedisClassStore(settings.redis_url, idle_s=settings.class_idle_s)
+    return MemoryClassStore(idle_s=settings.class_idle_s)

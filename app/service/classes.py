@@ -1,0 +1,201 @@
+"""Live classes as the API and the pages use them: who may drive, what may be pushed, who may join.
+
+One `Classes` lives for the app (app/main.py's lifespan, `app.state.classes`), around the store the
+settings name (app/classes/). The rules (issue 35):
+- only the teacher drives: every change needs the teacher's token (401 without one, 403 with another);
+- a pushed path is a page of this site (422 otherwise): never another site, never the API;
+- codes are not guessable at any useful rate: a client's wrong codes are counted, and beyond
+  `class_max_wrong_codes` a minute it gets 429 until the minute has passed;
+- a class takes at most `class_max_students` students, and is forgotten after `class_idle_s` idle;
+- questions and options are kept as text (the pages escape them); a student is a random cookie id.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from collections import defaultdict, deque
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from app.classes.base import (
+    ALPHABET,
+    CODE_LENGTH,
+    ClassEvent,
+    ClassFull,
+    ClassNotFound,
+    ClassStore,
+    LiveClass,
+    Poll,
+    new_code,
+    new_token,
+    token_hash,
+)
+from app.service.errors import Forbidden, NotFound, Unavailable
+from app.settings import Settings
+from core.errors import InputError
+from core.i18n import _
+
+# The pages a class may show (their paths; a lesson is any page under /lessons/). Not the class pages
+# themselves, not the API, not the docs.
+PAGES = ("/", "/lessons", "/params", "/inspect", "/circuits", "/generate", "/train", "/glossary")
+PAGE_PREFIXES = ("/lessons/",)
+MAX_PATH_CHARS = 8192  # a page's whole state is in its URL; a class's path longer than this is refused
+WRONG_CODE_WINDOW_S = 60.0
+EVENTS_WAIT_S = 10.0  # a follower's stream asks the store at least this often (and sends a keep-alive)
+
+
+@dataclass(frozen=True)
+class Started:
+    live: LiveClass
+    token: str  # the teacher's secret: returned once, never stored
+
+
+def check_path(path: str) -> str:
+    """The path itself if it is one of this site's pages, else InputError (422) saying why."""
+    parts = urlsplit(path)
+    if len(path) > MAX_PATH_CHARS or parts.scheme or parts.netloc or not path.startswith("/") or "\\" in path:
+        raise InputError(
+            _("a class can show this site's pages only: a path such as {example}").format(example="/lessons/attention")
+        )
+    if not (parts.path in PAGES or any(parts.path.startswith(p) and len(parts.path) > len(p) for p in PAGE_PREFIXES)):
+        raise InputError(
+            _("{path} is not a page a class can show: the explorer, the lessons, Inspect, circuits or Write").format(
+                path=parts.path[:80]
+            )
+        )
+    return path
+
+
+def check_code(code: str) -> str:
+    code = code.strip().upper()
+    if len(code) != CODE_LENGTH or any(c not in ALPHABET for c in code):
+        raise NotFound(_("no class has the code {code}: check it on the teacher's screen").format(code=code[:16]))
+    return code
+
+
+class Classes:
+    def __init__(self, store: ClassStore, settings: Settings, clock=time.monotonic):
+        self.store = store
+        self.settings = settings
+        self.clock = clock
+        self._wrong: dict[str, deque[float]] = defaultdict(deque)  # client -> times of its wrong codes
+
+    # ------------------------------------------------------------------ finding a class
+
+    def _guessing(self, client: str) -> None:
+        """429 while this client has tried too many wrong codes in the last minute."""
+        times, now = self._wrong[client], self.clock()
+        while times and now - times[0] > WRONG_CODE_WINDOW_S:
+            times.popleft()
+        if len(times) >= self.settings.class_max_wrong_codes:
+            wait = int(WRONG_CODE_WINDOW_S - (now - times[0])) + 1
+            raise Unavailable(
+                _("Too many wrong class codes from here: try again in {seconds} s.").format(seconds=wait),
+                retry_after_s=wait,
+                status_code=429,
+            )
+
+    async def find(self, code: str, client: str) -> LiveClass:
+        """The class with this code, counting a wrong one against the client (404, then 429)."""
+        self._guessing(client)
+        try:
+            return await self.store.get(check_code(code))
+        except (ClassNotFound, NotFound):
+            self._wrong[client].append(self.clock())
+            if len(self._wrong) > 100_000:  # an address flood: forget the oldest clients
+                for stale in list(self._wrong)[:50_000]:
+                    del self._wrong[stale]
+            raise NotFound(
+                _("no class has the code {code}: check it on the teacher's screen").format(code=code[:16])
+            ) from None
+
+    async def teacher(self, code: str, token: str | None, client: str) -> LiveClass:
+        """The class, if `token` is its teacher's (401 without a token, 403 with another)."""
+        live = await self.find(code, client)
+        if not token:
+            raise Forbidden(_("only the class's teacher can do this: sign in with the teacher's link"), 401)
+        if not hmac.compare_digest(token_hash(token), live.teacher_hash):
+            raise Forbidden(_("this is not the teacher's token for class {code}").format(code=live.code), 403)
+        return live
+
+    # ------------------------------------------------------------------ the teacher
+
+    async def start(self, path: str = "/") -> Started:
+        token = new_token()
+        for _attempt in range(8):  # 2.1 × 10¹¹ codes: a collision is rare, eight in a row impossible
+            try:
+                live = await self.store.create(new_code(), token_hash(token), check_path(path))
+                return Started(live, token)
+            except KeyError:
+                continue
+        raise Unavailable(_("no free class code was found: try again"), retry_after_s=1)
+
+    async def push(self, code: str, token: str | None, path: str, client: str) -> ClassEvent:
+        live = await self.teacher(code, token, client)
+        return await self.store.set_path(live.code, check_path(path))
+
+    async def ask(self, code: str, token: str | None, question: str, options: list[str], client: str) -> Poll:
+        live = await self.teacher(code, token, client)
+        if len(set(options)) != len(options):
+            raise InputError(_("each option of a poll must be different"))
+        return await self.store.add_poll(live.code, question, options)
+
+    async def reveal(self, code: str, token: str | None, poll_id: int, answer: str | None, client: str) -> Poll:
+        live = await self.teacher(code, token, client)
+        try:
+            await self.store.close_poll(live.code, poll_id, answer)
+            return await self.store.poll(live.code, poll_id)
+        except KeyError:
+            raise NotFound(_("class {code} has no poll {id}").format(code=live.code, id=poll_id)) from None
+
+    async def end(self, code: str, token: str | None, client: str) -> None:
+        live = await self.teacher(code, token, client)
+        await self.store.end(live.code)
+
+    # ------------------------------------------------------------------ the students
+
+    async def join(self, code: str, student: str, client: str) -> LiveClass:
+        live = await self.find(code, client)
+        try:
+            await self.store.join(live.code, student, self.settings.class_max_students)
+        except ClassFull:
+            raise Forbidden(
+                _("class {code} is full: it takes {n} students").format(
+                    code=live.code, n=self.settings.class_max_students
+                ),
+                403,
+            ) from None
+        return live
+
+    async def answer(self, code: str, poll_id: int, student: str, option: str, client: str) -> Poll:
+        live = await self.join(code, student, client)
+        try:
+            poll = await self.store.poll(live.code, poll_id)
+            if poll.closed:
+                raise KeyError(poll_id)
+            if option not in poll.options:
+                raise InputError(
+                    _("{option!r} is not an option of this poll: choose one of {options}").format(
+                        option=option[:80], options=", ".join(poll.options)
+                    )
+                )
+            await self.store.answer(live.code, poll_id, student, poll.options.index(option))
+        except KeyError:
+            raise NotFound(_("class {code} has no open poll {id}").format(code=live.code, id=poll_id)) from None
+        return poll
+
+    async def results(self, code: str, poll_id: int, client: str) -> Poll:
+        live = await self.find(code, client)
+        try:
+            return await self.store.poll(live.code, poll_id)
+        except KeyError:
+            raise NotFound(_("class {code} has no poll {id}").format(code=live.code, id=poll_id)) from None
+
+    async def events(self, code: str, after: str | None) -> list[ClassEvent]:
+        """What a follower has not seen yet (waiting up to EVENTS_WAIT_S for it); `ended` once the class is
+        gone (ended, or expired while followed)."""
+        try:
+            return await self.store.events(code, after, EVENTS_WAIT_S)
+        except ClassNotFound:
+            return [ClassEvent(after or "0", "ended", {})]
