@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .attention import attention_scale
 from .config import TransformerConfig
 from .errors import InputError
 from .i18n import _
@@ -100,12 +99,13 @@ class AttentionCell:
         }
 
 
-def attention_cell(vectors: HeadVectors, stages, cfg: TransformerConfig, query: int, key: int) -> AttentionCell:
-    """Cell (query, key) of the head whose `vectors` and `stages` (AttentionStages) these are.
+def attention_cell(vectors: HeadVectors, stages, divisor: float, query: int, key: int) -> AttentionCell:
+    """Cell (query, key) of the head whose `vectors` and `stages` (AttentionStages: raw, scaled, mask, weights)
+    these are, its scores divided by `divisor` (core.attention.attention_scale: √d_head, or the model's own).
 
     score, scaled, the mask and the weights are the stages' own numbers (the heatmaps'); q, k, v and
     the output are the run's activations, so Σ products = score and Σ row_weights · v = output hold to
-    rounding (tests/api/test_cell.py checks both against /api/v1/run's hooks)."""
+    rounding (tests/pages/test_cell.py checks both against /api/v1/run's hooks)."""
     n = vectors.q.shape[0]
     for pos, outside in (
         (query, _("query position {pos!r} is outside the text's {n} tokens (use 0..{last})")),
@@ -124,7 +124,7 @@ def attention_cell(vectors: HeadVectors, stages, cfg: TransformerConfig, query: 
         k=k,
         products=q * k,
         score=stages.raw[query, key],
-        divisor=attention_scale(cfg.d_head, cfg.use_attn_scale, cfg.attn_temperature),
+        divisor=divisor,
         scaled=stages.scaled[query, key],
         masked=bool(stages.mask[query, key]),
         weight=stages.weights[query, key],

@@ -211,6 +211,37 @@ def context(head: HeadCells, query: int, key: int) -> dict:
     }
 
 
+def lesson_context(cell, tokens: list[str], digits: int = 2) -> dict:
+    """The attention lesson's opened cell (app/service/lessons.py AttentionLessonResult.cell): q, k, their
+    products and sum, the division, the weight, and the weighted values adding up to the output row; the score
+    and weight also at the spec's printed precision (`digits`), so the printed 4.15 is seen as its products."""
+    qk_top = float(max(np.max(np.abs(cell.q)), np.max(np.abs(cell.k)), 1e-300))
+    weighted = cell.row_weights[:, None] * cell.v  # [key_pos, d_k]
+    out_top = float(max(np.max(np.abs(weighted)), np.max(np.abs(cell.output)), 1e-300))
+    return {
+        "query": cell.query,
+        "key": cell.key,
+        "query_token": tokens[cell.query],
+        "key_token": tokens[cell.key],
+        "dims": list(range(cell.q.size)),
+        "q": _strip(cell.q, qk_top),
+        "k": _strip(cell.k, qk_top),
+        "products": _strip(cell.products),
+        "score": _number(cell.score),
+        "divisor": f"{cell.divisor:g}",
+        "scaled": _number(cell.scaled),
+        "printed": f"{np.round(cell.scaled, digits):.{digits}f}",
+        "masked": cell.masked,
+        "weight": _number(cell.weight),
+        "printed_weight": f"{np.round(cell.weight, digits):.{digits}f}",
+        "values": [
+            {"key": j, "token": t, "weight": _number(w), "strip": _strip(weighted[j], out_top), "this": j == cell.key}
+            for j, (t, w) in enumerate(zip(tokens, cell.row_weights.tolist()))
+        ],
+        "output": _strip(cell.output, out_top),
+    }
+
+
 # ------------------------------------------------------------------ the page's answers
 
 

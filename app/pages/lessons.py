@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field, field_validator
 from app.api import requests
 from app.deps import ServiceDep
 from app.http.language import N_, _, ngettext
-from app.pages import figures, snippets, web
+from app.pages import explorer_cell, figures, snippets, web
 from app.pages.numbers import cells, fixed, full, human_bytes
 from app.service import Service, calculators
 from app.service.calculators import SPEC_FORMULA_PRESETS
@@ -122,6 +122,7 @@ def view_attention(svc: Service, q: requests.AttentionQuery) -> dict:
             },
         ],
         "snippet": snippets.attention(q.text, q.seed, q.d_model, q.d_k, q.causal, q.scale),
+        "cell": explorer_cell.lesson_context(r.cell(), tokens),  # the last token's row at its largest weight
     }
 
 

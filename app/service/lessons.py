@@ -12,6 +12,8 @@ from app.service.calculators import ParamsLessonResult, params_lesson
 from app.service.limits import Limits
 from core import InputError, TransformerConfig, lessons
 from core.attention import attention_scale
+from core.cache import AttentionStages
+from core.cell import AttentionCell, HeadVectors, attention_cell
 from core.i18n import _
 from core.params import count_params, forward_work, largest_array
 from core.tokenizers import word_tokens
@@ -29,6 +31,16 @@ class AttentionLessonResult:
 
     def __getattr__(self, name: str):  # tokens, raw_scores, mask
         return getattr(self.lesson, name)
+
+    def cell(self, query: int | None = None, key: int | None = None) -> AttentionCell:
+        """One cell opened (core/cell.py): by default the last token's row at its largest weight, the spec's
+        "scores for lemak" and the 0.96 its 4.15 becomes."""
+        a = self.lesson
+        query = len(a.tokens) - 1 if query is None else query
+        key = int(np.argmax(a.result.weights[query])) if key is None else key
+        vectors = HeadVectors(0, 0, 0, a.Q, a.K, a.V, a.result.output)
+        stages = AttentionStages(a.raw_scores, self.scaled_scores, a.mask, a.result.scores, a.result.weights)
+        return attention_cell(vectors, stages, self.divisor, query, key)
 
     @property
     def scores(self) -> np.ndarray:  # [query_pos, key_pos], scaled and masked

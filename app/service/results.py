@@ -11,6 +11,7 @@ import numpy as np
 from app.service.spec import AblatedHead, Prepared
 from core import TransformerConfig, hook_shape
 from core.analysis import LogitLens, ResidualDecomposition
+from core.attention import attention_scale
 from core.cache import AttentionStages, ResidualNorms
 from core.cell import AttentionCell, HeadVectors, attention_cell
 
@@ -162,7 +163,9 @@ class HeadCells:
     def cell(self, query: int, key: int) -> AttentionCell:
         """The cell (query, key): q, k and their products, the four stages' numbers, the row's weights and
         values, and the head's output for the query (core/cell.py attention_cell)."""
-        return attention_cell(self.vectors, self.stages, self.config, query, key)
+        cfg = self.config
+        divisor = attention_scale(cfg.d_head, cfg.use_attn_scale, cfg.attn_temperature)
+        return attention_cell(self.vectors, self.stages, divisor, query, key)
 
 
 @dataclass(frozen=True)

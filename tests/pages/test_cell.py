@@ -194,3 +194,28 @@ def test_moving_the_cell_runs_no_model(app_client, monkeypatch):
     for cell in ("127,3", "127,4"):
         assert app_client.get("/", params=other | {"cell": cell, "part": "cell.json"}).status_code == 200
     assert loads == [1]
+
+
+def test_the_attention_lesson_opens_the_spec_cell_as_its_products(app_client):
+    """The spec prints "scores for lemak: [ 4.15 ...]" and lemak's weight 0.96 on Ali: the lesson opens that
+    cell, its four products adding up to the score that ÷ √4 is the printed 4.15."""
+    page = html.unescape(app_client.get("/lessons/attention").text)
+    panel = page[page.index('id="lesson-cell"') :]
+    panel = panel[: panel.index("</section>")]
+    assert "query <b>lemak</b> → key <b>Ali</b>" in panel
+    assert "the 4.15 printed in “scores for lemak”" in panel and "the weight 0.96 in the table" in panel
+    row = lambda label: [  # noqa: E731
+        float(x.replace("−", "-"))
+        for x in re.findall(
+            r"<td [^>]*>([^<]*)</td>", re.search(rf'<th scope="row">{label}</th>(.*?)</tr>', panel).group(1)
+        )
+    ]
+    q, k, products = row("q"), row("k"), row("q × k")
+    assert len(q) == len(k) == len(products) == 4  # d_k
+    np.testing.assert_allclose(products, np.array(q) * np.array(k), atol=2e-3)  # as printed, 3 decimals
+    assert sum(products) / 2 == pytest.approx(4.15, abs=5e-3)
+    # the same numbers as the lesson's API
+    api = app_client.get("/api/v1/lessons/attention").json()
+    assert api["weights"][3][0] == pytest.approx(0.96, abs=5e-3) and api["scores"][3][0] == pytest.approx(
+        4.15, abs=5e-3
+    )
