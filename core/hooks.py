@@ -1,4 +1,5 @@
-"""Activation names: what a run caches, in TransformerLens' names, and each one's shape.
+"""Activation names: what a run caches, in TransformerLens' names, and each one's shape; and
+PassContext, what one forward pass records under those names.
 
 Every family has the same names (DESIGN.md); a config only decides which of them a run makes
 (rotary's hook_rot_q/k, a gated MLP's hook_pre_linear, a pre-norm model's ln_final.hook_normalized).
@@ -6,7 +7,13 @@ Every family has the same names (DESIGN.md); a config only decides which of them
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Iterable
+
+import numpy as np
+
 from .config import TransformerConfig
+from .threads import SERIAL, Team
 
 
 def hook_names(cfg: TransformerConfig) -> list[str]:
@@ -88,3 +95,88 @@ def hook_dims(name: str, cfg: TransformerConfig, n_tokens: int, n_keys: int | No
         "d_vocab": cfg.d_vocab,
     }
     return tuple(sizes[a] for a in hook_shape(name, cfg).strip("[]").split(", "))
+
+
+# ---------------------------------------------------------------------------- what a pass records
+
+
+class PassContext:
+    """What one forward pass records, handed down the model's functions as one object (`ctx`).
+
+    ctx.hook(name, value): every activation passes through it as it is made (TransformerLens' hook
+        points): `edit(name, value)` may change it (activation patching, core/patching.py), then it is
+        kept in ctx.cache if `names` asks for it (None: every name). References are kept, not copies.
+    ctx.wants(name): whether it is kept; the blocks skip what nobody keeps (attention's
+        [n_heads, pos, pos] scores and pattern, the largest activations).
+    ctx.team (core/threads.py): the threads that share each step's rows or blocks.
+    ctx.empty(name, shape, dtype): the memory for the activation `name`, about to be made.
+
+    Memory: a kept activation of some size is a slice of a 32 MiB block starting on a 2 MiB boundary,
+    for which NumPy asks the kernel for huge pages: keeping every activation then costs a page fault per
+    2 MiB instead of one per 4 KiB (GPT-2 small at 512 tokens: ~45,000 faults, most of what a full
+    capture cost beyond the logits-only pass, whose freed temporaries are reused without faults)."""
+
+    BLOCK_BYTES = 32 << 20
+    HUGE_PAGE = 2 << 20
+    SMALL_BYTES = 64 << 10  # below this an activation comes from the heap as usual
+    # Activations that are dead before the next layer makes its own (nothing else points at them: the KV
+    # cache holds the keys and values, the next layer reads hook_resid_post). Not kept, one array of each
+    # serves every layer, so a long pass does not ask the kernel for fresh pages layer after layer.
+    REUSED = frozenset(
+        {
+            "attn.hook_rot_q",
+            "attn.hook_z",
+            "hook_attn_out",
+            "hook_resid_mid",
+            "mlp.hook_pre",
+            "mlp.hook_pre_linear",
+            "mlp.hook_post",
+            "hook_mlp_out",
+        }
+    )
+
+    def __init__(
+        self,
+        names: Iterable[str] | None = None,
+        team: Team = SERIAL,
+        edit: Callable[[str, np.ndarray], np.ndarray] | None = None,
+    ):
+        self.wanted = None if names is None else set(names)
+        self.team = team  # a team's arrays come from memory earlier passes left (core/threads.py Slabs)
+        self.edit = edit
+        self.cache: dict[str, np.ndarray] = {}
+        self._block, self._used = np.empty(0, np.uint8), 0
+        self._reused: dict[tuple, np.ndarray] = {}
+
+    def wants(self, name: str) -> bool:
+        return self.wanted is None or name in self.wanted
+
+    def hook(self, name: str, value: np.ndarray) -> np.ndarray:
+        if self.edit is not None:
+            value = self.edit(name, value)
+        if self.wants(name):
+            self.cache[name] = value
+        return value
+
+    def empty(self, name: str, shape: tuple[int, ...], dtype) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if not self.wants(name):
+            role = name.split(".", 2)[-1] if name.startswith("blocks.") else None
+            if role not in self.REUSED:
+                return self.team.empty(shape, dtype)  # a temporary, or what the KV cache keeps (q, k, v)
+            key = (role, shape, dtype)
+            if key not in self._reused:
+                self._reused[key] = np.empty(shape, dtype)
+            return self._reused[key]
+        if not self.SMALL_BYTES <= nbytes <= self.BLOCK_BYTES // 2:
+            return self.team.empty(shape, dtype)  # small, or big enough alone
+        if self._used + nbytes > self._block.size:
+            if self.team.memory is not None:  # a slab: already on a huge-page boundary
+                self._block, self._used = self.team.empty((self.BLOCK_BYTES,), np.uint8), 0
+            else:
+                self._block = np.empty(self.BLOCK_BYTES + self.HUGE_PAGE, np.uint8)
+                self._used = -self._block.ctypes.data % self.HUGE_PAGE  # start on a huge-page boundary
+        out = self._block[self._used : self._used + nbytes].view(dtype).reshape(shape)
+        self._used += -(-nbytes // 64) * 64  # the next one starts 64-byte aligned
+        return out

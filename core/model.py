@@ -1,4 +1,4 @@
-"""A configurable Transformer, read top to bottom: parameters, block, forward (hook names: core/hooks.py).
+"""A configurable Transformer, read top to bottom: parameters; norm, attention, MLP, block; embedding, forward.
 
 Parameters are plain nested dicts of arrays whose keys are TransformerLens' names.
 The attention projections come in one of three layouts, whichever the weights were stored in,
@@ -11,13 +11,13 @@ Any of them yields every head's queries, keys and values in one matrix multiply 
 `per_head_weights` gives TransformerLens' per-head views of the same numbers.
 
 The forward pass works on one sequence of token ids ([pos], no batch axis) so shapes
-read exactly as the spec prints them.
+read exactly as the spec prints them. Activation names and what a pass records under them
+(the hooks, the thread team, the memory: PassContext) are in core/hooks.py.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -27,6 +27,7 @@ from .attention import scaled_dot_product_attention, split_heads
 from .config import TransformerConfig
 from .errors import InputError
 from .functional import ACTIVATIONS, layer_norm, rms_norm, softmax
+from .hooks import PassContext
 from .i18n import _
 from .positions import rotary, sinusoidal
 from .threads import SERIAL, Team, team_for
@@ -144,79 +145,9 @@ def per_head_weights(attn: Mapping, cfg: TransformerConfig) -> dict[str, np.ndar
 
 
 # ---------------------------------------------------------------------------- forward pass
-
-
-class _Recorder:
-    """Collects activations by hook name; keeps references (no copies), only those asked for.
-
-    `empty` gives the memory for an activation about to be made. A kept activation of some size is
-    a slice of a 32 MiB block starting on a 2 MiB boundary, for which NumPy asks the kernel for huge
-    pages: keeping every activation then costs a page fault per 2 MiB instead of one per 4 KiB
-    (GPT-2 small at 512 tokens: ~45,000 faults, most of what a full capture cost beyond the
-    logits-only pass, whose freed temporaries are reused without faults)."""
-
-    BLOCK_BYTES = 32 << 20
-    HUGE_PAGE = 2 << 20
-    SMALL_BYTES = 64 << 10  # below this an activation comes from the heap as usual
-    # Activations that are dead before the next layer makes its own (nothing else points at them: the KV
-    # cache holds the keys and values, the next layer reads hook_resid_post). Not kept, one array of each
-    # serves every layer, so a long pass does not ask the kernel for fresh pages layer after layer.
-    REUSED = frozenset(
-        {
-            "attn.hook_rot_q",
-            "attn.hook_z",
-            "hook_attn_out",
-            "hook_resid_mid",
-            "mlp.hook_pre",
-            "mlp.hook_pre_linear",
-            "mlp.hook_post",
-            "hook_mlp_out",
-        }
-    )
-
-    def __init__(self, names: Iterable[str] | None, team: Team = SERIAL):
-        self.wanted = None if names is None else set(names)
-        self.cache: dict[str, np.ndarray] = {}
-        self.team = team  # a team's arrays come from memory earlier passes left (core/threads.py Slabs)
-        self._block, self._used = np.empty(0, np.uint8), 0
-        self._reused: dict[tuple, np.ndarray] = {}
-
-    def wants(self, name: str) -> bool:
-        return self.wanted is None or name in self.wanted
-
-    def empty(self, name: str, shape: tuple[int, ...], dtype) -> np.ndarray:
-        dtype = np.dtype(dtype)
-        nbytes = math.prod(shape) * dtype.itemsize
-        if not self.wants(name):
-            role = name.split(".", 2)[-1] if name.startswith("blocks.") else None
-            if role not in self.REUSED:
-                return self.team.empty(shape, dtype)  # a temporary, or what the KV cache keeps (q, k, v)
-            key = (role, shape, dtype)
-            if key not in self._reused:
-                self._reused[key] = np.empty(shape, dtype)
-            return self._reused[key]
-        if not self.SMALL_BYTES <= nbytes <= self.BLOCK_BYTES // 2:
-            return self.team.empty(shape, dtype)  # small, or big enough alone
-        if self._used + nbytes > self._block.size:
-            if self.team.memory is not None:  # a slab: already on a huge-page boundary
-                self._block, self._used = self.team.empty((self.BLOCK_BYTES,), np.uint8), 0
-            else:
-                self._block = np.empty(self.BLOCK_BYTES + self.HUGE_PAGE, np.uint8)
-                self._used = -self._block.ctypes.data % self.HUGE_PAGE  # start on a huge-page boundary
-        out = self._block[self._used : self._used + nbytes].view(dtype).reshape(shape)
-        self._used += -(-nbytes // 64) * 64  # the next one starts 64-byte aligned
-        return out
-
-    def __call__(self, name: str, value: np.ndarray) -> np.ndarray:
-        if self.wants(name):
-            self.cache[name] = value
-        return value
-
-
-def _empty(hook, name: str, shape: tuple[int, ...], dtype) -> np.ndarray:
-    """Memory for the activation `name` (the recorder's, when the hook is one)."""
-    alloc = getattr(hook, "empty", None)
-    return alloc(name, shape, dtype) if alloc else np.empty(shape, dtype)
+# The parts (norm, linear, add) take a thread team and can be called alone; the attention and MLP sub-layers,
+# the block and the embedding take `ctx` (core/hooks.py PassContext), the one object that carries what a pass
+# records: the hook every activation passes through, the thread team, and the memory activations are made in.
 
 
 def norm(x: np.ndarray, ln: Mapping, cfg: TransformerConfig, team: Team = SERIAL) -> np.ndarray:
@@ -248,63 +179,35 @@ def add(x: np.ndarray, y: np.ndarray, out: np.ndarray, team: Team = SERIAL) -> n
     return out
 
 
-@dataclass(frozen=True)
-class KVCache:
-    """Every layer's keys and values of the tokens seen so far (keys already rotated, for rotary).
-
-    A pass given `past_kv` computes q, k, v for its new tokens only, appends k and v here and lets
-    the new queries attend to every cached key: the same numbers as re-running the whole sequence.
-    Under grouped-query attention only the key/value heads are cached; a local layer's cache keeps
-    every token too (its mask hides those beyond the window), so the bytes are kv_cache_bytes'.
-    """
-
-    keys: tuple[np.ndarray, ...]  # per layer [n_key_value_heads, pos, d_head]
-    values: tuple[np.ndarray, ...]  # per layer [n_key_value_heads, pos, d_head]
-
-    @classmethod
-    def empty(cls, cfg: TransformerConfig, dtype) -> KVCache:
-        none = np.zeros((cfg.n_key_value_heads, 0, cfg.d_head), dtype=dtype)
-        return cls((none,) * cfg.n_layers, (none,) * cfg.n_layers)
-
-    @property
-    def n_tokens(self) -> int:
-        return self.keys[0].shape[1] if self.keys else 0
-
-    @property
-    def nbytes(self) -> int:
-        return sum(k.nbytes + v.nbytes for k, v in zip(self.keys, self.values))
+def _hooked_linear(ctx: PassContext, name: str, x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
+    """The activation `name` = x @ w + b, made in the memory the pass keeps it in, then hooked."""
+    out = ctx.empty(name, (x.shape[0], w.shape[1]), np.result_type(x, w))
+    return ctx.hook(name, linear(x, w, b, out, ctx.team))
 
 
 def project_qkv(
-    x: np.ndarray, attn: Mapping, cfg: TransformerConfig, empty: Callable | None = None, team: Team = SERIAL
+    x: np.ndarray, attn: Mapping, cfg: TransformerConfig, ctx: PassContext, prefix: str
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # [pos, d_model] -> q, k, v
     """Queries [n_heads, pos, d_head], keys and values [n_key_value_heads, pos, d_head], from
     whichever layout the weights are stored in (see the module docstring), every head in one product
-    (or one each for Q, K and V); views of it, not copies.
-    empty(shape, dtype) gives the memory for a fused projection (a recorder keeps it; see _empty)."""
-    empty = empty or np.empty
+    (or one each for Q, K and V); views of it, not copies. A fused product is made where the pass keeps
+    hook_q (q, k and v are views of it)."""
     h, kv, dh, n = cfg.n_heads, cfg.n_key_value_heads, cfg.d_head, x.shape[0]
     W = attn.get("W_QKV")
     if W is not None and W.ndim == 4:  # GPT-NeoX: [d_model, n_heads, 3, d_head]
         W = W.reshape(W.shape[0], -1)  # [d_model, n_heads * 3 * d_head]; the reshape is a view
         b = attn["b_QKV"].reshape(-1) if "b_QKV" in attn else None
-        qkv = linear(x, W, b, np.empty((n, W.shape[1]), np.result_type(x, W)), team).reshape(n, h, 3, dh)
+        qkv = linear(x, W, b, np.empty((n, W.shape[1]), np.result_type(x, W)), ctx.team).reshape(n, h, 3, dh)
         return tuple(qkv[:, :, i].swapaxes(0, 1) for i in range(3))  # each [n_heads, pos, d_head]
     if W is not None:  # columns [Q heads | K heads | V heads]
-        qkv = linear(x, W, attn.get("b_QKV"), empty((n, W.shape[1]), np.result_type(x, W)), team)
-        # [pos, (n_heads + 2 n_key_value_heads) * d_head]
+        out = ctx.empty(prefix + "attn.hook_q", (n, W.shape[1]), np.result_type(x, W))
+        qkv = linear(x, W, attn.get("b_QKV"), out, ctx.team)  # [pos, (n_heads + 2 n_key_value_heads) * d_head]
         parts = qkv[:, : h * dh], qkv[:, h * dh : (h + kv) * dh], qkv[:, (h + kv) * dh :]
     else:
-        parts = tuple(
-            linear(
-                x,
-                attn[f"W_{m}"],
-                attn.get(f"b_{m}"),
-                np.empty((n, attn[f"W_{m}"].shape[1]), np.result_type(x, attn[f"W_{m}"])),
-                team,
-            )
-            for m in "QKV"
-        )
+        parts = []
+        for m in "QKV":  # Q [pos, n_heads * d_head], K and V [pos, n_key_value_heads * d_head]
+            w = attn[f"W_{m}"]
+            parts.append(linear(x, w, attn.get(f"b_{m}"), np.empty((n, w.shape[1]), np.result_type(x, w)), ctx.team))
     return split_heads(parts[0], h), split_heads(parts[1], kv), split_heads(parts[2], kv)
 
 
@@ -323,44 +226,39 @@ def attention_block(
     x: np.ndarray,  # [pos, d_model], the sub-layer's (normalised) input
     attn: Mapping,
     cfg: TransformerConfig,
-    hook: Callable[[str, np.ndarray], np.ndarray],
-    prefix: str,
+    ctx: PassContext,
+    prefix: str,  # "blocks.{layer}."
     ablate: Mapping[int, Ablation] | None = None,
     past: tuple[np.ndarray, np.ndarray] | None = None,  # this layer's cached K, V [n_kv_heads, past, d_head]
     window: int | None = None,  # a local layer's span in tokens (None: a global layer)
-    team: Team = SERIAL,
 ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:  # -> [pos, d_model], (K, V) including this pass
-    q, k, v = project_qkv(
-        x, attn, cfg, empty=lambda shape, dtype: _empty(hook, f"{prefix}attn.hook_q", shape, dtype), team=team
-    )
+    q, k, v = project_qkv(x, attn, cfg, ctx, prefix)
     # q [n_heads, pos, d_head], K and V [n_key_value_heads, pos, d_head]
     if "q_norm" in attn:  # Qwen3: each head's query and key RMS-normalised before rotary
         q, k = rms_norm(q, attn["q_norm"]["w"], cfg.eps), rms_norm(k, attn["k_norm"]["w"], cfg.eps)
     for name, m in (("q", q), ("k", k), ("v", v)):
-        hook(f"{prefix}attn.hook_{name}", m.swapaxes(0, 1))  # stored as [pos, head_index, d_head]
+        ctx.hook(f"{prefix}attn.hook_{name}", m.swapaxes(0, 1))  # stored as [pos, head_index, d_head]
     start = 0 if past is None else past[0].shape[1]  # the new tokens' first position
     n_q = x.shape[0]
     if cfg.positional_embedding_type == "rotary":
         positions = np.arange(start, start + n_q)
         q, k = (
             _rotate(
-                m, positions, cfg, _empty(hook, f"{prefix}attn.hook_rot_{name}", m.swapaxes(0, 1).shape, m.dtype), team
+                m, positions, cfg, ctx.empty(f"{prefix}attn.hook_rot_{name}", m.swapaxes(0, 1).shape, m.dtype), ctx.team
             )
             for name, m in (("q", q), ("k", k))
         )
-        hook(f"{prefix}attn.hook_rot_q", q.swapaxes(0, 1))
-        hook(f"{prefix}attn.hook_rot_k", k.swapaxes(0, 1))
+        ctx.hook(f"{prefix}attn.hook_rot_q", q.swapaxes(0, 1))
+        ctx.hook(f"{prefix}attn.hook_rot_k", k.swapaxes(0, 1))
     if past is not None:  # the new queries see every cached key, then their own
         k, v = np.concatenate([past[0], k], axis=1), np.concatenate([past[1], v], axis=1)
-    # The [n_heads, pos, pos] scores and pattern are the largest activations: build them only
-    # when a hook keeps them (a hook without `wants` is assumed to want everything).
-    wants = getattr(hook, "wants", None)
-    keep = wants is None or wants(f"{prefix}attn.hook_attn_scores") or wants(f"{prefix}attn.hook_pattern")
+    # The [n_heads, pos, pos] scores and pattern are the largest activations: build them only when kept.
+    keep = ctx.wants(f"{prefix}attn.hook_attn_scores") or ctx.wants(f"{prefix}attn.hook_pattern")
     # Grouped-query attention: query heads [n_kv_heads, group, pos, d_head] against K, V
     # [n_kv_heads, 1, pos, d_head], broadcast over each group (a view; no key is copied).
     n_kv, group, d_v = cfg.n_key_value_heads, cfg.group_size, v.shape[-1]
     # z is kept as the hook shows it, [pos, head_index, d_head]: its rows side by side are W_O's input
-    z = _empty(hook, f"{prefix}attn.hook_z", (n_q, cfg.n_heads, d_v), np.result_type(q, k, v))
+    z = ctx.empty(f"{prefix}attn.hook_z", (n_q, cfg.n_heads, d_v), np.result_type(q, k, v))
     scores, pattern, _ = scaled_dot_product_attention(
         q.reshape(n_kv, group, n_q, cfg.d_head),
         k[:, None],
@@ -371,102 +269,86 @@ def attention_block(
         keep=keep,
         window=window,
         out=z.reshape(n_q, n_kv, group, d_v).transpose(1, 2, 0, 3),  # a view: z's head = kv_head * group + i
-        team=team,
+        team=ctx.team,
     )  # [n_kv, group, query_pos, key_pos] twice (None unless kept); z written in place
     if keep:
-        hook(f"{prefix}attn.hook_attn_scores", scores.reshape(cfg.n_heads, n_q, -1))
-        hook(f"{prefix}attn.hook_pattern", pattern.reshape(cfg.n_heads, n_q, -1))
+        ctx.hook(f"{prefix}attn.hook_attn_scores", scores.reshape(cfg.n_heads, n_q, -1))
+        ctx.hook(f"{prefix}attn.hook_pattern", pattern.reshape(cfg.n_heads, n_q, -1))
     for head, how in (ablate or {}).items():
         z[:, head] = z[:, head].mean(axis=0) if how == "mean" else 0.0  # this head writes nothing (or its mean)
-    hook(f"{prefix}attn.hook_z", z)
-    W_O = attn["W_O"]
-    out = linear(
-        z.reshape(n_q, -1),
-        W_O,
-        attn.get("b_O"),  # the heads' outputs concatenated: a view
-        _empty(hook, f"{prefix}hook_attn_out", (n_q, W_O.shape[1]), np.result_type(z, W_O)),
-        team,
-    )
+    z = ctx.hook(f"{prefix}attn.hook_z", z)
+    # the heads' outputs side by side (a view) through W_O: [pos, n_heads * d_head] -> [pos, d_model]
+    out = _hooked_linear(ctx, f"{prefix}hook_attn_out", z.reshape(n_q, -1), attn["W_O"], attn.get("b_O"))
     return out, (k, v)
 
 
-def mlp_block(
-    x: np.ndarray, mlp: Mapping, cfg: TransformerConfig, hook, prefix: str, team: Team = SERIAL
-) -> np.ndarray:
+def mlp_block(x: np.ndarray, mlp: Mapping, cfg: TransformerConfig, ctx: PassContext, prefix: str) -> np.ndarray:
     """act(x W_in + b_in) W_out + b_out; gated (SwiGLU): (act(x W_gate + b_gate) * (x W_in + b_in)) W_out + b_out."""
-    act = ACTIVATIONS[cfg.act_fn]
-    W_in, W_out = mlp["W_in"], mlp["W_out"]
-    n, dtype = x.shape[0], np.result_type(x, W_in)
-    post = _empty(hook, f"{prefix}mlp.hook_post", (n, W_in.shape[1]), dtype)  # [pos, d_mlp]
+    act, n, p = ACTIVATIONS[cfg.act_fn], x.shape[0], prefix
+    post = ctx.empty(p + "mlp.hook_post", (n, mlp["W_in"].shape[1]), np.result_type(x, mlp["W_in"]))  # [pos, d_mlp]
     if "W_gate" in mlp:
-        gate = linear(
-            x, mlp["W_gate"], mlp.get("b_gate"), _empty(hook, f"{prefix}mlp.hook_pre", post.shape, dtype), team
-        )  # [pos, d_mlp]
-        hook(f"{prefix}mlp.hook_pre", gate)
-        up = linear(x, W_in, mlp.get("b_in"), _empty(hook, f"{prefix}mlp.hook_pre_linear", post.shape, dtype), team)
-        hook(f"{prefix}mlp.hook_pre_linear", up)
+        gate = _hooked_linear(ctx, p + "mlp.hook_pre", x, mlp["W_gate"], mlp.get("b_gate"))  # [pos, d_mlp]
+        up = _hooked_linear(ctx, p + "mlp.hook_pre_linear", x, mlp["W_in"], mlp.get("b_in"))
 
         def gated(s: slice) -> None:
             act(gate[s], out=post[s])
             post[s] *= up[s]
 
-        team.rows(gated, n)
+        ctx.team.rows(gated, n)
     else:
-        pre = linear(x, W_in, mlp.get("b_in"), _empty(hook, f"{prefix}mlp.hook_pre", post.shape, dtype), team)
-        hook(f"{prefix}mlp.hook_pre", pre)
-        team.rows(lambda s: act(pre[s], out=post[s]), n)
-    post = hook(f"{prefix}mlp.hook_post", post)
-    return linear(
-        post,
-        W_out,
-        mlp.get("b_out"),
-        _empty(hook, f"{prefix}hook_mlp_out", (n, W_out.shape[1]), np.result_type(post, W_out)),
-        team,
-    )  # [pos, d_model]
+        pre = _hooked_linear(ctx, p + "mlp.hook_pre", x, mlp["W_in"], mlp.get("b_in"))  # [pos, d_mlp]
+        ctx.team.rows(lambda s: act(pre[s], out=post[s]), n)
+    post = ctx.hook(p + "mlp.hook_post", post)
+    return _hooked_linear(ctx, p + "hook_mlp_out", post, mlp["W_out"], mlp.get("b_out"))  # [pos, d_model]
 
 
 def transformer_block(
-    x, block: Mapping, cfg: TransformerConfig, hook, layer: int, ablate=None, past=None, team: Team = SERIAL
+    x: np.ndarray,  # [pos, d_model], the residual stream
+    block: Mapping,
+    cfg: TransformerConfig,
+    ctx: PassContext,
+    layer: int,
+    ablate: Mapping[int, Ablation] | None = None,
+    past: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
-    """Pre-norm (GPT-2): x + attn(ln1(x)), then + mlp(ln2(x)).
-    Parallel (GPT-NeoX): x + attn(ln1(x)) + mlp(ln2(x)), both reading the block's input x;
-    hook_resid_mid is then x + attn(ln1(x)), a partial sum that the MLP does not read.
-    Post-norm (BERT): ln1(x + attn(x)), then ln2(x + mlp(x)); hook_resid_mid and
-    hook_resid_post are then the normalised hidden states the next sub-layer receives.
-    Returns the block's output and this layer's keys and values (with `past`'s before them).
-    team (core/threads.py): shares each step's rows, or attention's blocks, among its threads."""
+    """Two residual additions: each sub-layer reads the stream and adds what it writes to it.
+
+        pre-norm (GPT-2, Llama):   x = x + attn(ln1(x));  x = x + mlp(ln2(x))
+        parallel (GPT-NeoX):       x + attn(ln1(x)) + mlp(ln2(x)), both sub-layers reading the block's input
+        post-norm (BERT):          x = ln1(x + attn(x));  x = ln2(x + mlp(x))
+        attention-only:            the first addition alone (it is hook_resid_post, as in TransformerLens)
+
+    hook_resid_mid is the stream between the two: under parallel, x + attn(ln1(x)), a partial sum the MLP
+    does not read; under post-norm, the normalised sum the MLP receives. Returns the block's output
+    [pos, d_model] and this layer's keys and values (with `past`'s before them)."""
     p = f"blocks.{layer}."
-    hook(p + "hook_resid_pre", x)
-    window = cfg.window(layer)
-    pre = cfg.block_type == "pre_norm"
+    x = ctx.hook(p + "hook_resid_pre", x)
+    post_norm = cfg.block_type == "post_norm"
 
-    def plus(y: np.ndarray, name: str | None = None) -> np.ndarray:  # x + y, where the hook `name` keeps it
-        dtype = np.result_type(x, y)
-        return add(x, y, np.empty(x.shape, dtype) if name is None else _empty(hook, p + name, x.shape, dtype), team)
+    def ln(h: np.ndarray, which: str) -> np.ndarray:
+        return norm(h, block[which], cfg, ctx.team)
 
-    if cfg.attn_only:  # no MLP: the attention sub-layer is the whole block
-        attn_out, kv = attention_block(
-            norm(x, block["ln1"], cfg, team) if pre else x, block["attn"], cfg, hook, p, ablate, past, window, team
-        )
-        attn_out = hook(p + "hook_attn_out", attn_out)
-        post = plus(attn_out, "hook_resid_post") if pre else norm(plus(attn_out), block["ln1"], cfg, team)
-        return hook(p + "hook_resid_post", post), kv
-    if pre:
-        attn_out, kv = attention_block(
-            norm(x, block["ln1"], cfg, team), block["attn"], cfg, hook, p, ablate, past, window, team
-        )
-        mlp_in = x  # parallel: the MLP reads the block's input too
-        x = hook(p + "hook_resid_mid", plus(hook(p + "hook_attn_out", attn_out), "hook_resid_mid"))
-        if not cfg.parallel_attn_mlp:
-            mlp_in = x
-        mlp_out = hook(
-            p + "hook_mlp_out", mlp_block(norm(mlp_in, block["ln2"], cfg, team), block["mlp"], cfg, hook, p, team)
-        )
-        return hook(p + "hook_resid_post", plus(mlp_out, "hook_resid_post")), kv
-    attn_out, kv = attention_block(x, block["attn"], cfg, hook, p, ablate, past, window, team)
-    x = hook(p + "hook_resid_mid", norm(plus(hook(p + "hook_attn_out", attn_out)), block["ln1"], cfg, team))
-    mlp_out = hook(p + "hook_mlp_out", mlp_block(x, block["mlp"], cfg, hook, p, team))
-    return hook(p + "hook_resid_post", norm(plus(mlp_out), block["ln2"], cfg, team)), kv
+    def mlp(h: np.ndarray) -> np.ndarray:  # -> hook_mlp_out [pos, d_model]
+        return mlp_block(h, block["mlp"], cfg, ctx, p)
+
+    def plus(a: np.ndarray, b: np.ndarray, name: str | None = None) -> np.ndarray:  # a + b, made as activation `name`
+        dtype = np.result_type(a, b)
+        return add(a, b, np.empty(a.shape, dtype) if name is None else ctx.empty(name, a.shape, dtype), ctx.team)
+
+    first = p + ("hook_resid_post" if cfg.attn_only else "hook_resid_mid")  # the stream after the first addition
+    attn_out, kv = attention_block(
+        x if post_norm else ln(x, "ln1"), block["attn"], cfg, ctx, p, ablate, past, cfg.window(layer)
+    )  # hook_attn_out [pos, d_model]
+    if post_norm:
+        x = ctx.hook(first, ln(plus(x, attn_out), "ln1"))  # x = ln1(x + attn(x))
+        if not cfg.attn_only:
+            x = ctx.hook(p + "hook_resid_post", ln(plus(x, mlp(x)), "ln2"))  # x = ln2(x + mlp(x))
+        return x, kv
+    mid = ctx.hook(first, plus(x, attn_out, first))  # x + attn(ln1(x))
+    if cfg.attn_only:
+        return mid, kv
+    mlp_in = x if cfg.parallel_attn_mlp else mid  # parallel: the MLP reads the block's input too
+    return ctx.hook(p + "hook_resid_post", plus(mid, mlp(ln(mlp_in, "ln2")), p + "hook_resid_post")), kv
 
 
 def check_tokens(tokens: np.ndarray, cfg: TransformerConfig, start: int = 0) -> np.ndarray:
@@ -494,21 +376,21 @@ def check_tokens(tokens: np.ndarray, cfg: TransformerConfig, start: int = 0) -> 
 
 
 def embed(
-    params: Params, cfg: TransformerConfig, tokens: np.ndarray, hook, token_types=None, start: int = 0
+    params: Params, cfg: TransformerConfig, tokens: np.ndarray, ctx: PassContext, token_types=None, start: int = 0
 ) -> np.ndarray:
     """Token embedding plus position (and, for BERT, segment) embeddings.  # [pos] -> [pos, d_model]
 
     `start` is the first token's position (after a KV cache's tokens)."""
     W_E = params["embed"]["W_E"]
-    x = hook("hook_embed", W_E[tokens])  # row indexing is the embedding lookup
+    x = ctx.hook("hook_embed", W_E[tokens])  # row indexing is the embedding lookup
     n = tokens.size
     if cfg.positional_embedding_type == "learned":
-        x = x + hook("hook_pos_embed", params["pos_embed"]["W_pos"][start : start + n])
+        x = x + ctx.hook("hook_pos_embed", params["pos_embed"]["W_pos"][start : start + n])
     elif cfg.positional_embedding_type == "sinusoidal":
-        x = x + hook("hook_pos_embed", sinusoidal(start + n, cfg.d_model)[start:].astype(W_E.dtype))
+        x = x + ctx.hook("hook_pos_embed", sinusoidal(start + n, cfg.d_model)[start:].astype(W_E.dtype))
     if cfg.n_token_types:
         types = np.zeros(n, dtype=np.int64) if token_types is None else np.asarray(token_types)
-        x = x + hook("hook_token_type_embed", params["token_type_embed"]["W_token_type"][types])
+        x = x + ctx.hook("hook_token_type_embed", params["token_type_embed"]["W_token_type"][types])
     if cfg.block_type == "post_norm":
         x = norm(x, params["ln_embed"], cfg)
     return x
@@ -530,6 +412,33 @@ def ablation_by_layer(
             raise InputError(_("ablation must be 'zero' or 'mean', got {how!r}").format(how=how))
         by_layer.setdefault(layer, {})[head] = how
     return by_layer
+
+
+@dataclass(frozen=True)
+class KVCache:
+    """Every layer's keys and values of the tokens seen so far (keys already rotated, for rotary).
+
+    A pass given `past_kv` computes q, k, v for its new tokens only, appends k and v here and lets
+    the new queries attend to every cached key: the same numbers as re-running the whole sequence.
+    Under grouped-query attention only the key/value heads are cached; a local layer's cache keeps
+    every token too (its mask hides those beyond the window), so the bytes are kv_cache_bytes'.
+    """
+
+    keys: tuple[np.ndarray, ...]  # per layer [n_key_value_heads, pos, d_head]
+    values: tuple[np.ndarray, ...]  # per layer [n_key_value_heads, pos, d_head]
+
+    @classmethod
+    def empty(cls, cfg: TransformerConfig, dtype) -> KVCache:
+        none = np.zeros((cfg.n_key_value_heads, 0, cfg.d_head), dtype=dtype)
+        return cls((none,) * cfg.n_layers, (none,) * cfg.n_layers)
+
+    @property
+    def n_tokens(self) -> int:
+        return self.keys[0].shape[1] if self.keys else 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(k.nbytes + v.nbytes for k, v in zip(self.keys, self.values))
 
 
 def forward(
@@ -563,19 +472,19 @@ def forward(
     tokens = check_tokens(tokens, cfg, start)
     by_layer = ablation_by_layer(ablate, cfg)
     with team_for(tokens.size) as team:  # a long text on a BLAS of several threads: a team shares each step
-        hook = _Recorder(names, team)
-        x = embed(params, cfg, tokens, hook, token_types, start)
+        ctx = PassContext(names, team)
+        x = embed(params, cfg, tokens, ctx, token_types, start)  # [pos, d_model]
         keys, values = [], []
         for layer, block in enumerate(params["blocks"]):
             past = None if past_kv is None else (past_kv.keys[layer], past_kv.values[layer])
-            x, (k, v) = transformer_block(x, block, cfg, hook, layer, by_layer.get(layer), past, team)
+            x, (k, v) = transformer_block(x, block, cfg, ctx, layer, by_layer.get(layer), past)
             keys.append(k)
             values.append(v)
         if cfg.block_type == "pre_norm":
-            x = hook("ln_final.hook_normalized", norm(x, params["ln_final"], cfg, team))
+            x = ctx.hook("ln_final.hook_normalized", norm(x, params["ln_final"], cfg, team))
         kv = KVCache(tuple(keys), tuple(values))
         if not logits:
-            return None, hook.cache, kv
+            return None, ctx.cache, kv
         W_U, b_U = unembedding(params)
         out = team.empty((x.shape[0], W_U.shape[1]), np.result_type(x, W_U))  # [pos, d_vocab]
 
@@ -585,7 +494,7 @@ def forward(
                 out[:, c] += b_U[c]
 
         team.each(columns, team.ranges(W_U.shape[1], smallest=1024))
-    return out, hook.cache, kv
+    return out, ctx.cache, kv
 
 
 def next_token_probs(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:

@@ -19,12 +19,13 @@ get_act_patch_resid_pre, get_act_patch_attn_head_out_all_pos, ...):
     attn_head_pos                               (layer, head) × position, one position's output
     pattern                                     layer × head, the head's whole attention pattern
 
-A patched run goes through the model's own blocks (core.model.transformer_block) with a hook that
-replaces what the patch changes; nothing here re-implements a block. It shares what it can with
-the run it patches: a patch at layer l starts at layer l from that run's residual stream, and a
-patch at position p computes positions p, p+1, ... only, with the earlier positions' keys and
-values from that run as a KV cache (the causal mask means they cannot change). A full sweep of a
-layer × position grid is then about a quarter of the work of running every patched pass whole.
+A patched run goes through the model's own blocks (core.model.transformer_block) with a pass context
+whose edit replaces what the patch changes (core.hooks.PassContext); nothing here re-implements a
+block. It shares what it can with the run it patches: a patch at layer l starts at layer l from that
+run's residual stream, and a patch at position p computes positions p, p+1, ... only, with the
+earlier positions' keys and values from that run as a KV cache (the causal mask means they cannot
+change). A full sweep of a layer × position grid is then about a quarter of the work of running
+every patched pass whole.
 
 Frozen attention: every attention pattern downstream of the patch can be held at its value in
 the unpatched run (`frozen=True`), so a head's effect through later heads' *patterns* (their
@@ -47,6 +48,7 @@ from .cache import ActivationCache, check_position, check_token, run_with_cache
 from .config import TransformerConfig
 from .errors import InputError
 from .functional import softmax
+from .hooks import PassContext
 from .i18n import _
 from .model import Ablation, Params, ablation_by_layer, norm, per_head_weights, transformer_block, unembedding
 from .params import count_params
@@ -200,9 +202,9 @@ def final_resid(cache: ActivationCache) -> np.ndarray:
 
 
 class _Editor:
-    """The hook of a resumed run: replaces the activations a patch changes (`edits`, by hook name) and,
-    from layer `frozen_from` on, recomputes each attention output from the unpatched run's patterns
-    and this run's values. Wants no scores or patterns kept (the blocks take their fast path)."""
+    """The edit of a resumed run (PassContext's `edit`): replaces the activations a patch changes (`edits`,
+    by hook name) and, from layer `frozen_from` on, recomputes each attention output from the unpatched
+    run's patterns and this run's values."""
 
     def __init__(
         self,
@@ -217,9 +219,6 @@ class _Editor:
         self.params, self.cfg, self.base, self.start = params, cfg, base, start
         self.edits, self.frozen_from, self.ablate = edits, frozen_from, ablate or {}
         self._v: np.ndarray | None = None
-
-    def wants(self, name: str) -> bool:
-        return False
 
     def __call__(self, name: str, value: np.ndarray) -> np.ndarray:
         if self.frozen_from is not None and name.startswith("blocks."):
@@ -262,11 +261,12 @@ def resume(
     """Run the blocks from `layer` on, for positions start, start + 1, ... only, from their residual
     stream x [pos - start, d_model]; the earlier positions' keys and values are `base`'s (their
     activations cannot change under a causal mask). Returns the last position's final stream [d_model]."""
-    hook = _Editor(params, cfg, base, start, edits or {}, frozen_from, ablate)
+    # keeps nothing, so the blocks take their fast path (no attention scores or patterns made)
+    ctx = PassContext((), edit=_Editor(params, cfg, base, start, edits or {}, frozen_from, ablate))
     kv = base.past_kv
     for at in range(layer, cfg.n_layers):
         past = (kv.keys[at][:, :start], kv.values[at][:, :start]) if start else None
-        x, _ = transformer_block(x, params["blocks"][at], cfg, hook, at, (ablate or {}).get(at), past)
+        x, _ = transformer_block(x, params["blocks"][at], cfg, ctx, at, (ablate or {}).get(at), past)
     return x[-1]
 
 

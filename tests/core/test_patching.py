@@ -14,6 +14,7 @@ import pytest
 from core import InputError, TransformerConfig, forward, run_with_cache
 from core.attention import merge_heads
 from core.checkpoints import load_checkpoint, trained_models
+from core.hooks import PassContext
 from core.model import embed, norm, transformer_block, unembedding
 from core.patching import (
     DIRECTIONS,
@@ -100,12 +101,13 @@ def reference_resid(params, cfg, base_tokens, source_cache, patch: Patch, frozen
             value = merge_heads(z) @ attn["W_O"] + attn.get("b_O", 0.0)
         return value
 
-    x = embed(params, cfg, base_tokens, lambda name, value: value)
+    ctx = PassContext(edit=hook)  # keeps every activation: the blocks' long path, scores and patterns made
+    x = embed(params, cfg, base_tokens, ctx)
     for layer, block in enumerate(params["blocks"]):
         if layer == patch.layer and patch.target == "resid_pre":
             x = x.copy()
             x[rows] = source_cache[b + "hook_resid_pre"][rows]
-        x, _ = transformer_block(x, block, cfg, hook, layer)
+        x, _ = transformer_block(x, block, cfg, ctx, layer)
     return x[-1]
 
 

@@ -165,7 +165,7 @@ def test_a_forward_pass_on_two_blas_threads_is_the_one_thread_pass(model, dtype)
 
 @pytest.mark.parametrize("model", sorted(MODELS))
 def test_keeping_some_activations_gives_those_of_keeping_all(model):
-    """Activations that are not kept share one array across layers (core.model._Recorder.REUSED): a kept
+    """Activations that are not kept share one array across layers (core.hooks.PassContext.REUSED): a kept
     one is never written over by a later layer's temporary."""
     cfg = MODELS[model]
     params = init_params(cfg, seed=1, dtype=np.float32)
