@@ -180,15 +180,9 @@ def metric_columns(metric: str, answer: int, wrong: int) -> list[int] | None:
     return [answer, wrong] if metric == "logit_diff" else None
 
 
-def metric_value(logits: np.ndarray, metric: str, answer: int, wrong: int) -> float:
-    """logits: what last_logits gave for metric_columns(metric, ...)."""
-    if metric == "logit_diff":
-        return float(logits[0] - logits[1])
-    return float(softmax(logits)[answer])
-
-
 def metric_values(logits: np.ndarray, metric: str, answer: int, wrong: int) -> np.ndarray:
-    """metric_value of every row: logits [k, columns] -> [k] (float64)."""
+    """The metric of every row of what last_logits gave for metric_columns(metric, ...): the answer's logit
+    minus the wrong token's, or the answer's probability.  # logits [k, columns] -> [k] (float64)"""
     if metric == "logit_diff":
         return (logits[:, 0] - logits[:, 1]).astype(np.float64)
     return softmax(logits.copy(), axis=-1)[:, answer].astype(np.float64)
@@ -327,21 +321,6 @@ def patched_resid(
             return resume(params, cfg, base, layer + 1, start, x, {}, frozen_from if frozen else None)
         edits[b + "hook_attn_out"] = _add(delta)
     return resume(params, cfg, base, layer, start, x, edits, frozen_from if frozen else None)
-
-
-def patched_metric(
-    params: Params,
-    cfg: TransformerConfig,
-    base: ActivationCache,
-    source: ActivationCache,
-    patch: Patch,
-    answer: int,
-    wrong: int,
-    metric: str = "logit_diff",
-    frozen: bool = False,
-) -> float:
-    resid = patched_resid(params, cfg, base, source, patch, frozen)
-    return metric_value(last_logits(params, cfg, resid, metric_columns(metric, answer, wrong)), metric, answer, wrong)
 
 
 # ------------------------------------------------------------------ sweeps
