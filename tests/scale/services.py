@@ -81,27 +81,67 @@ def stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
 # ------------------------------------------------------------------ Redis
 
 
+def make_tls_files(folder: Path) -> tuple[Path, Path, Path]:
+    """A certificate authority of the test's own and a server certificate it signed for 127.0.0.1 (openssl):
+    (ca.pem, server.pem, server.key). No system authority knows the CA, so only a client given it connects."""
+    openssl = need("openssl")
+
+    def run(*args: str) -> None:
+        subprocess.run([openssl, *args], cwd=folder, check=True, capture_output=True)
+
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=Explorer test CA")
+    run("req", *ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1")
+    (folder / "server.ext").write_text(
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n"
+    )
+    run(
+        "x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+        "-out", "server.pem", "-days", "2", "-extfile", "server.ext",
+    )  # fmt: skip
+    return folder / "ca.pem", folder / "server.pem", folder / "server.key"
+
+
 @dataclass
 class RedisServer:
-    """redis-server with append-only persistence in a folder of its own (restartable on the same port)."""
+    """redis-server with append-only persistence in a folder of its own (restartable on the same port); with
+    `tls`, it speaks only TLS (Debian's redis-server 7 has --tls-port) with a certificate from make_tls_files."""
 
     port: int
     folder: Path
     password: str | None = None
     proc: subprocess.Popen | None = None
+    tls: bool = False
 
     @property
     def url(self) -> str:
-        return f"redis://{':' + self.password + '@' if self.password else ''}127.0.0.1:{self.port}/0"
+        scheme = "rediss" if self.tls else "redis"
+        return f"{scheme}://{':' + self.password + '@' if self.password else ''}127.0.0.1:{self.port}/0"
+
+    @property
+    def ca(self) -> Path:
+        return self.folder / "ca.pem"
 
     def client(self) -> redis.Redis:
-        return redis.Redis.from_url(self.url)
+        return redis.Redis.from_url(self.url, **({"ssl_ca_certs": str(self.ca)} if self.tls else {}))
 
     def start(self) -> RedisServer:
+        if self.tls:
+            if not self.ca.exists():
+                make_tls_files(self.folder)
+            listen = ["--port", "0", "--tls-port", str(self.port), "--tls-auth-clients", "no"]
+            listen += [
+                "--tls-cert-file",
+                str(self.folder / "server.pem"),
+                "--tls-key-file",
+                str(self.folder / "server.key"),
+            ]
+            listen += ["--tls-ca-cert-file", str(self.ca)]
+        else:
+            listen = ["--port", str(self.port)]
         args = [
             need("redis-server"),
-            "--port",
-            str(self.port),
+            *listen,
             "--bind",
             "127.0.0.1",
             "--dir",
@@ -148,10 +188,10 @@ class RedisServer:
 
 
 @contextlib.contextmanager
-def redis_server(password: str | None = None) -> Iterator[RedisServer]:
+def redis_server(password: str | None = None, tls: bool = False) -> Iterator[RedisServer]:
     need("redis-server")
     with tempfile.TemporaryDirectory(prefix="explorer-redis-") as folder:
-        server = RedisServer(free_port(), Path(folder), password)
+        server = RedisServer(free_port(), Path(folder), password, tls=tls)
         try:
             yield server.start()
         finally:
@@ -214,7 +254,8 @@ def worker(
     w = Worker(proc, Path(log.name), f"explorer-{proc.pid}@{os.uname().nodename}")
     try:
         if wait:
-            r = redis.Redis.from_url(redis_url)
+            ca = settings.get("redis_ca")  # over TLS, the test's own certificate authority
+            r = redis.Redis.from_url(redis_url, **({"ssl_ca_certs": str(ca)} if ca else {}))
 
             def ready() -> bool:
                 if proc.poll() is not None:
