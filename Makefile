@@ -12,7 +12,7 @@ VENDOR := static/vendor
 # The files the app serves from the npm packages pinned in package-lock.json are listed once,
 # in static/vendor-files.txt; scripts/vendor_assets.sh copies them (the Dockerfile calls it too).
 
-.PHONY: setup serve test image-test bench fuzz soak fixtures trained-models lock clean messages
+.PHONY: setup serve test test-fast image-test bench fuzz soak fixtures trained-models lock clean messages
 
 # The message catalogues (app/locales/<lang>/LC_MESSAGES/messages.po, reviewed like code) are compiled
 # to the .mo files the app reads; the .mo files are never committed (.gitignore).
@@ -62,6 +62,16 @@ test: setup
 	$(PY) -m ruff check .
 	npx --no-install eslint static/js eslint.config.js
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The edit loop, not what CI runs (that is `make test`): ruff, then core, the API, the pages and the
+# tree's own checks (tests/test_*.py) on two processes (pytest-xdist), without the browser (tests/browser),
+# scale-out, deployment and security tests or the few marked slow (tests/conftest.py's SLOW: retrains, real
+# trainer processes). FAST_WORKERS=0 runs them in one process.
+FAST_WORKERS ?= 2
+test-fast: setup
+	$(PY) -m ruff format --check .
+	$(PY) -m ruff check .
+	$(PY) -m pytest -n $(FAST_WORKERS) -m "not slow and not browser" tests/core tests/api tests/pages tests/test_*.py $(PYTEST_ARGS)
 
 # The container smoke test, not part of `make test` (it needs Docker or podman; .ci/run runs it):
 # builds the image and runs it as docker-compose.yml does, then checks it from outside

@@ -56,3 +56,22 @@ def client_with() -> Iterator[Callable[..., TestClient]]:
     yield make
     for c in opened:
         c.__exit__(None, None, None)
+
+
+# What `make test-fast` (the edit loop: `pytest -m "not slow and not browser"`) leaves out and `make test`
+# runs: each takes tens of seconds of a quiet core or more, and what it covers changes seldom. Keyed by
+# pytest's node id (a module, or one test with all its parameters), with the reason.
+SLOW = {
+    "tests/api/test_training.py": "real servers with trainer processes, redis-server and a Celery worker",
+    "tests/core/test_blas_kernels.py": "nasi-lemak retrained under seven OpenBLAS kernels, in subprocesses",
+    "tests/core/test_python_docs_induction_retrain.py": "python-docs-induction retrained (with EXPLORER_RETRAIN)",
+    "tests/core/test_training.py::test_an_induction_head_forms_and_the_one_layer_control_forms_none": (
+        "two models trained until an induction head forms"
+    ),
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if any(item.nodeid == key or item.nodeid.startswith((key + "::", key + "[")) for key in SLOW):
+            item.add_marker(pytest.mark.slow)
