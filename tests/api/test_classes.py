@@ -204,7 +204,7 @@ def test_an_idle_class_is_forgotten():
         now[0] = 59
         await store.set_path("ACDEFGHJ", "/?a=1")  # activity keeps it
         now[0] = 59 + 61
-        with pytest.raises(ClassNotFound):
+        with pytest.raises(ClassNotFound, match="^ACDEFGHJ$"):  # the code it no longer knows
             await store.get("ACDEFGHJ")
 
     asyncio.run(scenario())
