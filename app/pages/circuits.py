@@ -142,13 +142,15 @@ def _labelled(fig: dict, rows: list[str], columns: list[str]) -> dict:
     """A value_heatmap with named rows and columns (hover, ticks and the downloads say them)."""
     trace = fig["data"][0]
     trace["x"], trace["y"] = columns, rows
-    fig["layout"]["xaxis"] |= {"type": "category", "tickangle": -60 if len(columns) > 12 else 0}
+    # the columns' labels turned as the explorer's token axes are ("pos_embed" under a narrow column
+    # would run into "embed" beside it)
+    angle, below = figures.column_labels(columns)
+    fig["layout"]["xaxis"] |= {"type": "category", "tickangle": angle}
     fig["layout"]["yaxis"] |= {"type": "category"}
-    longest = lambda labels: max(map(len, labels), default=0)  # noqa: E731  a label's characters, ~7 px each
     fig["layout"]["margin"] |= {
-        "t": 34,
-        "l": 40 + 7 * longest(rows),  # t: Plotly's mode bar above the top row
-        "b": 50 + (6 * longest(columns) if len(columns) > 12 else 0),
+        "t": 34,  # Plotly's mode bar above the top row
+        "l": figures.AXIS_TITLE_PX + figures.label_px(rows),
+        "b": figures.AXIS_TITLE_PX + below,
     }
     fig["export"] |= {"x": columns, "y": rows}
     return fig

@@ -82,8 +82,12 @@ KEY_AXIS = N_("key token (column)")
 QUERY_AXIS = N_("query token (row)")
 FONT = {"family": "system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif", "size": 13, "color": "#1f2933"}
 
-# Whitespace tokens would be invisible as tick labels; show them with the usual visible symbols.
-_VISIBLE = str.maketrans({" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"})
+# Whitespace tokens would be invisible as tick labels; show them with the usual visible symbols, and the
+# empty token as ∅. The writing page's script, which gets its tokens from the API, makes the same
+# substitution from these (app/pages/generate.py hands them to static/js/generate.js).
+VISIBLE_WHITESPACE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"}
+EMPTY_TOKEN = "∅"
+_VISIBLE = str.maketrans(VISIBLE_WHITESPACE)
 
 
 def escape(text: str) -> str:
@@ -93,7 +97,7 @@ def escape(text: str) -> str:
 
 def visible(token: str) -> str:
     """A token with its whitespace made visible (for labels; HTML templates escape it themselves)."""
-    return token.translate(_VISIBLE) or "∅"
+    return token.translate(_VISIBLE) or EMPTY_TOKEN
 
 
 @lru_cache(maxsize=8192)  # a long text's labels are made for every figure of the page
@@ -251,18 +255,24 @@ AXIS_TITLE_PX = 30
 MAX_LABEL_PX = 200
 
 
-def _label_px(tokens: Sequence[str]) -> int:
-    longest = max((len(visible(t)) for t in set(tokens)), default=1)  # a long text repeats its tokens
+def label_px(labels: Sequence[str]) -> int:
+    """The pixels the longest of these tick labels takes (whitespace made visible), at most MAX_LABEL_PX."""
+    longest = max((len(visible(t)) for t in set(labels)), default=1)  # a long text repeats its tokens
     return min(MAX_LABEL_PX, CHAR_PX * longest + 10)
+
+
+def column_labels(labels: Sequence[str]) -> tuple[int, int]:
+    """(x tick angle, pixels below the axis) for labels under a heatmap's columns. One or two characters
+    fit upright under a column; longer ones are turned to run down the page, so neighbours never overlap
+    however narrow the columns (Plotly then thins a category axis to a label every ~15 px)."""
+    label = label_px(labels)
+    return (0, 22) if label <= CHAR_PX * 2 + 10 else (-90, label)
 
 
 def _token_margins(tokens: Sequence[str]) -> tuple[dict, int]:
     """(margin, x tick angle) for a heatmap with the tokens on both axes."""
-    label = _label_px(tokens)
-    short = label <= CHAR_PX * 2 + 10  # one or two characters fit upright
-    return {"l": AXIS_TITLE_PX + label, "r": 10, "t": 10, "b": AXIS_TITLE_PX + (22 if short else label)}, (
-        0 if short else -90
-    )
+    angle, below = column_labels(tokens)
+    return {"l": AXIS_TITLE_PX + label_px(tokens), "r": 10, "t": 10, "b": AXIS_TITLE_PX + below}, angle
 
 
 def token_axis(title: str | None, labels: list[str], *, small: bool) -> dict:
@@ -440,7 +450,7 @@ def stage_heatmap(
             "showgrid": False,
         },
         yaxis={**token_axis(_("token (row)"), labels, small=False), "range": [len(labels) - 0.5, -0.5]},
-        margin={"l": AXIS_TITLE_PX + _label_px(tokens), "r": 10, "t": 10, "b": 10 + int(0.75 * _label_px(stages))},
+        margin={"l": AXIS_TITLE_PX + label_px(tokens), "r": 10, "t": 10, "b": 10 + int(0.75 * label_px(stages))},
     )
     return {
         "data": [trace],
@@ -454,7 +464,7 @@ def stage_heatmap(
             "y_title": "token",
             "value": value_name,
             "cell_text": "token {i} {y} at {x}",
-            "label_px": {"y": _label_px(tokens)},
+            "label_px": {"y": label_px(tokens)},
         },
     }
 
@@ -485,7 +495,7 @@ def probability_bars(tokens: Sequence[str], probs: Sequence[float], *, export_na
             "title": {"text": _("next token")},
         },
         bargap=0.25,
-        margin={"l": AXIS_TITLE_PX + _label_px(tokens), "r": 40, "t": 10, "b": 50},
+        margin={"l": AXIS_TITLE_PX + label_px(tokens), "r": 40, "t": 10, "b": 50},
     )
     return {
         "data": [trace],

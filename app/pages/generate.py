@@ -23,7 +23,7 @@ from fastapi.responses import HTMLResponse
 from app.api import requests
 from app.deps import ServiceDep
 from app.http.language import _
-from app.pages import web
+from app.pages import figures, web
 from app.service import Model, Service
 from app.service.generation import GenerateSettings
 
@@ -101,11 +101,26 @@ class GenerateState:
     head: int = 0
 
 
+# The model the page opens on: one trained here on natural text (Python's documentation, with the repeated
+# passages that grow an induction head), so a first generation reads as words and a clicked token's
+# attention shows a head copying; the explorer's model (settings.default_model, the induction model trained
+# on random letters) would write random letters. Where this server cannot run it: the server's choice.
+WRITING_MODEL = "python-docs-induction"
+
+
+def opening_model(models: dict[str, Model], preferred: str) -> str:
+    """WRITING_MODEL, else the server's default model, else the toy: the first this server can write with."""
+    for name in (WRITING_MODEL, preferred):
+        if name in models and not models[name].error and not models[name].is_encoder:
+            return name
+    return web.FALLBACK_MODEL
+
+
 def parse(query, models: dict[str, Model], preferred: str, errors: list[str]) -> GenerateState:
-    name = web.last(query, "model") or web.default_model(models, preferred)
+    name = web.last(query, "model") or opening_model(models, preferred)
     if name not in models:
         errors.append(_("unknown model {name!r}: choose one of {choices}").format(name=name, choices=", ".join(models)))
-        name = web.default_model(models, preferred)
+        name = opening_model(models, preferred)
     texts = query.getlist("text")
     text = texts[-1] if texts else models[name].default_text
     given = {}
@@ -198,6 +213,7 @@ def generate_page(request: Request, svc: ServiceDep) -> HTMLResponse:
         "classroom": web.is_on(query, "classroom"),
         "max_text_chars": svc.settings.max_text_chars,
         "words": script_words(),
+        "token_symbols": {"whitespace": figures.VISIBLE_WHITESPACE, "empty": figures.EMPTY_TOKEN},
     }
-    url = canonical(state, web.default_model(models, preferred), models[state.model].default_text)
+    url = canonical(state, opening_model(models, preferred), models[state.model].default_text)
     return web.render(request, "generate.html", context, url=url, error=error)

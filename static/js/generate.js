@@ -28,6 +28,17 @@ const fmt = (p) => (p >= 0.001 || p === 0 ? p.toFixed(3) : p.toExponential(1));
 // data-generate-words, read by words.js), with their {name} placeholders filled in; `n` picks a message's
 // form for one or many.
 const say = (key, vars, n) => pageSay("generate", key, vars, n);
+// A token as the explorer labels it (app/pages/figures.py visible): whitespace as ␣ ↵ ⇥ ␍, the empty
+// token as ∅, from the table the page carries (data-token-symbols). The text itself keeps its spaces.
+let SYMBOLS = null;
+function visible(token) {
+  if (SYMBOLS === null) {
+    const holder = document.querySelector(".generate-page[data-token-symbols]");
+    SYMBOLS = holder ? JSON.parse(holder.dataset.tokenSymbols) : {whitespace: {}, empty: ""};
+  }
+  return Array.from(token, (c) => SYMBOLS.whitespace[c] || c).join("") || SYMBOLS.empty;
+}
+
 // a step of the distribution's pipeline (the API's stage names; top-k and top-p are said as they are)
 const stageLabel = (stage) => (stage === "top_k" ? "top-k" : stage === "top_p" ? "top-p" : say("stage_" + stage));
 
@@ -232,7 +243,7 @@ function drawDetail() {
   const panel = document.getElementById("gen-detail");
   panel.hidden = false;
   document.getElementById("gen-detail-title").textContent =
-    say("detail_title", {i: step.index + 1, token: step.token});
+    say("detail_title", {i: step.index + 1, token: visible(step.token)});
   const how = step.u === null
     ? say("greedy_how")
     : say("drawn_how", {u: step.u.toFixed(4), p: fmt(step.prob_after)});
@@ -270,7 +281,7 @@ function drawTable(step) {
     const tr = el("tr", {class: (c.kept ? "" : "cut") + (drawn ? " drawn" : "")});
     tr.append(el("td", {class: "num"}, String(c.rank + 1)));
     const tok = el("td");
-    tok.append(el("span", {class: "tok"}, c.token));
+    tok.append(el("span", {class: "tok"}, visible(c.token)));
     if (drawn) tok.append(el("span", {"aria-label": " " + say("drawn")}, " ★"));
     tr.append(tok);
     c.probs.forEach(function (p) {
@@ -312,16 +323,16 @@ function drawStrip(step) {
   let best = 0;
   row.forEach(function (w, i) {
     const k = el("span", {class: "key" + (i === row.length - 1 ? " query" : ""),
-                          title: say("key_title", {i: i, token: tokens[i], w: fmt(w)})}, tokens[i]);
+                          title: say("key_title", {i: i, token: visible(tokens[i]), w: fmt(w)})}, visible(tokens[i]));
     k.style.background = "rgba(230, 120, 0, " + Math.min(1, w).toFixed(3) + ")";
     strip.append(k);
     if (w > row[best]) best = i;
   });
   document.getElementById("gen-strip-title").textContent =
-    say("strip_title", {head: headLabel(run.layer, run.head), token: step.token});
+    say("strip_title", {head: headLabel(run.layer, run.head), token: visible(step.token)});
   const sink = row[0] > run.start.sink_threshold ? " " + say("parks", {w: fmt(row[0])}) : "";
   document.getElementById("gen-readout").textContent =
-    say("readout", {head: headLabel(run.layer, run.head), i: best, token: tokens[best], w: fmt(row[best])}) + sink;
+    say("readout", {head: headLabel(run.layer, run.head), i: best, token: visible(tokens[best]), w: fmt(row[best])}) + sink;
 }
 
 function drawHeads(step) {

@@ -142,3 +142,34 @@ def test_the_explorers_ablation_draws_both_and_its_head_picker_opens_the_heads_c
     assert "L0H2" in page.locator("#qk-title").text_content()
     drawn(page, "patching-recomputed")
     assert not page.watch.page_errors and not page.watch.console_errors
+
+
+# The boxes of a plot's visible tick labels on one axis, in page pixels.
+TICK_BOXES = """([id, axis]) => {
+  const el = document.querySelector('#' + id + ' .plot');
+  return Array.from(el.querySelectorAll('.' + axis + 'tick text'), t => t.getBoundingClientRect())
+    .filter(r => r.width > 0 && r.height > 0)
+    .map(r => [r.left, r.top, r.right, r.bottom]);
+}"""
+
+
+def test_no_heatmaps_tick_labels_run_into_each_other(page, live_server):
+    """The QK circuit's key-side labels ("embed", "pos_embed", "L0H0", ...) were drawn upright under columns
+    narrower than they are, running together ("embedpos_embed"); every card's labels are now apart."""
+    page.set_viewport_size({"width": 1280, "height": 900})
+    page.goto(f"{live_server}/circuits?model=induction")
+    cards = page.eval_on_selector_all("main figure.figure[id] .plot", "els => els.map(e => e.closest('figure').id)")
+    assert "qk-circuit" in cards and len(cards) >= 4
+    for card in cards:
+        drawn(page, card)
+        for axis in ("x", "y"):
+            boxes = page.evaluate(TICK_BOXES, [card, axis])
+            assert boxes, (card, axis)
+            overlaps = [
+                (a, b)
+                for k, a in enumerate(boxes)
+                for b in boxes[k + 1 :]
+                if min(a[2], b[2]) - max(a[0], b[0]) > 0.5 and min(a[3], b[3]) - max(a[1], b[1]) > 0.5
+            ]
+            assert not overlaps, (card, axis, overlaps)
+    assert page.watch.page_errors == []

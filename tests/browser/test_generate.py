@@ -12,6 +12,9 @@ from urllib.parse import parse_qs, urlencode, urlparse
 
 import pytest
 
+from app.pages.figures import visible
+from app.pages.generate import WRITING_MODEL
+
 pytestmark = pytest.mark.browser
 
 API = """async (body) => {
@@ -54,9 +57,9 @@ def test_the_streamed_text_is_the_apis_and_a_click_shows_how_a_token_was_chosen(
     header = page.eval_on_selector_all("#gen-dist thead th", "els => els.map(e => e.textContent)")
     assert header == ["rank", "token", "the model", "after temperature", "after top-k", "after top-p"]
     rows = page.eval_on_selector_all("#gen-dist tbody tr:not(.cutoff)", "els => els.map(e => e.cells[1].textContent)")
-    assert [r.replace(" ★", "") for r in rows] == [c["token"] for c in step["top"]]
+    assert [r.replace(" ★", "") for r in rows] == [visible(c["token"]) for c in step["top"]]
     drawn = page.eval_on_selector("#gen-dist tr.drawn", "e => e.cells[1].textContent")
-    assert drawn == step["token"] + " ★"
+    assert drawn == visible(step["token"]) + " ★"
     cutoff = page.text_content("#gen-dist tr.cutoff")
     assert f"{step['kept_count']} tokens kept" in cutoff
     assert parse_qs(urlparse(page.url).query)["step"] == ["3"]
@@ -66,7 +69,7 @@ def test_the_streamed_text_is_the_apis_and_a_click_shows_how_a_token_was_chosen(
     page.select_option("#gen-head", "2")
     page.wait_for_function("() => document.querySelector('#gen-strip-title').textContent.includes('L1H2')")
     keys = page.eval_on_selector_all("#gen-strip .key", "els => els.map(e => e.textContent)")
-    assert keys == expected["tokens"] + expected["generated"]["tokens"][:3]
+    assert keys == [visible(t) for t in expected["tokens"] + expected["generated"]["tokens"][:3]]
     row = step["attention"][1][2]
     best = max(range(len(row)), key=row.__getitem__)
     assert f"most weight on key {best} " in page.text_content("#gen-readout")
@@ -99,6 +102,27 @@ def test_the_streamed_text_is_the_apis_and_a_click_shows_how_a_token_was_chosen(
     page.focus("#gen-output button.gen-tok[data-index='3']")
     page.keyboard.press("ArrowRight")
     page.wait_for_function("() => document.activeElement.dataset.index === '4'")
+    assert page.watch.page_errors == [] and page.watch.console_errors == []
+
+
+def test_the_page_opens_on_natural_text_and_its_table_shows_a_space_as_the_explorer_does(page, live_server):
+    """The first page writes with a model trained on natural text; a space token in a token's table is ␣
+    (figures.visible, as the explorer's labels), not a blank cell."""
+    page.goto(f"{live_server}/generate")
+    wait_done(page)
+    body = json.loads(page.get_attribute("#generate-results", "data-request"))
+    assert body["model"] == WRITING_MODEL
+    expected = page.evaluate(API, body)
+    assert page.evaluate(SHOWN) == expected["generated"]["tokens"]
+    # a token whose candidates hold whitespace (natural text: the space between words)
+    index = next(i for i, s in enumerate(expected["steps"]) if any(" " in c["token"] for c in s["top"]))
+    page.click(f"#gen-output button.gen-tok[data-index='{index}']")
+    page.wait_for_function(
+        f"() => document.querySelector('#gen-detail-title').textContent.includes('new token {index + 1}')"
+    )
+    shown = page.eval_on_selector_all("#gen-dist tbody tr:not(.cutoff) span.tok", "els => els.map(e => e.textContent)")
+    assert shown == [visible(c["token"]) for c in expected["steps"][index]["top"]]
+    assert all(t.strip() for t in shown) and any("␣" in t for t in shown)
     assert page.watch.page_errors == [] and page.watch.console_errors == []
 
 

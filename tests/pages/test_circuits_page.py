@@ -12,10 +12,12 @@ import re
 import numpy as np
 import pytest
 
+from app.pages.figures import AXIS_TITLE_PX, CHAR_PX, MAX_LABEL_PX
 from app.service.circuits import INDUCTION_PREFILL
 from core import forward
 from core.circuits import ov_circuit
 from tests.api.test_circuits import INDUCTION, ids, induction_model, post
+from tests.pages.figure_data import cards
 
 # ------------------------------------------------------------------ the page
 
@@ -155,3 +157,32 @@ def test_the_pages_ov_figure_is_cores_circuit_among_the_texts_tokens(client):
     assert (np.argmax(block, axis=1) == np.arange(len(sources))).all()
     card = re.search(r'<figure class="figure" id="ov-circuit">.*?</figure>', page, re.S).group(0)
     assert 'data-download="csv"' in card and 'data-download="json"' in card
+
+
+# ------------------------------------------------------------------ the heatmaps' labels
+
+
+def test_every_heatmaps_long_column_labels_are_turned_with_room_below(client):
+    """Columns labelled as the explorer's token axes are (figures.column_labels): one or two characters
+    upright, longer ones turned, with the room they need below the axis, so "pos_embed" never runs into
+    "embed" beside it (that the labels drawn do not overlap: tests/browser/test_circuits.py)."""
+    page = client.get("/circuits?model=induction")
+    assert page.status_code == 200
+    figures = cards(page.text)
+    assert {"qk-circuit", "patching-recomputed", "patching-frozen"} <= set(figures)
+    qk = figures["qk-circuit"]["data"][0]["x"]
+    assert "pos_embed" in qk and "embed" in qk  # the labels that ran together
+    for card, fig in figures.items():
+        columns = fig["data"][0].get("x")
+        if not columns or not isinstance(columns[0], str):
+            continue
+        longest = max(len(c) for c in columns)
+        layout = fig["layout"]
+        if longest <= 2:
+            assert layout["xaxis"]["tickangle"] == 0, card
+            continue
+        assert layout["xaxis"]["tickangle"] == -90, card
+        # the turned labels and the axis title fit in the bottom margin, the rows' labels in the left one
+        assert layout["margin"]["b"] >= AXIS_TITLE_PX + min(MAX_LABEL_PX, CHAR_PX * longest), card
+        rows = max(len(r) for r in fig["data"][0]["y"])
+        assert layout["margin"]["l"] >= AXIS_TITLE_PX + min(MAX_LABEL_PX, CHAR_PX * rows), card

@@ -10,6 +10,10 @@ import re
 
 import pytest
 
+from app.pages import generate
+from app.pages.figures import EMPTY_TOKEN, VISIBLE_WHITESPACE, visible
+from app.pages.generate import WRITING_MODEL
+
 # ------------------------------------------------------------------ the page
 
 
@@ -38,11 +42,44 @@ def test_the_page_holds_the_apis_request_for_its_url(client):
     assert client.post("/api/v1/generate", json=request_of(r.text) | {"max_new_tokens": 2}).status_code == 200
 
 
-def test_the_pages_default_length_fits_the_models_context(client_with):
-    page = client_with(default_model="induction", access_log=False).get("/generate")
+def test_the_pages_default_length_fits_the_models_context(client):
+    page = client.get("/generate", params={"model": "induction"})
     assert page.status_code == 200
     body = request_of(page.text)
     assert body["model"] == "induction" and body["max_new_tokens"] == 64 - 43  # n_ctx 64, its text 43 tokens
+
+
+@pytest.mark.parametrize("server_default", ["toy", "induction", "all-MiniLM-L6-v2"])
+def test_the_page_opens_on_a_model_trained_on_natural_text(client_with, catalog, server_default):
+    """Not the explorer's model (the induction model writes random letters), whatever the server's choice."""
+    page = client_with(default_model=server_default, access_log=False).get("/generate")
+    assert page.status_code == 200
+    body = request_of(page.text)
+    model = catalog[WRITING_MODEL]
+    assert body["model"] == WRITING_MODEL and body["text"] == model.default_text
+    assert model.kind == "trained" and "Python" in model.description  # its corpus: Python's documentation
+    assert f'<option value="{WRITING_MODEL}" selected' in page.text
+    # the model the page opens on is left out of its URL (the shortest URL restoring it)
+    pushed = client_with(default_model=server_default).get("/generate", headers={"HX-Request": "true"})
+    assert pushed.headers["HX-Push-Url"] == "/generate"
+
+
+def test_a_server_that_cannot_write_with_it_opens_on_its_own_choice(client_with, monkeypatch):
+    monkeypatch.setattr(generate, "WRITING_MODEL", "no-such-model")
+    assert request_of(client_with(default_model="induction").get("/generate").text)["model"] == "induction"
+    # an encoder cannot write: the toy
+    assert request_of(client_with(default_model="all-MiniLM-L6-v2").get("/generate").text)["model"] == "toy"
+
+
+def test_the_page_carries_the_explorers_whitespace_symbols(client):
+    """generate.js shows a token's whitespace as the explorer's labels do (figures.visible), from this table."""
+    page = client.get("/generate", params={"model": "toy", "text": "Ali"}).text
+    found = re.search(r"data-token-symbols='([^']*)'", page)
+    symbols = json.loads(html.unescape(found.group(1)))
+    assert symbols == {"whitespace": VISIBLE_WHITESPACE, "empty": EMPTY_TOKEN}
+    for token in (" ", " the\n", "\t", ""):  # the script's substitution, done here, is figures.visible's
+        said = "".join(symbols["whitespace"].get(c, c) for c in token) or symbols["empty"]
+        assert said == visible(token) and said.strip()
 
 
 @pytest.mark.parametrize(

@@ -146,8 +146,8 @@ def _english_vocabulary() -> set[str]:
 
 
 class _Visible(HTMLParser):
-    """What a reader sees or hears: text and labelling attributes, outside code, scripts and any element
-    marked lang="en" (an English term in brackets, a name)."""
+    """What a reader sees or hears: text and labelling attributes, outside code, scripts, a text box's text
+    and any element marked lang="en" (an English term in brackets, a name)."""
 
     LABELS = {"title", "aria-label", "placeholder", "alt", "aria-valuetext"}
     VOID = {"input", "br", "meta", "link", "img", "hr", "source"}
@@ -174,7 +174,9 @@ class _Visible(HTMLParser):
                 break
 
     def handle_data(self, data):
-        if not self._hidden():
+        # a text box's text is what the model reads (the learner's, or the model's own default: English for
+        # a model trained on English), not the page's words; its labels above are still the page's
+        if not self._hidden() and not any(tag == "textarea" for tag, _ in self.stack):
             self.found.append(data)
 
 
