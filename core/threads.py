@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -92,6 +93,10 @@ class Slabs:
         return np.asarray(_Lease(slab, self))[:nbytes].view(dtype).reshape(shape)
 
     def _back(self, slab: np.ndarray) -> None:
+        if sys.is_finalizing():
+            # the interpreter's teardown: nobody will ask again, and a timer armed now could never start
+            # (Thread.start would wait for it forever, and the process never exit)
+            return
         with self._lock:
             if self._waiting + slab.size > self.limit:
                 return  # full: this one goes back to the system

@@ -9,8 +9,11 @@ tolerances (float64 1e-10, float32 1e-4) rather than to bits.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +22,8 @@ from threadpoolctl import threadpool_limits
 from core import TransformerConfig, hook_names, init_params, run_with_cache
 from core.attention import reference_attention, scaled_dot_product_attention
 from core.threads import MEMORY, ROWS, SERIAL, Slabs, Team, blas_threads, team_for
+
+ROOT = Path(__file__).resolve().parents[2]
 
 TOLERANCE = {np.float64: 1e-10, np.float32: 1e-4}
 
@@ -238,6 +243,24 @@ def test_the_timer_gives_memory_back_unasked():
     while slabs.waiting and time.monotonic() < deadline:
         time.sleep(0.01)
     assert slabs.waiting == 0
+
+
+def test_a_process_holding_a_slab_at_exit_exits():
+    """A slab whose array lives until the interpreter's teardown, after the timer has given back all else: it
+    used to come back to Slabs then, which armed a new timer, and a thread started during finalisation never
+    runs, so Thread.start waited for it forever (a script or notebook that kept a pass's logits hung at exit)."""
+    script = """
+import time
+import numpy as np
+from core.threads import Slabs
+slabs = Slabs(limit=1 << 30, keep_s=0.05)
+a = slabs.empty((5 << 20,), np.uint8)
+del a  # back to the slabs: a timer is armed
+time.sleep(0.5)  # the timer has given it back and is gone
+kept = slabs.empty((5 << 20,), np.uint8)  # still held when the interpreter exits
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, timeout=30, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
 
 
 def test_a_team_keeps_bounded_memory():
