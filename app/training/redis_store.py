@@ -317,20 +317,10 @@ class RedisStore(TrainingStore):
     # known to be away, within PING_EVERY_S, they ask it nothing)
 
     def exists(self, id: str) -> bool:
-        if self.error is not None:
-            return False
-        try:
-            return is_training_run_id(id) and bool(self.r.hexists(run_key(id), "request"))
-        except redis.RedisError:
-            return False
+        return is_training_run_id(id) and _asked(self, lambda: bool(self.r.hexists(run_key(id), "request")), False)
 
     def ids(self) -> list[str]:
-        if self.error is not None:
-            return []
-        try:
-            return [id.decode() for id in self.r.zrevrange(RUNS, 0, -1)]
-        except redis.RedisError:
-            return []
+        return _asked(self, lambda: [id.decode() for id in self.r.zrevrange(RUNS, 0, -1)], [])
 
     @_reaching
     def queue(self) -> list[str]:
@@ -589,6 +579,16 @@ def unregister_worker(store: RedisStore, node: str) -> None:
     pipe.hdel(WORKERS, node)
     pipe.set(stopping_key(node), "1", ex=max(60, int(store.timing.pickup_s)))
     pipe.execute()
+
+
+def _asked(store: RedisStore, ask: Callable[[], Any], nothing: Any) -> Any:
+    """A catalogue's question: `nothing` when Redis is known to be away, or does not answer."""
+    if store.error is not None:
+        return nothing
+    try:
+        return ask()
+    except redis.RedisError:
+        return nothing
 
 
 def _fetch_model(r: redis.Redis, id: str, folder: Path) -> Path | None:
