@@ -2,7 +2,7 @@
 written to bench/out/latest.md, from which docs/benchmarks.md's tables are copied.
 
     bench/.env/bin/python -m bench.run [core_vs_torch training training_live api_load browser long_inputs memory families classroom
-                                        generate patching scale]
+                                        generate patching scale cell]
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import time
 from bench import (
     api_load,
     browser,
+    cell,
     classroom,
     core_vs_torch,
     families,
@@ -41,6 +42,7 @@ BENCHMARKS = {
     "generate": generate,
     "patching": patching,
     "scale": scale,
+    "cell": cell,
 }
 
 
