@@ -462,18 +462,9 @@ class RedisStore(TrainingStore):
         here = _stream_id(since.encode())
         if not first or _stream_id(first[0][0]) > here or _stream_id(last[0][0]) < here:
             return self._whole(id, [])  # trimmed past the client's place, or a place this stream never had
-        events: list[tuple[str, object]] = []
-        progress = None
-        for _entry, fields in entries:
-            name, data = fields[b"event"].decode(), json.loads(fields[b"data"])
-            if name == "run":
-                return self._whole(id, [e for e in events if e[0] == "resumed"])
-            if name == "progress":
-                progress = data
-            else:
-                events.append((name, data))
-        if progress is not None:
-            events.append(("progress", progress))
+        events, status_changed = _events(entries)
+        if status_changed:
+            return self._whole(id, [e for e in events if e[0] == "resumed"])
         cursor = entries[-1][0].decode() if entries else since
         return events, cursor, (_decode(stored) or "queued") in FINISHED
 
@@ -631,6 +622,23 @@ def _shown_status(stored: str, locked: bool) -> str:
     if stored == "running" and not locked:
         return "queued"  # its worker is gone: the run waits for another to take it up (app/training/jobs.py)
     return stored
+
+
+def _events(entries: list) -> tuple[list[tuple[str, object]], bool]:
+    """A stream's new entries as a client gets them: each record (and `resumed`) as it came, the latest progress
+    once at the end; and whether a `run` event (a status change) came, where reading stops: the whole run
+    follows instead."""
+    events: list[tuple[str, object]] = []
+    progress = None
+    for _entry, fields in entries:
+        name, data = fields[b"event"].decode(), json.loads(fields[b"data"])
+        if name == "run":
+            return events, True
+        if name == "progress":
+            progress = data
+        else:
+            events.append((name, data))
+    return events + ([("progress", progress)] if progress is not None else []), False
 
 
 def _stream_id(raw: bytes) -> tuple[int, int]:
