@@ -54,7 +54,7 @@ RUN groupadd --gid 10001 explorer \
  && useradd --uid 10001 --gid explorer --no-create-home --no-log-init --home-dir /nonexistent \
         --shell /usr/sbin/nologin explorer \
  && mkdir -p /data/runs && chown 10001:10001 /data/runs
-# Training runs (app/training/store.py) outlive the container here: a named volume in docker-compose.yml, an
+# Training runs (app/training/folder_store.py) outlive the container here: a named volume in docker-compose.yml, an
 # anonymous one with a plain `docker run`; a new volume takes this folder's owner, the app's user.
 VOLUME ["/data/runs"]
 COPY --from=build /opt/venv /opt/venv
