@@ -63,7 +63,7 @@ test: setup
 	npx --no-install eslint static/js eslint.config.js
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# The edit loop, not what CI runs (that is `make test`): ruff, then core, the API, the pages and the
+# The edit loop, not what CI runs (that is `make test`): ruff and eslint, then core, the API, the pages and the
 # tree's own checks (tests/test_*.py) on two processes (pytest-xdist), without the browser (tests/browser),
 # scale-out, deployment and security tests or the few marked slow (tests/conftest.py's SLOW: retrains, real
 # trainer processes). FAST_WORKERS=0 runs them in one process.
@@ -71,6 +71,7 @@ FAST_WORKERS ?= 2
 test-fast: setup
 	$(PY) -m ruff format --check .
 	$(PY) -m ruff check .
+	npx --no-install eslint static/js eslint.config.js
 	$(PY) -m pytest -n $(FAST_WORKERS) -m "not slow and not browser" tests/core tests/api tests/pages tests/test_*.py $(PYTEST_ARGS)
 
 # The container smoke test, not part of `make test` (it needs Docker or podman; .ci/run runs it):
