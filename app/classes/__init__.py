@@ -14,11 +14,12 @@ from __future__ import annotations
 from app.classes.base import ClassStore
 from app.classes.memory import MemoryClassStore
 from app.classes.redis_store import RedisClassStore
-from app.settings import Settings
+from app.settings import Settings, redis_connection_url
 
 
 def open_class_store(settings: Settings) -> ClassStore:
     """The store the settings name: Redis when EXPLORER_REDIS_URL is set, else this process."""
     if settings.redis_url:
-        return RedisClassStore(settings.redis_url, idle_s=settings.class_idle_s)
+        # over TLS, checking Redis's certificate (EXPLORER_REDIS_CA), as the training store does
+        return RedisClassStore(redis_connection_url(settings), idle_s=settings.class_idle_s)
     return MemoryClassStore(idle_s=settings.class_idle_s)

@@ -155,3 +155,17 @@ def test_missing_vendor_list_is_a_problem(tmp_path):
     static = _static_copy(tmp_path)
     (static / VENDOR_LIST).unlink()
     assert len(vendor_asset_problems(static)) == 1
+
+
+def test_every_redis_client_is_given_the_checked_url(tmp_path):
+    """The training store (replicas and workers, Celery's broker from its URL) and the live classes' store: none
+    reads EXPLORER_REDIS_URL but through redis_connection_url, so EXPLORER_REDIS_CA reaches them all."""
+    from app.classes import open_class_store
+    from app.training import open_store
+
+    ca = tmp_path / "ca.pem"
+    settings = Settings(redis_url="rediss://:pw@127.0.0.1:6380/0", redis_ca=ca)
+    checked = redis_connection_url(settings)
+    assert open_store(settings).url == checked
+    kwargs = open_class_store(settings).r.connection_pool.connection_kwargs
+    assert kwargs["ssl_ca_certs"] == str(ca) and kwargs["ssl_cert_reqs"] == "required"
