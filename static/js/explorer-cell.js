@@ -2,9 +2,12 @@
 // four stage heatmaps (explorer-cells.js: a click, the arrow keys) opened beside them: q and k and their
 // products, the score, the scaling, the mask, the softmax and the weighted values. The server renders the
 // panel from the head it kept when it drew the view: one small request (`part=cell`) per cell, no new run; the
-// open cell's four neighbours are asked for once it is shown, so an arrow key's panel is usually here already.
+// open cell's four neighbours are asked for once it is shown, so an arrow key's panel is usually here already,
+// and a cell the pointer rests on is asked for before the click.
 // The open cell lives in the URL (`cell=QUERY,KEY`, replaced, not pushed: a move is not a new page) and in
 // the form's hidden `cell` input, so the next view keeps it open.
+import * as P from "./plotly-adapter.js";
+
 const STAGES = ["stage-raw", "stage-scaled", "stage-masked", "stage-weights"];
 
 // Milliseconds from a selection to its panel in the page (the request, the answer parsed and swapped in),
@@ -123,3 +126,19 @@ function markOpen() {
 
 markOpen();
 document.addEventListener("htmx:afterSettle", markOpen);
+
+// A click follows the pointer's rest on a cell: a cell of a stage heatmap the pointer stays on for HOVER_MS has
+// its panel asked for then, so that the click finds it here (one small answer per cell rested on, no run).
+const HOVER_MS = 80;
+let hoverTimer = null;
+document.addEventListener("mousemove", function (evt) {
+  clearTimeout(hoverTimer);
+  const el = evt.target.closest && evt.target.closest("[data-figure]");
+  const box = panel();
+  if (!box || !el || !el._cells || evt.buttons || !isStage(el) || !P.isDrawn(el)) return;
+  const bounds = el.getBoundingClientRect();
+  const i = Math.round(P.pixelToData(el, "y", evt.clientY - bounds.top));
+  const j = Math.round(P.pixelToData(el, "x", evt.clientX - bounds.left));
+  if (i < 0 || j < 0 || i >= el._cells.rows || j >= el._cells.cols) return;
+  hoverTimer = setTimeout(function () { ask(panelURL(box, i, j)); }, HOVER_MS);
+}, {passive: true});
