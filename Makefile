@@ -125,11 +125,12 @@ fixtures: setup
 	$(TORCHENV)/bin/python scripts/make_training_fixtures.py
 	$(TORCHENV)/bin/python scripts/make_generation_fixtures.py
 	$(TORCHENV)/bin/python scripts/make_patching_fixtures.py
+	$(TORCHENV)/bin/python scripts/make_steering_fixtures.py
 	test -x $(SAEENV)/bin/python || $(PYTHON) -m venv $(SAEENV)
 	$(SAEENV)/bin/pip install --quiet $(SAE_PINS)
 	$(SAEENV)/bin/python scripts/make_sae_fixtures.py
 	$(PY) -m pytest -q tests/core/test_parity.py tests/core/test_checkpoints.py tests/core/test_sampling.py tests/core/test_generate.py \
-		tests/core/test_patching.py tests/core/test_sae.py
+		tests/core/test_patching.py tests/core/test_sae.py tests/core/test_steering.py
 
 # Retrain the models that ship in core/trained/ (docs/training.md). Bit for bit only with .venv's
 # NumPy (and so its OpenBLAS), one BLAS thread (core.train's default) and the BLAS kernel each folder's

@@ -195,7 +195,7 @@ def final_resid(cache: ActivationCache) -> np.ndarray:
 # ------------------------------------------------------------------ one patched run
 
 
-class _Editor:
+class PassEditor:
     """The edit of a resumed run (PassContext's `edit`): replaces the activations a patch changes (`edits`,
     by hook name) and, from layer `frozen_from` on, recomputes each attention output from the unpatched
     run's patterns and this run's values."""
@@ -256,7 +256,7 @@ def resume(
     stream x [pos - start, d_model]; the earlier positions' keys and values are `base`'s (their
     activations cannot change under a causal mask). Returns the last position's final stream [d_model]."""
     # keeps nothing, so the blocks take their fast path (no attention scores or patterns made)
-    ctx = PassContext((), edit=_Editor(params, cfg, base, start, edits or {}, frozen_from, ablate))
+    ctx = PassContext((), edit=PassEditor(params, cfg, base, start, edits or {}, frozen_from, ablate))
     kv = base.past_kv
     for at in range(layer, cfg.n_layers):
         past = (kv.keys[at][:, :start], kv.values[at][:, :start]) if start else None

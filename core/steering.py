@@ -1,0 +1,198 @@
+"""Steering: push the residual stream along a direction and see what the model says then.
+
+A steer adds `coefficient × direction` to one residual-stream hook (`blocks.{l}.hook_resid_pre`,
+`hook_resid_mid` or `hook_resid_post`) at some positions (activation addition), or, given a sparse
+autoencoder (core/sae.py) and one of its features, clamps that feature: the stream becomes the SAE's
+reconstruction with the feature's activation set to `coefficient`, plus what the SAE does not reconstruct
+(its error), as "Scaling Monosemanticity" clamps a feature:
+
+    add:    x ← x + c · d                           d: a vector, or a feature's decoder row
+    clamp:  x ← x + (c − a_i(x)) · W_dec[i]          = decode(a with a_i = c) + (x − decode(a)),  a = encode(x)
+
+With `frozen_attention`, every attention pattern from the first steered layer on is the unsteered run's:
+the steer then reaches the output only through values and the direct path, not through where later heads
+look (the comparison practitioners ask for; core/patching.py freezes patterns the same way).
+
+The run starts from the unsteered run's stream at the first steered layer (nothing before it changes) and
+goes on through core/model.py's blocks with the steers as PassContext edits.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from .cache import ActivationCache, run_with_cache
+from .config import TransformerConfig
+from .errors import InputError
+from .hooks import PassContext, hook_names
+from .i18n import _
+from .model import Params, transformer_block
+from .patching import PassEditor, last_logits
+from .sae import SAE
+
+Mode = Literal["add", "clamp"]
+MODES = ("add", "clamp")
+STEERABLE = re.compile(r"^blocks\.(\d+)\.hook_resid_(pre|mid|post)$")
+
+
+@dataclass(frozen=True)
+class Steer:
+    """One push. `direction` [d_model]: the vector added per unit of coefficient (for a feature, its decoder
+    row); `positions`: the token positions it applies at (None: every one; negative counts from the end)."""
+
+    hook: str
+    direction: np.ndarray
+    coefficient: float
+    mode: Mode = "add"
+    positions: tuple[int, ...] | None = None
+    sae: SAE | None = None  # clamp: the SAE that reads the feature
+    feature: int | None = None
+
+    @classmethod
+    def of_feature(
+        cls,
+        sae: SAE,
+        feature: int,
+        coefficient: float,
+        mode: Mode = "add",
+        positions: Sequence[int] | None = None,
+        hook: str | None = None,
+    ) -> Steer:
+        """A steer along one SAE feature, at the SAE's own hook."""
+        return cls(
+            hook=hook or sae.cfg.hook_name,
+            direction=sae.feature_direction(feature),
+            coefficient=coefficient,
+            mode=mode,
+            positions=None if positions is None else tuple(positions),
+            sae=sae,
+            feature=feature,
+        )
+
+
+def steer_layer(steer: Steer, cfg: TransformerConfig) -> tuple[int, int]:
+    """(the layer whose stream it changes, the first layer whose attention then reads a changed stream),
+    checking the hook: a residual-stream hook of this model."""
+    m = STEERABLE.match(steer.hook)
+    if m is None or steer.hook not in hook_names(cfg):
+        raise InputError(
+            _("{hook!r} cannot be steered: use blocks.<layer>.hook_resid_pre, _mid or _post of this model").format(
+                hook=steer.hook
+            )
+        )
+    layer = int(m.group(1))
+    return layer, layer if m.group(2) == "pre" else layer + 1
+
+
+def check_steer(steer: Steer, cfg: TransformerConfig, n: int) -> Steer:
+    steer_layer(steer, cfg)
+    if steer.mode not in MODES:
+        raise InputError(_("mode {mode!r}: choose add or clamp").format(mode=steer.mode))
+    direction = np.asarray(steer.direction)
+    if direction.shape != (cfg.d_model,):
+        raise InputError(
+            _("a steering vector for this model has d_model={d_model} numbers, not {got}").format(
+                d_model=cfg.d_model, got=direction.size
+            )
+        )
+    if not np.all(np.isfinite(direction)) or not np.isfinite(steer.coefficient):
+        raise InputError(_("a steering vector and its coefficient must be finite numbers"))
+    if steer.mode == "clamp" and (steer.sae is None or steer.feature is None):
+        raise InputError(_("clamp sets an SAE feature's activation: give the feature (its SAE and index)"))
+    if steer.sae is not None and steer.sae.cfg.d_in != cfg.d_model:
+        raise InputError(
+            _("this SAE reads {d_in} numbers, the model's stream has {d_model}").format(
+                d_in=steer.sae.cfg.d_in, d_model=cfg.d_model
+            )
+        )
+    for pos in steer.positions or ():
+        if not -n <= pos < n:
+            raise InputError(
+                _("pos={pos} is outside the text's {n} tokens: use 0 … {last}, or -1 for the last").format(
+                    pos=pos, n=n, last=n - 1
+                )
+            )
+    return steer
+
+
+def _rows(steer: Steer, n: int) -> np.ndarray | slice:
+    return slice(None) if steer.positions is None else np.array(sorted({p % n for p in steer.positions}))
+
+
+def _edit(steers: Sequence[Steer], n: int) -> Callable[[np.ndarray], np.ndarray]:
+    """The change the steers at one hook make to its activation [pos, d_model], in their order."""
+
+    def edit(value: np.ndarray) -> np.ndarray:
+        value = value.copy()
+        for s in steers:
+            rows = _rows(s, n)
+            direction = np.asarray(s.direction, dtype=value.dtype)
+            if s.mode == "add":
+                value[rows] += value.dtype.type(s.coefficient) * direction
+            else:
+                assert s.sae is not None and s.feature is not None  # check_steer
+                now = s.sae.encode(value[rows])[..., s.feature].astype(value.dtype)  # [rows]
+                value[rows] += (value.dtype.type(s.coefficient) - now)[:, None] * direction
+        return value
+
+    return edit
+
+
+@dataclass(frozen=True)
+class SteeredRun:
+    logits: np.ndarray  # [d_vocab]: the last position's, steered
+    cache: dict[str, np.ndarray]  # the hooks asked for, from the steered run (from its first steered layer on)
+    first_layer: int  # the first layer the steers change
+
+
+def steered_run(
+    params: Params,
+    cfg: TransformerConfig,
+    tokens,
+    steers: Sequence[Steer],
+    *,
+    frozen_attention: bool = False,
+    names: Sequence[str] = (),
+    base: ActivationCache | None = None,
+) -> SteeredRun:
+    """The model on `tokens` [pos] with every steer applied. `base`: the unsteered run's cache, if made
+    already with every layer's resid_pre, keys and values, and (for frozen attention) patterns."""
+    tokens = np.asarray(tokens)
+    n = tokens.size
+    steers = [check_steer(s, cfg, n) for s in steers]
+    if not steers:
+        raise InputError(_("steering needs at least one steer"))
+    layers = [steer_layer(s, cfg) for s in steers]
+    first = min(layer for layer, _ in layers)
+    frozen_from = min(reads for _, reads in layers) if frozen_attention else None
+    if base is None:
+        wanted = [f"blocks.{first}.hook_resid_pre"]
+        if frozen_attention:
+            wanted += [f"blocks.{layer}.attn.hook_pattern" for layer in range(cfg.n_layers)]
+        _logits, base = run_with_cache(params, cfg, tokens, names=wanted, logits=False)
+    by_hook: dict[str, list[Steer]] = {}
+    for s in steers:
+        by_hook.setdefault(s.hook, []).append(s)
+    edits: Mapping[str, Callable] = {hook: _edit(group, n) for hook, group in by_hook.items()}
+    ctx = PassContext(names, edit=PassEditor(params, cfg, base, 0, edits, frozen_from))
+    x = base[f"blocks.{first}.hook_resid_pre"]
+    for layer in range(first, cfg.n_layers):
+        x, _kv = transformer_block(x, params["blocks"][layer], cfg, ctx, layer)
+    return SteeredRun(logits=last_logits(params, cfg, x[-1]), cache=ctx.cache, first_layer=first)
+
+
+def difference_of_means(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> np.ndarray:
+    """[d_model]: the mean over every token of the texts `a` minus the same over `b` (each [pos, d_model])
+    — activation addition's steering vector from two sets of texts (Turner et al.; Rimsky et al.)."""
+    if not a or not b:
+        raise InputError(_("a steering vector needs texts on both sides"))
+
+    def mean(texts: Sequence[np.ndarray]) -> np.ndarray:  # over every token of every text
+        return np.concatenate([np.asarray(x, dtype=np.float64) for x in texts]).mean(axis=0)
+
+    return mean(a) - mean(b)
