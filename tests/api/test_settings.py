@@ -80,6 +80,9 @@ def test_every_setting_is_covered_here_or_named():
         "redis_ca",  # tests/scale/test_redis_down.py (TLS), tests/deploy/test_readyz.py
         "train_pickup_s",
         "metrics",
+        "class_idle_s",  # tests/api/test_classes.py, tests/scale/test_classes.py
+        "class_max_students",
+        "class_max_wrong_codes",
     }  # tests/scale/ (Redis, Celery workers, /metrics)
     assert set(Settings.model_fields) == covered | elsewhere
 
