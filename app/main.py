@@ -23,7 +23,7 @@ from app.http.observability import AccessLogMiddleware, configure_access_log
 from app.http.security import ComputeLimitMiddleware, SecurityHeadersMiddleware, busy_description, is_compute
 from app.models.catalog import build_catalog
 from app.pages import circuits as circuits_page
-from app.pages import docs, explorer, glossary, inspect, lessons, train
+from app.pages import classroom, docs, explorer, glossary, inspect, lessons, train
 from app.pages import generate as generate_page
 from app.paths import STATIC_DIR
 from app.service.classes import Classes
@@ -78,13 +78,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for router in routes.ROUTERS:  # /api/v1, one router per resource
         app.include_router(router)
     app.include_router(docs.router)
-    app.include_router(explorer.router)
-    app.include_router(inspect.router)
-    app.include_router(lessons.router)
-    app.include_router(train.router)
-    app.include_router(glossary.router)
-    app.include_router(circuits_page.router)
-    app.include_router(generate_page.router)
+    # Every page knows whether its reader is a teacher presenting a live class (its "Presenting" bar).
+    presenting = [Depends(classroom.presenting)]
+    for page in (explorer, inspect, lessons, train, glossary, circuits_page, generate_page, classroom):
+        app.include_router(page.router, dependencies=presenting)
     errors.install(app)
     # Middleware, outermost first (each add_middleware wraps what was added before it):
     #   AccessLog > SecurityHeaders > Language > ServerError > UrlLengthLimit > BodySizeLimit > ComputeLimit > GZip

@@ -7,11 +7,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, Field
 
-from app.service.classes import MAX_PATH_CHARS
-
-MAX_QUESTION_CHARS = 300
-MAX_OPTION_CHARS = 80
-MAX_OPTIONS = 8
+from app.service.classes import MAX_OPTION_CHARS, MAX_OPTIONS, MAX_PATH_CHARS, MAX_QUESTION_CHARS
 
 
 class StartRequest(BaseModel):

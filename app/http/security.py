@@ -29,7 +29,8 @@ from app.http.language import _
 #   <style> element for its modebar; style cannot run code, so this is the one relaxation.
 # - img-src data: blob:: Plotly's "download as PNG" builds the image as a data:/blob: URL.
 # - connect-src 'self': htmx and fetch may only talk to this server (no exfiltration).
-# - frame-ancestors 'none' (and X-Frame-Options for old browsers): no clickjacking via <iframe>.
+# - frame-ancestors 'self' (and X-Frame-Options SAMEORIGIN for old browsers): no other site can frame a page
+#   (no clickjacking); this site's own can, as a live class's student page frames the teacher's view.
 CONTENT_SECURITY_POLICY = "; ".join(
     [
         "default-src 'self'",
@@ -39,7 +40,7 @@ CONTENT_SECURITY_POLICY = "; ".join(
         "font-src 'self'",
         "connect-src 'self'",
         "object-src 'none'",
-        "frame-ancestors 'none'",
+        "frame-ancestors 'self'",
         "base-uri 'self'",
         "form-action 'self'",
     ]
@@ -49,7 +50,7 @@ SECURITY_HEADERS: dict[str, str] = {
     "content-security-policy": CONTENT_SECURITY_POLICY,
     "x-content-type-options": "nosniff",
     "referrer-policy": "no-referrer",
-    "x-frame-options": "DENY",
+    "x-frame-options": "SAMEORIGIN",
 }
 
 # The routes that compute (run a model, a lesson, an analysis or a generation): the explorer page "/" itself,

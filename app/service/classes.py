@@ -41,8 +41,20 @@ from core.i18n import _
 PAGES = ("/", "/lessons", "/params", "/inspect", "/circuits", "/generate", "/train", "/glossary")
 PAGE_PREFIXES = ("/lessons/",)
 MAX_PATH_CHARS = 8192  # a page's whole state is in its URL; a class's path longer than this is refused
+MAX_QUESTION_CHARS = 300  # a poll's question, and each of its options: the API's schema states them
+MAX_OPTION_CHARS = 80
+MAX_OPTIONS = 8
 WRONG_CODE_WINDOW_S = 60.0
 EVENTS_WAIT_S = 10.0  # a follower's stream asks the store at least this often (and sends a keep-alive)
+# The teacher's browser carries two cookies per class: the token (HttpOnly, the secret) and, beside it, the
+# class's code (not secret), so every page of the teacher's knows which class it presents (the pages'
+# "Presenting" bar, app/pages/classroom.py).
+PRESENTING_COOKIE = "explorer_presenting"
+
+
+def teacher_cookie(code: str) -> str:
+    """The name of the cookie holding the teacher's token for class `code`."""
+    return f"explorer_teacher_{code.strip().upper()[:16]}"
 
 
 @dataclass(frozen=True)
@@ -118,6 +130,17 @@ class Classes:
         if not hmac.compare_digest(token_hash(token), live.teacher_hash):
             raise Forbidden(_("this is not the teacher's token for class {code}").format(code=live.code), 403)
         return live
+
+    async def presenting(self, code: str | None, token: str | None) -> LiveClass | None:
+        """The running class `code` if `token` is its teacher's, else None: what a teacher's page asks on
+        every request, so a wrong or stale code is not counted as guessing."""
+        if not code or not token or len(code) > 16 or len(token) > 512:
+            return None
+        try:
+            live = await self.store.get(check_code(code))
+        except (ClassNotFound, NotFound):
+            return None
+        return live if hmac.compare_digest(token_hash(token), live.teacher_hash) else None
 
     # ------------------------------------------------------------------ the teacher
 

@@ -4,6 +4,8 @@
 //   generate   templates/generate.html: the writing page's status, a token's story, its table (generate.js)
 //   train      templates/train.html: a run's status names, Play and Pause, the slider's step (train.js)
 //   copy       templates/lessons/_layout.html: the snippet's Copy button (lessons.js)
+//   class      templates/class_teacher.html, class_student.html: a live class (class-teacher.js, class-student.js)
+//   presenting templates/base.html's Presenting bar: a push that failed (presenting.js)
 // This module is the one reader: every page script asks it, none parses an attribute of its own.
 // (A figure's own words, such as a heatmap's cell readout, travel in the figure's data instead.)
 

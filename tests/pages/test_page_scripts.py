@@ -11,6 +11,7 @@ from html.parser import HTMLParser
 
 import pytest
 
+from app.pages import classroom
 from app.paths import STATIC_DIR
 from app.paths import TEMPLATES_DIR as TEMPLATES
 
@@ -99,6 +100,10 @@ def test_the_words_a_script_asks_for_are_on_its_page(client):
     # train.html's words appear on a run's page only: read from the template (the same literal keys)
     train = re.search(r"data-train-words='\{\{ \{(.*?)\} \| tojson \}\}'", (TEMPLATES / "train.html").read_text())
     have = {"train": set(re.findall(r'"(\w+)":', train.group(1)))}
+    # the live class's: its two pages render classroom.words(); the Presenting bar, only on a teacher's pages
+    have["class"] = set(classroom.words())
+    bar = re.search(r"data-presenting-words='\{\{ \{(.*?)\} \| tojson \}\}'", (TEMPLATES / "base.html").read_text())
+    have["presenting"] = set(re.findall(r'"(\w+)":', bar.group(1)))
     for name, path in pages.items():
         have[name] = set(parsed(client.get(path).text).words[name])
     missing = {(s, k) for s, k in asked if k not in have[s]}

@@ -115,7 +115,7 @@ def test_full_limiter_answers_503_with_retry_after_and_frees_slots():
     busy, health, done, after, failed, in_flight = asyncio.run(scenario())
     assert busy.status_code == 503
     assert busy.headers["retry-after"] == "3"
-    assert busy.headers["x-frame-options"] == "DENY"  # headers on the limiter's own answer too
+    assert busy.headers["x-frame-options"] == "SAMEORIGIN"  # headers on the limiter's own answer too
     msg = busy.json()["detail"][0]["msg"]
     assert "busy" in msg and "2" in msg and "3 s" in msg
     assert health.status_code == 200  # cheap routes never wait for a slot

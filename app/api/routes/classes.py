@@ -32,7 +32,7 @@ from app.deps import ClassesDep
 from app.http.jsonio import FastJSONResponse
 from app.http.security import client_address
 from app.http.sse import Event, ResumeFrom, event_stream
-from app.service.classes import EVENTS_WAIT_S
+from app.service.classes import EVENTS_WAIT_S, PRESENTING_COOKIE, teacher_cookie
 
 router = api_router()
 
@@ -55,10 +55,6 @@ Code = Annotated[
 ]
 PollId = Annotated[int, Path(ge=1, le=1_000_000, description="the poll's number in the class")]
 Authorization = Annotated[str | None, Header(max_length=512, description="`Bearer <teacher_token>`")]
-
-
-def teacher_cookie(code: str) -> str:
-    return f"explorer_teacher_{code.strip().upper()[:16]}"
 
 
 def teacher_token(request: Request, code: str, authorization: str | None) -> str | None:
@@ -94,6 +90,8 @@ async def start(classes: ClassesDep, response: Response, body: StartRequest | No
         status_code=201,
     )
     answer.set_cookie(teacher_cookie(code), started.token, httponly=True, samesite="strict", max_age=86400)
+    # Not secret: which class this browser presents (its pages' "Presenting" bar); the token decides.
+    answer.set_cookie(PRESENTING_COOKIE, code, httponly=True, samesite="strict", max_age=86400)
     return answer
 
 
@@ -222,4 +220,6 @@ async def end(code: Code, request: Request, classes: ClassesDep, authorization: 
     await classes.end(code, teacher_token(request, code, authorization), client_address(request))
     answer = Response(status_code=204)
     answer.delete_cookie(teacher_cookie(code))
+    if request.cookies.get(PRESENTING_COOKIE, "").upper() == code.strip().upper():
+        answer.delete_cookie(PRESENTING_COOKIE)
     return answer
