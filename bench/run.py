@@ -16,6 +16,7 @@ from bench import (
     api_load,
     browser,
     cell,
+    class_follow,
     classroom,
     core_vs_torch,
     families,
@@ -43,6 +44,7 @@ BENCHMARKS = {
     "patching": patching,
     "scale": scale,
     "cell": cell,
+    "class": class_follow,  # a live class: sixty followers through Caddy over two replicas, one killed
 }
 
 
