@@ -47,6 +47,13 @@ class Settings(BaseSettings):
     # Training (app/training/folder_store.py, app/training/scheduler.py). Runs live in runs_dir (None: a per-user
     # folder, see runs_folder()); each trains in its own process, at most train_workers at once per runs folder.
     runs_dir: Path | None = Field(None, description="folder of training runs (default: per-user data folder)")
+    # Sparse autoencoders (app/models/saes.py): each subfolder in SAELens's format is an SAE named after it.
+    saes_dir: Path | None = Field(None, description="folder whose subfolders are SAEs in SAELens's format")
+    # A feature's dashboard reads the SAE over its model's own text (app/service/features.py), once per SAE:
+    # at most this many tokens of it (Python's documentation is about 465,000 characters).
+    sae_scan_max_tokens: int = Field(
+        16384, ge=1, le=1_048_576, description="tokens of the corpus a feature dashboard's scan reads"
+    )
     runs_max_mb: int = Field(
         2048, ge=1, le=1_048_576, description="MB the runs folder may hold; oldest finished runs are deleted beyond it"
     )

@@ -44,6 +44,7 @@ ROUTES_MAY_IMPORT = {
     "app.api.circuit_models",
     "app.api.generation_models",
     "app.api.class_models",
+    "app.api.sae_models",
     "app.service",
     "app.http.jsonio",
     "app.http.sse",

@@ -65,7 +65,14 @@ COMPUTE_PREFIXES = ("/api/v1/lessons/", "/api/v1/analysis/", "/lessons/", "/insp
 def is_compute(path: str) -> bool:
     """(Training is not limited here: it runs in its own processes, app/training/scheduler.py, and a request only
     queues it; /api/v1/runs... reads files.)"""
-    return path in COMPUTE_PATHS or path.startswith(COMPUTE_PREFIXES)
+    return path in COMPUTE_PATHS or path.startswith(COMPUTE_PREFIXES) or _is_feature_dashboard(path)
+
+
+def _is_feature_dashboard(path: str) -> bool:
+    """GET /api/v1/saes/{name}/features/{index}: its first request scans the SAE's corpus (many model runs)
+    and each re-runs the model over its top examples' contexts, so it takes a compute slot."""
+    parts = path.split("/")
+    return len(parts) == 7 and path.startswith("/api/v1/saes/") and parts[5] == "features"
 
 
 class SecurityHeadersMiddleware:

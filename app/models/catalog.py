@@ -18,6 +18,7 @@ from typing import Literal
 import numpy as np
 
 from app.models import knobs, pretrained
+from app.models.saes import SAECatalog, open_saes
 from app.settings import Settings
 from app.training import open_store
 from app.training.base import TrainingStore
@@ -316,11 +317,13 @@ class Catalog(Mapping[str, Model]):
         checkpoints: pretrained.Checkpoints | None = None,
         toy_cache: ParamsCache | None = None,
         training_runs: TrainingStore | None = None,
+        saes: SAECatalog | None = None,
     ):
         self._models = models
         self.checkpoints = checkpoints  # the pretrained loaders and their memory budget
         self.toy_cache = toy_cache  # the toys' drawn weights
         self.training_runs = training_runs  # a finished training run is a model named by its id
+        self.saes = saes if saes is not None else SAECatalog(None)  # EXPLORER_SAES_DIR's SAEs (app/models/saes.py)
         self._trained: dict[tuple[str, str], Model] = {}  # (run id, its model folder) -> the model
         self._trained_lock = threading.Lock()
 
@@ -386,4 +389,4 @@ def build_catalog(settings: Settings) -> Catalog:
     )
     models |= {name: _checkpoint_model(name, entry) for name, entry in checkpoints.entries.items()}
     runs = open_store(settings)  # the runs folder, or Redis with EXPLORER_REDIS_URL (app/training/__init__.py)
-    return Catalog(models, checkpoints, toy_cache, runs)
+    return Catalog(models, checkpoints, toy_cache, runs, open_saes(settings.saes_dir))

@@ -28,6 +28,7 @@ from app.models.knobs import Knobs
 from app.service import calculators
 from app.service.circuits import CircuitViews
 from app.service.errors import NotFound, Unavailable
+from app.service.features import FeatureViews
 from app.service.generation import GenerationViews
 from app.service.inspect import InspectViews
 from app.service.lessons import Lessons
@@ -70,6 +71,7 @@ class Service:
         self.views = ModelViews(catalog, settings, self.limits)
         self.inspect = InspectViews(self.views)
         self.circuits = CircuitViews(self.views)  # patching, QK and OV circuits, composition
+        self.features = FeatureViews(self.views)  # sparse autoencoders' features and dashboards
         self.lessons = Lessons(catalog, self.limits)
         self.training = TrainingService(catalog, settings)
         self.generation = GenerationViews(self.views)

@@ -65,6 +65,9 @@ CHEAP_API = {
     "/api/v1/kv-cache",
     "/api/v1/models",
     "/api/v1/hooks",
+    # the SAEs' list reads what start-up found; a download zips a folder's files (a dashboard computes: limited)
+    "/api/v1/saes",
+    "/api/v1/saes/{name}/download",
     "/api/v1/train",
     "/api/v1/runs",
     "/api/v1/runs/{id}",

@@ -1,0 +1,100 @@
+"""Request and response models of the SAE endpoints (app/api/routes/saes.py): the SAEs this server has, a text's
+features, a feature's dashboard. Read from the service's results (app/service/features.py) by their attributes."""
+
+from __future__ import annotations
+
+from pydantic import ConfigDict, Field
+
+from app.api import requests
+from app.api.responses import ModelResultResponse, ResponseModel
+
+NAME_HELP = "an SAE's name, from GET /api/v1/saes"
+# A feature index's bound in the schema: 2^24 features, beyond the largest SAEs published (GemmaScope's 1M); the
+# SAE's own d_sae is checked by the service (422 naming its range).
+MAX_FEATURE_INDEX = 2**24 - 1
+
+
+class LabelledFeatureModel(ResponseModel):
+    index: int
+    label: str
+
+
+class SAEModel(ResponseModel):
+    name: str = Field(description="the SAE's folder in EXPLORER_SAES_DIR")
+    model: str | None = Field(description="the model it reads (its cfg.json's metadata.model_name)")
+    hook: str | None = Field(description="the hook it reads (metadata.hook_name)")
+    architecture: str | None = Field(description="standard, topk or jumprelu")
+    d_in: int | None
+    d_sae: int | None = Field(description="its number of features")
+    labelled_features: list[LabelledFeatureModel] = Field(description="the features its labels.json names")
+    problem: str | None = Field(None, description="why it cannot be used; absent when it can")
+
+
+class SAEsResponse(ResponseModel):
+    saes: list[SAEModel]
+
+
+class FeaturesRequest(requests.ModelRequest):
+    """A model request (the model, the text, the toggles) with the SAE to read its hook through."""
+
+    # No example in the schema: its SAE would have to be in the server's EXPLORER_SAES_DIR (none by default).
+    model_config = ConfigDict(extra="forbid")
+
+    sae: str = Field(min_length=1, max_length=200, description=NAME_HELP + "; it must read this model")
+    top_k: requests.IntUpTo("max_top_k") = Field(
+        10, json_schema_extra=requests.stating("features listed per token, at most {max_top_k}")
+    )
+
+
+class FeatureActivationModel(ResponseModel):
+    index: int
+    activation: float
+
+
+class FeaturesResponse(ModelResultResponse):
+    sae: str
+    hook: str
+    d_sae: int
+    features: list[list[FeatureActivationModel]] = Field(
+        description="[pos]: the token's non-zero features, largest first, at most top_k"
+    )
+    labels: dict[int, str] = Field(description="the labels of the SAE's labelled features, by index")
+
+
+class ExampleModel(ResponseModel):
+    tokens: list[str]
+    activations: list[float] = Field(description="the feature's activation at each token")
+    max_position: int = Field(description="where in `tokens` the feature is largest")
+
+
+class LogitTokenModel(ResponseModel):
+    token: str
+    id: int
+    value: float
+
+
+class HistogramModel(ResponseModel):
+    edges: list[float] = Field(description="bin edges, 0 to the feature's largest activation")
+    counts: list[int] = Field(description="non-zero activations in each bin")
+
+
+class LogitEffectModel(ResponseModel):
+    positive: list[LogitTokenModel] = Field(description="the tokens W_dec[i] · W_U raises most, largest first")
+    negative: list[LogitTokenModel] = Field(description="the tokens it lowers most, most negative first")
+
+
+class FeatureDashboardResponse(ResponseModel):
+    sae: str
+    model: str
+    hook: str
+    index: int
+    d_sae: int
+    label: str | None
+    density: float = Field(description="fraction of the scanned tokens where the feature is non-zero")
+    max_activation: float
+    tokens_scanned: int = Field(description="tokens of the model's own text the scan read")
+    top_examples: list[ExampleModel] = Field(description="contexts of its largest activations, largest first")
+    histogram: HistogramModel
+    logit_effect: LogitEffectModel = Field(
+        description="W_dec[i] · W_U (empty when the SAE's vectors are not the residual stream's width)"
+    )

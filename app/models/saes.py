@@ -1,0 +1,154 @@
+"""The sparse autoencoders this server can use, by name: EXPLORER_SAES_DIR's subfolders in SAELens's format.
+
+Each subfolder holding a `cfg.json` and `sae_weights.safetensors` (SAELens's `SAE.save_model`) is an SAE named
+after the folder; an optional `labels.json` names some of its features, `[{"index": 3, "label": "..."}]`.
+The folders are read once, at start-up, like the model catalogue (cfg.json and labels.json only); the
+weights load on first use (core.sae.load_sae) and are kept. A folder that cannot be read is still listed,
+with the reason (`problem`), so a teacher sees why it is missing; it never fails the listing.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from core import InputError
+from core.i18n import _
+from core.sae import CONFIG_FILE, SAE, WEIGHTS_FILE, SAEConfig, load_sae
+
+LABELS_FILE = "labels.json"
+
+
+@dataclass(frozen=True)
+class LabelledFeature:
+    index: int
+    label: str
+
+
+@dataclass
+class SAEEntry:
+    """One SAE folder: what its cfg.json says (None where it could not be read) and, once loaded, its arrays."""
+
+    name: str
+    folder: Path
+    cfg: SAEConfig | None
+    labelled_features: list[LabelledFeature] = field(default_factory=list)
+    static_problem: str | None = None  # why the folder cannot be used, known when it was read
+    _sae: SAE | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def model(self) -> str | None:
+        return self.cfg.model_name if self.cfg else None
+
+    @property
+    def hook(self) -> str | None:
+        return self.cfg.hook_name if self.cfg else None
+
+    @property
+    def architecture(self) -> str | None:
+        return self.cfg.architecture if self.cfg else None
+
+    @property
+    def d_in(self) -> int | None:
+        return self.cfg.d_in if self.cfg else None
+
+    @property
+    def d_sae(self) -> int | None:
+        return self.cfg.d_sae if self.cfg else None
+
+    def label(self, index: int) -> str | None:
+        return next((f.label for f in self.labelled_features if f.index == index), None)
+
+    def load(self) -> SAE:
+        """The SAE's arrays, read once (InputError when the weights do not fit the cfg.json)."""
+        with self._lock:
+            if self._sae is None:
+                self._sae = load_sae(self.folder)
+            return self._sae
+
+
+def _labels(folder: Path, d_sae: int) -> list[LabelledFeature]:
+    """labels.json, checked: a list of {index, label}, each index a feature of the SAE (InputError otherwise)."""
+    path = folder / LABELS_FILE
+    if not path.is_file():
+        return []
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(_("{folder}/labels.json is not JSON: {error}").format(folder=folder.name, error=e)) from None
+    out = []
+    for item in raw if isinstance(raw, list) else [None]:
+        index = item.get("index") if isinstance(item, dict) else None
+        label = item.get("label") if isinstance(item, dict) else None
+        if not (isinstance(index, int) and 0 <= index < d_sae and isinstance(label, str) and label.strip()):
+            raise InputError(
+                _(
+                    '{folder}/labels.json must be a list of {{"index": 0 … {last}, "label": "a text"}}; it has {item!r}'
+                ).format(folder=folder.name, last=d_sae - 1, item=item)
+            )
+        out.append(LabelledFeature(index, label.strip()))
+    return sorted(out, key=lambda f: f.index)
+
+
+def read_entry(folder: Path) -> SAEEntry:
+    """One folder as an entry; what is wrong with it in `static_problem`, never an exception."""
+    cfg = None
+    try:
+        raw = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
+        if not isinstance(raw, dict):
+            raise InputError(_("{folder}/cfg.json is not a JSON object").format(folder=folder.name))
+        cfg = SAEConfig.from_dict(raw)
+        if not (folder / WEIGHTS_FILE).is_file():
+            raise InputError(_("{folder} has no sae_weights.safetensors").format(folder=folder.name))
+        return SAEEntry(folder.name, folder, cfg, _labels(folder, cfg.d_sae))
+    except FileNotFoundError:
+        problem = _("{folder} has no cfg.json: not an SAE folder").format(folder=folder.name)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        problem = _("{folder}/cfg.json is not JSON: {error}").format(folder=folder.name, error=e)
+    except (KeyError, TypeError, ValueError) as e:  # a field missing or of the wrong type
+        problem = _("{folder}/cfg.json lacks or misstates {field}").format(folder=folder.name, field=e)
+    except InputError as e:
+        problem = str(e)
+    return SAEEntry(folder.name, folder, cfg, static_problem=problem)
+
+
+class SAECatalog(Mapping[str, SAEEntry]):
+    """Every SAE folder found at start-up, usable or not, by name (sorted)."""
+
+    def __init__(self, folder: Path | None):
+        self.folder = folder
+        found = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")) if folder else []
+        self._entries = {p.name: read_entry(p) for p in found}
+
+    def __getitem__(self, name: str) -> SAEEntry:
+        return self._entries[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get_entry(self, name: str) -> SAEEntry:
+        """The SAE called `name`, or an InputError listing the names there are."""
+        try:
+            return self._entries[name]
+        except KeyError:
+            choices = ", ".join(self._entries) or _("none: this server's EXPLORER_SAES_DIR holds no SAE")
+            raise InputError(
+                _("unknown SAE {name!r}: choose one of {choices} (GET /api/v1/saes lists them)").format(
+                    name=name, choices=choices
+                )
+            ) from None
+
+
+def open_saes(folder: Path | None) -> SAECatalog:
+    """The catalogue of EXPLORER_SAES_DIR (none when unset; a folder that is not there lists nothing)."""
+    return SAECatalog(folder if folder is not None and folder.is_dir() else None)
+
+
+__all__ = ["LABELS_FILE", "LabelledFeature", "SAECatalog", "SAEEntry", "open_saes", "read_entry"]
