@@ -18,9 +18,18 @@ from .threads import SERIAL, Team
 
 
 class AttentionResult(NamedTuple):
-    scores: np.ndarray | None  # [..., query_pos, key_pos], scaled and masked (-inf above the diagonal if causal)
-    weights: np.ndarray | None  # [..., query_pos, key_pos], softmax of scores; each row sums to 1
+    scores: np.ndarray  # [..., query_pos, key_pos], scaled and masked (-inf above the diagonal if causal)
+    weights: np.ndarray  # [..., query_pos, key_pos], softmax of scores; each row sums to 1
     output: np.ndarray  # [..., query_pos, d_v]
+
+
+class BlockedAttention(NamedTuple):
+    """What scaled_dot_product_attention returns: an AttentionResult whose scores and weights are None
+    unless they were kept (keep=True)."""
+
+    scores: np.ndarray | None
+    weights: np.ndarray | None
+    output: np.ndarray
 
 
 def causal_mask(n_query: int, n_key: int | None = None) -> np.ndarray:
@@ -93,7 +102,7 @@ def scaled_dot_product_attention(
     window: int | None = None,
     out: np.ndarray | None = None,  # [..., query_pos, d_v], where to write the output
     team: Team = SERIAL,
-) -> AttentionResult:
+) -> BlockedAttention:
     """softmax(Q Kᵀ / √d_k + mask) V, returning scores, weights and output.
 
     The mask is additive -inf: after the softmax those weights are exactly 0.
@@ -185,7 +194,7 @@ def scaled_dot_product_attention(
     if causal and team.width > 1:  # the longest rows first, so that no thread is left with one at the end
         pieces.reverse()
     team.each(attend, pieces)
-    return AttentionResult(scores, weights, output)
+    return BlockedAttention(scores, weights, output)
 
 
 def split_heads(x: np.ndarray, n_heads: int) -> np.ndarray:

@@ -77,7 +77,7 @@ class Only:
 # check_trainable is computed from this table alone, and tests/core/test_backprop.py fails when
 # TransformerConfig gains a field that is not classified here, so a new switch can never train
 # through a backward pass that ignores it: until it is classified it is accepted only at its default.
-TRAINABLE: dict[str, object] = {
+TRAINABLE: dict[str, Only | str] = {
     # Sizes: every array's shape follows them.
     "d_model": ANY,
     "n_layers": ANY,
@@ -132,7 +132,7 @@ def check_trainable(cfg: TransformerConfig) -> None:
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
         support = TRAINABLE.get(f.name)
-        if support is ANY:
+        if isinstance(support, str):  # ANY
             continue
         if support is None:  # a field newer than this table: refused until the backward pass is checked
             if value != f.default:
@@ -348,6 +348,7 @@ def _block_backward(dx: np.ndarray, block: dict, s: LayerSaved, cfg: Transformer
     d_parallel = None  # a parallel block's MLP read resid_pre: its gradient joins at the end
     if not cfg.attn_only:
         # resid_post = resid_mid + mlp(ln2(ln2_in)): the residual passes dx through unchanged.
+        assert s.mlp_post is not None and s.mlp_pre is not None and s.ln2_out is not None and s.ln2_in is not None
         mlp = block["mlp"]
         dpost, w_out = _linear_backward(dx, s.mlp_post, mlp["W_out"], "b_out" in mlp)
         dpre = ACTIVATION_BACKWARDS[cfg.act_fn](dpost, s.mlp_pre, s.mlp_post)  # [batch, pos, d_mlp]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Literal, overload
 
 import numpy as np
 
@@ -29,6 +30,49 @@ from .errors import InputError
 from .functional import softmax
 from .i18n import _
 from .model import Ablation, KVCache, Params, forward, per_head_weights
+
+
+# The logits are there unless logits=False: the type checker is told which (an @overload each).
+@overload
+def run_with_cache(
+    params: Params,
+    cfg: TransformerConfig,
+    tokens,
+    *,
+    names: Iterable[str] | None = None,
+    ablate: Mapping[tuple[int, int], Ablation] | None = None,
+    token_types=None,
+    logits: Literal[True] = True,
+    past_kv: KVCache | None = None,
+) -> tuple[np.ndarray, ActivationCache]: ...
+
+
+@overload
+def run_with_cache(
+    params: Params,
+    cfg: TransformerConfig,
+    tokens,
+    *,
+    names: Iterable[str] | None = None,
+    ablate: Mapping[tuple[int, int], Ablation] | None = None,
+    token_types=None,
+    logits: Literal[False],
+    past_kv: KVCache | None = None,
+) -> tuple[None, ActivationCache]: ...
+
+
+@overload
+def run_with_cache(
+    params: Params,
+    cfg: TransformerConfig,
+    tokens,
+    *,
+    names: Iterable[str] | None = None,
+    ablate: Mapping[tuple[int, int], Ablation] | None = None,
+    token_types=None,
+    logits: bool,
+    past_kv: KVCache | None = None,
+) -> tuple[np.ndarray | None, ActivationCache]: ...
 
 
 def run_with_cache(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from .errors import InputError
 from .functional import ACTIVATIONS
@@ -19,6 +19,16 @@ ATTN_TYPES = ("global", "local")  # per layer: see every earlier token, or only 
 ATTENTION_DIRS = ("causal", "bidirectional")
 BLOCK_TYPES = ("pre_norm", "post_norm")  # GPT-2 normalises a sub-layer's input, BERT its output
 
+ActFn = Literal["gelu_new", "gelu", "relu", "silu"]  # core.functional.ACTIVATIONS' names
+
+# A size that may be given as None and that __post_init__ resolves (d_head, d_mlp, n_key_value_heads): None
+# in the constructor and in the JSON schema of a config, an int in every config once made, which is what the
+# type checker is told (so that each use need not test for None).
+if TYPE_CHECKING:
+    ResolvedInt = int
+else:
+    ResolvedInt = int | None
+
 
 @dataclass(frozen=True)
 class TransformerConfig:
@@ -27,9 +37,9 @@ class TransformerConfig:
     n_heads: int = 4
     d_vocab: int = 65  # the spec's toy: 65 characters
     n_ctx: int = 64  # longest sequence; the size of a learned position table
-    d_head: int | None = None  # None: d_model // n_heads
-    d_mlp: int | None = None  # None: 4 * d_model, as in GPT-2
-    act_fn: Literal["gelu_new", "gelu", "relu", "silu"] = "gelu_new"  # gelu_new is GPT-2's tanh GELU
+    d_head: ResolvedInt = None  # type: ignore[assignment]  # None: d_model // n_heads
+    d_mlp: ResolvedInt = None  # type: ignore[assignment]  # None: 4 * d_model, as in GPT-2
+    act_fn: ActFn = "gelu_new"  # gelu_new is GPT-2's tanh GELU
     normalization_type: Literal["LN", "LNPre", "RMS", "RMSPre"] = "LN"
     positional_embedding_type: Literal["none", "sinusoidal", "learned", "rotary"] = "learned"
     attention_dir: Literal["causal", "bidirectional"] = "causal"
@@ -43,7 +53,7 @@ class TransformerConfig:
     attn_only: bool = False  # blocks without an MLP (TransformerLens' name): the classic induction-head setting
     # Switches of other decoder families (Llama, Qwen, Mistral, GPT-NeoX, GPT-Neo); each default is
     # GPT-2's behaviour, so a config that leaves them alone is the model it always was.
-    n_key_value_heads: int | None = None  # grouped-query attention: heads of K and V, each shared by
+    n_key_value_heads: ResolvedInt = None  # type: ignore[assignment]  # grouped-query attention: K and V heads, each shared by
     # n_heads / n_key_value_heads query heads (None: n_heads, one per query head)
     gated_mlp: bool = False  # SwiGLU-style MLP: act(x @ W_gate) * (x @ W_in), then W_out
     rotary_dim: int | None = None  # rotary: dimensions of each head that are rotated (None: d_head)
@@ -119,9 +129,8 @@ class TransformerConfig:
                 ).format(n_heads=self.n_heads, kv=kv)
             )
         if self.positional_embedding_type == "rotary":
-            if self.rotary_dim is None:
-                object.__setattr__(self, "rotary_dim", self.d_head)
-            rd = self.rotary_dim
+            rd = self.d_head if self.rotary_dim is None else self.rotary_dim
+            object.__setattr__(self, "rotary_dim", rd)
             if not _is_int(rd) or rd < 2 or rd % 2 or rd > self.d_head:
                 raise InputError(
                     _(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -61,7 +62,7 @@ class ParamVector:
         """A dict shaped like the params (gradients, say) as one flat vector, in the params' order."""
         arrays = []
         for path in self.paths:
-            node = grads
+            node: Any = grads  # a dict, down the path, then its array
             for key in path:
                 node = node[key]
             arrays.append(node.ravel())

@@ -229,6 +229,7 @@ class PassEditor:
         """This layer's output with the unpatched run's patterns: z = pattern @ V for every head."""
         cfg, start = self.cfg, self.start
         past_v = self.base.past_kv.values[layer][:, :start]  # [n_kv_heads, start, d_head]
+        assert self._v is not None  # recorded by this layer's hook_v, before its attention is frozen
         v = np.concatenate([past_v, self._v.swapaxes(0, 1)], axis=1)  # [n_kv_heads, pos, d_head]
         pattern = self.base[f"blocks.{layer}.attn.hook_pattern"][:, start:]  # [n_heads, new pos, pos]
         n_new = pattern.shape[1]
@@ -303,6 +304,7 @@ def patched_resid(
     elif target in ("resid_mid", "resid_post", "mlp_out"):
         edits[b + "hook_" + target] = _set_rows(source[b + "hook_" + target][rows])
     else:  # a head's output, through its z: attn_out gains (z_new - z) @ W_O[h] at the patched positions
+        assert head is not None  # a head's target names its head (check_patch)
         W_O = per_head_weights(params["blocks"][layer]["attn"], cfg)["W_O"][head]  # [d_head, d_model]
         z_base = base[b + "attn.hook_z"][rows, head]  # [pos, d_head]
         if target == "attn_head":

@@ -153,7 +153,7 @@ class TrainSettings:
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
-        if d["text"] is not None:  # a whole corpus is not a setting to print: its size and hash stand for it
+        if self.text is not None:  # a whole corpus is not a setting to print: its size and hash stand for it
             d["text"] = f"<{len(self.text):,} characters, sha256 {text_hash(self.text)[:16]}>"
         if not d["repeats"]:  # the text as it is: a card says so as it did before the setting existed
             del d["repeats"]
@@ -393,7 +393,7 @@ class Recipe:
             n_heads=s.n_heads,
             d_vocab=len(self.vocab),
             n_ctx=s.seq_len,
-            d_mlp=s.d_mlp,
+            d_mlp=s.d_mlp,  # type: ignore[arg-type]  # None: the config's own default, resolved when it is made
             attn_only=s.attn_only,
             tied_embeddings=False,
             bias=False,
@@ -543,7 +543,10 @@ class NasiLemak(Recipe):
         """The spec's random weights, drawn in the spec's order from its seed (42), so the untrained
         model gives the spec's printed probabilities; position rows past the spec's five come last."""
         rng = np.random.default_rng(42)
-        P = lambda *shape: rng.standard_normal(shape) * 0.1  # noqa: E731  the spec's P
+
+        def P(*shape: int) -> np.ndarray:  # the spec's P
+            return rng.standard_normal(shape) * 0.1
+
         V, T, d, d_ff = len(self.vocab), len(NASI_LEMAK_PROMPT), 16, 64
         tok_emb, pos_emb = P(V, d), P(T, d)
         W_qkv, W_o, W_1, W_2 = P(d, 3 * d), P(d, d), P(d, d_ff), P(d_ff, d)

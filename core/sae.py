@@ -41,7 +41,7 @@ from .i18n import _
 CONFIG_FILE = "cfg.json"
 WEIGHTS_FILE = "sae_weights.safetensors"
 ARCHITECTURES = ("standard", "topk", "jumprelu")
-DTYPES = {"float32": np.float32, "float64": np.float64}
+DTYPES: dict[str, type[np.floating]] = {"float32": np.float32, "float64": np.float64}
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ class SAEConfig:
             d_sae=int(raw["d_sae"]),
             hook_name=str(hook_name),
             model_name=str(model_name),
-            k=int(k) if architecture == "topk" else None,
+            k=int(k) if architecture == "topk" and k is not None else None,
             apply_b_dec_to_input=bool(raw.get("apply_b_dec_to_input", True)),
             rescale_acts_by_decoder_norm=bool(raw.get("rescale_acts_by_decoder_norm", False))
             and architecture == "topk",
@@ -255,9 +255,10 @@ def load_sae(folder: str | os.PathLike) -> SAE:
             return None
 
     arrays = {name: read(name) for name in ("W_enc", "b_enc", "W_dec", "b_dec", "threshold")}
-    if cfg.architecture == "jumprelu" and arrays["threshold"] is None and read("log_threshold") is not None:
-        arrays["threshold"] = np.exp(read("log_threshold"))  # a JumpReLU training checkpoint's parameter
-    return SAE(cfg=cfg, **arrays)
+    log_threshold = read("log_threshold") if cfg.architecture == "jumprelu" and arrays["threshold"] is None else None
+    if log_threshold is not None:
+        arrays["threshold"] = np.exp(log_threshold)  # a JumpReLU training checkpoint's parameter
+    return SAE(cfg=cfg, **arrays)  # type: ignore[arg-type]  # SAE's own checks name an array that is missing
 
 
 def save_sae(sae: SAE, folder: str | os.PathLike) -> Path:

@@ -251,7 +251,7 @@ def warp(logits: np.ndarray, sampling: Sampling, previous: Iterable[int] = ()) -
             steps.append(apply_greedy(last))
         elif stage == "temperature":
             steps.append(apply_temperature(last, sampling.temperature))
-        elif stage == "top_k":
+        elif stage == "top_k" and sampling.top_k is not None:  # a stage only when it is set (stages)
             steps.append(apply_top_k(last, sampling.top_k))
         elif stage == "top_p":
             steps.append(apply_top_p(last, sampling.top_p))

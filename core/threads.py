@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from typing import TypeVar
 
 import numpy as np
 
@@ -155,6 +156,9 @@ KEEP_S = 20.0
 MEMORY = Slabs(limit=2 << 30, keep_s=KEEP_S)
 
 
+Piece = TypeVar("Piece")  # what a team shares out: row ranges, (rows, layer, head), ...
+
+
 class Team:
     """`width` threads, the caller's among them, that share out the pieces of one step, and the memory
     a pass's big arrays come from (MEMORY; for SERIAL, np.empty)."""
@@ -168,10 +172,10 @@ class Team:
         """Memory for an array of the pass that may outlive its step (np.empty's contract)."""
         return np.empty(shape, dtype) if self.memory is None else self.memory.empty(shape, dtype)
 
-    def each(self, fn: Callable[[object], None], pieces: Sequence) -> None:
-        """fn(piece) for every piece, on the team's threads, in the order the threads come free;
-        returns when all are done (and raises the first error)."""
-        if self.width == 1 or len(pieces) == 1:
+    def each(self, fn: Callable[[Piece], object], pieces: Sequence[Piece]) -> None:
+        """fn(piece) for every piece, on the team's threads, in the order the threads come free (what fn
+        returns is dropped); returns when all are done (and raises the first error)."""
+        if self.width == 1 or len(pieces) == 1 or self._pool is None:
             for piece in pieces:
                 fn(piece)
             return
@@ -181,7 +185,8 @@ class Team:
             for piece in queue:
                 fn(piece)
 
-        helpers = [self._pool.submit(work) for _ in range(min(self.width, len(pieces)) - 1)]
+        pool = self._pool
+        helpers = [pool.submit(work) for _ in range(min(self.width, len(pieces)) - 1)]
         try:
             work()
         finally:  # every piece written before anyone reads the arrays, even after an error
@@ -197,7 +202,7 @@ class Team:
         edges = [n * i // count // smallest * smallest for i in range(count)] + [n]
         return [slice(a, b) for a, b in zip(edges[:-1], edges[1:])]
 
-    def rows(self, fn: Callable[[slice], None], n: int) -> None:
+    def rows(self, fn: Callable[[slice], object], n: int) -> None:
         """fn(rows) for row ranges covering [0, n)."""
         self.each(fn, self.ranges(n))
 
@@ -243,6 +248,7 @@ def _helpers(width: int) -> ThreadPoolExecutor:
             _pool.shutdown(wait=False)  # idle: its threads end
         _pool = ThreadPoolExecutor(width - 1, thread_name_prefix="core-team")
         _pool_owner = (os.getpid(), width - 1)
+    assert _pool is not None  # made above for this process and width
     return _pool
 
 

@@ -40,9 +40,10 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -105,7 +106,7 @@ class Snapshot:
     m: np.ndarray  # AdamW's moments, same layout
     v: np.ndarray
     t: int
-    data_rng_state: dict  # the numpy bit generator's state (JSON-able)
+    data_rng_state: Mapping[str, Any]  # the numpy bit generator's state (JSON-able)
     pending_losses: list[float] = field(default_factory=list)  # training losses since the last record
     grad_norm: float | None = None
     elapsed_s: float = 0.0
@@ -160,13 +161,15 @@ def optimisation_step(
     Returns the loss and the gradient's norm before clipping."""
     n_parts = max(1, min(len(batch), batch[:, 1:].size // MICRO_BATCH_TOKENS))
     loss, grad = 0.0, None
-    for part in np.array_split(batch, n_parts):
+    parts = np.array_split(batch, n_parts)  # at least one: the gradient is set below
+    for part in parts:
         part_loss, grads = backprop.loss_and_grads(vector.params, cfg, part[:, :-1], part[:, 1:])
         weight = len(part) / len(batch)  # each part's loss is a mean over its own sequences
         loss += weight * part_loss
         g = vector.flatten(grads)  # [n_params]
         grad = g * g.dtype.type(weight) if grad is None else grad + g * g.dtype.type(weight)
         # (with one part, weight is 1 and the gradient passes unchanged)
+    assert grad is not None  # n_parts >= 1
     norm = clip_grad_norm(grad, grad_clip if grad_clip > 0 else math.inf)
     optimizer.step(grad, lr)
     return loss, norm
@@ -433,7 +436,10 @@ def main(argv: list[str] | None = None) -> int:
     options = setting_fields(cli=True)  # TrainSettings' own: --steps, --seq-len, --attn-only/--no-attn-only ...
     for f in options:
         kind, meta = setting_type(f), f.metadata
-        about = {"help": f"{meta['help'] + ' ' if meta['help'] else ''}(default: the recipe's)", "dest": f.name}
+        about: dict[str, Any] = {
+            "help": f"{meta['help'] + ' ' if meta['help'] else ''}(default: the recipe's)",
+            "dest": f.name,
+        }
         if kind is bool:
             about |= {"action": argparse.BooleanOptionalAction, "default": None}
         elif meta["choices"]:

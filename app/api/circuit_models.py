@@ -10,7 +10,7 @@ The responses read the service's results (app/service/circuits.py) by their attr
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field
 
@@ -31,7 +31,7 @@ TARGET_HELP = (
     "(a head's output at one position: rows L{layer}H{head}, columns positions), pattern (a head's whole "
     "attention pattern: rows layers, columns heads). Attention-only models have no resid_mid or mlp_out"
 )
-TOKEN_TEXT = requests.TextUpTo("max_text_chars")
+TOKEN_TEXT = Annotated[str, requests.TextUpTo("max_text_chars")]
 
 
 # The model request's fields (the model and every knob) but its text, then the patching's own (Knobs first
@@ -152,7 +152,8 @@ class QKCircuitRequest(requests.ModelRequest):
 
 
 class _WeightsRequest(requests.ModelRequest):
-    text: TOKEN_TEXT | None = Field(
+    # optional here (a model request's text is not): the weights alone decide, or the model's own text does
+    text: TOKEN_TEXT | None = Field(  # type: ignore[assignment]
         None,
         description="null: the model's default text (a text sizes only a model whose shape follows it, the spec's)",
     )
@@ -176,15 +177,16 @@ class OVCircuitRequest(_WeightsRequest):
     )
     layer: requests.LayerIndex = Field(description="counted from 0, below the model's n_layers")
     head: requests.HeadIndex = Field(description="counted from 0, below the model's n_heads")
-    top_k: requests.IntUpTo("max_top_k") = Field(5, description="output tokens listed per source")
+    top_k: Annotated[int, requests.IntUpTo("max_top_k")] = Field(5, description="output tokens listed per source")
 
 
 # ------------------------------------------------------------------ responses
 
 
 class PatchingResponse(ModelResultResponse):
-    tokens: dict[str, list[str]] = Field(description="`clean` and `corrupted`, as the model reads them")
-    token_ids: dict[str, list[int]]
+    # two texts' tokens, by text (a model result's are one text's)
+    tokens: dict[str, list[str]] = Field(description="`clean` and `corrupted`, as the model reads them")  # type: ignore[assignment]
+    token_ids: dict[str, list[int]]  # type: ignore[assignment]
     answer: TokenRef
     wrong: TokenRef
     target: Target

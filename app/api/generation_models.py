@@ -9,7 +9,7 @@ requests call by those names keep the model's own values here. The response read
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field
 
@@ -61,7 +61,7 @@ class GenerateRequest(requests.ModelRequest):
         },
     )
 
-    max_new_tokens: requests.IntUpTo("generate_max_new_tokens") = Field(
+    max_new_tokens: Annotated[int, requests.IntUpTo("generate_max_new_tokens")] = Field(
         DEFAULT.max_new_tokens,
         json_schema_extra=requests.stating(
             "tokens to write, at most {generate_max_new_tokens:,}, and with the text at most the model's context "
@@ -77,7 +77,7 @@ class GenerateRequest(requests.ModelRequest):
         "(the most likely token, nothing drawn), below 1 sharpens, above 1 "
         "flattens",
     )
-    top_k: requests.IntUpTo(lambda s: s.calc_max_vocab) | None = Field(
+    top_k: Annotated[int, requests.IntUpTo(lambda s: s.calc_max_vocab)] | None = Field(
         DEFAULT.top_k, description="keep only the k most likely tokens (at most the model's d_vocab); null: no top-k"
     )
     top_p: float = Field(

@@ -6,7 +6,7 @@ Every limit comes from app/settings.py and every default from the core function 
 training settings are core/recipes.py's TrainSettings fields (TrainRequest's). Request models forbid
 unknown fields; a model request becomes the service's typed RunSpec with `.spec()`.
 
-A limit that is a setting (`Limit("le", "max_heads")`, `TextUpTo("max_text_chars")`, a description
+A limit that is a setting (`Limit("le", "max_heads")`, `Annotated[str, TextUpTo("max_text_chars")]`, a description
 that states one: `stating("at most {max_tokens:,} tokens")`) is read from the settings in effect
 (app/settings.py `settings_in_effect`): the injected settings of the request being validated
 (create_app(settings), a dependency override: app/deps.py `apply_settings`), or those the OpenAPI is
@@ -18,15 +18,17 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
+import annotated_types
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator
 from pydantic_core import PydanticCustomError
 
 from app.http.language import _
 from app.service import AblatedHead, Knobs, RunSpec, knobs
+from app.service.calculators import Sizes
 from app.settings import Limit, Settings, setting, settings_in_effect
 from core import DTYPE_BYTES, POSITION_SCHEMES, PRESETS, TransformerConfig, lessons, recipes
 from core.config import NORMALIZATION_TYPES
@@ -39,11 +41,14 @@ MAX_SEED = knobs.MAX_SEED
 
 def upper_bound(model: type[BaseModel], name: str) -> int | float | None:
     """A request field's greatest value in effect (its `le`: fixed, or a setting's), as its schema states it."""
-    for m in model.model_fields[name].metadata:
-        if isinstance(m, Limit) and m.kind == "le":
-            return setting(m.of)
-        if getattr(m, "le", None) is not None:
-            return m.le
+    metadata = model.model_fields[name].metadata
+    # IntUpTo and TextUpTo are groups (pydantic keeps them whole here): their parts
+    parts = [part for m in metadata for part in (m if isinstance(m, annotated_types.GroupedMetadata) else (m,))]
+    for part in parts:
+        if isinstance(part, Limit) and part.kind == "le":
+            return setting(part.of)
+        if isinstance(part, annotated_types.Le) and isinstance(part.le, (int, float)):
+            return part.le
     return None
 
 
@@ -57,9 +62,16 @@ def stating(template: str) -> Callable[[dict], None]:
     return describe
 
 
-def IntUpTo(limit: str | Callable[[Settings], int], low: int = 1) -> Any:
-    """An integer from `low` to a setting."""
-    return Annotated[int, Field(ge=low), Limit("le", limit)]
+@dataclass(frozen=True)
+class IntUpTo(annotated_types.GroupedMetadata):
+    """An integer from `low` to a setting: `Annotated[int, IntUpTo("max_tokens")]`."""
+
+    limit: str | Callable[[Settings], int]
+    low: int = 1
+
+    def __iter__(self) -> Iterator[object]:
+        yield annotated_types.Ge(self.low)
+        yield Limit("le", self.limit)
 
 
 def default(fn, name: str) -> Any:
@@ -77,16 +89,26 @@ def _non_blank(text: str) -> str:
     return text
 
 
-def TextUpTo(limit: str | Callable[[Settings], int]) -> Any:
-    """A text that is not blank, of at most a setting's characters."""
-    return Annotated[str, Field(min_length=1), Limit("max_length", limit), AfterValidator(_non_blank)]
+@dataclass(frozen=True)
+class TextUpTo(annotated_types.GroupedMetadata):
+    """A text that is not blank, of at most a setting's characters: `Annotated[str, TextUpTo("max_text_chars")]`."""
+
+    limit: str | Callable[[Settings], int]
+
+    def __iter__(self) -> Iterator[object]:
+        yield annotated_types.MinLen(1)
+        yield Limit("max_length", self.limit)
+        yield AfterValidator(_non_blank)
 
 
 NonBlank = Annotated[str, AfterValidator(_non_blank)]
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED, description=f"random seed, 0 … {MAX_SEED:,}")]
-PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
+# Choices read from core's tables when the module is imported: pydantic checks them and the schema lists
+# them; a type checker cannot read a Literal built from a tuple (each is Any to it).
+PRESET_NAMES, DTYPE_NAMES = tuple(PRESETS), tuple(DTYPE_BYTES)
+PresetName = Literal[PRESET_NAMES]  # type: ignore[valid-type]
 NormalizationType = Literal[NORMALIZATION_TYPES]  # type: ignore[valid-type]
-DType = Literal[tuple(DTYPE_BYTES)]  # type: ignore[valid-type]
+DType = Literal[DTYPE_NAMES]  # type: ignore[valid-type]
 PositionScheme = Literal[POSITION_SCHEMES]  # type: ignore[valid-type]
 
 
@@ -118,14 +140,14 @@ LESSON_TEXT = stating("words split on spaces, at most {max_tokens:,} words and {
 
 
 class AttentionQuery(Request):
-    text: TextUpTo("max_text_chars") = Field(
+    text: Annotated[str, TextUpTo("max_text_chars")] = Field(
         lessons.DEFAULT_TEXT, json_schema_extra=LESSON_TEXT, examples=["the cat sat down"]
     )
     seed: Seed = default(lessons.attention, "seed")
-    d_model: IntUpTo("max_d_model") = Field(
+    d_model: Annotated[int, IntUpTo("max_d_model")] = Field(
         default(lessons.attention, "d_model"), description="width of each token's embedding"
     )
-    d_k: IntUpTo("max_d_model") = Field(
+    d_k: Annotated[int, IntUpTo("max_d_model")] = Field(
         default(lessons.attention, "d_k"), description="width of queries, keys and values"
     )
     causal: bool = Field(default(lessons.attention, "causal"), description="forbid attending to later tokens")
@@ -139,8 +161,8 @@ class ScalingQuery(Request):
         json_schema_extra=stating("comma-separated widths d, at most {max_dims}, each 1 … {calc_max_width:,}"),
         examples=["4,64,512"],
     )
-    n_queries: IntUpTo("max_queries") = default(lessons.scaling, "n_queries")
-    n_keys: IntUpTo("max_tokens") = default(lessons.scaling, "n_keys")
+    n_queries: Annotated[int, IntUpTo("max_queries")] = default(lessons.scaling, "n_queries")
+    n_keys: Annotated[int, IntUpTo("max_tokens")] = default(lessons.scaling, "n_keys")
     seed: Seed = default(lessons.scaling, "seed")
 
     @field_validator("dims")
@@ -155,19 +177,21 @@ class ScalingQuery(Request):
 
 
 class MultiheadQuery(Request):
-    text: TextUpTo("max_text_chars") = Field(lessons.DEFAULT_TEXT, json_schema_extra=LESSON_TEXT)
+    text: Annotated[str, TextUpTo("max_text_chars")] = Field(lessons.DEFAULT_TEXT, json_schema_extra=LESSON_TEXT)
     seed: Seed = default(lessons.multihead, "seed")
-    d_model: IntUpTo("max_d_model") = Field(
+    d_model: Annotated[int, IntUpTo("max_d_model")] = Field(
         default(lessons.multihead, "d_model"), description="width; must be a multiple of n_heads"
     )
-    n_heads: IntUpTo("max_heads") = default(lessons.multihead, "n_heads")
+    n_heads: Annotated[int, IntUpTo("max_heads")] = default(lessons.multihead, "n_heads")
     causal: bool = Field(default(lessons.multihead, "causal"), description="forbid attending to later tokens")
     scale: bool = Field(default(lessons.multihead, "scale"), description="divide the scores by √d_head")
 
 
 class PositionsQuery(Request):
-    n_pos: IntUpTo("max_tokens") = Field(default(lessons.positions, "n_pos"), description="positions")
-    d: IntUpTo("max_d_model", low=2) = Field(default(lessons.positions, "d"), description="width (even)")
+    n_pos: Annotated[int, IntUpTo("max_tokens")] = Field(default(lessons.positions, "n_pos"), description="positions")
+    d: Annotated[int, IntUpTo("max_d_model", low=2)] = Field(
+        default(lessons.positions, "d"), description="width (even)"
+    )
     pairs: str | None = Field(
         None,
         pattern=r"^\d{1,7}:\d{1,7}(,\d{1,7}:\d{1,7})*$",
@@ -194,17 +218,17 @@ class PositionsQuery(Request):
 
 
 class ForwardQuery(Request):
-    text: TextUpTo("max_text_chars") = Field(
+    text: Annotated[str, TextUpTo("max_text_chars")] = Field(
         default(lessons.forward, "text"), description="corpus whose sorted distinct characters are the vocabulary"
     )
-    prompt: TextUpTo("max_tokens") = Field(
+    prompt: Annotated[str, TextUpTo("max_tokens")] = Field(
         default(lessons.forward, "prompt"),
         json_schema_extra=stating("characters to run (one token each, at most {max_tokens:,}), all from the text"),
     )
     seed: Seed = default(lessons.forward, "seed")
-    d_model: IntUpTo("max_d_model") = default(lessons.forward, "d_model")
-    n_heads: IntUpTo("max_heads") = default(lessons.forward, "n_heads")
-    d_mlp: IntUpTo("max_d_mlp") = default(lessons.forward, "d_mlp")
+    d_model: Annotated[int, IntUpTo("max_d_model")] = default(lessons.forward, "d_model")
+    n_heads: Annotated[int, IntUpTo("max_heads")] = default(lessons.forward, "n_heads")
+    d_mlp: Annotated[int, IntUpTo("max_d_mlp")] = default(lessons.forward, "d_mlp")
 
 
 # ------------------------------------------------------------------ calculator queries
@@ -217,34 +241,39 @@ PRESET_DESCRIPTION = (
 )
 
 
+def shape_fields(query: BaseModel) -> Sizes:
+    """A calculator query's fields that are TransformerConfig fields (None: the preset's)."""
+    return {k: getattr(query, k) for k in type(query).model_fields if k in SHAPE_FIELDS}
+
+
 class SizesQuery(Request):
     """The sizes the spec's closed formula takes, replacing a preset's. Fields left null keep the preset's."""
 
     preset: PresetName | None = Field(None, description=PRESET_DESCRIPTION)
-    d_vocab: IntUpTo("calc_max_vocab") | None = None
-    n_ctx: IntUpTo("calc_max_ctx") | None = None
-    d_model: IntUpTo("calc_max_width") | None = None
-    n_layers: IntUpTo("calc_max_layers") | None = None
-    d_mlp: IntUpTo("calc_max_width") | None = Field(None, description="default 4 × d_model")
+    d_vocab: Annotated[int, IntUpTo("calc_max_vocab")] | None = None
+    n_ctx: Annotated[int, IntUpTo("calc_max_ctx")] | None = None
+    d_model: Annotated[int, IntUpTo("calc_max_width")] | None = None
+    n_layers: Annotated[int, IntUpTo("calc_max_layers")] | None = None
+    d_mlp: Annotated[int, IntUpTo("calc_max_width")] | None = Field(None, description="default 4 × d_model")
     tied_embeddings: bool | None = Field(None, description="the unembedding reuses the token table (GPT-2)")
 
-    def sizes(self) -> dict[str, object]:
+    def sizes(self) -> Sizes:
         """The shape fields of this query (None: the preset's)."""
-        return {k: getattr(self, k) for k in type(self).model_fields if k in SHAPE_FIELDS}
+        return shape_fields(self)
 
 
 class ParamsQuery(SizesQuery):
     """The shape of a model: a preset, with any of these replacing its own. Fields left null keep the preset's."""
 
-    n_heads: IntUpTo("calc_max_width") | None = Field(
+    n_heads: Annotated[int, IntUpTo("calc_max_width")] | None = Field(
         None, description="query heads; must divide d_model unless d_head is given"
     )
-    n_key_value_heads: IntUpTo("calc_max_width") | None = Field(
+    n_key_value_heads: Annotated[int, IntUpTo("calc_max_width")] | None = Field(
         None,
         description="key/value heads, each shared by n_heads / n_key_value_heads query heads (grouped-query "
         "attention; 1: multi-query); must divide n_heads. Default: one per query head, or the preset's",
     )
-    d_head: IntUpTo("calc_max_width") | None = Field(
+    d_head: Annotated[int, IntUpTo("calc_max_width")] | None = Field(
         None, description="width of each head (default d_model / n_heads; Qwen3's is wider)"
     )
     gated_mlp: bool | None = Field(None, description="a gated (SwiGLU) MLP: a third matrix W_gate beside W_in, W_out")
@@ -264,20 +293,22 @@ class KVCacheQuery(Request):
     """A model's KV cache: the preset's shape, with these replacing its own, at a sequence length, batch and dtype."""
 
     preset: PresetName | None = Field(None, description=PRESET_DESCRIPTION)
-    n_layers: IntUpTo("calc_max_layers") | None = None
-    d_model: IntUpTo("calc_max_width") | None = None
-    n_heads: IntUpTo("calc_max_width") | None = Field(None, description="must divide d_model")
-    n_key_value_heads: IntUpTo("calc_max_width") | None = Field(
+    n_layers: Annotated[int, IntUpTo("calc_max_layers")] | None = None
+    d_model: Annotated[int, IntUpTo("calc_max_width")] | None = None
+    n_heads: Annotated[int, IntUpTo("calc_max_width")] | None = Field(None, description="must divide d_model")
+    n_key_value_heads: Annotated[int, IntUpTo("calc_max_width")] | None = Field(
         None,
         description="heads whose keys and values are cached (grouped-query attention shares each among "
         "n_heads / n_key_value_heads query heads); must divide n_heads",
     )
-    d_head: IntUpTo("calc_max_width") | None = Field(None, description="default d_model / n_heads")
-    seq_len: IntUpTo("calc_max_ctx") | None = Field(None, description="cached tokens (default: n_ctx)")
-    batch: IntUpTo("calc_max_batch") = 1
+    d_head: Annotated[int, IntUpTo("calc_max_width")] | None = Field(None, description="default d_model / n_heads")
+    seq_len: Annotated[int, IntUpTo("calc_max_ctx")] | None = Field(None, description="cached tokens (default: n_ctx)")
+    batch: Annotated[int, IntUpTo("calc_max_batch")] = 1
     dtype: DType = Field("float32", description="element type of the cache")
 
-    sizes = SizesQuery.sizes
+    def sizes(self) -> Sizes:
+        """The shape fields of this query (None: the preset's)."""
+        return shape_fields(self)
 
 
 # The calculators' fields that are TransformerConfig fields: the model's shape (the rest say which
@@ -298,8 +329,8 @@ class HooksQuery(Request):
 # A layer or head index must be below the model's own n_layers and n_heads (the service checks it
 # per model). A pretrained model's depth is its checkpoint's (Qwen3-0.6B: 28 layers; TinyLlama: 32
 # heads), beyond the toys' max_layers and max_heads, so the schema bounds them as the calculators do.
-LayerIndex = IntUpTo(lambda s: s.calc_max_layers - 1, low=0)
-HeadIndex = IntUpTo(lambda s: s.calc_max_width - 1, low=0)
+LayerIndex = Annotated[int, IntUpTo(lambda s: s.calc_max_layers - 1, low=0)]
+HeadIndex = Annotated[int, IntUpTo(lambda s: s.calc_max_width - 1, low=0)]
 
 
 class HeadAblation(Request):
@@ -327,7 +358,7 @@ class ModelChoice(Request):
 
 
 class _ModelAndText(ModelChoice):
-    text: TextUpTo("max_text_chars") = Field(
+    text: Annotated[str, TextUpTo("max_text_chars")] = Field(
         json_schema_extra=stating("the input; at most {max_text_chars:,} characters and {max_tokens:,} tokens")
     )
 
@@ -389,7 +420,9 @@ class RunRequest(AblatingRequest):
             "holding at most {max_hook_values:,} numbers in all"
         ),
     )
-    top_k: IntUpTo("max_top_k", low=0) = Field(5, description="how many next-token predictions to return")
+    top_k: Annotated[int, IntUpTo("max_top_k", low=0)] = Field(
+        5, description="how many next-token predictions to return"
+    )
 
 
 # ------------------------------------------------------------------ looking inside (analysis)
@@ -414,7 +447,7 @@ class DecomposeRequest(AblatingRequest):
     )
 
     pos: Position = -1
-    target: IntUpTo(lambda s: s.calc_max_vocab - 1, low=0) | None = Field(
+    target: Annotated[int, IntUpTo(lambda s: s.calc_max_vocab - 1, low=0)] | None = Field(
         None,
         description="the token id whose logit to attribute (below the model's d_vocab); "
         "null: the model's most likely next token at `pos`",
@@ -426,7 +459,7 @@ class LogitLensRequest(AblatingRequest):
         extra="forbid", json_schema_extra={"examples": [{"model": "toy", "text": "Ali makan nasi lemak", "top_k": 3}]}
     )
 
-    top_k: IntUpTo("max_top_k") = Field(5, description="tokens kept per layer and position")
+    top_k: Annotated[int, IntUpTo("max_top_k")] = Field(5, description="tokens kept per layer and position")
 
 
 class DetectorsRequest(AblatingRequest):
@@ -444,7 +477,7 @@ class DetectorsRequest(AblatingRequest):
         },
     )
 
-    random_length: IntUpTo(lambda s: s.max_tokens // 2, low=2) = Field(
+    random_length: Annotated[int, IntUpTo(lambda s: s.max_tokens // 2, low=2)] = Field(
         20, description="length of the random sequence, which is then repeated once"
     )
     random_seed: int = Field(0, ge=0, le=MAX_SEED, description="seed of the random sequence")
@@ -456,7 +489,9 @@ class KVStepsRequest(ModelRequest):
         extra="forbid", json_schema_extra={"examples": [{"model": "toy", "text": "Ali makan", "n_new": 8}]}
     )
 
-    n_new: IntUpTo("max_new_tokens", low=0) = Field(8, description="tokens to generate greedily after the text")
+    n_new: Annotated[int, IntUpTo("max_new_tokens", low=0)] = Field(
+        8, description="tokens to generate greedily after the text"
+    )
 
 
 def _without_knob_help(schema: dict[str, Any]) -> None:
@@ -580,25 +615,31 @@ class _TrainRequest(Request):
         return {k: getattr(self, k) for k in TRAIN_FIELDS if getattr(self, k) is not None}
 
 
-TrainRequest = create_model(
-    "TrainRequest",
-    __base__=_TrainRequest,
-    __module__=__name__,
-    __doc__="""A training run: a recipe and any settings that differ from its working defaults (null keeps the
-    recipe's). The same request names the same run (its id is a hash of the settings).""",
-    **{f.name: train_field(f) for f in recipes.setting_fields(api=True)}
-    | {
-        # a text of your own: this server's limit on it, not core's
-        "text": (
-            Annotated[NonBlank | None, Limit("max_length", "train_max_text_chars")],
-            Field(
-                None,
-                min_length=1,
-                json_schema_extra=stating(
-                    "the text recipe's corpus, at most {train_max_text_chars:,} "
-                    "characters; null: Python's documentation"
+# TrainSettings' fields that are the API's, each made optional (null: the recipe's), then the text with this
+# server's limit. Python's types cannot say "these fields, each optional", so the class is made from the
+# declaration rather than written out a second time; to a type checker it is the _TrainRequest it extends.
+if TYPE_CHECKING:
+    TrainRequest = _TrainRequest
+else:
+    TrainRequest = create_model(
+        "TrainRequest",
+        __base__=_TrainRequest,
+        __module__=__name__,
+        __doc__="""A training run: a recipe and any settings that differ from its working defaults (null keeps the
+        recipe's). The same request names the same run (its id is a hash of the settings).""",
+        **{f.name: train_field(f) for f in recipes.setting_fields(api=True)}
+        | {
+            # a text of your own: this server's limit on it, not core's
+            "text": (
+                Annotated[NonBlank | None, Limit("max_length", "train_max_text_chars")],
+                Field(
+                    None,
+                    min_length=1,
+                    json_schema_extra=stating(
+                        "the text recipe's corpus, at most {train_max_text_chars:,} "
+                        "characters; null: Python's documentation"
+                    ),
                 ),
-            ),
-        )
-    },
-)
+            )
+        },
+    )

@@ -3,6 +3,8 @@ features, a feature's dashboard. Read from the service's results (app/service/fe
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import ConfigDict, Field
 
 from app.api import requests
@@ -41,7 +43,7 @@ class FeaturesRequest(requests.ModelRequest):
     model_config = ConfigDict(extra="forbid")
 
     sae: str = Field(min_length=1, max_length=200, description=NAME_HELP + "; it must read this model")
-    top_k: requests.IntUpTo("max_top_k") = Field(
+    top_k: Annotated[int, requests.IntUpTo("max_top_k")] = Field(
         10, json_schema_extra=requests.stating("features listed per token, at most {max_top_k}")
     )
 

@@ -55,7 +55,7 @@ class GZipMiddleware:
                 await send(message)
             elif message["type"] == "http.response.body":
                 chunks.append(message.get("body", b""))
-                if not message.get("more_body", False):
+                if not message.get("more_body", False) and start is not None:  # the start comes first
                     await self._send_whole(scope, start, b"".join(chunks), send)
             else:
                 await send(message)

@@ -18,6 +18,8 @@ Field names, `loc` and `type` never change.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
@@ -75,7 +77,7 @@ PYDANTIC = {
 }
 
 
-def _pydantic_message(err: dict) -> str:
+def _pydantic_message(err: Mapping[str, Any]) -> str:
     """pydantic's message in the request's language (its own English where this has no translation)."""
     msg = err.get("msg", "invalid value")
     template = PYDANTIC.get(err.get("type", ""))
@@ -91,7 +93,7 @@ def _pydantic_message(err: dict) -> str:
         return msg
 
 
-def readable(err: dict) -> dict:
+def readable(err: Mapping[str, Any]) -> dict:
     """A pydantic error as this API words it: the field first, then what is wrong with it."""
     field = _field(tuple(err.get("loc", ())))
     msg = _pydantic_message(err)
@@ -167,9 +169,10 @@ async def unexpected(request: Request, exc: Exception) -> FastJSONResponse:
 
 
 def install(app: FastAPI) -> None:
-    app.add_exception_handler(RequestValidationError, validation_error)
+    # Starlette types a handler as taking any Exception; each of these is installed for its own class only.
+    app.add_exception_handler(RequestValidationError, validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(InputError, bad_input)
-    app.add_exception_handler(Unavailable, unavailable)
-    app.add_exception_handler(NotFound, not_found)
-    app.add_exception_handler(Forbidden, forbidden)
-    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(Unavailable, unavailable)  # type: ignore[arg-type]
+    app.add_exception_handler(NotFound, not_found)  # type: ignore[arg-type]
+    app.add_exception_handler(Forbidden, forbidden)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, http_error)  # type: ignore[arg-type]

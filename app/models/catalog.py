@@ -81,6 +81,20 @@ class Model:
         """Why this model cannot run, or None (a checkpoint may only find out when it first loads)."""
         return self.static_error or (self.loader.error if self.loader is not None else None)
 
+    @property
+    def reader(self) -> Tokenizer:
+        """The tokenizer of a model that runs (a checkpoint that cannot has none: the service refuses it first)."""
+        if self.tokenizer is None:
+            raise RuntimeError(f"model {self.name!r} has no tokenizer: {self.error}")
+        return self.tokenizer
+
+    @property
+    def weights(self) -> Callable[[TransformerConfig, int, Encoding], Params]:
+        """The loader of the weights of a model that runs (the same: a model that cannot run has none)."""
+        if self.load_params is None:
+            raise RuntimeError(f"model {self.name!r} has no weights: {self.error}")
+        return self.load_params
+
     def configure(self, sizes: dict[str, int], n_tokens: int) -> TransformerConfig:
         """This model's config with the requested sizes (n_heads, n_layers, d_model) applied."""
         if self.make_cfg is not None:
@@ -241,9 +255,9 @@ def _checkpoint_model(name: str, entry: pretrained.CheckpointLoader | pretrained
     spec = entry.spec
     recipe = pretrained.trained_recipe(spec)
     if recipe is not None:  # trained by core.train: it says which recipe, so which text suits it
-        about = pretrained.TRAINED_ABOUT.get(recipe)
-        about_said = (lambda: _(about)) if about else (lambda: _("trained here ({recipe})").format(recipe=recipe))
-        about = about or f"trained here ({recipe})"
+        known = pretrained.TRAINED_ABOUT.get(recipe)
+        about_said = (lambda: _(known)) if known else (lambda: _("trained here ({recipe})").format(recipe=recipe))
+        about = known or f"trained here ({recipe})"
         return Model(
             name=name,
             kind="trained",
@@ -337,6 +351,7 @@ class Catalog(Mapping[str, Model]):
         with self._trained_lock:
             if key not in self._trained:
                 budget = self.checkpoints.budget if self.checkpoints else pretrained.MemoryBudget(2**31)
+                entry: pretrained.CheckpointLoader | pretrained.Broken
                 try:
                     entry = pretrained.CheckpointLoader(
                         id, read_spec(folder), budget, N_("trained here: run {id} (/train?run={id})"), id=id

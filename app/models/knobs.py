@@ -164,9 +164,16 @@ def declared(cls: type = Knobs) -> tuple[Knob, ...]:
         kind, *meta = get_args(hints[f.name])
         value_type = next(t for t in get_args(kind) if t is not type(None))  # the type that is not None
         info = next((m for m in meta if isinstance(m, FieldInfo)), FieldInfo())
-        bounds = {type(b): b for b in info.metadata if isinstance(b, annotated_types.BaseMetadata)}
-        low = bounds.get(annotated_types.Ge) or bounds.get(annotated_types.Gt)
-        high = bounds.get(annotated_types.Le)
+        numbers = (int, float)
+        ge = next(
+            (b.ge for b in info.metadata if isinstance(b, annotated_types.Ge) and isinstance(b.ge, numbers)), None
+        )
+        gt = next(
+            (b.gt for b in info.metadata if isinstance(b, annotated_types.Gt) and isinstance(b.gt, numbers)), None
+        )
+        high = next(
+            (b.le for b in info.metadata if isinstance(b, annotated_types.Le) and isinstance(b.le, numbers)), None
+        )
         choices = get_args(value_type) if get_origin(value_type) is Literal else ()
         out.append(
             dataclasses.replace(
@@ -174,9 +181,9 @@ def declared(cls: type = Knobs) -> tuple[Knob, ...]:
                 name=f.name,
                 type=str if choices else value_type,
                 help=info.description,
-                low=None if low is None else getattr(low, "ge", getattr(low, "gt", None)),
-                low_exclusive=isinstance(low, annotated_types.Gt),
-                high=None if high is None else high.le,
+                low=gt if ge is None else ge,
+                low_exclusive=gt is not None,
+                high=high,
                 limit=next((m.of for m in meta if isinstance(m, Limit) and isinstance(m.of, str)), None),
                 choices=choices,
             )

@@ -14,6 +14,7 @@ A folder that cannot run is still listed, with the reason (core.checkpoints.Chec
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 import threading
@@ -86,6 +87,11 @@ def trained_recipe(spec: CheckpointSpec) -> str | None:
 
 # Listed in place of a config for a folder whose config.json could not be read at all.
 _UNREADABLE_CFG = TransformerConfig(d_model=1, n_layers=1, n_heads=1, d_vocab=1, n_ctx=1)
+
+
+def _same(folder: Path) -> Path:
+    """A folder known when the catalogue is made (a loader's `folder` finds it later for the others)."""
+    return folder
 
 
 class MemoryBudget:
@@ -237,7 +243,7 @@ class Checkpoints:
         for name, folder in trained_models().items():  # shipped with core: trained by core.train
             self._add(
                 name,
-                lambda folder=folder: folder,
+                functools.partial(_same, folder),
                 N_("shipped with the app (core/trained; `make trained-models` reproduces it)"),
             )
         self._add(
@@ -259,7 +265,12 @@ class Checkpoints:
                 name = f"EXPLORER_MODELS_DIR/{sub.name}"
                 self.entries[name] = Broken(name, f"the name {sub.name!r} is taken by another model: rename the folder")
             else:
-                self._add(sub.name, lambda sub=sub: sub, N_("from EXPLORER_MODELS_DIR/{subfolder}"), subfolder=sub.name)
+                self._add(
+                    sub.name,
+                    functools.partial(_same, sub),
+                    N_("from EXPLORER_MODELS_DIR/{subfolder}"),
+                    subfolder=sub.name,
+                )
 
     def _add(self, name: str, folder: Callable[[], Path], origin: str, **where: str) -> None:
         try:

@@ -22,7 +22,7 @@ from urllib.parse import urlencode
 
 import numpy as np
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, Response
 
 from app.api import requests
 from app.deps import ServiceDep
@@ -358,7 +358,7 @@ def patching_section(svc: Service, state: CircuitsState) -> dict:
 
 
 @router.get("/circuits", response_class=HTMLResponse, summary="Circuits: patching, QK and OV circuits, composition")
-def circuits(request: Request, svc: ServiceDep) -> HTMLResponse:
+def circuits(request: Request, svc: ServiceDep) -> Response:
     errors: list[str] = []
     state, pre, model = parse(request.query_params, svc, errors)
     error = "; ".join(errors) or None

@@ -5,7 +5,7 @@ and starts it from static/js/docs.js, so it needs no CDN and no inline script.
 """
 
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, Response
 
 from app.pages import web
 
@@ -13,7 +13,7 @@ router = APIRouter(tags=["docs"])
 
 
 @router.get("/docs", response_class=HTMLResponse, include_in_schema=False)
-def docs(request: Request) -> HTMLResponse:
+def docs(request: Request) -> Response:
     return web.templates.TemplateResponse(
         request, "docs.html", {"openapi_url": request.app.openapi_url, "title": request.app.title}
     )

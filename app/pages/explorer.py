@@ -233,7 +233,9 @@ def _residual_captions(cfg) -> tuple[str, str]:
 
 
 def _compare_figures(v: ExplorerView, where: str) -> list[dict]:
-    """The chosen head with and without the causal mask, the masked one first."""
+    """The chosen head with and without the causal mask, the masked one first (a view asked to compare)."""
+    if v.other_stages is None:
+        return []
     pair = sorted([(v.config.causal, v.stages), (not v.config.causal, v.other_stages)], key=lambda p: not p[0])
     return [
         {
@@ -509,8 +511,8 @@ def explorer_values(request: Request, svc: ServiceDep) -> Response:
     kept = read_cache(request).get(web.explorer_query(parsed, cell=False))
     if kept is None:
         v, error = _run(request, svc, parsed)
-        if error is not None:
-            return PlainTextResponse(error, status_code=422)
+        if v is None:  # why not: error
+            return PlainTextResponse(error or "", status_code=422)
         kept = readable(v, parsed.controls.all_stages) | head_levels(v)
     if "levels" in query:
         key = query["levels"]

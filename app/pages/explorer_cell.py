@@ -271,8 +271,8 @@ def answer(request: Request, svc: Service, run: Run) -> Response:
     head = cell_cache(request).get(web.explorer_query(parsed, cell=False))
     if head is None:  # gone from the cache: the view again (it keeps its head for the next move)
         v, error = run(request, svc, parsed)
-        if error is not None:
-            return PlainTextResponse(error, status_code=422)
+        if v is None:  # why not: error
+            return PlainTextResponse(error or "", status_code=422)
         head = v.cells
     n = len(head.tokens)
     if max(cell) >= n:

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, replace
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, Response
 
 from app.api import requests
 from app.deps import ServiceDep
@@ -177,7 +177,7 @@ def controls(svc: Service, model: Model, state: GenerateState, room: int | None)
 
 
 @router.get("/generate", response_class=HTMLResponse, summary="Write with a model")
-def generate_page(request: Request, svc: ServiceDep) -> HTMLResponse:
+def generate_page(request: Request, svc: ServiceDep) -> Response:
     query = request.query_params
     models = svc.views.models()
     errors: list[str] = []

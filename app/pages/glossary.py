@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, Response
 
 from app.http.language import N_, _, current
 from app.pages import web
@@ -178,7 +178,7 @@ TERMS = [
 
 
 @router.get("/glossary", response_class=HTMLResponse, summary="The terms in English and Bahasa Melayu")
-def glossary(request: Request) -> HTMLResponse:
+def glossary(request: Request) -> Response:
     malay = current() == "ms"
     rows = [
         {

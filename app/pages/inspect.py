@@ -9,11 +9,11 @@ views that do not apply to this model are said in place of the figures (app/page
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, Response
 
 from app.api import requests
 from app.deps import ServiceDep
@@ -43,14 +43,14 @@ VIEW_DEFAULTS = {
 # ------------------------------------------------------------------ the URL
 
 
-def _number(query: Mapping, name: str, kind: type, errors: list[str]):
+def _number(query: web.QueryString, name: str, kind: type, errors: list[str]):
     raw = web.last(query, name)
     if raw is None:
         return VIEW_DEFAULTS.get(name)
     return web.parse_number(name, raw, kind, errors)
 
 
-def view_params(query: Mapping, errors: list[str]) -> dict:
+def view_params(query: web.QueryString, errors: list[str]) -> dict:
     """This view's own parameters (not the explorer's), as typed values; None where not given."""
     out = {
         "pos": _number(query, "pos", int, errors),
@@ -278,7 +278,7 @@ BUILDERS: dict[str, Callable[[Service, web.Parsed, dict], dict]] = {
 @router.get(
     "/inspect", response_class=HTMLResponse, summary="Look inside: decomposition, lens, detectors, KV cache, compare"
 )
-def inspect(request: Request, svc: ServiceDep) -> HTMLResponse:
+def inspect(request: Request, svc: ServiceDep) -> Response:
     query = request.query_params
     view = web.last(query, "view") or DEFAULT_VIEW
     errors: list[str] = []

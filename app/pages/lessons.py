@@ -15,11 +15,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Any, Generic, Literal, TypeVar, get_args
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse, PlainTextResponse
+from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 from pydantic import BaseModel, Field, field_validator
 
 from app.api import requests
@@ -455,21 +455,24 @@ def view_calculator(svc: Service, q: CalculatorQuery) -> dict:
 # ------------------------------------------------------------------ the page table
 
 
+Query = TypeVar("Query", bound=BaseModel)
+
+
 @dataclass(frozen=True)
-class Page:
+class Page(Generic[Query]):
     slug: str  # /lessons/{slug}, or the calculator
     title: str  # in English, marked for the catalogue: `shown` translates it
     summary: str
-    query: type[BaseModel]
-    build: Callable[[Service, BaseModel], dict]
+    query: type[Query]
+    build: Callable[[Service, Query], dict]
     api: tuple[str, ...]  # the JSON endpoints that answer the same query
 
-    def shown(self) -> Page:
+    def shown(self) -> Page[Query]:
         """This page as the reader sees it: its title and summary in the request's language."""
         return dataclasses.replace(self, title=_(self.title), summary=_(self.summary))
 
 
-LESSONS = [
+LESSONS: list[Page[Any]] = [
     Page(
         "attention",
         N_("Queries, keys and values"),
@@ -541,7 +544,7 @@ CALCULATOR = Page(
 # ------------------------------------------------------------------ query string <-> request model
 
 
-def _given(query: Mapping) -> dict[str, str]:
+def _given(query: web.QueryString) -> dict[str, str]:
     """The URL's fields for the request model: the last value of each (a checkbox sends a hidden "0"
     before its "1"); an empty box means "the default"."""
     out = {}
@@ -576,7 +579,7 @@ def _with_query(path: str, params: Mapping[str, str]) -> str:
     return path + ("?" + urlencode(params) if params else "")
 
 
-def _field_values(page: Page, given: Mapping[str, str], q: BaseModel | None) -> dict[str, object]:
+def _field_values(page: Page[Any], given: Mapping[str, str], q: BaseModel | None) -> dict[str, object]:
     """What the controls show: the validated values, else (after an error) what the learner typed."""
     defaults = {name: f.default for name, f in page.query.model_fields.items()}
     if q is not None:
@@ -584,7 +587,7 @@ def _field_values(page: Page, given: Mapping[str, str], q: BaseModel | None) -> 
     return defaults | dict(given)
 
 
-API_QUERY = {
+API_QUERY: dict[str, type[BaseModel]] = {
     "/api/v1/lessons/attention": requests.AttentionQuery,
     "/api/v1/lessons/scaling": requests.ScalingQuery,
     "/api/v1/lessons/multihead": requests.MultiheadQuery,
@@ -595,13 +598,13 @@ API_QUERY = {
 }
 
 
-def _presets(page: Page) -> list[str]:
+def _presets(page: Page[Any]) -> list[str]:
     """The presets a page's query accepts (its select's options), in the order of core's PRESETS."""
     field = page.query.model_fields.get("preset")
     return [] if field is None else [p for p in get_args(field.annotation) if isinstance(p, str)]
 
 
-def render(request: Request, svc: Service, page: Page, path: str, template: str) -> HTMLResponse:
+def render(request: Request, svc: Service, page: Page[Any], path: str, template: str) -> Response:
     given = _given(request.query_params)
     classroom = web.is_on(request.query_params, "classroom")
     q, view, error = None, None, None
@@ -614,7 +617,7 @@ def render(request: Request, svc: Service, page: Page, path: str, template: str)
     if classroom:
         state["classroom"] = "1"
     url = _with_query(path, state)
-    if view is not None:
+    if view is not None and q is not None:  # a view is built from a query
         view["links"] = {
             "api": [_with_query(api, _api_fields(q, API_QUERY[api])) for api in page.api],
             "snippet": _with_query(f"{path}/snippet.py", canonical(q)) if "snippet" in view else None,
@@ -643,7 +646,7 @@ def render(request: Request, svc: Service, page: Page, path: str, template: str)
 # ------------------------------------------------------------------ routes
 
 
-def _index(request: Request, missing: str | None = None) -> HTMLResponse:
+def _index(request: Request, missing: str | None = None) -> Response:
     context = {
         "lessons": [p.shown() for p in LESSONS],
         "calculator": CALCULATOR.shown(),
@@ -659,12 +662,12 @@ def _index(request: Request, missing: str | None = None) -> HTMLResponse:
 
 
 @router.get("/lessons", response_class=HTMLResponse, summary="The lessons")
-def index(request: Request) -> HTMLResponse:
+def index(request: Request) -> Response:
     return _index(request)
 
 
 @router.get("/lessons/{slug}", response_class=HTMLResponse, summary="One lesson")
-def lesson(request: Request, slug: str, svc: ServiceDep) -> HTMLResponse:
+def lesson(request: Request, slug: str, svc: ServiceDep) -> Response:
     page = BY_SLUG.get(slug)
     if page is None:
         return _index(request, missing=slug)
@@ -689,5 +692,5 @@ def snippet(request: Request, slug: str, svc: ServiceDep) -> PlainTextResponse:
 
 
 @router.get("/params", response_class=HTMLResponse, summary="The parameter and KV-cache calculator")
-def calculator(request: Request, svc: ServiceDep) -> HTMLResponse:
+def calculator(request: Request, svc: ServiceDep) -> Response:
     return render(request, svc, CALCULATOR, "/params", "params.html")

@@ -15,7 +15,7 @@ import dataclasses
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse, RedirectResponse
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from app.api import requests
 from app.deps import ServiceDep
@@ -226,7 +226,7 @@ def _canonical(query) -> str:
 
 
 @router.get("/train", response_class=HTMLResponse, summary="Train a model and watch it learn")
-def train_page(request: Request, svc: ServiceDep) -> HTMLResponse:
+def train_page(request: Request, svc: ServiceDep) -> Response:
     query = request.query_params
     recipe, given = _form_values(query)
     errors: list[str] = []
@@ -286,7 +286,7 @@ def _render(
     view: dict | None,
     error: str | None,
     status: int = 422,
-) -> HTMLResponse:
+) -> Response:
     defaults = svc.training.recipe_defaults(recipe if recipe in RECIPES else DEFAULT_RECIPE)
     values = {k: given.get(k, defaults.get(k)) for k in FORM_FIELDS} | {"text": given.get("text", "")}
     try:

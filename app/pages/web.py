@@ -31,10 +31,11 @@ from urllib.parse import parse_qsl, urlencode
 import numpy as np
 import orjson
 from fastapi import Request
-from fastapi.responses import HTMLResponse
+from fastapi.responses import Response
 from jinja2_fragments.fastapi import Jinja2Blocks
 from markupsafe import Markup
 from pydantic import ValidationError
+from starlette.datastructures import ImmutableMultiDict
 
 from app.http import language
 from app.http.errors import readable
@@ -106,7 +107,9 @@ templates.env.filters["figure_json"] = figure_json
 templates.env.add_extension("jinja2.ext.i18n")
 # New-style gettext: `_("%(n)s tokens", n=...)` formats after translating, so a translation may move
 # its placeholders; `{% trans %}` blocks are trimmed, so a message is one line whatever the template's wrapping.
-templates.env.install_gettext_callables(gettext=_, ngettext=language.ngettext, newstyle=True)
+templates.env.install_gettext_callables(  # type: ignore[attr-defined]  # the i18n extension adds it
+    gettext=_, ngettext=language.ngettext, newstyle=True
+)
 templates.env.policies["ext.i18n.trimmed"] = True
 templates.env.globals.update(language=language.current, link=language.localized, language_switch=language_switch)
 
@@ -137,7 +140,7 @@ def render(
     error: str | None = None,
     status: int = 422,
     compress: bool = True,
-) -> HTMLResponse:
+) -> Response:
     """The page, or for htmx its `block` with `url` pushed to the address bar; `status` (422) when `error`.
     compress=False asks the gzip middleware to leave the body as it is (Cache-Control: no-transform)."""
     history_restore = request.headers.get("hx-history-restore-request") == "true"
@@ -175,16 +178,18 @@ def error_message(exc: Exception) -> str:
 # ------------------------------------------------------------------ reading a query string
 
 TRUE, FALSE = {"1", "true", "on", "yes"}, {"0", "false", "off", "no"}
+# A page's query string (request.query_params): a parameter may repeat, and its last value counts.
+QueryString = ImmutableMultiDict[str, Any]  # or a form's fields (the training page's: no files)
 
 
-def last(query: Mapping, name: str) -> str | None:
+def last(query: QueryString, name: str) -> str | None:
     """The last value of a repeated parameter (a checkbox sends a hidden "0" then its "1"); "" is None."""
     values = query.getlist(name)
     value = values[-1] if values else None
     return None if value is None or value.strip() == "" else value.strip()
 
 
-def is_on(query: Mapping, name: str) -> bool:
+def is_on(query: QueryString, name: str) -> bool:
     """A checkbox-like flag: on when its last value is 1, true, on or yes."""
     return (last(query, name) or "0").lower() in TRUE
 
@@ -345,8 +350,9 @@ class ExplorerState(Knobs):
 @dataclass
 class Parsed:
     controls: ExplorerState
-    given: dict[str, object]  # toggles the URL sets (not left to the model's default)
-    defaults: dict[str, object]  # the model's own values of the toggles
+    # a knob's value is a bool, an int, a float or a str (app/models/knobs.py): Any, by name
+    given: dict[str, Any]  # toggles the URL sets (not left to the model's default)
+    defaults: dict[str, Any]  # the model's own values of the toggles
     errors: list[str] = field(default_factory=list)
     default_text: str = ""
     default_model: str = FALLBACK_MODEL
@@ -358,13 +364,13 @@ class Parsed:
         return {"model": c.model, "text": c.text, **self.given, "ablate": c.ablate_request(), **fields}
 
 
-def model_defaults(model: Model) -> dict[str, object]:
+def model_defaults(model: Model) -> dict[str, Any]:
     """The model's own value of every knob, in the form's order."""
     return {k.name: k.default(model) for k in knobs.on_form()}
 
 
 def parse_explorer(
-    query: Mapping, models: Mapping[str, Model], *, preferred: str, model_changed: bool = False
+    query: QueryString, models: Mapping[str, Model], *, preferred: str, model_changed: bool = False
 ) -> Parsed:
     """The explorer's state from its query string; `preferred` is the model it opens on (when this
     server runs it). With model_changed, the new model's defaults replace the toggles (they belong
@@ -379,7 +385,7 @@ def parse_explorer(
     text = query.getlist("text")[-1] if query.getlist("text") else None
     if text is None or (model_changed and text in {m.default_text for m in models.values()}):
         text = model.default_text  # a default text follows the model; the learner's own text stays
-    given: dict[str, object] = {}
+    given: dict[str, Any] = {}
     if not model_changed:
         for knob in knobs.on_form():  # the URL lists them in the form's order (explorer_query)
             raw = last(query, knob.name)

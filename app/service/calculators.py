@@ -11,6 +11,9 @@ from core import PRESETS, TransformerConfig
 from core.i18n import N_
 from core.params import DTYPE_BYTES, KVCacheSize, ParamCount, count_params, gpt_params, kv_cache_bytes
 
+# A model's shape fields as a request gives them (the sizes and switches of calc_config; None: the preset's).
+Sizes = dict[str, int | bool | str | None]
+
 
 @dataclass(frozen=True)
 class ParamGroup:
@@ -96,21 +99,19 @@ class CalculatorResult:
     kv_by_dtype: dict[str, list[int]]  # bytes at each length, per dtype
 
 
-def params(preset: str | None, sizes: dict[str, object]) -> ParamsResult:
+def params(preset: str | None, sizes: Sizes) -> ParamsResult:
     """Count a preset's parameters, with any given sizes replacing its own, array by array."""
     cfg = calc_config(preset, **sizes)
     return ParamsResult(cfg, count_params(cfg))
 
 
-def kv_cache(
-    preset: str | None, sizes: dict[str, object], seq_len: int | None, batch: int, dtype: str
-) -> KVCacheResult:
+def kv_cache(preset: str | None, sizes: Sizes, seq_len: int | None, batch: int, dtype: str) -> KVCacheResult:
     """The memory of a KV cache of `seq_len` tokens (default: the model's context)."""
     cfg = calc_config(preset, **sizes)
     return KVCacheResult(cfg, kv_cache_size(cfg, seq_len, batch, dtype), dtype)
 
 
-def params_lesson(preset: str, sizes: dict[str, object]) -> ParamsLessonResult:
+def params_lesson(preset: str, sizes: Sizes) -> ParamsLessonResult:
     """The spec's "Counting parameters" lesson: the toy and this model, and the 12 d² rule of thumb."""
     toy_cfg = calc_config("toy")
     cfg = calc_config(preset, **sizes)
@@ -129,9 +130,7 @@ def params_lesson(preset: str, sizes: dict[str, object]) -> ParamsLessonResult:
     )
 
 
-def calculator(
-    preset: str | None, sizes: dict[str, object], seq_len: int | None, batch: int, dtype: str
-) -> CalculatorResult:
+def calculator(preset: str | None, sizes: Sizes, seq_len: int | None, batch: int, dtype: str) -> CalculatorResult:
     """The parameter count of one configuration, and its KV cache at this length and at every power of two."""
     cfg = calc_config(preset, **sizes)
     count = count_params(cfg)

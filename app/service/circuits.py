@@ -254,7 +254,7 @@ class CircuitViews:
         """The clean text's setup and the corrupted text's tokens: a causal decoder, the same number of tokens."""
         st = self.views.setup(spec)
         capabilities.require(capabilities.patching(st.model, st.cfg))
-        encoding = st.model.tokenizer.encode(corrupted)
+        encoding = st.model.reader.encode(corrupted)
         self.limits.check_count(
             _("the corrupted text"), len(encoding.ids), self.settings.max_tokens, _("use a shorter text")
         )
@@ -269,7 +269,7 @@ class CircuitViews:
         for text in dict.fromkeys((given, raw)):
             if text in shown:
                 return int(shown[text])
-        tokenizer = st.model.tokenizer
+        tokenizer = st.model.reader
         for text in dict.fromkeys((raw, given)):
             try:
                 ids = tokenizer.encode(text).ids
@@ -344,10 +344,10 @@ class CircuitViews:
             cfg.d_vocab + cfg.n_layers * cfg.n_heads * n * n,
             _("the texts' length (or choose a sweep with fewer cells)"),
         )
-        a = None if answer is None else self._token(st, answer, _("answer"), corrupted_tokens, corrupted_ids)
-        w = None if wrong is None else self._token(st, wrong, _("wrong"), corrupted_tokens, corrupted_ids)
-        if guess:
-            a, w = self._guess(p, corrupted_ids, a, w)
+        given_a = None if answer is None else self._token(st, answer, _("answer"), corrupted_tokens, corrupted_ids)
+        given_w = None if wrong is None else self._token(st, wrong, _("wrong"), corrupted_tokens, corrupted_ids)
+        a, w = self._guess(p, corrupted_ids, given_a, given_w) if guess else (given_a, given_w)
+        assert a is not None and w is not None  # both given, or guessed
         results = [
             sweep(p.params, cfg, p.ids, corrupted_ids, a, w, target, direction=direction, metric=metric, frozen=f)
             for f in frozen

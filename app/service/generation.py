@@ -133,7 +133,7 @@ def text_decoder(model: Model) -> Callable[[list[int]], str]:
         path = model.loader.spec.path / "tokenizer.json"
         tok = _hf_tokenizer(path, path.stat().st_mtime)
         return lambda ids: tok.decode(ids, skip_special_tokens=False)
-    return lambda ids: "".join(model.tokenizer.token_str(i) for i in ids)
+    return lambda ids: "".join(model.reader.token_str(i) for i in ids)
 
 
 def end_of_text(model: Model) -> list[int]:
@@ -170,7 +170,7 @@ class GenerationRun:
         self.finish_reason = "length"
         for raw in core_steps:
             ids = [*(step.id for step in self.steps), raw.token]
-            stop_string = bool(s.stop) and s.stop in self.decode(ids)
+            stop_string = bool(s.stop and s.stop in self.decode(ids))
             step = self._told(raw, stop=raw.stopped or stop_string)
             self.steps.append(step)
             yield step
@@ -186,7 +186,10 @@ class GenerationRun:
             for r in w.table(TOP_N, also=[raw.token])
         ]
         kept = w.kept
-        sinks = [SinkHead(layer, head, float(raw.attention[layer, head, 0])) for layer, head in raw.sink_heads()]
+        attention = raw.attention
+        if attention is None:  # the service always asks core to record it (generate's attention=True)
+            raise RuntimeError("a generation step without its attention rows")
+        sinks = [SinkHead(layer, head, float(attention[layer, head, 0])) for layer, head in raw.sink_heads()]
         return GeneratedStep(
             raw.index,
             p.token_str(raw.token),
@@ -198,7 +201,7 @@ class GenerationRun:
             candidates,
             int(kept.size),
             float(w.probs[0][kept].sum()),
-            raw.attention,
+            attention,
             sinks,
             raw.cache_bytes,
             stop,

@@ -5,6 +5,7 @@ attention rollout. Each view is prepared once through ModelViews, like the explo
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Literal
 
 import numpy as np
 
@@ -128,7 +129,7 @@ class InspectViews:
                 ).format(n=n_random, model=model.name, n_ctx=random_cfg.n_ctx)
             )
         ablate_random = ablation_map(spec.ablate, random_cfg)
-        random_tokens = [model.tokenizer.token_str(int(t)) for t in random_ids]
+        random_tokens = [model.reader.token_str(int(t)) for t in random_ids]
         longest = max(st.n, n_random)
         p = self.views.load(
             st,
@@ -141,11 +142,12 @@ class InspectViews:
         on_text = run_with_cache(p.params, cfg, p.ids, names=pattern_hooks(cfg), ablate=p.ablate, logits=False)[
             1
         ].head_detector_scores()
-        random_params = model.load_params(random_cfg, p.seed, Encoding(list(map(int, random_ids)), random_tokens))
+        random_params = model.weights(random_cfg, p.seed, Encoding(list(map(int, random_ids)), random_tokens))
         on_random = run_with_cache(
             random_params, random_cfg, random_ids, names=pattern_hooks(random_cfg), ablate=ablate_random, logits=False
         )[1].head_detector_scores()
-        scores = {name: {"text": on_text[name], "random": on_random[name]} for name in HEAD_DETECTORS}
+        on_what: tuple[Literal["text", "random"], ...] = ("text", "random")
+        scores = {name: dict(zip(on_what, (on_text[name], on_random[name]))) for name in HEAD_DETECTORS}
         flagged = [
             FlaggedHead(name, on, int(layer), int(head), float(grid[layer, head]))
             for name, by in scores.items()

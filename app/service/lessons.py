@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from app.models.catalog import Catalog
-from app.service.calculators import ParamsLessonResult, params_lesson
+from app.service.calculators import ParamsLessonResult, Sizes, params_lesson
 from app.service.limits import Limits
 from core import InputError, TransformerConfig, lessons
 from core.attention import attention_scale
@@ -254,6 +254,6 @@ class Lessons:
         )
 
     @staticmethod
-    def params(preset: str, sizes: dict[str, object]) -> ParamsLessonResult:
+    def params(preset: str, sizes: Sizes) -> ParamsLessonResult:
         """The spec's "Counting parameters": the toy and this model, and the 12 d² rule of thumb."""
         return params_lesson(preset, sizes)

@@ -3,7 +3,7 @@ models read (`from_attributes`) and the pages format. Arrays stay NumPy; masked 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -122,7 +122,7 @@ class ExplorerView(ModelResult):
     # frozen): the ablated heads' direct and value paths only. Beside ablation_effect's (every pattern recomputed),
     # the difference is what the ablation does through later heads' queries and keys.
     frozen_ablation: list[ProbabilityChange] | None = None
-    vectors: HeadVectors | None = None  # the chosen head's q, k, v, z: what opens one of its cells
+    vectors: HeadVectors = field(kw_only=True)  # the chosen head's q, k, v, z: what opens one of its cells
 
     @property
     def cells(self) -> HeadCells:

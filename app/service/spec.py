@@ -90,7 +90,7 @@ class Prepared:
         return [AblatedHead(layer, head, how) for (layer, head), how in self.ablate.items()]
 
     def token_str(self, token_id: int) -> str:
-        return self.model.tokenizer.token_str(int(token_id))
+        return self.model.reader.token_str(int(token_id))
 
 
 def check_toggles(model: Model, given: dict[str, object]) -> None:
@@ -120,8 +120,10 @@ def configure(model: Model, spec: RunSpec, n_tokens: int) -> TransformerConfig:
     given = spec.toggles()
     check_toggles(model, given)
     chosen = [(k, given[k.name]) for k in knobs.KNOBS if k.name in given]
-    cfg = model.configure({k.config: v for k, v in chosen if k.reshapes}, n_tokens)
-    attention = {k.config: k.to_config(v) for k, v in chosen if k.group == "attention"}
+    # a knob that reshapes sets a config field (reshapes: config is not None), to an int
+    sizes = {k.config: v for k, v in chosen if k.reshapes and k.config is not None and isinstance(v, int)}
+    cfg = model.configure(sizes, n_tokens)
+    attention = {k.config: k.to_config(v) for k, v in chosen if k.group == "attention" and k.config is not None}
     return cfg.replace(**attention) if attention else cfg
 
 

@@ -68,7 +68,7 @@ class ModelViews:
         """Tokenise and configure a spec; refuse what this model cannot do, cheaply, before loading.
         page=True: the explorer page's token limit (explorer_token_limit) and its message."""
         model = self.model(spec.model)
-        encoding = model.tokenizer.encode(spec.text)
+        encoding = model.reader.encode(spec.text)
         n = len(encoding.ids)
         if page and n > (limit := self.limits.explorer_token_limit(model)):
             n_ctx = model.configure({}, limit).n_ctx
@@ -114,7 +114,7 @@ class ModelViews:
             pretrained=not st.model.draws_weights,
         )
         self.preparations += 1
-        params = st.model.load_params(st.cfg, st.seed, st.encoding)
+        params = st.model.weights(st.cfg, st.seed, st.encoding)
         return Prepared(st.model, st.cfg, st.encoding, st.ablate, st.seed, params)
 
     def _resolve_hooks(self, wanted: list[str], cfg: TransformerConfig, model_name: str) -> list[str]:
@@ -279,7 +279,7 @@ class ModelViews:
             cache.rollout()[layer] if rollout else None,
             self._shape_rows(cfg, n, decoder),
             frozen_ablation,
-            cache.head_vectors(layer, head),
+            vectors=cache.head_vectors(layer, head),
         )
 
     @staticmethod
@@ -287,7 +287,7 @@ class ModelViews:
         """Every activation of a run in forward order, with its axes and dims."""
         rows = [ShapeRow("tokens", "[pos]", [n], False)]
         rows += [
-            ShapeRow(name, hook_shape(name, cfg), hook_dims(name, cfg, n), name.endswith("hook_resid_pre"))
+            ShapeRow(name, hook_shape(name, cfg), list(hook_dims(name, cfg, n)), name.endswith("hook_resid_pre"))
             for name in hook_names(cfg)
         ]
         if decoder:

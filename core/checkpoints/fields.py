@@ -8,11 +8,12 @@ default when a field is absent.
 
 from __future__ import annotations
 
+from ..config import ActFn
 from ..errors import InputError
 from ..i18n import _
 
 # Hugging Face's names of activation functions -> core's (gelu_pytorch_tanh is GPT-2's tanh GELU).
-ACT_FNS = {
+ACT_FNS: dict[str, ActFn] = {
     "gelu_new": "gelu_new",
     "gelu_pytorch_tanh": "gelu_new",
     "gelu_fast": "gelu_new",
@@ -31,7 +32,7 @@ def need(raw: dict, *names: str):
     raise InputError(_("it has no {choices}").format(choices=" or ".join(repr(n) for n in names)))
 
 
-def act_fn(name: object) -> str:
+def act_fn(name: object) -> ActFn:
     if name not in ACT_FNS:
         raise InputError(_("activation {name!r} is not one of {choices}").format(name=name, choices=", ".join(ACT_FNS)))
     return ACT_FNS[name]

@@ -29,7 +29,7 @@ def config(c: dict) -> TransformerConfig:
         n_heads=c["n_head"],
         d_vocab=c["vocab_size"],
         n_ctx=c.get("n_positions", c.get("n_ctx", 1024)),
-        d_mlp=c.get("n_inner"),  # None: 4 * d_model
+        d_mlp=c.get("n_inner"),  # type: ignore[arg-type]  # None: 4 * d_model (TransformerConfig resolves it)
         act_fn=act_fn(c.get("activation_function", "gelu_new")),
         use_attn_scale=c.get("scale_attn_weights", True),
         eps=c.get("layer_norm_epsilon", 1e-5),

@@ -47,7 +47,7 @@ def config(c: dict) -> TransformerConfig:
         n_heads=need(c, "num_heads", "num_attention_heads"),
         d_vocab=need(c, "vocab_size"),
         n_ctx=c.get("max_position_embeddings", 2048),
-        d_mlp=c.get("intermediate_size"),  # None: 4 * d_model
+        d_mlp=c.get("intermediate_size"),  # type: ignore[arg-type]  # None: 4 * d_model (TransformerConfig resolves it)
         act_fn=act_fn(c.get("activation_function", "gelu_new")),
         eps=c.get("layer_norm_epsilon", 1e-5),
         tied_embeddings=bool(c.get("tie_word_embeddings", True)),

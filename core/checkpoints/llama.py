@@ -10,6 +10,8 @@ nn.Linear weights are stored [out, in]: core uses their transposes, views of the
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..config import TransformerConfig
 from ..errors import InputError
 from ..i18n import N_, _
@@ -97,7 +99,7 @@ def params(t: Tensors, cfg: TransformerConfig) -> Params:
     blocks = []
     for layer in range(cfg.n_layers):
         a, m = f"layers.{layer}.self_attn.", f"layers.{layer}.mlp."
-        attn = {
+        attn: dict[str, Any] = {  # arrays, and the q and k norms' dicts
             "W_Q": t.linear(a + "q_proj.weight", d, hq),
             "W_K": t.linear(a + "k_proj.weight", d, hkv),
             "W_V": t.linear(a + "v_proj.weight", d, hkv),

@@ -44,7 +44,7 @@ def _decoder_types(spec: dict | None) -> set[str]:
     """The decoder's type and, for a Sequence, its parts' types (from tokenizer.json)."""
     if not isinstance(spec, dict):
         return set()
-    types = {spec.get("type")}
+    types = {str(spec.get("type"))}
     for part in spec.get("decoders") or []:
         types |= _decoder_types(part)
     return types
