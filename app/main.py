@@ -73,7 +73,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     if settings is not None:
         app.dependency_overrides[get_settings] = lambda: settings
-    app.openapi = _openapi_for_injected_settings(app, s)
+    app.openapi = _openapi_for_injected_settings(app, s)  # type: ignore[method-assign]  # FastAPI's way to extend the schema
     app.include_router(health.router)
     for router in routes.ROUTERS:  # /api/v1, one router per resource
         app.include_router(router)

@@ -190,13 +190,15 @@ def runs_folder(settings: Settings) -> Path:
     return Path(data) / "transformer-explorer" / "runs"
 
 
-def redis_connection_url(settings: Settings) -> str | None:
+def redis_connection_url(settings: Settings) -> str:
     """EXPLORER_REDIS_URL as every Redis client is given it (the store's redis-py and Celery's broker, in the
     replicas and the workers): over TLS (rediss://) with Redis's certificate checked, against EXPLORER_REDIS_CA
     when set. Celery's broker, handed a bare rediss:// URL, would not check the certificate at all (kombu falls
     back to ssl_cert_reqs=none); its URL query is what both read. A query the URL already has is kept."""
     url = settings.redis_url
-    if not url or not url.startswith("rediss://"):
+    if not url:  # the callers make a Redis client: only with EXPLORER_REDIS_URL set
+        raise ValueError("EXPLORER_REDIS_URL is not set")
+    if not url.startswith("rediss://"):
         return url
     parts = urlsplit(url)
     query = dict(parse_qsl(parts.query))

@@ -9,6 +9,7 @@ spec's numbers are also a check on the library.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -214,7 +215,7 @@ class ForwardLesson:
     params: dict
     steps: list[tuple[str, tuple[int, ...]]]  # the spec's printed (name, shape) lines
     logits: np.ndarray  # [pos, d_vocab]
-    cache: dict[str, np.ndarray]
+    cache: Mapping[str, np.ndarray]  # the run's ActivationCache, by hook name
     next_token_probs: dict[str, float]
 
 

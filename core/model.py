@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, overload
 
 import numpy as np
 
@@ -69,6 +69,7 @@ def init_params(cfg: TransformerConfig, seed: int = 0, dtype=np.float64) -> Para
         params["ln_embed"] = norm()
     blocks = []
     for _layer in range(cfg.n_layers):
+        attn: dict[str, Any]  # arrays, and the q and k norms' dicts
         if kv == h:
             attn = {"W_QKV": matrix(d, d, 3 * h * dh)}
             if cfg.qkv_bias:
@@ -198,11 +199,15 @@ def project_qkv(
         W = W.reshape(W.shape[0], -1)  # [d_model, n_heads * 3 * d_head]; the reshape is a view
         b = attn["b_QKV"].reshape(-1) if "b_QKV" in attn else None
         qkv = linear(x, W, b, np.empty((n, W.shape[1]), np.result_type(x, W)), ctx.team).reshape(n, h, 3, dh)
-        return tuple(qkv[:, :, i].swapaxes(0, 1) for i in range(3))  # each [n_heads, pos, d_head]
+        return (
+            qkv[:, :, 0].swapaxes(0, 1),
+            qkv[:, :, 1].swapaxes(0, 1),
+            qkv[:, :, 2].swapaxes(0, 1),
+        )  # [n_heads, pos, d_head]
     if W is not None:  # columns [Q heads | K heads | V heads]
         out = ctx.empty(prefix + "attn.hook_q", (n, W.shape[1]), np.result_type(x, W))
         qkv = linear(x, W, attn.get("b_QKV"), out, ctx.team)  # [pos, (n_heads + 2 n_key_value_heads) * d_head]
-        parts = qkv[:, : h * dh], qkv[:, h * dh : (h + kv) * dh], qkv[:, (h + kv) * dh :]
+        parts = [qkv[:, : h * dh], qkv[:, h * dh : (h + kv) * dh], qkv[:, (h + kv) * dh :]]
     else:
         parts = []
         for m in "QKV":  # Q [pos, n_heads * d_head], K and V [pos, n_key_value_heads * d_head]
@@ -217,8 +222,11 @@ def _rotate(
     """The model's rotary turn of queries or keys m [heads, pos, d_head], written into out
     [pos, heads, d_head] (the hook's layout); returns out as [heads, pos, d_head], a view."""
     turned = out.swapaxes(0, 1)
-    turn = dict(rotary_dim=cfg.rotary_dim, base=cfg.rotary_base, adjacent_pairs=cfg.rotary_adjacent_pairs)
-    team.rows(lambda s: rotary(m[:, s], positions[s], out=turned[:, s], **turn), m.shape[1])
+    dim, base, adjacent = cfg.rotary_dim, cfg.rotary_base, cfg.rotary_adjacent_pairs
+    team.rows(
+        lambda s: rotary(m[:, s], positions[s], out=turned[:, s], rotary_dim=dim, base=base, adjacent_pairs=adjacent),
+        m.shape[1],
+    )
     return turned
 
 
@@ -271,7 +279,7 @@ def attention_block(
         out=z.reshape(n_q, n_kv, group, d_v).transpose(1, 2, 0, 3),  # a view: z's head = kv_head * group + i
         team=ctx.team,
     )  # [n_kv, group, query_pos, key_pos] twice (None unless kept); z written in place
-    if keep:
+    if scores is not None and pattern is not None:  # kept
         ctx.hook(f"{prefix}attn.hook_attn_scores", scores.reshape(cfg.n_heads, n_q, -1))
         ctx.hook(f"{prefix}attn.hook_pattern", pattern.reshape(cfg.n_heads, n_q, -1))
     for head, how in (ablate or {}).items():
@@ -439,6 +447,49 @@ class KVCache:
     @property
     def nbytes(self) -> int:
         return sum(k.nbytes + v.nbytes for k, v in zip(self.keys, self.values))
+
+
+# The logits are there unless logits=False: the type checker is told which (an @overload each).
+@overload
+def forward(
+    params: Params,
+    cfg: TransformerConfig,
+    tokens,
+    *,
+    names: Iterable[str] | None = None,
+    ablate: Mapping[tuple[int, int], Ablation] | None = None,
+    token_types=None,
+    logits: Literal[True] = True,
+    past_kv: KVCache | None = None,
+) -> tuple[np.ndarray, dict[str, np.ndarray], KVCache]: ...
+
+
+@overload
+def forward(
+    params: Params,
+    cfg: TransformerConfig,
+    tokens,
+    *,
+    names: Iterable[str] | None = None,
+    ablate: Mapping[tuple[int, int], Ablation] | None = None,
+    token_types=None,
+    logits: Literal[False],
+    past_kv: KVCache | None = None,
+) -> tuple[None, dict[str, np.ndarray], KVCache]: ...
+
+
+@overload
+def forward(
+    params: Params,
+    cfg: TransformerConfig,
+    tokens,
+    *,
+    names: Iterable[str] | None = None,
+    ablate: Mapping[tuple[int, int], Ablation] | None = None,
+    token_types=None,
+    logits: bool,
+    past_kv: KVCache | None = None,
+) -> tuple[np.ndarray | None, dict[str, np.ndarray], KVCache]: ...
 
 
 def forward(

@@ -43,7 +43,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -130,7 +130,7 @@ class Snapshot:
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> Snapshot:
+    def load(cls, path: str | Path | IO[bytes]) -> Snapshot:
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(str(z["meta"]))
             return cls(

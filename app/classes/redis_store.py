@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import json
 import time
+from typing import cast
 
 import redis.asyncio as aioredis
+from redis.typing import EncodableT, FieldT
 
 from app.classes.base import ClassEvent, ClassFull, ClassNotFound, LiveClass, Poll
 
@@ -58,7 +60,7 @@ class RedisClassStore:
             _key(code, "events"), {"name": name, "data": json.dumps(data)}, maxlen=LOG_LENGTH, approximate=True
         )
         await self._touch(code)
-        return ClassEvent(id, name, data)
+        return ClassEvent(str(id), name, data)  # a decoding client: the id is a str
 
     async def _poll(self, code: str, poll_id: int) -> Poll:
         raw = await self.r.hget(_key(code, "polls"), str(poll_id))
@@ -68,12 +70,19 @@ class RedisClassStore:
         return Poll(id=poll_id, question=p["question"], options=p["options"], closed=p["closed"], answer=p["answer"])
 
     async def create(self, code: str, teacher_hash: str, path: str) -> LiveClass:
-        fields = {"teacher_hash": teacher_hash, "created_at": time.time(), "path": path, "poll": "", "polls": 0}
+        created_at = time.time()
+        fields: dict[FieldT, EncodableT] = {
+            "teacher_hash": teacher_hash,
+            "created_at": created_at,
+            "path": path,
+            "poll": "",
+            "polls": 0,
+        }
         if not await self.r.hsetnx(_key(code), "ended", "0"):
             raise KeyError(code)
         await self.r.hset(_key(code), mapping=fields)
         event = await self._emit(code, "state", {"path": path})
-        return LiveClass(code, teacher_hash, fields["created_at"], path, 0, None, event.id)
+        return LiveClass(code, teacher_hash, created_at, path, 0, None, event.id)
 
     async def get(self, code: str) -> LiveClass:
         fields = await self._fields(code)
@@ -165,9 +174,13 @@ class RedisClassStore:
         first = await self.r.xrange(stream, count=1)
         if not first:
             raise ClassNotFound(code)
-        if after is None or not _is_stream_id(after) or _older(after, first[0][0]):
+        if after is None or not _is_stream_id(after) or _older(after, str(first[0][0])):
             return await self._snapshot(code)  # a new follower, or one the trimmed log no longer reaches
-        found = await self.r.xread({stream: after}, count=LOG_LENGTH, block=max(1, int(wait_s * 1000)))
+        # a decoding client's XREAD reply: [(stream, [(id, fields), ...])]
+        found = cast(
+            list[tuple[str, list[tuple[str, dict[str, str]]]]],
+            await self.r.xread({stream: after}, count=LOG_LENGTH, block=max(1, int(wait_s * 1000))),
+        )
         return [self._event(id, fields) for _, entries in found for id, fields in entries]
 
     async def close(self) -> None:

@@ -20,6 +20,8 @@ reading would invite it to, so it is answered and closed at once.
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _UvicornHttpToolsProtocol
@@ -180,5 +182,6 @@ class HttpToolsProtocol(_UvicornHttpToolsProtocol):
     def on_headers_complete(self) -> None:
         if self._url_bytes > get_settings().max_url_bytes:
             self.url = self.url.split(b"?", 1)[0][: self.KEPT_PATH_BYTES] or b"/"
-            self.scope.setdefault("extensions", {})[URL_TOO_LONG] = self._url_bytes
+            extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
+            extensions[URL_TOO_LONG] = self._url_bytes
         super().on_headers_complete()

@@ -18,6 +18,7 @@ heads grid into the form's layer and head.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 from urllib.parse import urlencode
 
 import numpy as np
@@ -80,13 +81,13 @@ def parse(query, svc: Service, errors: list[str]) -> tuple[CircuitsState, Prefil
     pre = svc.circuits.prefill(name) if not model.error else Prefill(model.default_text, model.default_text, None, None)
     clean = _text(query, "clean")
     given = clean is not None
-    picks = {}
+    picks: dict[str, Any] = {}  # layer, head, query: ints; key: an int or None
     for key, start in (("layer", model.default_head[0]), ("head", model.default_head[1]), ("query", -1), ("key", None)):
         raw = web.last(query, key)
         picks[key] = start if raw is None else web.parse_number(key, raw, int, errors)
         if picks[key] is None and key != "key":
             picks[key] = start
-    choices = {}
+    choices: dict[str, Any] = {}  # target, direction, metric: one of their names
     for key, allowed, default in (
         ("target", TARGETS, pre.target),
         ("direction", DIRECTIONS, pre.direction),
@@ -101,8 +102,8 @@ def parse(query, svc: Service, errors: list[str]) -> tuple[CircuitsState, Prefil
         choices[key] = value
     state = CircuitsState(
         model=name,
-        clean=clean if given else pre.clean,
-        corrupted=_text(query, "corrupted") or (pre.corrupted if not given else clean),
+        clean=pre.clean if clean is None else clean,
+        corrupted=_text(query, "corrupted") or (pre.corrupted if clean is None else clean),
         answer=web.last(query, "answer") if "answer" in query else (None if given else pre.answer),
         wrong=web.last(query, "wrong") if "wrong" in query else (None if given else pre.wrong),
         **choices,

@@ -14,6 +14,7 @@ server's generation too. Bad settings are said in place of the results, with sta
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from urllib.parse import urlencode
 
@@ -108,7 +109,7 @@ class GenerateState:
 WRITING_MODEL = "python-docs-induction"
 
 
-def opening_model(models: dict[str, Model], preferred: str) -> str:
+def opening_model(models: Mapping[str, Model], preferred: str) -> str:
     """WRITING_MODEL, else the server's default model, else the toy: the first this server can write with."""
     for name in (WRITING_MODEL, preferred):
         if name in models and not models[name].error and not models[name].is_encoder:
@@ -116,7 +117,7 @@ def opening_model(models: dict[str, Model], preferred: str) -> str:
     return web.FALLBACK_MODEL
 
 
-def parse(query, models: dict[str, Model], preferred: str, errors: list[str]) -> GenerateState:
+def parse(query, models: Mapping[str, Model], preferred: str, errors: list[str]) -> GenerateState:
     name = web.last(query, "model") or opening_model(models, preferred)
     if name not in models:
         errors.append(_("unknown model {name!r}: choose one of {choices}").format(name=name, choices=", ".join(models)))

@@ -28,7 +28,7 @@ POSITIVE_COLOR, NEGATIVE_COLOR, TOTAL_COLOR = "#b35806", "#542788", "#1f2933"  #
 
 def logit_waterfall(
     labels: Sequence[str],
-    contributions: Sequence[float],
+    contributions: Sequence[float] | np.ndarray,
     logit_bias: float,
     logit: float,
     *,

@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 
 from app.deps import standalone_service
 from app.pages.explorer import TOP_K, view_context
-from app.service import AblatedHead, RunSpec
+from app.service import AblatedHead, Method, RunSpec
 
 
 def to_plotly(fig: dict) -> go.Figure:
@@ -44,7 +44,7 @@ def explorer_figures(
     compare: bool = False,
     rollout: bool = False,
     ablate: tuple[tuple[int, int], ...] = (),
-    ablate_method: str = "zero",
+    ablate_method: Method = "zero",
     **toggles,
 ) -> dict[str, go.Figure]:
     """Every figure the explorer draws for this state, by name. `toggles` are the explorer's (causal,

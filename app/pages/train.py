@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 from urllib.parse import urlencode
 
+import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
@@ -146,7 +147,11 @@ def pattern_figure(svc: Service, info: TrainingRunInfo, layer: int, head: int, s
     n = len(history.tokens)
     mask = [[j > i for j in range(n)] for i in range(n)]
     fig = figures.attention_heatmap(
-        history.patterns[index], history.tokens, kind="weights", mask=mask, export_name=f"L{layer}H{head}-step{shown}"
+        history.patterns[index],
+        history.tokens,
+        kind="weights",
+        mask=np.asarray(mask),
+        export_name=f"L{layer}H{head}-step{shown}",
     )
     return {"figure": fig, "steps": history.steps, "step": shown, "patterns": history.patterns}
 

@@ -118,9 +118,10 @@ def _store() -> RedisStore:
     """The training processes' store: they read and write their runs and send no task (a run this worker puts
     back goes back through Celery itself, Reject below)."""
     s = get_settings()
-    if s.redis_url not in _stores:
-        _stores[s.redis_url] = RedisStore.from_settings(s)
-    return _stores[s.redis_url]
+    url = s.redis_url or ""  # set: Celery runs these processes only with Redis
+    if url not in _stores:
+        _stores[url] = RedisStore.from_settings(s)
+    return _stores[url]
 
 
 @celery.task(name=TASK, bind=True, max_retries=None, acks_late=True, reject_on_worker_lost=True, ignore_result=True)

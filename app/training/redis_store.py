@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
@@ -50,6 +50,7 @@ from app.training.base import (
     STATUSES,
     NoRoom,
     Room,
+    Status,
     StoreUnavailable,
     TrainingRunInfo,
     TrainingStore,
@@ -154,6 +155,16 @@ def _never_sent(status: bytes | None, sent: bytes | None, queued_at: bytes | Non
 
 def _decode(raw: bytes | None) -> str | None:
     return None if raw is None else raw.decode()
+
+
+# This client does not decode Redis's replies: each is bytes. redis-py types a reply for either kind of client
+# (bytes, or str when it decodes), so these say which.
+def as_bytes(reply: object) -> bytes:
+    return reply if isinstance(reply, bytes) else str(reply).encode()
+
+
+def as_text(reply: object) -> str:
+    return as_bytes(reply).decode()
 
 
 def _json(raw: bytes | None) -> Any:
@@ -287,7 +298,7 @@ class RedisStore(TrainingStore):
             name: self.r.register_script(text)
             for name, text in [("create", CREATE), ("requeue", REQUEUE), ("cancel", CANCEL), ("delete", DELETE)]
         }
-        self._pinged = (0.0, None)  # (when, the error then)
+        self._pinged: tuple[float, str | None] = (0.0, None)  # (when, the error then)
         self._cache_lock = threading.Lock()
 
     @classmethod
@@ -320,14 +331,14 @@ class RedisStore(TrainingStore):
         return is_training_run_id(id) and _asked(self, lambda: bool(self.r.hexists(run_key(id), "request")), False)
 
     def ids(self) -> list[str]:
-        return _asked(self, lambda: [id.decode() for id in self.r.zrevrange(RUNS, 0, -1)], [])
+        return _asked(self, lambda: [as_text(id) for id in self.r.zrevrange(RUNS, 0, -1)], [])
 
     @_reaching
     def queue(self) -> list[str]:
-        return [id.decode() for id in self.r.zrange(QUEUE, 0, -1)]
+        return [as_text(id) for id in self.r.zrange(QUEUE, 0, -1)]
 
     def _fields(self, id: str, *names: str) -> list[bytes | None]:
-        return self.r.hmget(run_key(checked_run_id(id)), names)
+        return [None if v is None else as_bytes(v) for v in self.r.hmget(run_key(checked_run_id(id)), names)]
 
     @_reaching
     def request(self, id: str) -> dict:
@@ -520,13 +531,15 @@ class RedisStore(TrainingStore):
         self.r.hset(run_key(id), "sent", repr(time.time()))
 
     def _unsent(self, id: str, older_than_s: float) -> bool:
-        return _never_sent(*self._fields(id, "status", "sent", "queued_at"), older_than_s)
+        status, sent, queued_at = self._fields(id, "status", "sent", "queued_at")
+        return _never_sent(status, sent, queued_at, older_than_s)
 
     @_reaching
     def unsent(self) -> list[str]:
         """Runs queued for longer than Timing.unsent_s whose task was never sent: a worker sends them."""
-        ids = [id.decode() for id in self.r.zrange(QUEUE, 0, -1)]
-        return [id for id, *fields in self._unleased(ids) if _never_sent(*fields, self.timing.unsent_s)]
+        ids = [as_text(id) for id in self.r.zrange(QUEUE, 0, -1)]
+        unsent_s = self.timing.unsent_s
+        return [id for id, status, sent, at in self._unleased(ids) if _never_sent(status, sent, at, unsent_s)]
 
     @_reaching
     def request_cancel(self, id: str) -> None:
@@ -584,12 +597,12 @@ def _asked(store: RedisStore, ask: Callable[[], Any], nothing: Any) -> Any:
 
 def _fetch_model(r: redis.Redis, id: str, folder: Path) -> Path | None:
     """Read the run's weight files into `folder` (whole: a temporary folder renamed into place)."""
-    names = [k for k in r.hkeys(run_key(id)) if k.startswith(b"model:")]
+    names = [k for k in map(as_bytes, r.hkeys(run_key(id))) if k.startswith(b"model:")]
     pipe = r.pipeline(transaction=True)
     pipe.hmget(run_key(id), names or ["model:"])
     pipe.hget(run_key(id), "model_hash")
     files, model_hash = pipe.execute()
-    if not names or model_hash is None or not folder.name.endswith(model_hash.decode()[:16]):
+    if not names or model_hash is None or not folder.name.endswith(as_text(model_hash)[:16]):
         return None  # replaced while we read: the next request reads the new one
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
@@ -616,12 +629,12 @@ def _no_room(made: int, count: int) -> None:
         raise NoRoom("server", count)
 
 
-def _shown_status(stored: str, locked: bool) -> str:
+def _shown_status(stored: str, locked: bool) -> Status:
     if stored == "queued" and locked:
         return "running"  # taken up; the trainer has not written yet
     if stored == "running" and not locked:
         return "queued"  # its worker is gone: the run waits for another to take it up (app/training/jobs.py)
-    return stored
+    return cast(Status, stored)  # what this store wrote: one of STATUSES
 
 
 def _events(entries: list) -> tuple[list[tuple[str, object]], bool]:

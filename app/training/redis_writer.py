@@ -31,6 +31,7 @@ from app.training.redis_store import (
     QUEUE,
     STREAM_MAXLEN,
     RedisStore,
+    as_bytes,
     client_key,
     events_key,
     lock_key,
@@ -274,7 +275,7 @@ class RedisWriter(RunWriter):
         digest = hashlib.sha256()
         for key in sorted(files):
             digest.update(key.encode() + files[key])
-        old = [k.decode() for k in self.store.r.hkeys(run_key(self.id)) if k.startswith(b"model:")]
+        old = [k.decode() for k in map(as_bytes, self.store.r.hkeys(run_key(self.id))) if k.startswith(b"model:")]
         self._write(
             set=files | {"model_dir": name, "model_hash": digest.hexdigest()}, delete=[k for k in old if k not in files]
         )

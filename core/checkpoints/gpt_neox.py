@@ -9,6 +9,8 @@ viewed as [d_model, n_heads, 3, d_head], is core's per-head fused W_QKV with no 
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..config import TransformerConfig
 from ..i18n import N_
 from ..model import Params
@@ -57,7 +59,9 @@ def params(t: Tensors, cfg: TransformerConfig) -> Params:
     for layer in range(cfg.n_layers):
         a, m = f"layers.{layer}.attention.", f"layers.{layer}.mlp."
         # [3 n_heads d_head, d_model] -> transposed [d_model, n_heads, 3, d_head]: a view
-        attn = {"W_QKV": t.linear(a + "query_key_value.weight", d, 3 * h * dh).reshape(d, h, 3, dh)}
+        attn: dict[str, np.ndarray] = {
+            "W_QKV": t.linear(a + "query_key_value.weight", d, 3 * h * dh).reshape(d, h, 3, dh)
+        }
         if cfg.qkv_bias:
             attn["b_QKV"] = t.get(a + "query_key_value.bias", (3 * h * dh,)).reshape(h, 3, dh)
         attn["W_O"] = t.linear(a + "dense.weight", h * dh, d)
