@@ -156,6 +156,13 @@ class Knobs:
     seed: Seed = None
 
 
+def _bound(info: FieldInfo, kind: type[annotated_types.BaseMetadata]) -> int | float | None:
+    """A Field's bound of this kind (annotated_types.Ge, Gt or Le: its ge, gt or le), if it has one."""
+    found = next((b for b in info.metadata if isinstance(b, kind)), None)
+    value = getattr(found, kind.__name__.lower(), None)
+    return value if isinstance(value, (int, float)) else None
+
+
 def declared(cls: type = Knobs) -> tuple[Knob, ...]:
     """Each field of the class as its Knob, completed from the field's annotation, in declaration order."""
     hints = get_type_hints(cls, include_extras=True)
@@ -164,16 +171,7 @@ def declared(cls: type = Knobs) -> tuple[Knob, ...]:
         kind, *meta = get_args(hints[f.name])
         value_type = next(t for t in get_args(kind) if t is not type(None))  # the type that is not None
         info = next((m for m in meta if isinstance(m, FieldInfo)), FieldInfo())
-        numbers = (int, float)
-        ge = next(
-            (b.ge for b in info.metadata if isinstance(b, annotated_types.Ge) and isinstance(b.ge, numbers)), None
-        )
-        gt = next(
-            (b.gt for b in info.metadata if isinstance(b, annotated_types.Gt) and isinstance(b.gt, numbers)), None
-        )
-        high = next(
-            (b.le for b in info.metadata if isinstance(b, annotated_types.Le) and isinstance(b.le, numbers)), None
-        )
+        ge, gt, high = (_bound(info, kind) for kind in (annotated_types.Ge, annotated_types.Gt, annotated_types.Le))
         choices = get_args(value_type) if get_origin(value_type) is Literal else ()
         out.append(
             dataclasses.replace(
