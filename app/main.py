@@ -24,6 +24,7 @@ from app.http.security import ComputeLimitMiddleware, SecurityHeadersMiddleware,
 from app.models.catalog import build_catalog
 from app.pages import circuits as circuits_page
 from app.pages import classroom, docs, explorer, glossary, inspect, lessons, train
+from app.pages import features as features_page
 from app.pages import generate as generate_page
 from app.paths import STATIC_DIR
 from app.service.classes import Classes
@@ -80,7 +81,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(docs.router)
     # Every page knows whether its reader is a teacher presenting a live class (its "Presenting" bar).
     presenting = [Depends(classroom.presenting)]
-    for page in (explorer, inspect, lessons, train, glossary, circuits_page, generate_page, classroom):
+    for page in (explorer, inspect, lessons, train, glossary, circuits_page, generate_page, features_page, classroom):
         app.include_router(page.router, dependencies=presenting)
     errors.install(app)
     # Middleware, outermost first (each add_middleware wraps what was added before it):

@@ -70,6 +70,7 @@ class FeaturesView(ModelResult):
     d_sae: int
     features: list[list[FeatureActivation]]  # [pos] -> non-zero, largest first
     labels: dict[int, str]
+    activations: np.ndarray  # [pos, d_sae], every feature's (the page's heatmap reads its most active features')
 
 
 @dataclass(frozen=True)
@@ -236,7 +237,7 @@ class FeatureViews:
         _logits, cache = run_with_cache(p.params, p.cfg, p.ids, names=[cfg_sae.hook_name], logits=False)
         acts = sae.encode(cache[cfg_sae.hook_name])  # [pos, d_sae]
         labels = {f.index: f.label for f in entry.labelled_features}
-        return FeaturesView(p, sae_name, cfg_sae.hook_name, cfg_sae.d_sae, top_features(acts, top_k), labels)
+        return FeaturesView(p, sae_name, cfg_sae.hook_name, cfg_sae.d_sae, top_features(acts, top_k), labels, acts)
 
     # ---------------------------------------------------------------- a feature's dashboard
 
