@@ -44,7 +44,7 @@ def test_the_store_contract(make_store, redis_url):
         store = make_store()
         code = f"{CODE[:-1]}{time.monotonic_ns() % 10}"  # a fresh class in the shared Redis
         await store.create(code, "hash", "/")
-        with pytest.raises(KeyError):
+        with pytest.raises(KeyError, match=code):  # this code is taken
             await store.create(code, "other", "/")
         first = await store.set_path(code, "/?a=1")
         poll = await store.add_poll(code, "Next?", ["a", "b", "c"])
@@ -63,7 +63,7 @@ def test_the_store_contract(make_store, redis_url):
         assert await store.join(code, "s1", 2) == 1
         assert await store.join(code, "s1", 2) == 1  # the same student counts once
         assert await store.join(code, "s2", 2) == 2
-        with pytest.raises(ClassFull):
+        with pytest.raises(ClassFull, match=code):
             await store.join(code, "s3", 2)
         await store.answer(code, poll.id, "s1", 0)
         await store.answer(code, poll.id, "s2", 0)
@@ -71,11 +71,11 @@ def test_the_store_contract(make_store, redis_url):
         assert (await store.poll(code, poll.id)).counts == [1, 0, 1]
         closed = await store.close_poll(code, poll.id, "c")
         assert closed.data["counts"] == [1, 0, 1] and closed.data["answer"] == "c"
-        with pytest.raises(KeyError):
+        with pytest.raises(KeyError, match=str(poll.id)):  # the poll is closed
             await store.answer(code, poll.id, "s1", 1)
         assert (await store.get(code)).poll is None and (await store.get(code)).students == 2
         await store.end(code)
-        with pytest.raises(ClassNotFound):
+        with pytest.raises(ClassNotFound, match=code):
             await store.get(code)
         assert [e.name for e in await store.events(code, third.id, 0.1)][-1] == "ended"
         await store.close()
@@ -86,10 +86,10 @@ def test_the_store_contract(make_store, redis_url):
 def test_a_redis_class_expires_when_idle(redis_url):
     async def scenario():
         store = RedisClassStore(redis_url, idle_s=1)
-        await store.create("ACDEFGH7", "hash", "/")
+        await store.create("ACDEFGHK", "hash", "/")  # a code the contract test's (a digit last) never is
         await asyncio.sleep(2.2)
-        with pytest.raises(ClassNotFound):
-            await store.get("ACDEFGH7")
+        with pytest.raises(ClassNotFound, match="ACDEFGHK"):
+            await store.get("ACDEFGHK")
         await store.close()
 
     run(scenario())
