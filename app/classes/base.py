@@ -39,6 +39,10 @@ class ClassFull(Exception):
     """The class has as many students as the settings allow."""
 
 
+class StoreDown(Exception):
+    """The place classes live cannot be reached now (Redis away): try again shortly."""
+
+
 def new_code() -> str:
     return "".join(secrets.choice(ALPHABET) for _ in range(CODE_LENGTH))
 

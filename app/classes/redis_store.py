@@ -12,14 +12,18 @@ Five keys a class, all expiring together `idle_s` after the class's last write:
 
 from __future__ import annotations
 
+import functools
 import json
 import time
-from typing import cast
+from collections.abc import Awaitable, Callable
+from typing import ParamSpec, TypeVar, cast
 
 import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import EncodableT, FieldT
 
-from app.classes.base import ClassEvent, ClassFull, ClassNotFound, LiveClass, Poll
+from app.classes.base import ClassEvent, ClassFull, ClassNotFound, LiveClass, Poll, StoreDown
 
 LOG_LENGTH = 256  # about: XADD's MAXLEN ~ trims in whole nodes
 
@@ -33,13 +37,34 @@ return redis.call('SCARD', KEYS[2])
 """
 
 
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def _reaching(method: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+    """Redis away (refused, timed out) is StoreDown, which the service answers with 503 + Retry-After."""
+
+    @functools.wraps(method)
+    async def call(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return await method(*args, **kwargs)
+        except (RedisConnectionError, RedisTimeoutError) as e:
+            raise StoreDown(str(e)) from None
+
+    return call
+
+
 def _key(code: str, part: str = "") -> str:
     return f"explorer:class:{code}" + (f":{part}" if part else "")
 
 
 class RedisClassStore:
     def __init__(self, url: str, idle_s: float):
-        self.r = aioredis.Redis.from_url(url, decode_responses=True, socket_connect_timeout=2, health_check_interval=10)
+        # A hung Redis answers nothing: every read gives up after socket_timeout (StoreDown, 503), longer than
+        # a follower's blocking XREAD (app/service/classes.py EVENTS_WAIT_S).
+        self.r = aioredis.Redis.from_url(
+            url, decode_responses=True, socket_connect_timeout=2, socket_timeout=15, health_check_interval=10
+        )
         self.idle_s = idle_s
         self._join = self.r.register_script(JOIN)
 
@@ -69,6 +94,7 @@ class RedisClassStore:
         p = json.loads(raw)
         return Poll(id=poll_id, question=p["question"], options=p["options"], closed=p["closed"], answer=p["answer"])
 
+    @_reaching
     async def create(self, code: str, teacher_hash: str, path: str) -> LiveClass:
         created_at = time.time()
         fields: dict[FieldT, EncodableT] = {
@@ -84,6 +110,7 @@ class RedisClassStore:
         event = await self._emit(code, "state", {"path": path})
         return LiveClass(code, teacher_hash, created_at, path, 0, None, event.id)
 
+    @_reaching
     async def get(self, code: str) -> LiveClass:
         fields = await self._fields(code)
         pipe = self.r.pipeline(transaction=False)
@@ -101,11 +128,13 @@ class RedisClassStore:
             last_event=last[0][0] if last else None,
         )
 
+    @_reaching
     async def set_path(self, code: str, path: str) -> ClassEvent:
         await self._fields(code)
         await self.r.hset(_key(code), "path", path)
         return await self._emit(code, "state", {"path": path})
 
+    @_reaching
     async def join(self, code: str, student: str, max_students: int) -> int:
         n = await self._join(keys=[_key(code), _key(code, "students")], args=[student, max_students])
         if n == -1:
@@ -115,6 +144,7 @@ class RedisClassStore:
         await self._touch(code)
         return int(n)
 
+    @_reaching
     async def add_poll(self, code: str, question: str, options: list[str]) -> Poll:
         fields = await self._fields(code)
         if fields.get("poll"):
@@ -127,6 +157,7 @@ class RedisClassStore:
         await self._emit(code, "poll", poll.public())
         return poll
 
+    @_reaching
     async def answer(self, code: str, poll_id: int, student: str, option: int) -> None:
         await self._fields(code)
         if (await self._poll(code, poll_id)).closed:
@@ -134,6 +165,7 @@ class RedisClassStore:
         await self.r.hset(_key(code, "answers"), f"{poll_id}:{student}", option)
         await self._touch(code)
 
+    @_reaching
     async def poll(self, code: str, poll_id: int) -> Poll:
         await self._fields(code)
         poll = await self._poll(code, poll_id)
@@ -143,6 +175,7 @@ class RedisClassStore:
         poll.counts = counts
         return poll
 
+    @_reaching
     async def close_poll(self, code: str, poll_id: int, answer: str | None) -> ClassEvent:
         poll = await self.poll(code, poll_id)
         poll.closed, poll.answer = True, answer
@@ -153,6 +186,7 @@ class RedisClassStore:
             await self.r.hset(_key(code), "poll", "")
         return await self._emit(code, "poll_closed", poll.result())
 
+    @_reaching
     async def end(self, code: str) -> None:
         await self._fields(code)
         await self.r.hset(_key(code), "ended", "1")
@@ -169,6 +203,7 @@ class RedisClassStore:
     def _event(id: str, fields: dict) -> ClassEvent:
         return ClassEvent(id, fields["name"], json.loads(fields["data"]))
 
+    @_reaching
     async def events(self, code: str, after: str | None, wait_s: float) -> list[ClassEvent]:
         stream = _key(code, "events")
         first = await self.r.xrange(stream, count=1)

@@ -12,6 +12,8 @@ settings name (app/classes/). The rules (issue 35):
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import hmac
 import time
 from collections import defaultdict, deque
@@ -27,6 +29,7 @@ from app.classes.base import (
     ClassStore,
     LiveClass,
     Poll,
+    StoreDown,
     new_code,
     new_token,
     token_hash,
@@ -55,6 +58,25 @@ PRESENTING_COOKIE = "explorer_presenting"
 def teacher_cookie(code: str) -> str:
     """The name of the cookie holding the teacher's token for class `code`."""
     return f"explorer_teacher_{code.strip().upper()[:16]}"
+
+
+STORE_RETRY_S = 5  # Retry-After while the class store (Redis) cannot be reached
+PRESENTING_CHECK_S = 0.5  # what a page waits, at most, to learn whether its reader presents a class
+
+
+def _available(method):
+    """The store away (Redis down) is 503 + Retry-After, not a 500 or a wrong 404."""
+
+    @functools.wraps(method)
+    async def call(*args, **kwargs):
+        try:
+            return await method(*args, **kwargs)
+        except StoreDown:
+            raise Unavailable(
+                _("live classes cannot be reached just now: try again in a few seconds"), retry_after_s=STORE_RETRY_S
+            ) from None
+
+    return call
 
 
 @dataclass(frozen=True)
@@ -108,6 +130,7 @@ class Classes:
                 status_code=429,
             )
 
+    @_available
     async def find(self, code: str, client: str) -> LiveClass:
         """The class with this code, counting a wrong one against the client (404, then 429)."""
         self._guessing(client)
@@ -122,6 +145,7 @@ class Classes:
                 _("no class has the code {code}: check it on the teacher's screen").format(code=code[:16])
             ) from None
 
+    @_available
     async def teacher(self, code: str, token: str | None, client: str) -> LiveClass:
         """The class, if `token` is its teacher's (401 without a token, 403 with another)."""
         live = await self.find(code, client)
@@ -136,14 +160,15 @@ class Classes:
         every request, so a wrong or stale code is not counted as guessing."""
         if not code or not token or len(code) > 16 or len(token) > 512:
             return None
-        try:
-            live = await self.store.get(check_code(code))
-        except (ClassNotFound, NotFound):
+        try:  # a page never waits long for the bar, and never fails for it (Redis away: no bar)
+            live = await asyncio.wait_for(self.store.get(check_code(code)), PRESENTING_CHECK_S)
+        except (ClassNotFound, NotFound, StoreDown, TimeoutError):
             return None
         return live if hmac.compare_digest(token_hash(token), live.teacher_hash) else None
 
     # ------------------------------------------------------------------ the teacher
 
+    @_available
     async def start(self, path: str = "/") -> Started:
         token = new_token()
         for _attempt in range(8):  # 2.1 × 10¹¹ codes: a collision is rare, eight in a row impossible
@@ -154,16 +179,19 @@ class Classes:
                 continue
         raise Unavailable(_("no free class code was found: try again"), retry_after_s=1)
 
+    @_available
     async def push(self, code: str, token: str | None, path: str, client: str) -> ClassEvent:
         live = await self.teacher(code, token, client)
         return await self.store.set_path(live.code, check_path(path))
 
+    @_available
     async def ask(self, code: str, token: str | None, question: str, options: list[str], client: str) -> Poll:
         live = await self.teacher(code, token, client)
         if len(set(options)) != len(options):
             raise InputError(_("each option of a poll must be different"))
         return await self.store.add_poll(live.code, question, options)
 
+    @_available
     async def reveal(self, code: str, token: str | None, poll_id: int, answer: str | None, client: str) -> Poll:
         live = await self.teacher(code, token, client)
         try:
@@ -172,12 +200,14 @@ class Classes:
         except KeyError:
             raise NotFound(_("class {code} has no poll {id}").format(code=live.code, id=poll_id)) from None
 
+    @_available
     async def end(self, code: str, token: str | None, client: str) -> None:
         live = await self.teacher(code, token, client)
         await self.store.end(live.code)
 
     # ------------------------------------------------------------------ the students
 
+    @_available
     async def join(self, code: str, student: str, client: str) -> LiveClass:
         live = await self.find(code, client)
         try:
@@ -191,6 +221,7 @@ class Classes:
             ) from None
         return live
 
+    @_available
     async def answer(self, code: str, poll_id: int, student: str, option: str, client: str) -> Poll:
         live = await self.join(code, student, client)
         try:
@@ -208,6 +239,7 @@ class Classes:
             raise NotFound(_("class {code} has no open poll {id}").format(code=live.code, id=poll_id)) from None
         return poll
 
+    @_available
     async def results(self, code: str, poll_id: int, client: str) -> Poll:
         live = await self.find(code, client)
         try:
@@ -222,3 +254,6 @@ class Classes:
             return await self.store.events(code, after, EVENTS_WAIT_S)
         except ClassNotFound:
             return [ClassEvent(after or "0", "ended", {})]
+        except StoreDown:  # the stream stays open (keep-alives) and asks again; the page's state is kept
+            await asyncio.sleep(1)
+            return []

@@ -162,3 +162,29 @@ def test_a_class_over_two_replicas_loses_nobody_when_one_is_killed(redis_url):
         teacher.delete(f"/api/v1/classes/{code}", headers=auth)
         wait_until(lambda: all(s.events[-1][1]["event"] == "ended" for s in students), 20, "the class ended")
         assert b.proc.poll() is None
+
+
+def test_with_redis_down_a_class_answers_503_and_comes_back():
+    with redis_server() as server, replica(server.url) as app:
+        client = httpx.Client(base_url=app.url, timeout=10)
+        body = client.post("/api/v1/classes", json={"path": "/"}).json()
+        code = body["code"]
+        time.sleep(1.5)  # redis-server's append-only file is written to disk once a second
+        server.kill()
+        for request in (
+            lambda: client.post("/api/v1/classes", json={"path": "/"}),
+            lambda: client.get(f"/api/v1/classes/{code}"),
+            lambda: client.put(f"/api/v1/classes/{code}/state", json={"path": "/params"}, headers=bearer(body)),
+        ):
+            r = request()
+            assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1, r.text
+            assert "cannot be reached" in r.json()["detail"][0]["msg"]
+        assert client.get("/").status_code == 200  # the pages need no Redis
+        server.start()
+        wait_until(lambda: client.get(f"/api/v1/classes/{code}").status_code != 503, 20, "classes back")
+        r = client.put(f"/api/v1/classes/{code}/state", json={"path": "/params"}, headers=bearer(body))
+        assert r.status_code == 200  # the class outlived the outage (redis-server's append-only file)
+
+
+def bearer(body: dict) -> dict:
+    return {"Authorization": f"Bearer {body['teacher_token']}"}
