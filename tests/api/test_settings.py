@@ -119,9 +119,10 @@ def test_explorer_max_tokens_limits_the_pages(client, client_with):
 
 
 def test_explorer_max_values_bounds_what_one_view_keeps(client_with):
-    # the toy (2 layers, 4 heads of 16, d_model 64) at 40 tokens keeps layer 0's q and k (2 × 40 × 64),
-    # scores and pattern (2 × 4 × 40²) and 11 residual hooks (embeddings, 5 per layer) of 40 × 64
-    kept = 2 * 40 * 64 + 2 * 4 * 40**2 + 11 * 40 * 64
+    # the toy (2 layers, 4 heads of 16, d_model 64) at 40 tokens keeps layer 0's q, k, and the cell panel's
+    # v and z (4 × 40 × 64), scores and pattern (2 × 4 × 40²) and 11 residual hooks (embeddings, 5 per layer)
+    # of 40 × 64
+    kept = 4 * 40 * 64 + 2 * 4 * 40**2 + 11 * 40 * 64
     r = client_with(explorer_max_values=kept - 1).get("/", params={"text": "a" * 40, "model": "toy"})
     assert r.status_code == 422
     assert (
@@ -135,8 +136,8 @@ def test_explorer_max_values_sets_the_text_limit_a_checkpoint_states(client_with
     """A model of fixed sizes (here the trained python-docs: 2 layers, 4 heads, d_model 96, context 128)
     gets the longest text whose view fits as its limit, stated by the text box before anyone types."""
 
-    def kept(n):  # as above: q and k, scores and pattern, 11 residual hooks
-        return 2 * n * 96 + 2 * 4 * n**2 + 11 * n * 96
+    def kept(n):  # as above: q, k, v and z, scores and pattern, 11 residual hooks
+        return 4 * n * 96 + 2 * 4 * n**2 + 11 * n * 96
 
     client = client_with(explorer_max_values=kept(100))  # kept(101) is more
     page = client.get("/", params={"model": "python-docs", "text": "e" * 100})
