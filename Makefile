@@ -60,6 +60,7 @@ serve: $(VENV)/.stamp-runtime $(VENDOR)/.stamp $(COMPILED)
 test: setup
 	$(PY) -m ruff format --check .
 	$(PY) -m ruff check .
+	$(PY) -m mypy  # core/ and app/, as pyproject.toml's [tool.mypy] says
 	npx --no-install eslint static/js eslint.config.js
 	$(PY) -m pytest $(PYTEST_ARGS)
 

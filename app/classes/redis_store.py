@@ -15,8 +15,8 @@ from __future__ import annotations
 import functools
 import json
 import time
-from collections.abc import Awaitable, Callable
-from typing import ParamSpec, TypeVar, cast
+from collections.abc import Callable, Coroutine
+from typing import Any, ParamSpec, TypeVar, cast
 
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -41,7 +41,7 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
-def _reaching(method: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+def _reaching(method: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any, Any, T]]:
     """Redis away (refused, timed out) is StoreDown, which the service answers with 503 + Retry-After."""
 
     @functools.wraps(method)

@@ -41,6 +41,14 @@ class SAEEntry:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
+    def known_cfg(self) -> SAEConfig:
+        """The cfg of an SAE that can be used (a folder whose cfg.json could not be read has none, and the
+        service refuses it before it asks)."""
+        if self.cfg is None:
+            raise RuntimeError(f"SAE {self.name!r} has no cfg: {self.static_problem}")
+        return self.cfg
+
+    @property
     def model(self) -> str | None:
         return self.cfg.model_name if self.cfg else None
 

@@ -16,12 +16,12 @@ Nothing here computes; the rules (who drives, which paths, the rate limit) are a
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 from urllib.parse import parse_qs, urlsplit
 
 import segno
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import HTMLResponse, RedirectResponse
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from markupsafe import Markup
 
 from app.deps import CatalogDep, ClassesDep
@@ -116,10 +116,10 @@ def _limits() -> dict:
 
 
 @router.get("/class", response_class=HTMLResponse)
-async def teacher_page(request: Request, catalog: CatalogDep) -> HTMLResponse:
+async def teacher_page(request: Request, catalog: CatalogDep) -> Response:
     """Start a class, or the class this browser presents: its code, link, QR code, students and polls."""
     live = getattr(request.state, "presenting", None)
-    context = {"nav": "class", "words": words(), "limits": _limits(), "live": None}
+    context: dict[str, Any] = {"nav": "class", "words": words(), "limits": _limits(), "live": None}
     if live is not None:
         url = join_url(request, live.code)
         context |= {
@@ -141,9 +141,9 @@ async def join_form(code: Annotated[str, Query(max_length=64)] = "") -> Redirect
 
 
 @router.get("/class/{code}", response_class=HTMLResponse)
-async def student_page(request: Request, code: str, classes: ClassesDep) -> HTMLResponse:
+async def student_page(request: Request, code: str, classes: ClassesDep) -> Response:
     """A student's page: the teacher's current view, followed in place; or why the code does not work."""
-    context = {"nav": "class", "words": words(), "live": None, "code": code[:16]}
+    context: dict[str, Any] = {"nav": "class", "words": words(), "live": None, "code": code[:16]}
     try:
         live = await classes.find(code, client_address(request))
     except (NotFound, InputError, Unavailable) as exc:

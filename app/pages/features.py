@@ -13,7 +13,7 @@ from urllib.parse import urlencode
 
 import numpy as np
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, Response
 
 from app.api import requests
 from app.deps import ServiceDep
@@ -55,7 +55,7 @@ def _example(ex, top: float) -> list[dict]:
 
 
 @router.get("/features", response_class=HTMLResponse, summary="What an SAE's features say about a text")
-def features_page(request: Request, svc: ServiceDep) -> HTMLResponse:
+def features_page(request: Request, svc: ServiceDep) -> Response:
     query = request.query_params
     errors: list[str] = []
     saes = svc.features.list()
@@ -94,7 +94,7 @@ def features_page(request: Request, svc: ServiceDep) -> HTMLResponse:
     if dashboard is not None:
         top = dashboard.max_activation
         counts = dashboard.histogram.counts
-        most = max(counts) if counts and max(counts) else 1
+        most = max(counts, default=0) or 1  # the tallest bar (1 when there is none)
         effect = [t.value for t in dashboard.logit_effect.positive + dashboard.logit_effect.negative]
         span = max((abs(v) for v in effect), default=1.0) or 1.0
         dash = {

@@ -9,6 +9,7 @@ once per SAE and kept: in memory, and as an .npz in the runs folder's `.sae-scan
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import math
 import os
@@ -167,25 +168,25 @@ class FeatureViews:
         if entry.static_problem or entry.cfg is None:
             return entry.static_problem
         try:
-            model = model or self.views.model(entry.cfg.model_name)
+            model = model or self.views.model(entry.known_cfg.model_name)
         except InputError as e:
             return _("it reads model {model!r}, which this server cannot run: {error}").format(
-                model=entry.cfg.model_name, error=e
+                model=entry.known_cfg.model_name, error=e
             )
         return self._hook_problem(entry, model.cfg, model.name)
 
     @staticmethod
     def _hook_problem(entry: SAEEntry, cfg, model_name: str) -> str | None:
-        hook = entry.cfg.hook_name
+        hook = entry.known_cfg.hook_name
         if hook not in hook_names(cfg):
             return _("it reads hook {hook!r}, which model {model!r} does not have").format(hook=hook, model=model_name)
         if not hook_shape(hook, cfg).startswith("[pos,"):
             return _("it reads hook {hook!r}, whose activations are not one vector per token").format(hook=hook)
         dims = hook_dims(hook, cfg, 1)[1:]
-        width = math.prod(dims) if entry.cfg.reshape_activations == "hook_z" else dims[-1]
-        if width != entry.cfg.d_in:
+        width = math.prod(dims) if entry.known_cfg.reshape_activations == "hook_z" else dims[-1]
+        if width != entry.known_cfg.d_in:
             return _("its d_in is {d_in}, but {model!r}'s {hook} has {width} numbers per token").format(
-                d_in=entry.cfg.d_in, model=model_name, hook=hook, width=width
+                d_in=entry.known_cfg.d_in, model=model_name, hook=hook, width=width
             )
         return None
 
@@ -201,7 +202,7 @@ class FeatureViews:
             raise InputError(_("SAE {name!r} cannot be used: {problem}").format(name=name, problem=problem))
         return entry
 
-    def files(self, name: str) -> list[Path]:
+    def files(self, name: str) -> builtins.list[Path]:
         """The files of an SAE's folder a download holds: cfg.json, the weights, labels.json if there is one."""
         entry = self.saes.get_entry(name)
         files = [entry.folder / f for f in ("cfg.json", "sae_weights.safetensors", "labels.json")]
@@ -216,7 +217,7 @@ class FeatureViews:
     def features(self, spec: RunSpec, sae_name: str, top_k: int) -> FeaturesView:
         """One run keeping the SAE's hook, encoded: each token's non-zero features, largest first."""
         entry = self._usable(sae_name)
-        cfg_sae = entry.cfg
+        cfg_sae = entry.known_cfg
         if spec.model != cfg_sae.model_name:
             raise InputError(
                 _("SAE {sae!r} reads model {its!r} ({hook}), not {model!r}: choose model {its!r}").format(
@@ -243,7 +244,7 @@ class FeatureViews:
 
     def dashboard(self, sae_name: str, index: int) -> FeatureDashboard:
         entry = self._usable(sae_name)
-        cfg_sae = entry.cfg
+        cfg_sae = entry.known_cfg
         if not 0 <= index < cfg_sae.d_sae:
             raise InputError(
                 _("feature {index} is not in SAE {sae!r}: it has features 0 to {last}").format(
@@ -252,7 +253,7 @@ class FeatureViews:
             )
         model = self.views.model(cfg_sae.model_name)
         sae = entry.load()
-        params = model.load_params(model.cfg, model.default_seed, model.tokenizer.encode(model.default_text or "a"))
+        params = model.weights(model.cfg, model.default_seed, model.reader.encode(model.default_text or "a"))
         scan = self.scan(entry, model, sae, params)
         examples = self._examples(scan, index, model, sae, params, cfg_sae.hook_name)
         n_tokens = len(scan.ids)
@@ -284,15 +285,15 @@ class FeatureViews:
         effect = direction.astype(np.float64) @ np.asarray(W_U, dtype=np.float64)  # [d_vocab]
         order = np.argsort(-effect, kind="stable")
         k = min(LOGIT_EFFECT_TOKENS, effect.size)
-        tok = model.tokenizer.token_str
+        tok = model.reader.token_str
         as_tokens = lambda ids: [LogitToken(tok(int(i)), int(i), float(effect[i])) for i in ids]  # noqa: E731
         return LogitEffect(as_tokens(order[:k]), as_tokens(order[::-1][:k]))
 
-    def _examples(self, scan: Scan, index: int, model: Model, sae: SAE, params, hook: str) -> list[Example]:
+    def _examples(self, scan: Scan, index: int, model: Model, sae: SAE, params, hook: str) -> builtins.list[Example]:
         """The contexts of the feature's largest activations, each its chunk re-run and encoded around the
         largest token (the scan keeps positions, not every token's activations)."""
         out = []
-        tok = model.tokenizer.token_str
+        tok = model.reader.token_str
         for pos, value in zip(scan.top_pos[index], scan.top_val[index]):
             if pos < 0 or value <= 0:
                 break
@@ -358,15 +359,15 @@ class FeatureViews:
     def _compute_scan(self, entry: SAEEntry, model: Model, sae: SAE, params) -> Scan:
         cap = self.settings.sae_scan_max_tokens
         text = corpus(model)
-        ids = np.asarray(model.tokenizer.encode(text[: 8 * cap]).ids[:cap], dtype=np.int64)
+        ids = np.asarray(model.reader.encode(text[: 8 * cap]).ids[:cap], dtype=np.int64)
         chunk = max(1, min(model.cfg.n_ctx, self.settings.max_tokens))
-        hook, d_sae = entry.cfg.hook_name, entry.cfg.d_sae
+        hook, d_sae = entry.known_cfg.hook_name, entry.known_cfg.d_sae
         stream = []
         for start in range(0, len(ids), chunk):
             part = ids[start : start + chunk]
             _logits, cache = run_with_cache(params, model.configure({}, len(part)), part, names=[hook], logits=False)
             stream.append(sae.flatten(cache[hook]))
-        x = np.concatenate(stream) if stream else np.zeros((0, entry.cfg.d_in), sae.dtype)  # [tokens, d_in]
+        x = np.concatenate(stream) if stream else np.zeros((0, entry.known_cfg.d_in), sae.dtype)  # [tokens, d_in]
         count = np.zeros(d_sae, np.int64)
         best = np.zeros(d_sae, np.float64)
         top_val = np.zeros((d_sae, TOP_EXAMPLES), np.float64)
