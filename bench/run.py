@@ -2,7 +2,7 @@
 written to bench/out/latest.md, from which docs/benchmarks.md's tables are copied.
 
     bench/.env/bin/python -m bench.run [core_vs_torch training training_live api_load browser long_inputs memory families classroom
-                                        generate patching scale cell]
+                                        generate patching sae_features scale cell]
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from bench import (
     long_inputs,
     memory,
     patching,
+    sae_features,
     scale,
     training,
     training_live,
@@ -42,6 +43,7 @@ BENCHMARKS = {
     "classroom": classroom,
     "generate": generate,
     "patching": patching,
+    "sae_features": sae_features,
     "scale": scale,
     "cell": cell,
     "class": class_follow,  # a live class: sixty followers through Caddy over two replicas, one killed

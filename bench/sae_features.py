@@ -100,11 +100,11 @@ def endpoint_row(repeat: int) -> tuple[str, float]:
     return (f"endpoint: {name} (d_model {model.cfg.d_model}), {n_tokens} tokens, 16,384 features", seconds)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     with threadpool_limits(a.threads, user_api="blas"):
         rows = core_rows(a.repeat) + [endpoint_row(a.repeat)]
     print(f"threads {a.threads}, median of {a.repeat}, load {os.getloadavg()[0]:.1f}")
@@ -112,7 +112,8 @@ def main() -> None:
         print(f"| {what} | {s * 1000:.1f} ms |")
     total = rows[0][1] + rows[1][1]
     print(f"core's part at 1,024 × 768 × 16,384 (standard): {total * 1000:.1f} ms (budget {BUDGET_S * 1000:.0f} ms)")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
