@@ -195,6 +195,9 @@ def test_text_typed_into_a_lesson_is_shown_as_text(page, live_server):
     page.wait_for_function("() => document.querySelector('#weights-table tbody th').textContent === '<img'")
     heads = page.locator("#weights-table tbody th").all_inner_texts()
     assert heads == evil.split()
-    assert page.locator("#results img, #results b:not(#last-scores b)").count() == 0
+    # the page's own bold: the last scores' and the opened cell's title, whose tokens are text inside it
+    assert page.locator("#results img, #results b:not(#last-scores b):not(#lesson-cell-title b)").count() == 0
+    bold = page.locator("#lesson-cell-title b").all_inner_texts()  # the query's and the key's token, as text
+    assert len(bold) == 2 and all(t in evil.split() for t in bold)
     page.wait_for_timeout(300)
     assert dialogs == [] and page.watch.page_errors == []
