@@ -5,16 +5,20 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from app.service.classes import MAX_OPTION_CHARS, MAX_OPTIONS, MAX_PATH_CHARS, MAX_QUESTION_CHARS
 
 
 class StartRequest(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"path": "/lessons/attention"}]})
+
     path: str = Field("/", min_length=1, max_length=MAX_PATH_CHARS, description="the page the class opens on")
 
 
 class StateRequest(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"path": "/?text=Ali+makan+nasi&layer=1"}]})
+
     path: str = Field(
         min_length=1,
         max_length=MAX_PATH_CHARS,
@@ -23,6 +27,10 @@ class StateRequest(BaseModel):
 
 
 class PollRequest(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"question": "Which token comes next?", "options": ["nasi", "roti"]}]}
+    )
+
     question: str = Field(min_length=1, max_length=MAX_QUESTION_CHARS, description="shown as text, never as HTML")
     options: list[Annotated[str, Field(min_length=1, max_length=MAX_OPTION_CHARS)]] = Field(
         min_length=2, max_length=MAX_OPTIONS, description="the buttons students choose from, each different"
@@ -30,10 +38,14 @@ class PollRequest(BaseModel):
 
 
 class AnswerRequest(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"option": "nasi"}]})
+
     option: str = Field(min_length=1, max_length=MAX_OPTION_CHARS, description="one of the poll's options, as written")
 
 
 class RevealRequest(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"answer": "nasi"}]})
+
     answer: str | None = Field(None, max_length=MAX_OPTION_CHARS, description="the model's answer, shown to everyone")
 
 

@@ -83,17 +83,32 @@ def _every_request(client: httpx.Client) -> list[tuple[str, str, dict]]:
         time.sleep(0.5)
     requests: list[tuple[str, str, dict]] = [("GET", "/openapi.json", {})]
     deletes = []
+    # A live class's routes on a class started here, its poll the one the schema's example asks (the second:
+    # asking closes the first); its event stream read up to its first event (it lasts as long as the class).
+    code = client.post("/api/v1/classes", json={"path": "/"}).json()["code"]
+    client.post(f"/api/v1/classes/{code}/polls", json={"question": "?", "options": ["a", "b"]})
     for path, ops in schema["paths"].items():
-        concrete = path.replace("{id}", run_id).replace("{step}", "0")
+        concrete = path.replace("{id}", run_id).replace("{step}", "0").replace("{code}", code).replace("{poll_id}", "2")
         for method, op in ops.items():
             kwargs = {}
             if "requestBody" in op:
-                ref = op["requestBody"]["content"]["application/json"]["schema"]["$ref"].split("/")[-1]
+                body = op["requestBody"]["content"]["application/json"]["schema"]
+                # an optional body (POST /api/v1/classes) is anyOf [its model, null]
+                body = next((b for b in body.get("anyOf", []) if "$ref" in b), body)
+                ref = body["$ref"].split("/")[-1]
                 examples = schema["components"]["schemas"][ref].get("examples")
                 assert examples, f"{method.upper()} {path}: its request schema {ref} documents no example"
                 kwargs = {"json": examples[0]}
+            if concrete.endswith("/events") and "/classes/" in concrete:
+                kwargs = {"first_event": True}
             (deletes if method == "delete" else requests).append((method.upper(), concrete, kwargs))
     requests += [("GET", page, {}) for page in PAGES]
+    # the live class's pages: the teacher's, the typed code's form, a student's (a code no class has: 404)
+    requests += [
+        ("GET", "/class", {}),
+        ("GET", f"/class/join?code={code.lower()}", {"follow_redirects": True}),
+        ("GET", f"/class/{code}", {}),
+    ]
     requests += [
         ("POST", "/train", {"data": {k: str(v) for k, v in train.items()}, "follow_redirects": True}),
         ("POST", "/train/stop", {"data": {"run": run_id}, "follow_redirects": True}),
@@ -282,6 +297,11 @@ def test_installed_server_serves_every_route_and_static_file(installed, tmp_path
         with httpx.Client(base_url=url, timeout=120, trust_env=False) as client:
             requests = _every_request(client) + [("GET", path, {}) for path in static]
             for method, path, kwargs in requests:
+                if kwargs.pop("first_event", False):
+                    with client.stream(method, path) as r:
+                        first = next(r.iter_lines(), "") if r.status_code == 200 else r.read().decode()[:200]
+                    statuses[(method, path)] = (r.status_code, "" if r.status_code == 200 else first)
+                    continue
                 r = client.request(method, path, **kwargs)
                 statuses[(method, path)] = (r.status_code, r.text[:200] if r.status_code != 200 else "")
             ready = client.get("/readyz").json()
