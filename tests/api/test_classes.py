@@ -118,6 +118,7 @@ def test_a_pushed_path_must_be_one_of_this_sites_pages(clients, path):
         "/inspect?view=lens",
         "/circuits",
         "/generate",
+        "/features?model=induction&sae=x",
     ],
 )
 def test_every_page_a_teacher_shows_is_accepted(path):
