@@ -219,3 +219,14 @@ def test_bad_dashboard_and_download_requests_are_422s_with_the_reason(api, path,
 def test_no_saes_dir_lists_none(client):
     r = client.get("/api/v1/saes")
     assert r.status_code == 200 and r.json() == {"saes": []}
+
+
+def test_the_scan_reads_at_most_sae_scan_max_tokens(saes_dir, tmp_path):
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+    from app.settings import Settings
+
+    with TestClient(create_app(Settings(saes_dir=saes_dir, runs_dir=tmp_path, sae_scan_max_tokens=7))) as c:
+        d = c.get("/api/v1/saes/topk0/features/0").json()  # topk0: no other test's scan of it is cached
+    assert d["tokens_scanned"] == 7

@@ -83,6 +83,8 @@ def test_every_setting_is_covered_here_or_named():
         "class_idle_s",  # tests/api/test_classes.py, tests/scale/test_classes.py
         "class_max_students",
         "class_max_wrong_codes",
+        "saes_dir",  # tests/api/test_saes.py, tests/browser/test_features.py
+        "sae_scan_max_tokens",
     }  # tests/scale/ (Redis, Celery workers, /metrics)
     assert set(Settings.model_fields) == covered | elsewhere
 
