@@ -74,7 +74,8 @@ def features_page(request: Request, svc: ServiceDep) -> Response:
     q = (web.last(query, "q") or "").strip()[:200]
     view = dashboard = None
     error = "; ".join(errors) or None
-    if error is None and not saes:
+    no_saes = error is None and not saes  # the server's setting, not the reader's input: said, with a 200
+    if no_saes:
         error = _("This server has no SAEs: put SAELens folders in EXPLORER_SAES_DIR (see the deployment guide).")
     elif error is None and sae_name is not None:
         try:
@@ -126,7 +127,9 @@ def features_page(request: Request, svc: ServiceDep) -> Response:
         "link_to": lambda **changes: canonical({**state, **changes}),
         "api_dashboard": (f"/api/v1/saes/{sae_name}/features/{picks['feature']}" if dashboard is not None else None),
     }
-    return web.render(request, "features.html", context, url=canonical(state), error=error)
+    return web.render(
+        request, "features.html", context, url=canonical(state), error=error, status=200 if no_saes else 422
+    )
 
 
 def canonical(state: dict) -> str:

@@ -108,7 +108,8 @@ def test_the_redis_url_over_tls_checks_the_certificate():
     assert redis_connection_url(Settings(redis_url=own)) == own
     plain = "redis://:pw@redis:6379/0"
     assert redis_connection_url(Settings(redis_url=plain, redis_ca="/etc/school/ca.pem")) == plain
-    assert redis_connection_url(Settings(redis_url=None)) is None
+    with pytest.raises(ValueError, match="EXPLORER_REDIS_URL is not set"):  # called only when Redis is configured
+        redis_connection_url(Settings(redis_url=None))
 
 
 def test_models_dir_problems_none_when_unset():

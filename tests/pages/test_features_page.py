@@ -88,4 +88,4 @@ def test_in_malay(web):
 
 def test_no_saes_says_how_to_add_them(client):
     r = client.get("/features")
-    assert r.status_code == 422 and "EXPLORER_SAES_DIR" in r.text
+    assert r.status_code == 200 and "EXPLORER_SAES_DIR" in r.text  # a setting of the server, not bad input
