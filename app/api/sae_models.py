@@ -36,11 +36,22 @@ class SAEsResponse(ResponseModel):
     saes: list[SAEModel]
 
 
+EXAMPLE_SAE = "induction-resid0"  # the schema's example: an SAE on the induction model's blocks.0.hook_resid_post
+
+
 class FeaturesRequest(requests.ModelRequest):
     """A model request (the model, the text, the toggles) with the SAE to read its hook through."""
 
-    # No example in the schema: its SAE would have to be in the server's EXPLORER_SAES_DIR (none by default).
-    model_config = ConfigDict(extra="forbid")
+    # The example names an SAE a server's EXPLORER_SAES_DIR would hold (none ships yet); the install test
+    # (tests/deploy/test_install.py) writes one by that name and sends the example.
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"model": "induction", "text": "Ali makan nasi lemak. Ali makan", "sae": EXAMPLE_SAE, "top_k": 5}
+            ]
+        },
+    )
 
     sae: str = Field(min_length=1, max_length=200, description=NAME_HELP + "; it must read this model")
     top_k: Annotated[int, requests.IntUpTo("max_top_k")] = Field(

@@ -112,10 +112,23 @@ class Classes:
     def __init__(self, store: ClassStore, settings: Settings, clock=time.monotonic):
         self.store = store
         self.settings = settings
+        # Classes kept in process are one worker's: with several workers and no Redis, a student's request
+        # would reach a worker that has never heard of the class. Refused then, saying what to change.
+        self.shared = settings.workers == 1 or bool(settings.redis_url)
         self.clock = clock
         self._wrong: dict[str, deque[float]] = defaultdict(deque)  # client -> times of its wrong codes
 
     # ------------------------------------------------------------------ finding a class
+
+    def _one_place(self) -> None:
+        if not self.shared:
+            raise Unavailable(
+                _(
+                    "live classes need EXPLORER_REDIS_URL or one server process: this server runs {n} worker "
+                    "processes, which do not share their classes (EXPLORER_WORKERS=1 serves a class from one machine)"
+                ).format(n=self.settings.workers),
+                retry_after_s=None,
+            )
 
     def _guessing(self, client: str) -> None:
         """429 while this client has tried too many wrong codes in the last minute."""
@@ -133,6 +146,7 @@ class Classes:
     @_available
     async def find(self, code: str, client: str) -> LiveClass:
         """The class with this code, counting a wrong one against the client (404, then 429)."""
+        self._one_place()
         self._guessing(client)
         try:
             return await self.store.get(check_code(code))
@@ -158,7 +172,7 @@ class Classes:
     async def presenting(self, code: str | None, token: str | None) -> LiveClass | None:
         """The running class `code` if `token` is its teacher's, else None: what a teacher's page asks on
         every request, so a wrong or stale code is not counted as guessing."""
-        if not code or not token or len(code) > 16 or len(token) > 512:
+        if not self.shared or not code or not token or len(code) > 16 or len(token) > 512:
             return None
         try:  # a page never waits long for the bar, and never fails for it (Redis away: no bar)
             live = await asyncio.wait_for(self.store.get(check_code(code)), PRESENTING_CHECK_S)
@@ -170,6 +184,7 @@ class Classes:
 
     @_available
     async def start(self, path: str = "/") -> Started:
+        self._one_place()
         token = new_token()
         for _attempt in range(8):  # 2.1 × 10¹¹ codes: a collision is rare, eight in a row impossible
             try:

@@ -301,3 +301,13 @@ def test_every_follower_sees_the_teachers_move_and_a_reconnect_resumes(server):
     teacher.delete(f"/api/v1/classes/{code}", headers=auth)
     for s in [*students, again]:
         s.wait_for(lambda ev: ev[-1]["event"] == "ended")
+
+
+def test_several_workers_without_redis_refuse_classes_saying_why(clients):
+    """Each worker process would keep its own classes: a student's request could reach one that never heard of
+    the class. So without Redis, several workers refuse classes (503), and pages show no Presenting bar."""
+    (client,) = clients(workers=2)
+    r = client.post("/api/v1/classes", json={"path": "/"})
+    assert r.status_code == 503 and "EXPLORER_REDIS_URL or one server process" in r.json()["detail"][0]["msg"]
+    assert client.get("/api/v1/classes/ACDEFGHJ").status_code == 503
+    assert client.get("/").status_code == 200
