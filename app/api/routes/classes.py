@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import AsyncIterator
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 from fastapi import Header, Path, Request, Response
 
@@ -35,6 +35,7 @@ from app.http.sse import Event, ResumeFrom, event_stream
 from app.service.classes import EVENTS_WAIT_S, PRESENTING_COOKIE, teacher_cookie
 
 router = api_router()
+R = TypeVar("R", bound=Response)
 
 STUDENT_COOKIE = "explorer_student"
 RETRY_MS = 1000  # how soon a follower's EventSource reconnects (a replica gone): within the 5 s promised
@@ -62,6 +63,14 @@ def teacher_token(request: Request, code: str, authorization: str | None) -> str
     if authorization and authorization.lower().startswith("bearer "):
         return authorization[7:].strip()
     return request.cookies.get(teacher_cookie(code))
+
+
+def with_cookies(answer: R, set_on: Response) -> R:
+    """`answer` with the cookies a dependency set on `set_on` (a route that returns its own response)."""
+    for key, value in set_on.headers.items():
+        if key == "set-cookie":
+            answer.headers.append(key, value)
+    return answer
 
 
 def student_id(request: Request, response: Response) -> str:
@@ -138,11 +147,7 @@ async def events(code: Code, request: Request, classes: ClassesDep, after: Resum
                 if event.name == "ended":
                     return
 
-    stream = event_stream(source(), retry_ms=RETRY_MS, keepalive_s=EVENTS_WAIT_S + 5)
-    for key, value in probe.headers.items():
-        if key == "set-cookie":
-            stream.headers.append(key, value)
-    return stream
+    return with_cookies(event_stream(source(), retry_ms=RETRY_MS, keepalive_s=EVENTS_WAIT_S + 5), probe)
 
 
 @router.post(
@@ -175,10 +180,7 @@ async def answer(
     student = student_id(request, response)
     poll = await classes.answer(code, poll_id, student, body.option, client_address(request))
     result = FastJSONResponse({**PollResult.model_validate(poll.result()).model_dump(), "counts": []})
-    for key, value in response.headers.items():
-        if key == "set-cookie":
-            result.headers.append(key, value)
-    return result
+    return with_cookies(result, response)
 
 
 @router.get(
