@@ -257,6 +257,7 @@ def scaled_dot_product_attention_backward(
     *,
     scale: bool = True,
     temperature: float = 1.0,
+    dweights: np.ndarray | None = None,  # [..., query_pos, key_pos]: where to write dL/dweights, if wanted
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # -> dq, dk, dv, shaped like q, k, v
     """Gradients of softmax(Q Kᵀ / divisor + mask) V with respect to Q, K and V (all with the same leading axes).
 
@@ -264,6 +265,8 @@ def scaled_dot_product_attention_backward(
     dS = A ⊙ (dA − rowsum(dA ⊙ A)); S = Q Kᵀ / divisor gives dQ = dS K / divisor and
     dK = dSᵀ Q / divisor. The causal mask needs no step of its own: a masked score had weight
     exactly 0, so its dS is 0 and no gradient reaches the key it hid.
+    dweights: an array shaped like weights to receive dA, the gradient with respect to the pattern
+    itself (attribution patching of a head's pattern reads it); otherwise dA is overwritten by dS.
     """
     divisor = attention_scale(q.shape[-1], scale, temperature)
     dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
@@ -273,8 +276,9 @@ def scaled_dot_product_attention_backward(
         i = slice(start, start + block) if weights.ndim > 2 else slice(None)
         a = weights[i]
         np.matmul(np.swapaxes(a, -1, -2), dz[i], out=dv[i])  # [..., key_pos, d_v]
-        da = dz[i] @ np.swapaxes(v[i], -1, -2)  # [..., query_pos, key_pos]
-        ds = softmax_backward(da, a, out=da)  # gradient of the scaled, masked scores
+        da = np.matmul(dz[i], np.swapaxes(v[i], -1, -2), out=None if dweights is None else dweights[i])
+        # da: [..., query_pos, key_pos]; the gradient of the scaled, masked scores, in its place unless it is kept
+        ds = softmax_backward(da, a, out=da if dweights is None else None)
         np.matmul(ds, k[i], out=dq[i])  # [..., query_pos, d_head]
         np.matmul(np.swapaxes(ds, -1, -2), q[i], out=dk[i])  # [..., key_pos, d_head]
     # Through the division by the divisor (√d_head, times the temperature): dividing the

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -169,6 +170,8 @@ class LayerSaved:
     ln2_out: np.ndarray | None = None  # [batch, pos, d_model], the input of W_in
     mlp_pre: np.ndarray | None = None  # [batch, pos, d_mlp], before the activation
     mlp_post: np.ndarray | None = None  # [batch, pos, d_mlp], after it (the input of W_out)
+    attn_out: np.ndarray | None = None  # [batch, pos, d_model], kept only for gradients(hooks=True)
+    mlp_out: np.ndarray | None = None  # [batch, pos, d_model], likewise
 
 
 @dataclass
@@ -209,8 +212,11 @@ def _rotary(x: np.ndarray, cfg: TransformerConfig, sign: int = 1) -> np.ndarray:
 # ---------------------------------------------------------------------------- forward
 
 
-def forward(params: Params, cfg: TransformerConfig, tokens: np.ndarray) -> tuple[np.ndarray, Saved]:
-    """Logits [batch, pos, d_vocab] of token ids [batch, pos], and what backward needs."""
+def forward(
+    params: Params, cfg: TransformerConfig, tokens: np.ndarray, *, keep_outputs: bool = False
+) -> tuple[np.ndarray, Saved]:
+    """Logits [batch, pos, d_vocab] of token ids [batch, pos], and what backward needs (keep_outputs: each
+    block's attention and MLP outputs too, which gradients() reports and training does not need)."""
     check_trainable(cfg)
     tokens = np.asarray(tokens)
     n_pos = tokens.shape[-1]
@@ -222,7 +228,7 @@ def forward(params: Params, cfg: TransformerConfig, tokens: np.ndarray) -> tuple
         x += sinusoidal(n_pos, cfg.d_model).astype(W_E.dtype)
     layers = []
     for layer, block in enumerate(params["blocks"]):
-        x, saved = _block_forward(x, block, cfg, cfg.window(layer))
+        x, saved = _block_forward(x, block, cfg, cfg.window(layer), keep_outputs)
         layers.append(saved)
     resid_final = x
     x = _ln(x, params["ln_final"], cfg)  # [batch, pos, d_model]
@@ -232,7 +238,7 @@ def forward(params: Params, cfg: TransformerConfig, tokens: np.ndarray) -> tuple
 
 
 def _block_forward(
-    x: np.ndarray, block: dict, cfg: TransformerConfig, window: int | None = None
+    x: np.ndarray, block: dict, cfg: TransformerConfig, window: int | None = None, keep_outputs: bool = False
 ) -> tuple[np.ndarray, LayerSaved]:
     """x + attn(ln1(x)), then (unless attn_only) + mlp(ln2(·)) of that sum, or of x itself in a
     parallel block (GPT-NeoX).  # [batch, pos, d_model] -> same"""
@@ -246,7 +252,10 @@ def _block_forward(
     z = merge_heads(z)  # [batch, pos, n_heads * d_head]
     saved = LayerSaved(x, h, q, k, v, pattern, z)
     resid_pre = x
-    x = x + _linear(z, attn["W_O"], attn.get("b_O"))
+    attn_out = _linear(z, attn["W_O"], attn.get("b_O"))
+    if keep_outputs:
+        saved.attn_out = attn_out
+    x = x + attn_out
     if cfg.attn_only:
         return x, saved
     mlp = block["mlp"]
@@ -254,7 +263,10 @@ def _block_forward(
     saved.ln2_out = h = _ln(saved.ln2_in, block["ln2"], cfg)
     saved.mlp_pre = _linear(h, mlp["W_in"], mlp.get("b_in"))  # [batch, pos, d_mlp]
     saved.mlp_post = ACTIVATIONS[cfg.act_fn](saved.mlp_pre)
-    return x + _linear(saved.mlp_post, mlp["W_out"], mlp.get("b_out")), saved
+    mlp_out = _linear(saved.mlp_post, mlp["W_out"], mlp.get("b_out"))
+    if keep_outputs:
+        saved.mlp_out = mlp_out
+    return x + mlp_out, saved
 
 
 def attention(
@@ -293,12 +305,17 @@ def attention(
 # ---------------------------------------------------------------------------- backward
 
 
-def _linear_backward(dy: np.ndarray, x: np.ndarray, w: np.ndarray, has_bias: bool) -> tuple[np.ndarray, dict]:
-    """For y = x @ w + b over [batch, pos, ...]: dx, and {"w": dw, "b": db} summed over batch and positions."""
+def _linear_backward(
+    dy: np.ndarray, x: np.ndarray, w: np.ndarray, has_bias: bool, weights: bool = True
+) -> tuple[np.ndarray, dict]:
+    """For y = x @ w + b over [batch, pos, ...]: dx, and {"w": dw, "b": db} summed over batch and positions
+    (an empty dict when weights=False: a third of the backward pass's work, which attribution does not need)."""
     dy2 = dy.reshape(-1, dy.shape[-1])  # [batch * pos, d_out]
-    grads = {"w": x.reshape(-1, x.shape[-1]).T @ dy2}  # [d_in, d_out]
-    if has_bias:
-        grads["b"] = dy2.sum(axis=0)
+    grads = {}
+    if weights:
+        grads["w"] = x.reshape(-1, x.shape[-1]).T @ dy2  # [d_in, d_out]
+        if has_bias:
+            grads["b"] = dy2.sum(axis=0)
     return (dy2 @ w.T).reshape(*dy.shape[:-1], w.shape[0]), grads
 
 
@@ -310,28 +327,56 @@ def _ln_backward(dy: np.ndarray, x: np.ndarray, ln: dict, cfg: TransformerConfig
 def _named(weights: dict[str, dict], biases: dict[str, dict]) -> dict:
     """{"W_in": g["w"], ...} then {"b_in": g["b"], ...} for each bias the layer has: a layer's biases are
     switched on and off one by one (qkv_bias without attn_out_bias, say), so each is looked up on its own."""
-    return {name: g["w"] for name, g in weights.items()} | {name: g["b"] for name, g in biases.items() if "b" in g}
+    return {name: g["w"] for name, g in weights.items() if "w" in g} | {
+        name: g["b"] for name, g in biases.items() if "b" in g
+    }
+
+
+@dataclass
+class _Wanted:
+    """What one backward pass computes besides dL/d(its input): the parameters' gradients (params=False skips
+    them), and, when `hooks` is a dict, each activation's gradient written into it by hook name."""
+
+    params: bool = True
+    hooks: dict[str, np.ndarray] | None = None
+
+    def keep(self, name: str, grad: np.ndarray) -> None:
+        if self.hooks is not None:
+            self.hooks[name] = grad
 
 
 def backward(params: Params, cfg: TransformerConfig, saved: Saved, dlogits: np.ndarray) -> Params:
     """Every parameter's gradient, in a dict shaped like params, from dL/dlogits [batch, pos, d_vocab]."""
+    return _backward(params, cfg, saved, dlogits, _Wanted())[0]
+
+
+def _backward(
+    params: Params, cfg: TransformerConfig, saved: Saved, dlogits: np.ndarray, want: _Wanted
+) -> tuple[Params, np.ndarray]:
+    """The parameters' gradients (empty unless want.params) and dL/d(the embedded tokens) [batch, pos, d_model],
+    the sum the first block reads (W_E[tokens] plus positions), whose gradient is each term's."""
     grads: Params = {}
     W_U, b_U = unembedding(params)
     # Unembedding: logits = ln_final_out @ W_U (+ b_U).
-    dx, g = _linear_backward(dlogits, saved.ln_final_out, W_U, b_U is not None)
+    dx, g = _linear_backward(dlogits, saved.ln_final_out, W_U, b_U is not None, want.params)
+    dx, ln_final = _ln_backward(dx, saved.resid_final, params["ln_final"], cfg)  # [batch, pos, d_model]
+
+    block_grads = []
+    for layer in reversed(range(len(saved.layers))):
+        want.keep(f"blocks.{layer}.hook_resid_post", dx)
+        dx, bg = _block_backward(dx, params["blocks"][layer], saved.layers[layer], cfg, want, f"blocks.{layer}.")
+        want.keep(f"blocks.{layer}.hook_resid_pre", dx)
+        block_grads.append(bg)
+    if not want.params:
+        return grads, dx
+
+    grads["ln_final"] = ln_final
+    grads["blocks"] = block_grads[::-1]
     if cfg.tied_embeddings:
         dW_E = np.ascontiguousarray(g["w"].T)  # W_U is W_E transposed: its gradient lands in the token table
     else:
         dW_E = np.zeros_like(params["embed"]["W_E"])
         grads["unembed"] = {"W_U": g["w"]} | ({"b_U": g["b"]} if "b" in g else {})
-    dx, grads["ln_final"] = _ln_backward(dx, saved.resid_final, params["ln_final"], cfg)  # [batch, pos, d_model]
-
-    block_grads = []
-    for block, s in zip(reversed(params["blocks"]), reversed(saved.layers)):
-        dx, bg = _block_backward(dx, block, s, cfg)
-        block_grads.append(bg)
-    grads["blocks"] = block_grads[::-1]
-
     # Embeddings: x = W_E[tokens] + W_pos[:pos]. Every occurrence of a token adds its row's gradient.
     dW_E += embedding_backward(dx, saved.tokens, dW_E.shape[0])
     grads["embed"] = {"W_E": dW_E}
@@ -339,30 +384,37 @@ def backward(params: Params, cfg: TransformerConfig, saved: Saved, dlogits: np.n
         dW_pos = np.zeros_like(params["pos_embed"]["W_pos"])
         dW_pos[: dx.shape[-2]] = dx.sum(axis=0)  # position p's row is shared by every sequence of the batch
         grads["pos_embed"] = {"W_pos": dW_pos}
-    return grads
+    return grads, dx
 
 
-def _block_backward(dx: np.ndarray, block: dict, s: LayerSaved, cfg: TransformerConfig) -> tuple[np.ndarray, dict]:
+def _block_backward(
+    dx: np.ndarray, block: dict, s: LayerSaved, cfg: TransformerConfig, want: _Wanted, prefix: str
+) -> tuple[np.ndarray, dict]:
     """From dL/d(resid_post) to dL/d(resid_pre) and the block's parameter gradients."""
     g: dict = {}
     d_parallel = None  # a parallel block's MLP read resid_pre: its gradient joins at the end
     if not cfg.attn_only:
         # resid_post = resid_mid + mlp(ln2(ln2_in)): the residual passes dx through unchanged.
         assert s.mlp_post is not None and s.mlp_pre is not None and s.ln2_out is not None and s.ln2_in is not None
+        want.keep(prefix + "hook_mlp_out", dx)
         mlp = block["mlp"]
-        dpost, w_out = _linear_backward(dx, s.mlp_post, mlp["W_out"], "b_out" in mlp)
+        dpost, w_out = _linear_backward(dx, s.mlp_post, mlp["W_out"], "b_out" in mlp, want.params)
         dpre = ACTIVATION_BACKWARDS[cfg.act_fn](dpost, s.mlp_pre, s.mlp_post)  # [batch, pos, d_mlp]
-        dh, w_in = _linear_backward(dpre, s.ln2_out, mlp["W_in"], "b_in" in mlp)
+        dh, w_in = _linear_backward(dpre, s.ln2_out, mlp["W_in"], "b_in" in mlp, want.params)
         dmid, g["ln2"] = _ln_backward(dh, s.ln2_in, block["ln2"], cfg)
         if cfg.parallel_attn_mlp:
             d_parallel = dmid
         else:
             dx = dx + dmid
+        want.keep(prefix + "hook_resid_mid", dx)
         g["mlp"] = _named({"W_in": w_in, "W_out": w_out}, {"b_in": w_in, "b_out": w_out})
 
     # resid_mid = resid_pre + W_O(attention(ln1(resid_pre))).
+    want.keep(prefix + "hook_attn_out", dx)
     attn = block["attn"]
-    dz, o = _linear_backward(dx, s.z, attn["W_O"], "b_O" in attn)  # dz [batch, pos, n_heads * d_head]
+    dz, o = _linear_backward(dx, s.z, attn["W_O"], "b_O" in attn, want.params)  # dz [batch, pos, n_heads * d_head]
+    want.keep(prefix + "attn.hook_z", dz.reshape(*dz.shape[:-1], cfg.n_heads, -1))
+    dpattern = None if want.hooks is None else np.empty_like(s.pattern)
     dq, dk, dv = scaled_dot_product_attention_backward(
         split_heads(dz, cfg.n_heads),
         s.q,
@@ -371,7 +423,10 @@ def _block_backward(dx: np.ndarray, block: dict, s: LayerSaved, cfg: Transformer
         s.pattern,
         scale=cfg.use_attn_scale,
         temperature=cfg.attn_temperature,
+        dweights=dpattern,
     )  # each [batch, n_heads, pos, d_head]
+    if dpattern is not None:
+        want.keep(prefix + "attn.hook_pattern", dpattern)
     if cfg.positional_embedding_type == "rotary":
         dq, dk = _rotary(dq, cfg, sign=-1), _rotary(dk, cfg, sign=-1)
     n_batch, n_heads, n_pos, d_head = dq.shape
@@ -379,7 +434,7 @@ def _block_backward(dx: np.ndarray, block: dict, s: LayerSaved, cfg: Transformer
     for i, part in enumerate((dq, dk, dv)):
         dqkv[:, :, i] = part.swapaxes(1, 2)  # [batch, pos, n_heads, d_head]
     dqkv = dqkv.reshape(n_batch, n_pos, -1)  # [batch, pos, 3 * n_heads * d_head]
-    dh, qkv = _linear_backward(dqkv, s.ln1_out, attn["W_QKV"], "b_QKV" in attn)
+    dh, qkv = _linear_backward(dqkv, s.ln1_out, attn["W_QKV"], "b_QKV" in attn, want.params)
     dpre, g["ln1"] = _ln_backward(dh, s.resid_pre, block["ln1"], cfg)
     g["attn"] = _named({"W_QKV": qkv, "W_O": o}, {"b_QKV": qkv, "b_O": o})
     dx = dx + dpre
@@ -418,3 +473,104 @@ def loss_and_grads(
 def loss(params: Params, cfg: TransformerConfig, tokens: np.ndarray, targets: np.ndarray) -> float:
     """Mean cross-entropy of targets given tokens, both [batch, pos] (no gradients)."""
     return cross_entropy(forward(params, cfg, tokens)[0], targets)[0]
+
+
+# ---------------------------------------------------------------------------- gradients of any metric
+
+
+class Hooked(NamedTuple):
+    """One activation of a batch of runs and the gradient of the metric with respect to it (same shape)."""
+
+    value: np.ndarray
+    grad: np.ndarray
+
+
+@dataclass
+class Gradients:
+    """What gradients() returns beside the logits.
+
+    params: every parameter's gradient, shaped like params (None when not asked for).
+    embed: [batch, pos, d_model], d metric / d W_E[tokens]: the token embedding before positions are added
+        (the input of Captum's embedding-layer attributions: saliency, input × gradient, integrated gradients).
+    activations: by core's hook names (core/hooks.py), batch first, the value and the gradient of each
+        activation patching can patch (core/patching.py's targets):
+            blocks.{l}.hook_resid_pre, hook_resid_mid, hook_resid_post   [batch, pos, d_model]
+            blocks.{l}.hook_attn_out, hook_mlp_out                        [batch, pos, d_model]
+            blocks.{l}.attn.hook_z        [batch, pos, head_index, d_head]  (a head's output, before W_O)
+            blocks.{l}.attn.hook_pattern  [batch, head_index, query_pos, key_pos]
+        (no hook_resid_mid or hook_mlp_out in an attention-only model). Attribution patching's estimate of
+        patching activation `name` from a corrupted run into a clean one is then
+        ((corrupt.value − clean.value) * clean.grad), summed over the axes a patch covers.
+    """
+
+    params: Params | None
+    embed: np.ndarray
+    activations: dict[str, Hooked]
+
+
+def _check_batch(cfg: TransformerConfig, tokens, dlogits) -> tuple[np.ndarray, np.ndarray]:
+    tokens, dlogits = np.asarray(tokens), np.asarray(dlogits)
+    if tokens.ndim != 2 or tokens.size == 0 or not np.issubdtype(tokens.dtype, np.integer):
+        raise InputError(
+            _("expected token ids as a non-empty integer array [batch, pos], got shape {shape} of {dtype}").format(
+                shape=tokens.shape, dtype=tokens.dtype
+            )
+        )
+    if tokens.min() < 0 or tokens.max() >= cfg.d_vocab:
+        raise InputError(
+            _("token ids must lie in [0, {d_vocab}), got {low}..{high}").format(
+                d_vocab=cfg.d_vocab, low=tokens.min(), high=tokens.max()
+            )
+        )
+    if cfg.positional_embedding_type == "learned" and tokens.shape[1] > cfg.n_ctx:
+        raise InputError(
+            _("{n} tokens is longer than the model's context of n_ctx={n_ctx}").format(
+                n=tokens.shape[1], n_ctx=cfg.n_ctx
+            )
+        )
+    if dlogits.shape != (*tokens.shape, cfg.d_vocab):
+        raise InputError(
+            _("the metric's gradient must be shaped like the logits, {expected}, got {shape}").format(
+                expected=(*tokens.shape, cfg.d_vocab), shape=dlogits.shape
+            )
+        )
+    return tokens, dlogits
+
+
+def gradients(
+    params: Params, cfg: TransformerConfig, tokens, dlogits, *, hooks: bool = True, param_grads: bool = True
+) -> tuple[np.ndarray, Gradients]:
+    """The logits [batch, pos, d_vocab] of token ids [batch, pos], and the gradients of a scalar metric of them.
+
+    dlogits [batch, pos, d_vocab] is d metric / d logits: one-hot at (b, position, target) for the target's
+    logit there, or +1 and −1 at the target and a contrast token for their difference; a loss's gradient
+    (cross_entropy_backward) gives the training gradients. The metric being linear in the logits is not
+    assumed: any dlogits is pulled back through the same pass (for a non-linear metric, compute the logits
+    first and its gradient from them). hooks=False leaves `activations` empty (nothing extra is kept);
+    param_grads=False skips the parameters' gradients (`params` None), about a third of the work.
+    Computed in the parameters' dtype; the configurations core/backprop.TRAINABLE accepts.
+    """
+    check_trainable(cfg)
+    tokens, dlogits = _check_batch(cfg, tokens, dlogits)
+    logits, saved = forward(params, cfg, tokens, keep_outputs=hooks)
+    want = _Wanted(params=param_grads, hooks={} if hooks else None)
+    grads, dembed = _backward(params, cfg, saved, dlogits.astype(logits.dtype, copy=False), want)
+    activations: dict[str, Hooked] = {}
+    if want.hooks is not None:
+        posts = [s.resid_pre for s in saved.layers[1:]] + [saved.resid_final]
+        for layer, (s, post) in enumerate(zip(saved.layers, posts)):
+            assert s.attn_out is not None
+            p = f"blocks.{layer}."
+            values = {
+                "hook_resid_pre": s.resid_pre,
+                "attn.hook_z": s.z.reshape(*s.z.shape[:-1], cfg.n_heads, -1),
+                "attn.hook_pattern": s.pattern,
+                "hook_attn_out": s.attn_out,
+            }
+            if not cfg.attn_only:
+                assert s.mlp_out is not None and s.ln2_in is not None
+                mid = s.resid_pre + s.attn_out if cfg.parallel_attn_mlp else s.ln2_in
+                values |= {"hook_resid_mid": mid, "hook_mlp_out": s.mlp_out}
+            values["hook_resid_post"] = post
+            activations |= {p + name: Hooked(value, want.hooks[p + name]) for name, value in values.items()}
+    return logits, Gradients(grads if param_grads else None, dembed, activations)

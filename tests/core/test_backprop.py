@@ -378,3 +378,120 @@ def test_an_attention_only_model_has_no_mlp_anywhere():
     np.testing.assert_array_equal(
         cache["blocks.0.hook_resid_post"], cache["blocks.0.hook_resid_pre"] + cache["blocks.0.hook_attn_out"]
     )
+
+
+# ------------------------------------------------------------------ gradients of any metric (backprop.gradients)
+
+GRADIENT_CASES = {
+    "gpt2": TransformerConfig(d_model=8, n_heads=2, n_layers=2, d_vocab=16, n_ctx=6, d_mlp=12, act_fn="gelu_new"),
+    "rotary-parallel-untied": TransformerConfig(
+        d_model=8,
+        n_heads=2,
+        n_layers=2,
+        d_vocab=16,
+        n_ctx=6,
+        d_mlp=12,
+        positional_embedding_type="rotary",
+        parallel_attn_mlp=True,
+        tied_embeddings=False,
+        bias=True,
+    ),
+    "attn-only-local": TransformerConfig(
+        d_model=8,
+        n_heads=2,
+        n_layers=2,
+        d_vocab=16,
+        n_ctx=6,
+        attn_only=True,
+        window_size=2,
+        attn_types=("local", "global"),
+    ),
+}
+
+
+def _metric_with_edit(params, cfg, seq, dlogits, name, delta) -> float:
+    """Σ dlogits · logits of one sequence through core.model's own blocks (the single-sequence forward, not
+    backprop's), with `delta` added to the activation `name` as it is made."""
+    from core.hooks import PassContext
+    from core.model import embed, norm, transformer_block, unembedding
+
+    ctx = PassContext((), edit=lambda n, v: v + delta if n == name else v)
+    x = embed(params, cfg, seq, ctx)
+    for layer, block in enumerate(params["blocks"]):
+        x, _ = transformer_block(x, block, cfg, ctx, layer)
+    W_U, b_U = unembedding(params)
+    logits = norm(x, params["ln_final"], cfg) @ W_U + (0.0 if b_U is None else b_U)
+    return float(np.sum(dlogits * logits))
+
+
+def _gradient_case(name: str):
+    cfg = GRADIENT_CASES[name]
+    params, rng = random_model(cfg, 11)
+    tokens = rng.permutation(cfg.d_vocab)[:10].reshape(2, 5)  # no token twice: each W_E row feeds one position
+    dlogits = rng.standard_normal((2, 5, cfg.d_vocab))
+    return cfg, params, rng, tokens, dlogits
+
+
+@pytest.mark.parametrize("case", sorted(GRADIENT_CASES))
+def test_gradients_at_every_hook_match_central_differences_through_core_model(case):
+    """The directional derivative of the metric along a random direction, by central differences through
+    core.model's blocks (which edit an activation where it is made), equals ⟨gradient, direction⟩."""
+    cfg, params, rng, tokens, dlogits = _gradient_case(case)
+    logits, g = backprop.gradients(params, cfg, tokens, dlogits)
+    for b, seq in enumerate(tokens):
+        np.testing.assert_allclose(logits[b], run_with_cache(params, cfg, seq)[0], rtol=1e-12, atol=1e-12)
+    expected = {"hook_resid_pre", "attn.hook_z", "attn.hook_pattern", "hook_attn_out", "hook_resid_post"}
+    if not cfg.attn_only:
+        expected |= {"hook_resid_mid", "hook_mlp_out"}
+    assert set(g.activations) == {f"blocks.{layer}.{n}" for layer in range(cfg.n_layers) for n in expected}
+    checked = {"hook_embed": g.embed} | {n: h.grad for n, h in g.activations.items() if "pattern" not in n}
+    for name, grad in checked.items():
+        b = int(rng.integers(2))
+        assert grad.shape[0] == 2 and (name == "hook_embed" or g.activations[name].value.shape == grad.shape)
+        direction = rng.standard_normal(grad.shape[1:])
+        plus = _metric_with_edit(params, cfg, tokens[b], dlogits[b], name, H * direction)
+        minus = _metric_with_edit(params, cfg, tokens[b], dlogits[b], name, -H * direction)
+        numeric = (plus - minus) / (2 * H)
+        assert abs(float(np.sum(grad[b] * direction)) - numeric) <= REL_TOL * max(1.0, abs(numeric)), name
+
+
+@pytest.mark.parametrize("case", sorted(GRADIENT_CASES))
+def test_gradients_values_are_core_model_activations_and_pattern_gradient_is_dz_vT(case):
+    from core.attention import split_heads
+
+    cfg, params, _, tokens, dlogits = _gradient_case(case)
+    _, g = backprop.gradients(params, cfg, tokens, dlogits, param_grads=False)
+    assert g.params is None
+    for b, seq in enumerate(tokens):
+        cache = run_with_cache(params, cfg, seq)[1]
+        for name, hooked in g.activations.items():
+            np.testing.assert_allclose(hooked.value[b], cache[name], rtol=1e-12, atol=1e-12, err_msg=name)
+    _, saved = backprop.forward(params, cfg, tokens)
+    for layer, s in enumerate(saved.layers):
+        dz = split_heads(g.activations[f"blocks.{layer}.attn.hook_z"].grad.reshape(2, 5, -1), cfg.n_heads)
+        np.testing.assert_allclose(
+            g.activations[f"blocks.{layer}.attn.hook_pattern"].grad, dz @ np.swapaxes(s.v, -1, -2), rtol=1e-12
+        )
+
+
+@pytest.mark.parametrize("case", sorted(GRADIENT_CASES))
+def test_gradients_of_the_loss_are_the_training_gradients(case):
+    cfg, params, rng, tokens, _ = _gradient_case(case)
+    targets = rng.integers(0, cfg.d_vocab, tokens.shape)
+    logits, saved = backprop.forward(params, cfg, tokens)
+    dlogits = cross_entropy_backward(cross_entropy(logits, targets)[1], targets)
+    _, g = backprop.gradients(params, cfg, tokens, dlogits, hooks=False)
+    _, expected = backprop.loss_and_grads(params, cfg, tokens, targets)
+    assert g.activations == {} and g.params is not None
+    for name, a in iter_arrays(expected):
+        np.testing.assert_allclose(get(g.params, name), a, rtol=1e-12, atol=1e-15, err_msg=name)
+
+
+def test_gradients_refuse_bad_shapes_saying_what_was_expected():
+    cfg, params, _, tokens, dlogits = _gradient_case("gpt2")
+    with pytest.raises(InputError, match=r"\[batch, pos\]"):
+        backprop.gradients(params, cfg, tokens[0], dlogits[0])
+    with pytest.raises(InputError, match="shaped like the logits"):
+        backprop.gradients(params, cfg, tokens, dlogits[:, :3])
+    with pytest.raises(InputError, match="must lie in"):
+        backprop.gradients(params, cfg, tokens + cfg.d_vocab, dlogits)
