@@ -7,6 +7,7 @@ PY     := $(VENV)/bin/python
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 PYTEST_ARGS ?=
+TEST_WORKERS ?= 2
 
 VENDOR := static/vendor
 # The files the app serves from the npm packages pinned in package-lock.json are listed once,
@@ -62,7 +63,13 @@ test: setup
 	$(PY) -m ruff check .
 	$(PY) -m mypy  # core/ and app/, as pyproject.toml's [tool.mypy] says
 	npx --no-install eslint static/js eslint.config.js
-	$(PY) -m pytest $(PYTEST_ARGS)
+	# Two passes, both always run: what can share the machine on TEST_WORKERS processes (pytest-xdist), then
+	# the serial tests (servers, browsers, load; tests/conftest.py's SERIAL) in one. Exit status 5 is
+	# "no tests collected": a PYTEST_ARGS that selects only one kind leaves the other pass empty.
+	status=0; \
+	$(PY) -m pytest -n $(TEST_WORKERS) -m "not serial" $(PYTEST_ARGS) || { s=$$?; [ $$s -eq 5 ] || status=$$s; }; \
+	$(PY) -m pytest -m serial $(PYTEST_ARGS) || { s=$$?; [ $$s -eq 5 ] || status=$$s; }; \
+	exit $$status
 
 # The edit loop, not what CI runs (that is `make test`): ruff and eslint, then core, the API, the pages and the
 # tree's own checks (tests/test_*.py) on two processes (pytest-xdist), without the browser (tests/browser),

@@ -71,7 +71,15 @@ SLOW = {
 }
 
 
+# What `make test` runs in one process, after the rest has run on two (pytest-xdist): the folders whose tests
+# start live servers, headless Chromium, redis-server, Caddy or containers and time what a user would see.
+# Two of them at once on a two-core machine would measure each other's load, not the product.
+SERIAL = ("tests/browser/", "tests/scale/", "tests/deploy/", "tests/security/")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if any(item.nodeid == key or item.nodeid.startswith((key + "::", key + "[")) for key in SLOW):
             item.add_marker(pytest.mark.slow)
+        if item.nodeid.startswith(SERIAL):
+            item.add_marker(pytest.mark.serial)
