@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -179,4 +180,35 @@ class PassContext:
                 self._used = -self._block.ctypes.data % self.HUGE_PAGE  # start on a huge-page boundary
         out = self._block[self._used : self._used + nbytes].view(dtype).reshape(shape)
         self._used += -(-nbytes // 64) * 64  # the next one starts 64-byte aligned
+        return out
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Several sequences in one pass's rows (transformer_block's `batch`): sequence i is `sizes[i]` rows, the
+    positions starts[i], starts[i] + 1, ... after the first starts[i] positions of the pass's shared `past`
+    (activation patching's variants of one run, each from its first patched position on)."""
+
+    starts: tuple[int, ...]
+    sizes: tuple[int, ...]
+
+    def positions(self) -> np.ndarray:
+        """Every row's position.  # [rows]"""
+        return np.concatenate([np.arange(start, start + size) for start, size in zip(self.starts, self.sizes)])
+
+    def ends(self) -> np.ndarray:
+        """Each sequence's last row.  # [sequences]"""
+        return np.cumsum(self.sizes) - 1
+
+    def runs(self) -> list[tuple[slice, int, int, int]]:
+        """Consecutive sequences alike, as (their rows, start, size, how many): attention's calls."""
+        out: list[tuple[slice, int, int, int]] = []
+        row = 0
+        for start, size in zip(self.starts, self.sizes):
+            if out and out[-1][1:3] == (start, size):
+                rows, _start, _size, count = out[-1]
+                out[-1] = (slice(rows.start, row + size), start, size, count + 1)
+            else:
+                out.append((slice(row, row + size), start, size, 1))
+            row += size
         return out

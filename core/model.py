@@ -11,7 +11,8 @@ Any of them yields every head's queries, keys and values in one matrix multiply 
 `per_head_weights` gives TransformerLens' per-head views of the same numbers.
 
 The forward pass works on one sequence of token ids ([pos], no batch axis) so shapes
-read exactly as the spec prints them. Activation names and what a pass records under them
+read exactly as the spec prints them; a block can also run several sequences' rows side by side
+(core/hooks.py Batch: activation patching's variants of one run). Activation names and what a pass records under them
 (the hooks, the thread team, the memory: PassContext) are in core/hooks.py.
 """
 
@@ -27,7 +28,7 @@ from .attention import scaled_dot_product_attention, split_heads
 from .config import TransformerConfig
 from .errors import InputError
 from .functional import ACTIVATIONS, layer_norm, rms_norm, softmax
-from .hooks import PassContext
+from .hooks import Batch, PassContext
 from .i18n import _
 from .positions import rotary, sinusoidal
 from .threads import SERIAL, Team, team_for
@@ -239,6 +240,7 @@ def attention_block(
     ablate: Mapping[int, Ablation] | None = None,
     past: tuple[np.ndarray, np.ndarray] | None = None,  # this layer's cached K, V [n_kv_heads, past, d_head]
     window: int | None = None,  # a local layer's span in tokens (None: a global layer)
+    batch: Batch | None = None,  # several sequences' rows in x (see transformer_block)
 ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:  # -> [pos, d_model], (K, V) including this pass
     q, k, v = project_qkv(x, attn, cfg, ctx, prefix)
     # q [n_heads, pos, d_head], K and V [n_key_value_heads, pos, d_head]
@@ -249,7 +251,7 @@ def attention_block(
     start = 0 if past is None else past[0].shape[1]  # the new tokens' first position
     n_q = x.shape[0]
     if cfg.positional_embedding_type == "rotary":
-        positions = np.arange(start, start + n_q)
+        positions = np.arange(start, start + n_q) if batch is None else batch.positions()
         q, k = (
             _rotate(
                 m, positions, cfg, ctx.empty(f"{prefix}attn.hook_rot_{name}", m.swapaxes(0, 1).shape, m.dtype), ctx.team
@@ -258,6 +260,8 @@ def attention_block(
         )
         ctx.hook(f"{prefix}attn.hook_rot_q", q.swapaxes(0, 1))
         ctx.hook(f"{prefix}attn.hook_rot_k", k.swapaxes(0, 1))
+    if batch is not None:
+        return _batched_attention(q, k, v, attn, cfg, ctx, prefix, ablate, past, window, batch)
     if past is not None:  # the new queries see every cached key, then their own
         k, v = np.concatenate([past[0], k], axis=1), np.concatenate([past[1], v], axis=1)
     # The [n_heads, pos, pos] scores and pattern are the largest activations: build them only when kept.
@@ -290,6 +294,52 @@ def attention_block(
     return out, (k, v)
 
 
+def _batched_attention(
+    q: np.ndarray,  # [n_heads, rows, d_head], k and v [n_key_value_heads, rows, d_head]: every sequence's rows
+    k: np.ndarray,
+    v: np.ndarray,
+    attn: Mapping,
+    cfg: TransformerConfig,
+    ctx: PassContext,
+    prefix: str,
+    ablate: Mapping[int, Ablation] | None,
+    past: tuple[np.ndarray, np.ndarray] | None,  # [n_kv_heads, past, d_head], shared by the sequences
+    window: int | None,
+    batch: Batch,
+) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:  # -> [rows, d_model], the new rows' K, V
+    """attention_block's attention for a Batch: each sequence attends to `past`'s first `start` keys and its own
+    (sequences alike, one after the other, in one call with a leading batch axis). Keeps no scores or patterns."""
+    n_kv, group, d_head, d_v = cfg.n_key_value_heads, cfg.group_size, cfg.d_head, v.shape[-1]
+    z = ctx.empty(f"{prefix}attn.hook_z", (q.shape[1], cfg.n_heads, d_v), np.result_type(q, k, v))
+    for rows, start, size, count in batch.runs():
+        # [heads, count * size, d] -> [count, heads, size, d]
+        qs, ks, vs = (m[:, rows].reshape(m.shape[0], count, size, -1).swapaxes(0, 1) for m in (q, k, v))
+        if start:
+            assert past is not None  # a sequence that continues a past has one
+            ks, vs = (
+                np.concatenate([np.broadcast_to(p[:, :start], (count, *p[:, :start].shape)), m], axis=2)
+                for p, m in zip(past, (ks, vs))
+            )
+        scaled_dot_product_attention(
+            qs.reshape(count, n_kv, group, size, d_head),
+            ks[:, :, None],
+            vs[:, :, None],
+            causal=cfg.causal,
+            scale=cfg.use_attn_scale,
+            temperature=cfg.attn_temperature,
+            keep=False,
+            window=window,
+            out=z[rows].reshape(count, size, n_kv, group, d_v).transpose(0, 2, 3, 1, 4),
+            team=ctx.team,
+        )
+        per_sequence = z[rows].reshape(count, size, cfg.n_heads, d_v)
+        for head, how in (ablate or {}).items():
+            per_sequence[:, :, head] = per_sequence[:, :, head].mean(axis=1, keepdims=True) if how == "mean" else 0.0
+    z = ctx.hook(f"{prefix}attn.hook_z", z)
+    out = _hooked_linear(ctx, f"{prefix}hook_attn_out", z.reshape(z.shape[0], -1), attn["W_O"], attn.get("b_O"))
+    return out, (k, v)
+
+
 def mlp_block(x: np.ndarray, mlp: Mapping, cfg: TransformerConfig, ctx: PassContext, prefix: str) -> np.ndarray:
     """act(x W_in + b_in) W_out + b_out; gated (SwiGLU): (act(x W_gate + b_gate) * (x W_in + b_in)) W_out + b_out."""
     act, n, p = ACTIVATIONS[cfg.act_fn], x.shape[0], prefix
@@ -318,6 +368,7 @@ def transformer_block(
     layer: int,
     ablate: Mapping[int, Ablation] | None = None,
     past: tuple[np.ndarray, np.ndarray] | None = None,
+    batch: Batch | None = None,
 ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
     """Two residual additions: each sub-layer reads the stream and adds what it writes to it.
 
@@ -328,7 +379,12 @@ def transformer_block(
 
     hook_resid_mid is the stream between the two: under parallel, x + attn(ln1(x)), a partial sum the MLP
     does not read; under post-norm, the normalised sum the MLP receives. Returns the block's output
-    [pos, d_model] and this layer's keys and values (with `past`'s before them)."""
+    [pos, d_model] and this layer's keys and values (with `past`'s before them).
+
+    batch: x holds several sequences' rows one after the other (a Batch: each continues `past`'s first
+    `start` positions); every step but attention works row by row over all of them, and attention attends
+    within each sequence. K and V come back for the new rows only. Variants of one run (activation
+    patching's cells) then share each weight matrix's read."""
     p = f"blocks.{layer}."
     x = ctx.hook(p + "hook_resid_pre", x)
     post_norm = cfg.block_type == "post_norm"
@@ -345,7 +401,7 @@ def transformer_block(
 
     first = p + ("hook_resid_post" if cfg.attn_only else "hook_resid_mid")  # the stream after the first addition
     attn_out, kv = attention_block(
-        x if post_norm else ln(x, "ln1"), block["attn"], cfg, ctx, p, ablate, past, cfg.window(layer)
+        x if post_norm else ln(x, "ln1"), block["attn"], cfg, ctx, p, ablate, past, cfg.window(layer), batch
     )  # hook_attn_out [pos, d_model]
     if post_norm:
         x = ctx.hook(first, ln(plus(x, attn_out), "ln1"))  # x = ln1(x + attn(x))

@@ -25,7 +25,9 @@ block. It shares what it can with the run it patches: a patch at layer l starts 
 run's residual stream, and a patch at position p computes positions p, p+1, ... only, with the
 earlier positions' keys and values from that run as a KV cache (the causal mask means they cannot
 change). A full sweep of a layer × position grid is then about a quarter of the work of running
-every patched pass whole.
+every patched pass whole. A sweep runs its cells in batches (sweep_batches, core.hooks.Batch): the cells
+of one layer side by side in one pass's rows, each from its own patched position, so that each weight
+matrix is read once for a few hundred rows instead of once per cell; the numbers are one run's per cell.
 
 Frozen attention: every attention pattern downstream of the patch can be held at its value in
 the unpatched run (`frozen=True`), so a head's effect through later heads' *patterns* (their
@@ -38,17 +40,16 @@ Needs a causal, pre-norm decoder: the metric reads the next-token prediction at 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from .attention import merge_heads
 from .cache import ActivationCache, check_position, check_token, run_with_cache
 from .config import TransformerConfig
 from .errors import InputError
 from .functional import softmax
-from .hooks import PassContext
+from .hooks import Batch, PassContext
 from .i18n import _
 from .model import Ablation, Params, ablation_by_layer, norm, per_head_weights, transformer_block, unembedding
 from .params import count_params
@@ -209,9 +210,10 @@ class PassEditor:
         edits: Mapping[str, Callable[[np.ndarray], np.ndarray]],
         frozen_from: int | None,
         ablate: Mapping[int, Mapping[int, Ablation]] | None = None,
+        batch: Batch | None = None,
     ):
         self.params, self.cfg, self.base, self.start = params, cfg, base, start
-        self.edits, self.frozen_from, self.ablate = edits, frozen_from, ablate or {}
+        self.edits, self.frozen_from, self.ablate, self.batch = edits, frozen_from, ablate or {}, batch
         self._v: np.ndarray | None = None
 
     def __call__(self, name: str, value: np.ndarray) -> np.ndarray:
@@ -226,19 +228,31 @@ class PassEditor:
         return value if edit is None else edit(value)
 
     def _frozen_attention(self, layer: int) -> np.ndarray:
-        """This layer's output with the unpatched run's patterns: z = pattern @ V for every head."""
+        """This layer's output with the unpatched run's patterns: z = pattern @ V for every head (in a batched
+        run, of every sequence: the same patterns, each its own values)."""
         cfg, start = self.cfg, self.start
-        past_v = self.base.past_kv.values[layer][:, :start]  # [n_kv_heads, start, d_head]
+        values = self.base.past_kv.values[layer]  # [n_kv_heads, pos, d_head]
         assert self._v is not None  # recorded by this layer's hook_v, before its attention is frozen
-        v = np.concatenate([past_v, self._v.swapaxes(0, 1)], axis=1)  # [n_kv_heads, pos, d_head]
-        pattern = self.base[f"blocks.{layer}.attn.hook_pattern"][:, start:]  # [n_heads, new pos, pos]
-        n_new = pattern.shape[1]
-        z = pattern.reshape(cfg.n_key_value_heads, cfg.group_size, n_new, -1) @ v[:, None]
-        z = z.reshape(cfg.n_heads, n_new, -1)  # [n_heads, new pos, d_head]
-        for head, how in self.ablate.get(layer, {}).items():
-            z[head] = z[head].mean(axis=0) if how == "mean" else 0.0
+        new_v = self._v.swapaxes(0, 1)  # [n_kv_heads, rows, d_head]
+        runs = [(slice(None), start, new_v.shape[1], 1)] if self.batch is None else self.batch.runs()
+        z = np.empty((new_v.shape[1], cfg.n_heads, new_v.shape[2]), np.result_type(new_v, values))  # [rows, h, d]
+        for rows, first, size, count in runs:
+            # [count, n_kv_heads, pos, d_head]: the unpatched run's values before `first`, each sequence's after
+            v = np.concatenate(
+                [
+                    np.broadcast_to(values[:, :first], (count, *values[:, :first].shape)),
+                    new_v[:, rows].reshape(new_v.shape[0], count, size, -1).swapaxes(0, 1),
+                ],
+                axis=2,
+            )
+            pattern = self.base[f"blocks.{layer}.attn.hook_pattern"][:, first:]  # [n_heads, size, pos]
+            zs = pattern.reshape(cfg.n_key_value_heads, cfg.group_size, size, -1) @ v[:, :, None]
+            zs = zs.reshape(count, cfg.n_heads, size, -1)  # [count, n_heads, size, d_head]
+            for head, how in self.ablate.get(layer, {}).items():
+                zs[:, head] = zs[:, head].mean(axis=1, keepdims=True) if how == "mean" else 0.0
+            z[rows] = zs.transpose(0, 2, 1, 3).reshape(count * size, cfg.n_heads, -1)
         attn = self.params["blocks"][layer]["attn"]
-        out = merge_heads(z) @ attn["W_O"]  # [new pos, d_model]
+        out = z.reshape(z.shape[0], -1) @ attn["W_O"]  # [rows, d_model]
         return out + attn["b_O"] if "b_O" in attn else out
 
 
@@ -252,25 +266,36 @@ def resume(
     edits: Mapping[str, Callable[[np.ndarray], np.ndarray]] | None = None,
     frozen_from: int | None = None,
     ablate: Mapping[int, Mapping[int, Ablation]] | None = None,
+    batch: Batch | None = None,
 ) -> np.ndarray:
     """Run the blocks from `layer` on, for positions start, start + 1, ... only, from their residual
     stream x [pos - start, d_model]; the earlier positions' keys and values are `base`'s (their
-    activations cannot change under a causal mask). Returns the last position's final stream [d_model]."""
+    activations cannot change under a causal mask). Returns the last position's final stream [d_model].
+
+    batch: x holds several variants of the run, each from its own start (core.hooks.Batch; `start` is then
+    the earliest), and the result is each one's last final stream [variants, d_model]; `edits` see the
+    activations of every variant's rows, one after the other."""
     # keeps nothing, so the blocks take their fast path (no attention scores or patterns made)
-    ctx = PassContext((), edit=PassEditor(params, cfg, base, start, edits or {}, frozen_from, ablate))
+    ctx = PassContext((), edit=PassEditor(params, cfg, base, start, edits or {}, frozen_from, ablate, batch))
     kv = base.past_kv
     for at in range(layer, cfg.n_layers):
-        past = (kv.keys[at][:, :start], kv.values[at][:, :start]) if start else None
-        x, _ = transformer_block(x, params["blocks"][at], cfg, ctx, at, (ablate or {}).get(at), past)
-    return x[-1]
+        past: tuple[np.ndarray, np.ndarray] | None
+        if batch is not None:  # every variant's earlier keys: the unpatched run's, up to the latest start
+            past = (kv.keys[at][:, : max(batch.starts)], kv.values[at][:, : max(batch.starts)])
+        else:
+            past = (kv.keys[at][:, :start], kv.values[at][:, :start]) if start else None
+        x, _ = transformer_block(x, params["blocks"][at], cfg, ctx, at, (ablate or {}).get(at), past, batch)
+    return x[-1] if batch is None else x[batch.ends()]
 
 
-def _set_rows(new: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
-    """Replace the first len(new) rows (the patched positions) of an activation."""
+def _set_rows(new: np.ndarray, where: list[tuple[int, int]]) -> Callable[[np.ndarray], np.ndarray]:
+    """Replace rows of an activation: row r with new[p] for each (r, p) of `where` (a patched position p)."""
+    rows = np.array([r for r, _p in where])
+    positions = np.array([p for _r, p in where])
 
     def edit(value: np.ndarray) -> np.ndarray:
         value = value.copy()
-        value[: len(new)] = new
+        value[rows] = new[positions]
         return value
 
     return edit
@@ -278,6 +303,73 @@ def _set_rows(new: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
 
 def _add(delta: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
     return lambda value: value + delta
+
+
+def patched_resids(
+    params: Params,
+    cfg: TransformerConfig,
+    base: ActivationCache,
+    source: ActivationCache,
+    patches: Sequence[Patch],
+    frozen: bool = False,
+) -> np.ndarray:
+    """The last position's final residual stream of `base`'s run with one activation from `source`'s, for each
+    patch [len(patches), d_model], in one batched run (core.hooks.Batch) when there are several: the patches
+    are of one target at one layer, and each variant runs from its patched position on (a whole head's or
+    pattern's from position 0), as one patched run would."""
+    n = base.tokens.size
+    patches = [check_patch(p, cfg, n) for p in patches]
+    target, layer = patches[0].target, patches[0].layer
+    assert all(p.target == target and p.layer == layer for p in patches), "one batched run: one target, one layer"
+    starts = [0 if p.pos is None else p.pos for p in patches]
+    batch = None if len(patches) == 1 else Batch(tuple(starts), tuple(n - s for s in starts))
+    offsets = np.cumsum([0] + [n - s for s in starts])  # each variant's first row
+    # every row's position, and for each variant the rows (and positions) it patches
+    positions = np.concatenate([np.arange(s, n) for s in starts])
+    where = [
+        (np.arange(offsets[i], offsets[i + 1]) if p.pos is None else np.array([offsets[i]]))
+        for i, p in enumerate(patches)
+    ]
+    b = f"blocks.{layer}."
+    x = base[b + "hook_resid_pre"][positions]  # [rows, d_model]
+    edits: dict[str, Callable] = {}
+    frozen_from = layer + 1  # the patched layer's own attention reads an unpatched stream, except:
+    if target == "resid_pre":
+        for rows in where:
+            x[rows] = source[b + "hook_resid_pre"][positions[rows]]
+        frozen_from = layer
+    elif target in ("resid_mid", "resid_post", "mlp_out"):
+        pairs = [(int(r), int(positions[r])) for rows in where for r in rows]
+        edits[b + "hook_" + target] = _set_rows(source[b + "hook_" + target], pairs)
+    else:  # a head's output, through its z: attn_out gains (z_new - z) @ W_O[h] at the patched positions
+        W_O = per_head_weights(params["blocks"][layer]["attn"], cfg)["W_O"]  # [n_heads, d_head, d_model]
+        z_base = base[b + "attn.hook_z"]  # [pos, n_heads, d_head]
+        delta = np.zeros(x.shape, dtype=np.result_type(z_base, W_O))  # [rows, d_model]
+        for rows, p in zip(where, patches):
+            assert p.head is not None  # a head's target names its head (check_patch)
+            at = positions[rows]
+            if target == "attn_head":
+                z_new = source[b + "attn.hook_z"][at, p.head]
+            else:  # pattern: the source's pattern over the base run's values
+                v = base.past_kv.values[layer][cfg.kv_head(p.head)]  # [pos, d_head]
+                z_new = source[b + "attn.hook_pattern"][p.head][at] @ v
+            delta[rows] = (z_new - z_base[at, p.head]) @ W_O[p.head]
+        if cfg.attn_only or cfg.parallel_attn_mlp:
+            # Nothing in this block reads its attention's output (no MLP, or one that reads the block's input):
+            # its output is the unpatched run's plus the change, and the run resumes at the next layer.
+            x = base[b + "hook_resid_post"][positions] + delta
+            if layer + 1 == cfg.n_layers:
+                return x[offsets[1:] - 1]
+            return _each(
+                resume(params, cfg, base, layer + 1, min(starts), x, {}, frozen_from if frozen else None, batch=batch)
+            )
+        edits[b + "hook_attn_out"] = _add(delta)
+    return _each(resume(params, cfg, base, layer, min(starts), x, edits, frozen_from if frozen else None, batch=batch))
+
+
+def _each(resid: np.ndarray) -> np.ndarray:
+    """resume's answer as [variants, d_model], one variant or several."""
+    return resid.reshape(-1, resid.shape[-1])
 
 
 def patched_resid(
@@ -289,40 +381,7 @@ def patched_resid(
     frozen: bool = False,
 ) -> np.ndarray:
     """The last position's final residual stream [d_model] of `base`'s run with one activation from `source`'s."""
-    n = base.tokens.size
-    patch = check_patch(patch, cfg, n)
-    target, layer, head, pos = patch.target, patch.layer, patch.head, patch.pos
-    start = 0 if pos is None else pos
-    rows = slice(None) if pos is None else slice(pos, pos + 1)  # the patched positions
-    b = f"blocks.{layer}."
-    x = base[b + "hook_resid_pre"][start:]
-    edits: dict[str, Callable] = {}
-    frozen_from = layer + 1  # the patched layer's own attention reads an unpatched stream, except:
-    if target == "resid_pre":
-        x = _set_rows(source[b + "hook_resid_pre"][rows])(x)
-        frozen_from = layer
-    elif target in ("resid_mid", "resid_post", "mlp_out"):
-        edits[b + "hook_" + target] = _set_rows(source[b + "hook_" + target][rows])
-    else:  # a head's output, through its z: attn_out gains (z_new - z) @ W_O[h] at the patched positions
-        assert head is not None  # a head's target names its head (check_patch)
-        W_O = per_head_weights(params["blocks"][layer]["attn"], cfg)["W_O"][head]  # [d_head, d_model]
-        z_base = base[b + "attn.hook_z"][rows, head]  # [pos, d_head]
-        if target == "attn_head":
-            z_new = source[b + "attn.hook_z"][rows, head]
-        else:  # pattern: the source's pattern over the base run's values
-            v = base.past_kv.values[layer][cfg.kv_head(head)]  # [pos, d_head]
-            z_new = source[b + "attn.hook_pattern"][head][rows] @ v
-        delta = np.zeros((n - start, W_O.shape[1]), dtype=np.result_type(z_new, W_O))
-        delta[: len(z_new)] = (z_new - z_base) @ W_O
-        if cfg.attn_only or cfg.parallel_attn_mlp:
-            # Nothing in this block reads its attention's output (no MLP, or one that reads the block's input):
-            # its output is the unpatched run's plus the change, and the run resumes at the next layer.
-            x = base[b + "hook_resid_post"][start:] + delta
-            if layer + 1 == cfg.n_layers:
-                return x[-1]
-            return resume(params, cfg, base, layer + 1, start, x, {}, frozen_from if frozen else None)
-        edits[b + "hook_attn_out"] = _add(delta)
-    return resume(params, cfg, base, layer, start, x, edits, frozen_from if frozen else None)
+    return patched_resids(params, cfg, base, source, [patch], frozen)[0]
 
 
 # ------------------------------------------------------------------ sweeps
@@ -370,6 +429,35 @@ def sweep_cells(cfg: TransformerConfig, n: int, target: str) -> tuple[list[str],
     )
 
 
+# Rows (variants x positions) of one batched patched run: enough that each weight matrix is read once for a few
+# hundred rows (a matrix product's speed), few enough that the run's activations stay small.
+BATCH_ROWS = 256
+
+
+def sweep_batches(cfg: TransformerConfig, n: int, target: str) -> list[list[tuple[int, Patch]]]:
+    """The sweep's cells (their index in the grid, row by row, and their patch) in the batches it runs them in:
+    one target at one layer each, the cells sorted by their first position, as many as fit BATCH_ROWS rows
+    (a cell's rows: its positions from its first patched one on; at least one cell a batch)."""
+    _rows, _columns, cells = sweep_cells(cfg, n, target)
+    width = len(cells[0])
+    by_layer: dict[int, list[tuple[int, Patch]]] = {}
+    for r, row in enumerate(cells):
+        for c, cell in enumerate(row):
+            by_layer.setdefault(cell.layer, []).append((r * width + c, cell))
+    batches: list[list[tuple[int, Patch]]] = []
+    for layer_cells in by_layer.values():
+        layer_cells.sort(key=lambda item: item[1].pos or 0)
+        rows = BATCH_ROWS
+        for item in layer_cells:
+            size = n - (item[1].pos or 0)
+            if rows + size > BATCH_ROWS:
+                batches.append([])
+                rows = 0
+            batches[-1].append(item)
+            rows += size
+    return batches
+
+
 def sweep_passes(cfg: TransformerConfig, n: int, target: str) -> int:
     """Patched runs in a sweep: one per cell."""
     check_target(target, cfg)
@@ -396,7 +484,7 @@ def sweep_work(cfg: TransformerConfig, n: int, target: str, metric: str = "logit
         return work + cfg.d_model * (2 if metric == "logit_diff" else cfg.d_vocab)
 
     whole = 2 * (n * per_block * cfg.n_layers + 2 * n * n * attend * cfg.n_layers)
-    rows, _, cells = sweep_cells(cfg, n, target)
+    _rows, _columns, cells = sweep_cells(cfg, n, target)
     return whole + sum(tail(c.layer, c.pos or 0) for row in cells for c in row)
 
 
@@ -412,8 +500,10 @@ def sweep(
     direction: str = "denoise",
     metric: str = "logit_diff",
     frozen: bool = False,
+    batched: bool = True,
 ) -> PatchingResult:
-    """Patch every cell of a target's grid, one patched run per cell (see the module docstring)."""
+    """Patch every cell of a target's grid, one patched run per cell (see the module docstring), several cells
+    to a batched run (sweep_batches; batched=False: one run each, the same numbers to rounding)."""
     require_causal_decoder(cfg)
     clean, corrupted = check_pair(clean, corrupted)
     check_target(target, cfg)
@@ -456,10 +546,14 @@ def sweep(
         )
     base, source = (corrupted_run, clean_run) if direction == "denoise" else (clean_run, corrupted_run)
     rows, cols, cells = sweep_cells(cfg, clean.size, target)
-    streams = np.stack(
-        [final_resid(clean_run), final_resid(corrupted_run)]
-        + [patched_resid(params, cfg, base, source, cell, frozen) for row in cells for cell in row]
-    )
+    streams = np.empty((2 + len(rows) * len(cols), cfg.d_model), final_resid(clean_run).dtype)
+    streams[0], streams[1] = final_resid(clean_run), final_resid(corrupted_run)
+    if batched:
+        for batch in sweep_batches(cfg, clean.size, target):
+            index = [2 + i for i, _cell in batch]
+            streams[index] = patched_resids(params, cfg, base, source, [cell for _i, cell in batch], frozen)
+    else:
+        streams[2:] = [patched_resid(params, cfg, base, source, cell, frozen) for row in cells for cell in row]
     values = measure(streams)
     clean_metric, corrupted_metric = float(values[0]), float(values[1])
     raw = values[2:].reshape(len(cells), len(cells[0]))

@@ -359,3 +359,24 @@ def test_patched_logits_equal_transformers_with_torch_hooks(name, dtype, atol):
         base, source = (clean, corrupted) if noise else (corrupted, clean)
         ours = last_logits(params, cfg, patched_resid(params, cfg, base, source, patch))
         np.testing.assert_allclose(ours, expected, atol=atol, rtol=0, err_msg=f"{name} {patch} noise={noise}")
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("frozen", [False, True])
+def test_a_batched_sweep_equals_one_run_per_cell(variant, frozen, monkeypatch):
+    """Cells run several to a pass (core.hooks.Batch: each variant from its own patched position, attention
+    within each): the numbers of one patched run per cell, to rounding, on every target and both directions."""
+    import core.patching
+
+    monkeypatch.setattr(core.patching, "BATCH_ROWS", 20)  # several batches a layer, of different starts
+    cfg, params = model(variant)
+    assert any(len({c.pos for _i, c in b}) > 1 for b in core.patching.sweep_batches(cfg, CLEAN.size, "resid_pre"))
+    for i, target in enumerate(TARGETS):
+        if cfg.attn_only and target in ("resid_mid", "mlp_out"):
+            continue
+        direction = DIRECTIONS[(i + frozen) % 2]  # each target both ways over the two frozen settings
+        kw = dict(direction=direction, frozen=frozen, metric="prob" if target == "pattern" else "logit_diff")
+        batched = sweep(params, cfg, CLEAN, CORRUPTED, 2, 5, target, **kw)
+        single = sweep(params, cfg, CLEAN, CORRUPTED, 2, 5, target, batched=False, **kw)
+        np.testing.assert_allclose(batched.raw, single.raw, rtol=0, atol=1e-12)
+        assert batched.passes == single.passes == batched.raw.size
