@@ -8,6 +8,7 @@ reconstruction with the feature's activation set to `coefficient`, plus what the
 
     add:    x ← x + c · d                           d: a vector, or a feature's decoder row
     clamp:  x ← x + (c − a_i(x)) · W_dec[i]          = decode(a with a_i = c) + (x − decode(a)),  a = encode(x)
+    clamp a vector (no SAE):  x ← x + (c − x·d / d·d) · d     x's component along d set to c units of d
 
 With `frozen_attention`, every attention pattern from the first steered layer on is the unsteered run's:
 the steer then reaches the output only through values and the direct path, not through where later heads
@@ -37,6 +38,7 @@ from .sae import SAE
 
 Mode = Literal["add", "clamp"]
 MODES = ("add", "clamp")
+MAX_COEFFICIENT = 1000.0  # |coefficient| of one steer (a GPT-2 stream's norm is ~100; beyond this only noise)
 STEERABLE = re.compile(r"^blocks\.(\d+)\.hook_resid_(pre|mid|post)$")
 
 
@@ -102,8 +104,14 @@ def check_steer(steer: Steer, cfg: TransformerConfig, n: int) -> Steer:
         )
     if not np.all(np.isfinite(direction)) or not np.isfinite(steer.coefficient):
         raise InputError(_("a steering vector and its coefficient must be finite numbers"))
-    if steer.mode == "clamp" and (steer.sae is None or steer.feature is None):
-        raise InputError(_("clamp sets an SAE feature's activation: give the feature (its SAE and index)"))
+    if abs(steer.coefficient) > MAX_COEFFICIENT:
+        raise InputError(
+            _("coefficient {c:g} is beyond ±{most:g}: choose a smaller push").format(
+                c=steer.coefficient, most=MAX_COEFFICIENT
+            )
+        )
+    if steer.mode == "clamp" and steer.sae is None and not np.any(direction):
+        raise InputError(_("clamp sets the stream's component along the vector: give a vector that is not all zeros"))
     if steer.sae is not None and steer.sae.cfg.d_in != cfg.d_model:
         raise InputError(
             _("this SAE reads {d_in} numbers, the model's stream has {d_model}").format(
@@ -134,6 +142,9 @@ def _edit(steers: Sequence[Steer], n: int) -> Callable[[np.ndarray], np.ndarray]
             direction = np.asarray(s.direction, dtype=value.dtype)
             if s.mode == "add":
                 value[rows] += value.dtype.type(s.coefficient) * direction
+            elif s.sae is None:  # clamp along a vector: its component, in units of the vector, set to c
+                now = value[rows] @ direction / (direction @ direction)  # [rows]
+                value[rows] += (value.dtype.type(s.coefficient) - now)[:, None] * direction
             else:
                 assert s.sae is not None and s.feature is not None  # check_steer
                 now = s.sae.encode(value[rows])[..., s.feature].astype(value.dtype)  # [rows]

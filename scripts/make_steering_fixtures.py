@@ -6,7 +6,12 @@ GPT-2 checkpoint in tests/fixtures/gpt2-tiny, in float64, it records the last po
 - the same with every attention pattern from that block on held at the unsteered run's (frozen);
 - a vector added to a block's output (hook_resid_post), frozen from the next block on;
 - an SAE feature clamped at a block's input: x + (c - a_i(x)) W_dec[i], the SAE (a standard one, random
-  weights, written with core's save_sae into tests/fixtures/steering-sae/) encoded in torch.
+  weights, written with core's save_sae into tests/fixtures/steering-sae/) encoded in torch;
+- the vector clamped at a block's input: x + (c - x.v / v.v) v (its component along v set to c units of v);
+- greedy generation, steered at every step (no KV cache: each step is the whole text so far, as
+  core.generate.generate_steered does): the tokens and every step's logits, unsteered, and steered with
+  attention recomputed and frozen (frozen: before each steered step an unsteered pass over the same tokens
+  records the patterns the steered pass then uses).
 Hooks: a forward pre-hook on the block (its input is hook_resid_pre), a forward hook on the block (its
 output is hook_resid_post), and transformers' eager attention function wrapped to keep or replace weights.
 
@@ -33,6 +38,7 @@ FIXTURES = ROOT / "tests" / "fixtures"
 OUT = FIXTURES / "steering.npz"
 SAE_DIR = FIXTURES / "steering-sae"
 N_TOKENS = 10
+N_NEW = 8  # tokens generated greedily (prompt + N_NEW within the fixture's 32 positions)
 gpt2 = transformers.models.gpt2.modeling_gpt2
 
 
@@ -108,11 +114,22 @@ def main() -> None:
 
         return blocks[layer].register_forward_pre_hook(hook, with_kwargs=True)
 
+    def clamp_vector_before(layer, coefficient):
+        def hook(module, args, kwargs):
+            x = args[0].clone()
+            v = torch.tensor(vector)
+            now = x[0] @ v / (v @ v)  # [pos]
+            x[0] += (coefficient - now)[:, None] * v
+            return (x, *args[1:]), kwargs
+
+        return blocks[layer].register_forward_pre_hook(hook, with_kwargs=True)
+
     cases = {
         "pre1_add": (lambda: add_before(1, 4.0, [3, 7, 9]), 1),
         "post0_add": (lambda: add_after(0, -3.0, list(range(N_TOKENS))), 1),
         "pre0_add": (lambda: add_before(0, 2.5, [9]), 0),
         "pre1_clamp": (lambda: clamp_before(1, 5.0, 7), 1),
+        "pre1_vclamp": (lambda: clamp_vector_before(1, -2.0), 1),
     }
     for name, (install, frozen_from) in cases.items():
         for frozen in (False, True):
@@ -123,6 +140,33 @@ def main() -> None:
             if not frozen:  # the recomputed run recorded its own weights: put back the unsteered run's
                 attention.frozen_from = None
                 model(ids)
+
+    # greedy generation, N_NEW tokens, each step the whole text so far
+    def continuation(install=None, frozen_from=None):
+        text, logits = ids.clone(), []
+        for _ in range(N_NEW):
+            attention.frozen_from = None
+            if frozen_from is not None:
+                model(text)  # the unsteered patterns over the same tokens
+                attention.frozen_from = frozen_from
+            handle = install() if install else None
+            step = model(text).logits[0, -1]
+            if handle:
+                handle.remove()
+            attention.frozen_from = None
+            logits.append(step.numpy())
+            text = torch.cat([text, step.argmax().reshape(1, 1)], dim=1)
+        return text[0, N_TOKENS:].numpy(), np.stack(logits)
+
+    data["gen/unsteered/tokens"], data["gen/unsteered/logits"] = continuation()
+    generations = {
+        "gen_pre1_add": (lambda: add_before(1, 4.0, slice(None)), 1),
+        "gen_pre1_clamp": (lambda: clamp_before(1, 5.0, 7), 1),
+    }
+    for name, (install, frozen_from) in generations.items():
+        for frozen in (False, True):
+            key = f"{name}/{'frozen' if frozen else 'recomputed'}"
+            data[f"{key}/tokens"], data[f"{key}/logits"] = continuation(install, frozen_from if frozen else None)
     gpt2.eager_attention_forward = attention.original
     data["meta_generator_sha256"] = np.array(hashlib.sha256(Path(__file__).read_bytes()).hexdigest())
     data["meta_torch_version"] = np.array(torch.__version__)
