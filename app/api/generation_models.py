@@ -15,6 +15,7 @@ from pydantic import ConfigDict, Field
 
 from app.api import requests, responses
 from app.api.responses import Matrices, ResponseModel
+from app.api.steer_models import Steered
 from app.service.generation import GenerateSettings
 from app.service.spec import RunSpec
 
@@ -29,7 +30,7 @@ SAMPLING_HELP = (
 )
 
 
-class GenerateRequest(requests.ModelRequest):
+class GenerateRequest(Steered, requests.ModelRequest):
     model_config = ConfigDict(
         extra="forbid",
         json_schema_extra={
@@ -111,7 +112,7 @@ class GenerateRequest(requests.ModelRequest):
     def spec(self) -> RunSpec:
         """What to run: the model, the text and the toggles; the sampler's temperature and seed are not the
         attention temperature and weights' seed of the RunSpec, which keep the model's values."""
-        return super().spec().replace(temperature=None, seed=None)
+        return super().spec().replace(temperature=None, seed=None, steering=self.steering())
 
     def generate_settings(self) -> GenerateSettings:
         return GenerateSettings(

@@ -26,6 +26,7 @@ import annotated_types
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator
 from pydantic_core import PydanticCustomError
 
+from app.api.steer_models import Steered
 from app.http.language import _
 from app.service import AblatedHead, Knobs, RunSpec, knobs
 from app.service.calculators import Sizes
@@ -386,7 +387,7 @@ class AblatingRequest(ModelRequest):
     )
 
 
-class RunRequest(AblatingRequest):
+class RunRequest(Steered, AblatingRequest):
     model_config = ConfigDict(
         extra="forbid",
         json_schema_extra={
@@ -423,6 +424,9 @@ class RunRequest(AblatingRequest):
     top_k: Annotated[int, IntUpTo("max_top_k", low=0)] = Field(
         5, description="how many next-token predictions to return"
     )
+
+    def spec(self) -> RunSpec:
+        return super().spec().replace(steering=self.steering())
 
 
 # ------------------------------------------------------------------ looking inside (analysis)

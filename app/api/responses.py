@@ -170,6 +170,11 @@ class RunResponse(ModelResultResponse):
         description="with `ablate`, on a decoder: the prediction without the ablation and how much each of "
         "its top tokens' probability changed",
     )
+    steering_effect: AblationEffect | None = Field(
+        None,
+        description="with `steer`: the unsteered prediction (baseline_top_k) and each of its top tokens' "
+        "probability without the steers and with them (`top_k` is the steered prediction)",
+    )
 
 
 # ------------------------------------------------------------------ looking inside (analysis)

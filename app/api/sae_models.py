@@ -1,5 +1,6 @@
 """Request and response models of the SAE endpoints (app/api/routes/saes.py): the SAEs this server has, a text's
-features, a feature's dashboard. Read from the service's results (app/service/features.py) by their attributes."""
+features, a feature's dashboard, and a steering vector from two sets of texts. Read from the service's results
+(app/service/features.py, app/service/steering.py) by their attributes."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ from typing import Annotated
 from pydantic import ConfigDict, Field
 
 from app.api import requests
-from app.api.responses import ModelResultResponse, ResponseModel
+from app.api.responses import ModelResultResponse, ResponseModel, Vector
+from app.api.steer_models import MAX_FEATURE_INDEX
+from app.service import Knobs, RunSpec, knobs
 
 NAME_HELP = "an SAE's name, from GET /api/v1/saes"
-# A feature index's bound in the schema: 2^24 features, beyond the largest SAEs published (GemmaScope's 1M); the
-# SAE's own d_sae is checked by the service (422 naming its range).
-MAX_FEATURE_INDEX = 2**24 - 1
+__all__ = ["MAX_FEATURE_INDEX"]  # the feature index's bound, stated once in steer_models.py
 
 
 class LabelledFeatureModel(ResponseModel):
@@ -111,3 +112,59 @@ class FeatureDashboardResponse(ResponseModel):
     logit_effect: LogitEffectModel = Field(
         description="W_dec[i] · W_U (empty when the SAE's vectors are not the residual stream's width)"
     )
+
+
+# ------------------------------------------------------------------ a steering vector (difference of means)
+
+SteerText = Annotated[str, requests.TextUpTo("max_text_chars")]
+
+
+class SteeringVectorRequest(Knobs, requests.ModelChoice):
+    """The model (and its toggles), a residual-stream hook, and two sets of texts."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "model": "induction",
+                    "hook": "blocks.1.hook_resid_pre",
+                    "texts_a": ["I love this. It is wonderful", "What a great day"],
+                    "texts_b": ["I hate this. It is awful", "What a terrible day"],
+                }
+            ]
+        },
+    )
+
+    hook: str = Field(
+        max_length=200,
+        description="blocks.<layer>.hook_resid_pre, hook_resid_mid or hook_resid_post of the model",
+        examples=["blocks.1.hook_resid_pre"],
+    )
+    texts_a: Annotated[list[SteerText], requests.Limit("max_length", "steer_max_texts")] = Field(
+        min_length=1,
+        json_schema_extra=requests.stating(
+            "1 to {steer_max_texts} texts, each at most {max_text_chars:,} characters and {max_tokens:,} tokens: "
+            "the side the vector points to"
+        ),
+    )
+    texts_b: Annotated[list[SteerText], requests.Limit("max_length", "steer_max_texts")] = Field(
+        min_length=1,
+        json_schema_extra=requests.stating(
+            "1 to {steer_max_texts} texts, each at most {max_text_chars:,} characters and {max_tokens:,} tokens: "
+            "the side it points away from"
+        ),
+    )
+
+    def spec(self) -> RunSpec:
+        """The model and its toggles (the text: each of the texts in turn)."""
+        return RunSpec(model=self.model, text=self.texts_a[0], **{name: getattr(self, name) for name in knobs.names()})
+
+
+class SteeringVectorResponse(ResponseModel):
+    model: str
+    hook: str
+    vector: Vector = Field(description="[d_model]: the mean over every token of texts_a minus the same over texts_b")
+    norm: float = Field(description="the vector's length (L2)")
+    tokens_a: int = Field(description="tokens averaged over texts_a")
+    tokens_b: int = Field(description="tokens averaged over texts_b")

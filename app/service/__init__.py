@@ -34,6 +34,7 @@ from app.service.inspect import InspectViews
 from app.service.lessons import Lessons
 from app.service.limits import Limits
 from app.service.spec import AblatedHead, Method, RunSpec
+from app.service.steering import SteeringViews
 from app.service.training import TrainingService
 from app.service.views import ModelViews
 from app.settings import Settings
@@ -75,6 +76,7 @@ class Service:
         self.lessons = Lessons(catalog, self.limits)
         self.training = TrainingService(catalog, settings)
         self.generation = GenerationViews(self.views)
+        self.steering = SteeringViews(self.views)  # steered runs, steering vectors (generation steers through it)
 
     @property
     def preparations(self) -> int:

@@ -97,6 +97,21 @@ def patching(model: Model, cfg: TransformerConfig) -> str | None:
     return None
 
 
+def steering(model: Model, cfg: TransformerConfig) -> str | None:
+    """Why this model cannot be steered, or None: a steered run predicts the next token at the last position
+    through the final norm, which a causal pre-norm decoder makes."""
+    if model.is_encoder:
+        return _(
+            "steering changes the next-token prediction; {model!r} is an encoder, which predicts no next "
+            "token: choose a decoder such as 'induction' or 'toy'"
+        ).format(model=model.name)
+    try:
+        require_causal_decoder(cfg, _("steering"))
+    except InputError as refused:
+        return str(refused)
+    return None
+
+
 def decomposition(model: Model, cfg: TransformerConfig, what: str) -> str | None:
     """Why `what` (the residual-stream decomposition with its direct logits, the logit lens) cannot run on
     this model, or None. Both read the residual stream through the final layer norm and the unembedding,

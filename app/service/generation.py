@@ -23,11 +23,13 @@ from app.models.catalog import Model
 from app.service import capabilities
 from app.service.results import ModelResult
 from app.service.spec import Prepared, RunSpec, Setup
+from app.service.steering import SteeringViews
 from app.service.views import ModelViews
 from core import InputError, Sampling, TransformerConfig
-from core.generate import SINK_THRESHOLD, GenerationStep, check_generation, generate
+from core.generate import SINK_THRESHOLD, GenerationStep, check_generation, generate, generate_steered
 from core.i18n import _
 from core.params import forward_work
+from core.steering import Steer
 
 TOP_N = 20  # the candidates a step lists (and the drawn token, wherever it ranks)
 FINISH_REASONS = ("length", "stop")
@@ -156,16 +158,31 @@ class GenerationRun:
         sampling: Sampling,
         stop_ids: list[int],
         decode: Callable[[list[int]], str],
+        steers: list[Steer] | None = None,
+        frozen_attention: bool = False,
     ):
         self.prepared, self.settings, self.sampling = prepared, settings, sampling
         self.stop_ids, self.decode = stop_ids, decode
+        self.steers, self.frozen_attention = steers, frozen_attention
         self.steps: list[GeneratedStep] = []
         self.finish_reason: str | None = None
 
     def __iter__(self) -> Iterator[GeneratedStep]:
         p, s = self.prepared, self.settings
-        core_steps = generate(
-            p.params, p.cfg, p.ids, s.max_new_tokens, self.sampling, seed=s.seed, stop_ids=self.stop_ids
+        core_steps = (
+            generate_steered(
+                p.params,
+                p.cfg,
+                p.ids,
+                s.max_new_tokens,
+                self.steers,
+                self.sampling,
+                frozen_attention=self.frozen_attention,
+                seed=s.seed,
+                stop_ids=self.stop_ids,
+            )
+            if self.steers
+            else generate(p.params, p.cfg, p.ids, s.max_new_tokens, self.sampling, seed=s.seed, stop_ids=self.stop_ids)
         )
         self.finish_reason = "length"
         for raw in core_steps:
@@ -239,10 +256,23 @@ class GenerationViews:
         """Check and price the whole generation, then load the weights; nothing is generated yet."""
         st, sampling = self.check(spec, settings)
         cfg, n, m = st.cfg, st.n, settings.max_new_tokens
-        p = self.views.load(
-            st, self.work(cfg, n, m), cfg.d_vocab, _("max_new_tokens, the text's length, d_model, n_layers or n_heads")
+        steers = SteeringViews(self.views).steers(st, spec.steering) if spec.steering else None
+        work = self.steered_work(cfg, n, m, steers) if steers else self.work(cfg, n, m)
+        p = self.views.load(st, work, cfg.d_vocab, _("max_new_tokens, the text's length, d_model, n_layers or n_heads"))
+        frozen = bool(spec.steering and spec.steering.frozen_attention)
+        return GenerationRun(p, settings, sampling, end_of_text(st.model), text_decoder(st.model), steers, frozen)
+
+    @staticmethod
+    def steered_work(cfg: TransformerConfig, n: int, max_new_tokens: int, steers: list[Steer]) -> int:
+        """A steered generation has no KV cache (core.generate.generate_steered): each step is a steered run of
+        the whole text so far, two passes and one token's logits, plus the SAEs' encodings and the sampler."""
+        steps = sum(
+            2 * forward_work(cfg, n + i, logits=False)
+            + cfg.d_model * cfg.d_vocab
+            + SteeringViews.encode_work(steers, n + i)
+            for i in range(max_new_tokens)
         )
-        return GenerationRun(p, settings, sampling, end_of_text(st.model), text_decoder(st.model))
+        return steps + 8 * cfg.d_vocab * max_new_tokens
 
     def check(self, spec: RunSpec, settings: GenerateSettings) -> tuple[Setup, Sampling]:
         """Everything `start` refuses, without loading any weight (a page checks its URL with it): InputError
@@ -251,6 +281,8 @@ class GenerationViews:
         st = self.views.setup(spec)
         model, cfg, n = st.model, st.cfg, st.n
         capabilities.require(capabilities.generation(model, cfg))
+        if spec.steering is not None:
+            SteeringViews(self.views).steers(st, spec.steering)  # each steer fits the model and the text
         m = settings.max_new_tokens
         if isinstance(m, bool) or not isinstance(m, int) or m < 1:
             raise InputError(_("max_new_tokens must be a whole number of tokens, at least 1, got {m!r}").format(m=m))

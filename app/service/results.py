@@ -89,6 +89,7 @@ class RunResult(ModelResult):
     hooks: dict[str, np.ndarray]  # by hook name; masked scores are -inf
     top_k: list[TopToken]  # [] for encoders
     ablation_effect: AblationEffect | None  # with ablations on a decoder: the prediction before and after
+    steering_effect: AblationEffect | None = None  # with steers: the unsteered prediction, and each token's change
 
     @property
     def hook_shapes(self) -> dict[str, HookShape]:

@@ -33,6 +33,29 @@ class AblatedHead:
 
 
 @dataclass(frozen=True)
+class SteerSpec:
+    """One push (core/steering.py): along `vector` [d_model], or along feature `feature` of SAE `sae` (its decoder
+    row); add `coefficient` times it, or clamp (a feature's activation, or the stream's component along the
+    vector, set to `coefficient`) at `positions` of the text (None: every one, each new token's too)."""
+
+    hook: str
+    coefficient: float
+    mode: Literal["add", "clamp"] = "add"
+    vector: tuple[float, ...] | None = None
+    sae: str | None = None
+    feature: int | None = None
+    positions: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Steering:
+    """The steers of a run or generation, and whether every attention pattern is the unsteered run's."""
+
+    steers: tuple[SteerSpec, ...]
+    frozen_attention: bool = False
+
+
+@dataclass(frozen=True)
 class RunSpec(Knobs):
     """A model, a text and the toggles (Knobs: app/models/knobs.py): what every model view runs. A toggle
     left None keeps the model's default.
@@ -42,6 +65,7 @@ class RunSpec(Knobs):
     model: str
     text: str
     ablate: tuple[AblatedHead, ...] = ()
+    steering: Steering | None = None  # steered (app/service/steering.py); None: the model as it is
 
     def replace(self, **changes: Any) -> RunSpec:
         return dataclasses.replace(self, **changes)

@@ -130,6 +130,18 @@ class ModelViews:
             )
         return list(dict.fromkeys(wanted))  # drop repeats, keep the order asked
 
+    def checked_hooks(self, st: Setup, hooks: list[str]) -> list[str]:
+        """The hooks a run returns: known to this model, each once, and within the response's limit."""
+        hooks = self._resolve_hooks(hooks, st.cfg, st.model.name)
+        self.limits.check_hook_values(
+            sum(math.prod(hook_dims(h, st.cfg, st.n)) for h in hooks),
+            _(
+                "the hooks asked for hold {values} numbers, more than the limit of {limit} "
+                "per response: ask for fewer hooks or use a shorter text"
+            ),
+        )
+        return hooks
+
     def top_tokens(self, p: Prepared, probs: np.ndarray, k: int) -> list[TopToken]:
         """The k most probable tokens, most probable first (ties: the lower id first).  # probs [d_vocab]"""
         best = np.argsort(-probs, kind="stable")[: min(k, probs.size)]
@@ -188,14 +200,7 @@ class ModelViews:
         the prediction changed (two forward passes, priced as such)."""
         st = self.setup(spec)
         cfg, n = st.cfg, st.n
-        hooks = self._resolve_hooks(hooks, cfg, st.model.name)
-        self.limits.check_hook_values(
-            sum(math.prod(hook_dims(h, cfg, n)) for h in hooks),
-            _(
-                "the hooks asked for hold {values} numbers, more than the limit of {limit} "
-                "per response: ask for fewer hooks or use a shorter text"
-            ),
-        )
+        hooks = self.checked_hooks(st, hooks)
         decoder = capabilities.predicts_next_token(st.model)
         baseline = bool(st.ablate) and decoder
         p = self.load(st, self._pass_work(cfg, n, decoder) * (2 if baseline else 1), cfg.d_vocab if decoder else 0)

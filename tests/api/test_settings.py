@@ -217,6 +217,24 @@ SCHEMA_LIMITS = {
     "calc_max_batch": (2, ("GET", "/api/v1/kv-cache", {"batch": 3}), "batch"),
     "train_max_text_chars": (50, ("POST", "/api/v1/train", {"recipe": "text", "text": "a" * 51}), "text"),
     "generate_max_new_tokens": (2, ("POST", "/api/v1/generate", {"text": "a", "max_new_tokens": 3}), "max_new_tokens"),
+    "max_steers": (
+        1,
+        (
+            "POST",
+            "/api/v1/run",
+            {"text": "ab", "steer": [{"hook": "blocks.0.hook_resid_pre", "vector": [0.0] * 64, "coefficient": 0}] * 2},
+        ),
+        "steer",
+    ),
+    "steer_max_texts": (
+        1,
+        (
+            "POST",
+            "/api/v1/analysis/steering-vector",
+            {"hook": "blocks.0.hook_resid_pre", "texts_a": ["a", "b"], "texts_b": ["c"]},
+        ),
+        "texts_a",
+    ),
 }
 
 PROBE = """

@@ -4,6 +4,7 @@ GET  /saes                          the SAEs, and why one cannot be used
 POST /analysis/features             a text's features: each token's non-zero features, largest first
 GET  /saes/{name}/features/{index}  a feature's dashboard (top examples, histogram, density, logit effect)
 GET  /saes/{name}/download          the SAE's folder as a zip (SAELens's SAE.load_from_disk reads it)
+POST /analysis/steering-vector      a direction from two sets of texts (a difference of means), to steer with
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from app.api.sae_models import (
     FeaturesRequest,
     FeaturesResponse,
     SAEsResponse,
+    SteeringVectorRequest,
+    SteeringVectorResponse,
 )
 from app.deps import ServiceDep
 from app.http.jsonio import FastJSONResponse
@@ -86,3 +89,16 @@ def download(name: SAEName, svc: ServiceDep) -> Response:
         media_type="application/zip",
         headers={"content-disposition": f'attachment; filename="{name}.zip"'},
     )
+
+
+@router.post(
+    "/analysis/steering-vector",
+    response_model=SteeringVectorResponse,
+    responses=errors(422),
+    summary="A steering vector: the mean activation over one set of texts minus the mean over another",
+    description="At a residual-stream `hook`, the mean over every token of every text of `texts_a` minus the same "
+    "over `texts_b` (activation addition's direction: Turner et al.; Rimsky et al.). Send it as a steer's `vector` "
+    "to POST /api/v1/run or /api/v1/generate. Every text is run once; the whole request is priced first.",
+)
+def steering_vector(req: SteeringVectorRequest, svc: ServiceDep) -> FastJSONResponse:
+    return respond(SteeringVectorResponse, svc.steering.vector(req.spec(), req.hook, req.texts_a, req.texts_b))
