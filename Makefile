@@ -119,7 +119,7 @@ bench: setup $(BENCH_VENV)/.stamp
 # venv; the app and its tests never import torch. Every fixture records these versions (the GPT-2/BERT
 # ones also the generator's hash); the parity tests then run against what was written.
 TORCHENV ?= /tmp/torchenv
-FIXTURE_PINS := torch==2.13.0 transformers==5.24.0
+FIXTURE_PINS := torch==2.13.0 transformers==5.24.0 captum==0.9.0
 # SAELens (the SAE references) in a venv of its own: it needs TransformerLens < 4, whose transformers
 # pin is not FIXTURE_PINS'.
 SAEENV ?= /tmp/saeenv
@@ -134,11 +134,12 @@ fixtures: setup
 	$(TORCHENV)/bin/python scripts/make_generation_fixtures.py
 	$(TORCHENV)/bin/python scripts/make_patching_fixtures.py
 	$(TORCHENV)/bin/python scripts/make_steering_fixtures.py
+	$(TORCHENV)/bin/python scripts/make_attribution_fixtures.py
 	test -x $(SAEENV)/bin/python || $(PYTHON) -m venv $(SAEENV)
 	$(SAEENV)/bin/pip install --quiet $(SAE_PINS)
 	$(SAEENV)/bin/python scripts/make_sae_fixtures.py
 	$(PY) -m pytest -q tests/core/test_parity.py tests/core/test_checkpoints.py tests/core/test_sampling.py tests/core/test_generate.py \
-		tests/core/test_patching.py tests/core/test_sae.py tests/core/test_steering.py
+		tests/core/test_patching.py tests/core/test_sae.py tests/core/test_steering.py tests/core/test_attribution.py
 
 # Retrain the models that ship in core/trained/ (docs/training.md). Bit for bit only with .venv's
 # NumPy (and so its OpenBLAS), one BLAS thread (core.train's default) and the BLAS kernel each folder's

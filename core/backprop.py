@@ -574,3 +574,50 @@ def gradients(
             values["hook_resid_post"] = post
             activations |= {p + name: Hooked(value, want.hooks[p + name]) for name, value in values.items()}
     return logits, Gradients(grads if param_grads else None, dembed, activations)
+
+
+# ---------------------------------------------------------------------------- a metric of given token embeddings
+# For token attribution (core/attribution.py): the forward and backward passes above, fed token embeddings
+# instead of token ids (integrated gradients scales them, occlusion zeroes one), read at one position through
+# one direction of the unembedding instead of the whole vocabulary.
+
+
+def metric_gradients(
+    params: Params,
+    cfg: TransformerConfig,
+    embeds: np.ndarray,
+    position: int,
+    readout: np.ndarray,
+    bias: float = 0.0,
+    *,
+    grad: bool = True,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """metric[b] = ln_final(resid_final[b, position]) · readout + bias, for token embeddings embeds
+    [batch, pos, d_model] (W_E[tokens] for the text itself: positions are added here, as forward adds them),
+    and d metric / d embeds [batch, pos, d_model] (None with grad=False: the forward pass alone).
+
+    readout [d_model] is W_U's column of the target (minus the contrast's): the metric is that logit (or
+    logit difference) without making the [batch, pos, d_vocab] logits. The parameters' gradients are
+    not computed (the backward pass's `_Wanted(params=False)`, as gradients(param_grads=False))."""
+    check_trainable(cfg)
+    n_pos = embeds.shape[1]
+    x = np.array(embeds, dtype=np.result_type(embeds, params["embed"]["W_E"]))  # a copy: positions are added in place
+    if cfg.positional_embedding_type == "learned":
+        x += params["pos_embed"]["W_pos"][:n_pos]
+    elif cfg.positional_embedding_type == "sinusoidal":
+        x += sinusoidal(n_pos, cfg.d_model).astype(x.dtype)
+    layers = []
+    for layer, block in enumerate(params["blocks"]):
+        x, saved = _block_forward(x, block, cfg, cfg.window(layer))
+        layers.append(saved)
+    last = x[:, position]  # [batch, d_model]
+    metric = _ln(last, params["ln_final"], cfg) @ readout + bias  # [batch]
+    if not grad:
+        return metric, None
+    dlast, _ = _ln_backward(np.broadcast_to(readout.astype(x.dtype), last.shape), last, params["ln_final"], cfg)
+    dx = np.zeros_like(x)
+    dx[:, position] = dlast
+    want = _Wanted(params=False)
+    for layer in reversed(range(len(layers))):
+        dx, _ = _block_backward(dx, params["blocks"][layer], layers[layer], cfg, want, f"blocks.{layer}.")
+    return metric, dx

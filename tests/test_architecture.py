@@ -45,6 +45,7 @@ ROUTES_MAY_IMPORT = {
     "app.api.generation_models",
     "app.api.class_models",
     "app.api.sae_models",
+    "app.api.attribution_models",
     "app.service",
     "app.http.jsonio",
     "app.http.sse",

@@ -26,6 +26,7 @@ from app.models import knobs
 from app.models.catalog import Catalog, Model
 from app.models.knobs import Knobs
 from app.service import calculators
+from app.service.attribution import AttributionViews
 from app.service.circuits import CircuitViews
 from app.service.errors import NotFound, Unavailable
 from app.service.features import FeatureViews
@@ -73,6 +74,7 @@ class Service:
         self.inspect = InspectViews(self.views)
         self.circuits = CircuitViews(self.views)  # patching, QK and OV circuits, composition
         self.features = FeatureViews(self.views)  # sparse autoencoders' features and dashboards
+        self.attribution = AttributionViews(self.views)  # token attribution, direct logit by head and source
         self.lessons = Lessons(catalog, self.limits)
         self.training = TrainingService(catalog, settings)
         self.generation = GenerationViews(self.views)

@@ -1,10 +1,12 @@
 """Looking inside a run, under /api/v1/analysis: the residual stream decomposed with each part's direct
 logit, the logit lens, the head detectors, KV-cache stepping, two settings compared, attention rollout
-(the Inspect page's views as JSON; app/service/inspect.py computes them)."""
+(the Inspect page's views as JSON; app/service/inspect.py computes them), and token attribution
+(app/service/attribution.py)."""
 
 from __future__ import annotations
 
 from app.api import requests, responses
+from app.api.attribution_models import AttributionRequest, AttributionResponse
 from app.api.routes.shared import api_router, errors, respond
 from app.deps import ServiceDep
 from app.http.jsonio import FastJSONResponse
@@ -98,3 +100,24 @@ def rollout(req: requests.RolloutRequest, svc: ServiceDep) -> FastJSONResponse:
     """Abnar & Zuidema (2020): per layer, the heads' mean pattern plus the identity (the residual
     connection), rows renormalised, multiplied through the layers. Works on every model."""
     return respond(responses.RolloutResponse, svc.inspect.rollout(req.spec()))
+
+
+@router.post(
+    "/analysis/attribution",
+    response_model=AttributionResponse,
+    responses=errors(422),
+    summary="Token attribution: which tokens made the model predict the target at a position",
+    description="The metric is logit(target) at `position` (minus logit(contrast) when given), a function of "
+    "the token embeddings before positions are added (as Captum's embedding-layer attributions read them). "
+    "saliency, input_x_gradient and integrated_gradients take its gradient (core's backward pass: checked "
+    "against torch autograd and Captum); occlusion zeroes one token's embedding at a time; direct_logit splits "
+    "it by head and source token through each head's OV circuit, with the other parts summing to the metric "
+    "exactly. 422 with the reason for an encoder without a language-model head, a model whose gradients core "
+    "does not compute yet (gradient methods and occlusion), an unknown target or contrast token, a position "
+    "outside the text, or a request over the work limit (integrated gradients: steps × a backward pass).",
+)
+def attribution(req: AttributionRequest, svc: ServiceDep) -> FastJSONResponse:
+    return respond(
+        AttributionResponse,
+        svc.attribution.attribute(req.spec(), req.method, req.position, req.target, req.contrast, req.steps),
+    )
