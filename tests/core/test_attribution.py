@@ -212,3 +212,19 @@ def test_bad_input_is_refused_saying_why(call, words):
     params, cfg = model("gpt2")
     with pytest.raises(InputError, match=words):
         call(params, cfg)
+
+
+def test_metric_gradients_equal_backprop_gradients_embed():
+    """The same gradient through core/backprop.py's public gradients(): dlogits one-hot (+1 target, −1 contrast)."""
+    from core.backprop import gradients
+
+    params, cfg = model("gpt2")
+    ids = np.array([[5, 17, 200, 33, 9, 150, 7]])
+    dlogits = np.zeros((*ids.shape, cfg.d_vocab))
+    dlogits[0, 4, 12], dlogits[0, 4, 40] = 1.0, -1.0
+    logits, grads = gradients(params, cfg, ids, dlogits, hooks=False, param_grads=False)
+    read = A.readout(params, cfg, 12, 40)
+    metric, grad = metric_gradients(params, cfg, params["embed"]["W_E"][ids[:, :5]], 4, read.direction, read.bias)
+    assert metric[0] == pytest.approx(logits[0, 4, 12] - logits[0, 4, 40], abs=1e-12)
+    np.testing.assert_allclose(grad[0], grads.embed[0, :5], rtol=0, atol=1e-12)
+    assert not grads.embed[0, 5:].any()
