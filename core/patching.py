@@ -57,6 +57,7 @@ from .params import count_params
 TARGETS = ("resid_pre", "resid_mid", "resid_post", "attn_head", "attn_head_pos", "pattern", "mlp_out")
 DIRECTIONS = ("denoise", "noise")
 METRICS = ("logit_diff", "prob")
+METHODS = ("exact", "attribution")  # a patched run per cell, or attribution patching's estimate of it
 POSITION_TARGETS = ("resid_pre", "resid_mid", "resid_post", "mlp_out")  # grids of layer × position
 HEAD_TARGETS = ("attn_head", "pattern")  # grids of layer × head
 
@@ -398,7 +399,8 @@ class PatchingResult:
     raw: np.ndarray  # [rows, columns], the metric of each patched run
     rows: list[str]  # "L0", "L1", ... (attn_head_pos: "L0H0", "L0H1", ...)
     columns: list[str]  # positions "0", "1", ... or heads "H0", "H1", ...
-    passes: int  # patched runs made (besides the clean and corrupted runs)
+    passes: int  # patched runs made (besides the clean and corrupted runs); 0 for an estimate
+    method: str = "exact"  # or "attribution": core/attribution_patching.py's first-order estimate
 
     @property
     def normalised(self) -> np.ndarray:
@@ -488,22 +490,10 @@ def sweep_work(cfg: TransformerConfig, n: int, target: str, metric: str = "logit
     return whole + sum(tail(c.layer, c.pos or 0) for row in cells for c in row)
 
 
-def sweep(
-    params: Params,
-    cfg: TransformerConfig,
-    clean,
-    corrupted,
-    answer: int,
-    wrong: int,
-    target: str,
-    *,
-    direction: str = "denoise",
-    metric: str = "logit_diff",
-    frozen: bool = False,
-    batched: bool = True,
-) -> PatchingResult:
-    """Patch every cell of a target's grid, one patched run per cell (see the module docstring), several cells
-    to a batched run (sweep_batches; batched=False: one run each, the same numbers to rounding)."""
+def check_sweep(
+    cfg: TransformerConfig, clean, corrupted, answer: int, wrong: int, target: str, direction: str, metric: str
+) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """What any sweep (exact, or attribution patching's estimate) checks before it runs."""
     require_causal_decoder(cfg)
     clean, corrupted = check_pair(clean, corrupted)
     check_target(target, cfg)
@@ -525,6 +515,39 @@ def sweep(
                 "difference is always 0; choose a different wrong token"
             )
         )
+    return clean, corrupted, answer, wrong
+
+
+def check_difference(metric: str, clean_metric: float, corrupted_metric: float) -> None:
+    """A sweep normalises by the two runs' difference: there must be one."""
+    if clean_metric == corrupted_metric:
+        raise InputError(
+            _(
+                "the clean and corrupted texts give the same {metric} "
+                "({clean_metric:.6g}): there is no difference for a patch to restore; "
+                "change the corrupted text where it matters, or choose other answer and "
+                "wrong tokens"
+            ).format(metric=metric, clean_metric=clean_metric)
+        )
+
+
+def sweep(
+    params: Params,
+    cfg: TransformerConfig,
+    clean,
+    corrupted,
+    answer: int,
+    wrong: int,
+    target: str,
+    *,
+    direction: str = "denoise",
+    metric: str = "logit_diff",
+    frozen: bool = False,
+    batched: bool = True,
+) -> PatchingResult:
+    """Patch every cell of a target's grid, one patched run per cell (see the module docstring), several cells
+    to a batched run (sweep_batches; batched=False: one run each, the same numbers to rounding)."""
+    clean, corrupted, answer, wrong = check_sweep(cfg, clean, corrupted, answer, wrong, target, direction, metric)
     clean_run = run_for_patching(params, cfg, clean, target, frozen)
     corrupted_run = run_for_patching(params, cfg, corrupted, target, frozen)
     columns = metric_columns(metric, answer, wrong)
@@ -535,15 +558,7 @@ def sweep(
     # every cell's final stream, then the final norm and unembedding of all of them at once, the two runs' first
     # (so that a cell that restores a run exactly gives its metric exactly)
     clean_metric, corrupted_metric = map(float, measure(np.stack([final_resid(clean_run), final_resid(corrupted_run)])))
-    if clean_metric == corrupted_metric:
-        raise InputError(
-            _(
-                "the clean and corrupted texts give the same {metric} "
-                "({clean_metric:.6g}): there is no difference for a patch to restore; "
-                "change the corrupted text where it matters, or choose other answer and "
-                "wrong tokens"
-            ).format(metric=metric, clean_metric=clean_metric)
-        )
+    check_difference(metric, clean_metric, corrupted_metric)
     base, source = (corrupted_run, clean_run) if direction == "denoise" else (clean_run, corrupted_run)
     rows, cols, cells = sweep_cells(cfg, clean.size, target)
     streams = np.empty((2 + len(rows) * len(cols), cfg.d_model), final_resid(clean_run).dtype)

@@ -21,7 +21,10 @@ It writes tests/fixtures/patching.npz: per checkpoint `<name>/clean`, `<name>/co
 `<name>/patches` [n, 5] (target index into TARGETS, layer, head or -1, position or -1 for all, 1 for
 noising), `<name>/logits64` [n, d_vocab] computed in float64 (the weights upcast exactly) and
 `<name>/logits32` in float32, plus the clean and corrupted runs' own last logits; and how it was made
-(torch and transformers versions, this script's SHA-256). Running it twice writes the same numbers. The
+(torch and transformers versions, this script's SHA-256). Running it twice writes the same numbers.
+For gpt2-tiny also attribution patching's estimate by torch autograd (`atp_estimates`), in float64: for every
+target, direction and metric, `gpt2-tiny/atp/<target>/<direction>/<metric>` [rows, columns], with the answer and
+wrong tokens it measures in `gpt2-tiny/atp_answer_wrong`. The
 float64 run is float64 throughout (`exactly_float64`: transformers' Llama keeps three steps in float32).
 """
 
@@ -182,6 +185,91 @@ def record(model, clean: torch.Tensor, corrupted: torch.Tensor, todo) -> dict[st
     return out
 
 
+# ------------------------------------------------------------------ attribution patching, by torch autograd
+
+ATP_TARGETS = ("resid_pre", "resid_mid", "resid_post", "attn_head", "attn_head_pos", "pattern", "mlp_out")
+
+
+def atp_tokens(logits_clean: torch.Tensor, logits_corrupted: torch.Tensor) -> tuple[int, int]:
+    """The answer (the clean run's top next token) and the wrong token (the corrupted run's, or the clean run's
+    second when they agree)."""
+    answer = int(logits_clean.argmax())
+    wrong = int(logits_corrupted.argmax())
+    return answer, wrong if wrong != answer else int(logits_clean.topk(2).indices[1])
+
+
+def gpt2_activations(model, ids: torch.Tensor, grad: bool):
+    """A GPT-2 run's activations at core's hook points (their tensors in the graph, gradients kept when `grad`),
+    batch axis dropped, and its last logits: resid_pre (a block's input), resid_mid (ln_2's input), resid_post
+    (a block's output), mlp_out, z (attn.c_proj's input, by head) and pattern (the eager attention's weights)."""
+    blocks = model.transformer.h
+    seen: dict[str, list] = {k: [] for k in ("resid_pre", "resid_mid", "resid_post", "mlp_out", "z")}
+
+    def keep(kind):
+        def store(t):
+            if grad:
+                t.retain_grad()
+            seen[kind].append(t)
+        return store
+
+    def first(x):
+        return x if isinstance(x, torch.Tensor) else x[0]
+
+    hooks = []
+    for b in blocks:
+        hooks.append(b.register_forward_pre_hook(
+            lambda m, a, kw: keep("resid_pre")(first(kw.get("hidden_states", a and a[0]))), with_kwargs=True))
+        hooks.append(b.ln_2.register_forward_pre_hook(lambda m, a: keep("resid_mid")(a[0])))
+        hooks.append(b.register_forward_hook(lambda m, a, out: keep("resid_post")(first(out))))
+        hooks.append(b.mlp.register_forward_hook(lambda m, a, out: keep("mlp_out")(first(out))))
+        hooks.append(b.attn.c_proj.register_forward_pre_hook(lambda m, a: keep("z")(a[0])))
+    try:
+        out = model(ids, use_cache=False, output_attentions=True)
+    finally:
+        for h in hooks:
+            h.remove()
+    seen["pattern"] = list(out.attentions)
+    if grad:
+        for t in seen["pattern"]:
+            t.retain_grad()
+    return seen, out.logits[0, -1]
+
+
+def atp_estimates(model, clean: torch.Tensor, corrupted: torch.Tensor) -> dict[str, np.ndarray]:
+    """Attribution patching by torch autograd: for each direction and metric, each target's grid of
+    metric(base) + Σ (a_source − a_base) · ∂metric/∂a |base over what a cell covers (core/attribution_patching.py's
+    cells; the base run is the one the exact sweep patches into: corrupted when denoising, clean when noising)."""
+    n_heads = model.config.num_attention_heads
+    with torch.no_grad():
+        runs = {"clean": gpt2_activations(model, clean, False), "corrupted": gpt2_activations(model, corrupted, False)}
+    answer, wrong = atp_tokens(runs["clean"][1], runs["corrupted"][1])
+    out = {"atp_answer_wrong": np.array([answer, wrong])}
+    roles = {"denoise": ("corrupted", "clean"), "noise": ("clean", "corrupted")}  # (patched into, patched from)
+    for direction, (base_name, source_name) in roles.items():
+        for metric in ("logit_diff", "prob"):
+            model.zero_grad(set_to_none=True)
+            acts, last = gpt2_activations(model, {"clean": clean, "corrupted": corrupted}[base_name], True)
+            value = last[answer] - last[wrong] if metric == "logit_diff" else torch.softmax(last, -1)[answer]
+            value.backward()
+            source = runs[source_name][0]
+
+            def effect(kind, layer, acts=acts, source=source):
+                a, g = acts[kind][layer], acts[kind][layer].grad
+                return ((source[kind][layer] - a.detach()) * g)[0]  # batch axis dropped
+
+            layers = range(len(acts["resid_pre"]))
+            grids = {}
+            for target in ("resid_pre", "resid_mid", "resid_post", "mlp_out"):
+                grids[target] = torch.stack([effect(target, la).sum(-1) for la in layers])
+            z = [effect("z", la).reshape(clean.shape[1], n_heads, -1) for la in layers]  # [pos, heads, d_head]
+            grids["attn_head"] = torch.stack([e.sum((0, 2)) for e in z])
+            grids["attn_head_pos"] = torch.cat([e.sum(-1).T for e in z])
+            grids["pattern"] = torch.stack([effect("pattern", la).sum((1, 2)) for la in layers])
+            for target in ATP_TARGETS:
+                out[f"atp/{target}/{direction}/{metric}"] = (value.detach() + grids[target]).numpy()
+    return out
+
+
 def main() -> None:
     generator = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
     data: dict[str, np.ndarray] = {"meta_torch_version": np.array(torch.__version__),
@@ -200,6 +288,10 @@ def main() -> None:
         for suffix, recorded in references.items():
             for key, value in recorded.items():
                 data[f"{name}/{key}{suffix}"] = value
+        if name == "gpt2-tiny":  # attribution patching, float64: core's gradients cover GPT-2 first
+            with torch.enable_grad():
+                for key, value in atp_estimates(model64, clean, corrupted).items():
+                    data[f"{name}/{key}"] = value
         print(f"{name}: {len(todo)} patches")
     np.savez_compressed(OUT, **data)
     print(f"wrote {OUT.relative_to(ROOT)}")

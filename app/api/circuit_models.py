@@ -17,12 +17,13 @@ from pydantic import ConfigDict, Field
 from app.api import requests
 from app.api.responses import Matrix, ModelResultResponse, ResponseModel, Vector
 from app.service import Knobs, RunSpec, knobs
-from app.service.circuits import DIRECTIONS, METRICS, TARGETS
+from app.service.circuits import DIRECTIONS, METHODS, METRICS, TARGETS
 from app.service.results import TokenRef
 
 Target = Literal[TARGETS]  # type: ignore[valid-type]
 Direction = Literal[DIRECTIONS]  # type: ignore[valid-type]
 Metric = Literal[METRICS]  # type: ignore[valid-type]
+Method = Literal[METHODS]  # type: ignore[valid-type]
 
 TARGET_HELP = (
     "what to patch, one patched run per cell of the grid: resid_pre, resid_mid, resid_post (the residual "
@@ -120,6 +121,16 @@ class PatchingRequest(Knobs, requests.ModelChoice):
         ),
     )
 
+    method: Method = Field(
+        "exact",
+        description=(
+            "exact: one patched run per cell; attribution: attribution patching, every cell's first-order estimate "
+            "(activation difference · the metric's gradient in the run patched into) from one forward and "
+            "backward pass of both texts, in the same units, no patched runs (passes 0). Needs the model's "
+            "gradients (422 saying so otherwise) and frozen_attention false"
+        ),
+    )
+
     def spec(self) -> RunSpec:
         """The clean run as the service's typed specification (the corrupted text is the same model's)."""
         return RunSpec(model=self.model, text=self.clean, **{name: getattr(self, name) for name in knobs.names()})
@@ -193,6 +204,7 @@ class PatchingResponse(ModelResultResponse):
     direction: Direction
     metric: Metric
     frozen_attention: bool
+    method: Method = Field(description="exact: patched runs; attribution: their first-order estimate")
     clean_metric: float = Field(description="the metric of the clean run")
     corrupted_metric: float = Field(description="the metric of the corrupted run")
     grid: Matrix = Field(

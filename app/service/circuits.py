@@ -19,6 +19,7 @@ from app.service.results import ModelResult, TokenRef
 from app.service.spec import Prepared, RunSpec, Setup
 from app.service.views import ModelViews
 from core import InputError, forward, run_with_cache
+from core.attribution_patching import Comparison, attribution_sweep, compare, require_gradients
 from core.circuits import (
     Composition,
     OVCircuit,
@@ -34,6 +35,7 @@ from core.i18n import _
 from core.params import forward_work
 from core.patching import (
     DIRECTIONS,
+    METHODS,
     METRICS,
     TARGETS,
     PatchingResult,
@@ -48,7 +50,12 @@ from core.patching import (
 # How the pages and the API show whitespace inside a token (app/pages/figures.py, core/checkpoints/tokenizer.py).
 VISIBLE_WHITESPACE = str.maketrans({"␣": " ", "↵": "\n", "⇥": "\t", "␍": "\r"})
 
-__all__ = ["DIRECTIONS", "METRICS", "TARGETS", "CircuitViews", "Prefill"]
+__all__ = ["DIRECTIONS", "METHODS", "METRICS", "TARGETS", "CircuitViews", "Comparison", "Prefill"]
+
+
+# Attribution patching's price in forward passes: the base run's logits (for a probability's gradient), then
+# both runs forward and backward (a backward pass about two forwards' work).
+ATTRIBUTION_FORWARDS = 7
 
 
 # ------------------------------------------------------------------ what the page opens on, per model
@@ -306,18 +313,24 @@ class CircuitViews:
         direction: str = "denoise",
         metric: str = "logit_diff",
         frozen: tuple[bool, ...] = (False,),
+        method: str = "exact",
     ) -> list[PatchingView]:
         """One sweep per entry of `frozen` (the page asks for both), from one preparation of the model.
         answer None: the clean run's most likely next token; wrong None: the corrupted run's (or, if that is
-        the answer, the clean run's second)."""
+        the answer, the clean run's second). method "attribution": attribution patching's estimate of the
+        sweep with attention recomputed (core/attribution_patching.py), one forward and backward pass."""
         st, corrupted_ids, corrupted_tokens = self._setup_pair(spec, corrupted)
         cfg, n = st.cfg, st.n
         check_target(target, cfg)
-        if direction not in DIRECTIONS or metric not in METRICS:
+        if direction not in DIRECTIONS or metric not in METRICS or method not in METHODS:
             raise InputError(
-                _("direction must be one of {directions} and metric one of {metrics}").format(
-                    directions=", ".join(DIRECTIONS), metrics=", ".join(METRICS)
+                _("direction must be one of {directions}, metric one of {metrics} and method one of {methods}").format(
+                    directions=", ".join(DIRECTIONS), metrics=", ".join(METRICS), methods=", ".join(METHODS)
                 )
+            )
+        if method == "attribution":
+            return self._attribution(
+                st, corrupted_ids, corrupted_tokens, answer, wrong, target, direction, metric, frozen
             )
         passes = sweep_passes(cfg, n, target) * len(frozen)
         if passes > (most := self.settings.patching_max_passes):
@@ -354,6 +367,46 @@ class CircuitViews:
         ]
         ref = lambda i: TokenRef(p.token_str(i), i)  # noqa: E731
         return [PatchingView(p, corrupted_tokens, corrupted_ids, ref(a), ref(w), r) for r in results]
+
+    def _attribution(
+        self,
+        st: Setup,
+        corrupted_ids: list[int],
+        corrupted_tokens: list[str],
+        answer: str | None,
+        wrong: str | None,
+        target: str,
+        direction: str,
+        metric: str,
+        frozen: tuple[bool, ...],
+    ) -> list[PatchingView]:
+        """Attribution patching's estimate, priced as ATTRIBUTION_FORWARDS forward passes (no patched runs)."""
+        cfg, n = st.cfg, st.n
+        if any(frozen):
+            raise InputError(
+                _(
+                    "attribution patching estimates the sweep with every later attention pattern recomputed: "
+                    "frozen_attention needs method exact"
+                )
+            )
+        require_gradients(cfg)
+        guess = answer is None or wrong is None
+        work = (ATTRIBUTION_FORWARDS + (2 if guess else 0)) * forward_work(cfg, n)
+        p = self.views.load(st, work, cfg.d_vocab + cfg.n_layers * cfg.n_heads * n * n, _("the texts' length"))
+        given_a = None if answer is None else self._token(st, answer, _("answer"), corrupted_tokens, corrupted_ids)
+        given_w = None if wrong is None else self._token(st, wrong, _("wrong"), corrupted_tokens, corrupted_ids)
+        a, w = self._guess(p, corrupted_ids, given_a, given_w) if guess else (given_a, given_w)
+        assert a is not None and w is not None  # both given, or guessed
+        result = attribution_sweep(
+            p.params, cfg, p.ids, corrupted_ids, a, w, target, direction=direction, metric=metric
+        )
+        ref = lambda i: TokenRef(p.token_str(i), i)  # noqa: E731
+        return [PatchingView(p, corrupted_tokens, corrupted_ids, ref(a), ref(w), result)]
+
+    @staticmethod
+    def compare(exact: PatchingView, estimate: PatchingView) -> Comparison:
+        """The estimate beside the exact sweep: their rank correlation and where they disagree (core computes)."""
+        return compare(exact.result, estimate.result)
 
     @staticmethod
     def _guess(p: Prepared, corrupted_ids: list[int], answer: int | None, wrong: int | None) -> tuple[int, int]:

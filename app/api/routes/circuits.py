@@ -47,11 +47,21 @@ _DECODERS = (
     "run's). With `frozen_attention`, every later attention pattern keeps its unpatched value. "
     "The sweep's patched runs are counted before anything runs (at most the server's "
     "patching_max_passes, stated under `target`; 422 naming how many were asked), and so is its "
-    "work (multiply-adds, against the server's cost limits). " + _DECODERS,
+    "work (multiply-adds, against the server's cost limits). With `method: attribution` every cell is "
+    "instead estimated to first order from one forward and backward pass (attribution patching: the "
+    "activation's change times the metric's gradient in the run patched into), in the same units. " + _DECODERS,
 )
 def patching(req: PatchingRequest, svc: ServiceDep) -> FastJSONResponse:
     [view] = svc.circuits.patching(
-        req.spec(), req.corrupted, req.answer, req.wrong, req.target, req.direction, req.metric, (req.frozen_attention,)
+        req.spec(),
+        req.corrupted,
+        req.answer,
+        req.wrong,
+        req.target,
+        req.direction,
+        req.metric,
+        (req.frozen_attention,),
+        req.method,
     )
     return respond(PatchingResponse, view)
 
