@@ -248,6 +248,12 @@ def multi_head_attention(
 BATCH_BLOCK_SCORES = 1 << 18
 
 
+def _sum_to(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """x summed over the axes that `shape` broadcast (size 1 there): the gradient of a broadcast input."""
+    axes = tuple(i for i, (a, b) in enumerate(zip(x.shape, shape)) if b == 1 and a != 1)
+    return x.sum(axis=axes, keepdims=True) if axes else x
+
+
 def scaled_dot_product_attention_backward(
     dz: np.ndarray,  # [..., query_pos, d_v], gradient of the loss with respect to the output
     q: np.ndarray,  # [..., query_pos, d_head]
@@ -265,22 +271,32 @@ def scaled_dot_product_attention_backward(
     dS = A ⊙ (dA − rowsum(dA ⊙ A)); S = Q Kᵀ / divisor gives dQ = dS K / divisor and
     dK = dSᵀ Q / divisor. The causal mask needs no step of its own: a masked score had weight
     exactly 0, so its dS is 0 and no gradient reaches the key it hid.
+    Grouped-query attention, as the forward pass takes it: q [..., n_kv_heads, group, query_pos, d_head]
+    against k, v [..., n_kv_heads, 1, key_pos, d_head]; a shared key's gradient is the sum of what each
+    query head of its group sends it (so are a value's).
     dweights: an array shaped like weights to receive dA, the gradient with respect to the pattern
     itself (attribution patching of a head's pattern reads it); otherwise dA is overwritten by dS.
     """
     divisor = attention_scale(q.shape[-1], scale, temperature)
     dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
+    shared = k.shape[:-2] != q.shape[:-2] or v.shape[:-2] != q.shape[:-2]
     rows = weights.shape[0] if weights.ndim > 2 else 1
     block = max(1, BATCH_BLOCK_SCORES * rows // weights.size)  # rows of the first axis per block
     for start in range(0, rows, block):
         i = slice(start, start + block) if weights.ndim > 2 else slice(None)
         a = weights[i]
-        np.matmul(np.swapaxes(a, -1, -2), dz[i], out=dv[i])  # [..., key_pos, d_v]
+        if shared:  # keys and values shared by a group of query heads: each gets the sum of its group's
+            dv[i] = _sum_to(np.swapaxes(a, -1, -2) @ dz[i], dv[i].shape)
+        else:
+            np.matmul(np.swapaxes(a, -1, -2), dz[i], out=dv[i])  # [..., key_pos, d_v]
         da = np.matmul(dz[i], np.swapaxes(v[i], -1, -2), out=None if dweights is None else dweights[i])
         # da: [..., query_pos, key_pos]; the gradient of the scaled, masked scores, in its place unless it is kept
         ds = softmax_backward(da, a, out=da if dweights is None else None)
         np.matmul(ds, k[i], out=dq[i])  # [..., query_pos, d_head]
-        np.matmul(np.swapaxes(ds, -1, -2), q[i], out=dk[i])  # [..., key_pos, d_head]
+        if shared:
+            dk[i] = _sum_to(np.swapaxes(ds, -1, -2) @ q[i], dk[i].shape)
+        else:
+            np.matmul(np.swapaxes(ds, -1, -2), q[i], out=dk[i])  # [..., key_pos, d_head]
     # Through the division by the divisor (√d_head, times the temperature): dividing the
     # [..., pos, d_head] results is cheaper than the [..., pos, pos] scores, and the same numbers.
     dq /= divisor

@@ -105,19 +105,12 @@ def check_steps(steps: int) -> int:
 
 
 def gradient_support(params: Params, cfg: TransformerConfig) -> str | None:
-    """Why core/backprop.py cannot give this model's gradients yet, or None: its TRAINABLE table, and the
-    attention weights' layout it reads (one fused W_QKV [d_model, 3 · n_heads · d_head], as GPT-2 and the toys
-    store it; GPT-NeoX's per-head [d_model, n_heads, 3, d_head] and separate W_Q, W_K, W_V are not read yet)."""
+    """Why core/backprop.py cannot give this model's gradients, or None: its TRAINABLE table (which today
+    accepts every family core runs, in every attention-weight layout core.model reads)."""
     try:
         backprop.check_trainable(cfg)
     except InputError as refused:
         return str(refused)
-    attn = params["blocks"][0]["attn"] if params["blocks"] else {}
-    if attn and ("W_QKV" not in attn or attn["W_QKV"].ndim != 2):
-        return _(
-            "the backward pass reads the attention weights as one fused W_QKV matrix (GPT-2's layout); this "
-            "checkpoint stores them {layout}, which it does not read yet"
-        ).format(layout=_("per head (GPT-NeoX's layout)") if "W_QKV" in attn else _("as separate W_Q, W_K and W_V"))
     return None
 
 

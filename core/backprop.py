@@ -1,9 +1,10 @@
-"""Training's forward and backward pass: a batch of token ids in, the loss and every gradient out.
+"""Training's forward and backward pass, and the gradients of any metric: a batch of token ids in, every gradient out.
 
 core/model.py runs one sequence and records activations by hook name for a reader; this module
 runs a batch ([batch, pos]) and keeps, layer by layer, exactly what the backward pass needs. Both
-are built from the same primitives (layer_norm, scaled_dot_product_attention's steps, the
-activations, rotary), and a test holds the logits here equal to run_with_cache's, sequence by sequence.
+are built from the same primitives (the norms, scaled_dot_product_attention's steps, the activations,
+rotary), and a test holds the logits here equal to run_with_cache's, sequence by sequence. One block,
+forward and backward, is core/backprop_blocks.py.
 
 The backward pass is the forward pass read from the bottom up: each step calls the *_backward
 function that sits beside its forward function (core/functional.py, core/attention.py) and turns
@@ -13,13 +14,16 @@ y = x @ W  =>  dx = dy @ Wᵀ, dW = xᵀ @ dy (summed over batch and positions, 
 
     logits, saved = forward(params, cfg, tokens)               # tokens [batch, pos]
     loss, grads = loss_and_grads(params, cfg, tokens, targets)  # grads: the shape of params
+    logits, g = gradients(params, cfg, tokens, dlogits)         # any metric: g.params, g.embed, g.activations
 
-What training supports is declared once, field by field of TransformerConfig, in TRAINABLE below:
-pre-norm blocks (GPT-2's, or GPT-NeoX's parallel ones), with or without an MLP, every position
-scheme (rotary with any base, part of the head or all of it, either pair layout), LN or LNPre,
-each bias switch on its own, tied or untied unembedding, global and local layers, any mask, scale
-and temperature. check_trainable is computed from that table and refuses every other configuration
-with an InputError that says what to change.
+Every family core.model runs has its backward pass: layer norm and RMS norm (with or without gains),
+plain and gated MLPs with every activation, grouped- and multi-query attention, per-head query and key
+norms, rotary positions of any base, width and pair layout, learned and sinusoidal positions, parallel
+blocks, local windows, post-norm blocks (BERT) with segment embeddings, each bias switch on its own, tied
+or untied unembedding, every weight layout core.model reads. tests/core/test_backward_families.py holds
+the gradients equal to torch autograd's on checkpoints of each family. What training supports is still
+declared once, field by field of TransformerConfig, in TRAINABLE below, so that a new field refuses to
+train (saying so) until its backward pass is written and checked.
 """
 
 from __future__ import annotations
@@ -31,29 +35,26 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .attention import (
-    BATCH_BLOCK_SCORES,
-    attention_scale,
-    causal_mask,
-    local_mask,
-    merge_heads,
-    scaled_dot_product_attention_backward,
-    split_heads,
+from .backprop_blocks import (
+    LayerSaved,
+    Wanted,
+    attention,
+    block_backward,
+    block_forward,
+    linear,
+    linear_backward,
+    norm,
+    norm_backward,
+    rotate,
 )
 from .config import TransformerConfig
 from .errors import InputError
-from .functional import (
-    ACTIVATION_BACKWARDS,
-    ACTIVATIONS,
-    cross_entropy,
-    cross_entropy_backward,
-    layer_norm,
-    layer_norm_backward,
-    softmax,
-)
-from .i18n import N_, _
+from .functional import cross_entropy, cross_entropy_backward
+from .i18n import _
 from .model import Params, unembedding
-from .positions import rotary, sinusoidal
+from .positions import sinusoidal
+
+__all__ = ["attention", "rotate"]  # re-exported: the batched attention and rotation tests call them here
 
 # ---------------------------------------------------------------------------- what training supports
 
@@ -62,10 +63,9 @@ ANY = "any value"  # every value TransformerConfig itself accepts
 
 @dataclass(frozen=True)
 class Only:
-    """The values of one config field that the forward and backward pass below implement, and why no others.
+    """The values of one config field that the forward and backward pass implement, and why no others.
 
-    values: a tuple, or a function of the config for a field whose one supported value depends on
-    another (one key/value head per query head: n_key_value_heads == n_heads)."""
+    values: a tuple, or a function of the config for a field whose supported values depend on another."""
 
     values: tuple | Callable[[TransformerConfig], tuple]
     why: str
@@ -78,46 +78,46 @@ class Only:
 # check_trainable is computed from this table alone, and tests/core/test_backprop.py fails when
 # TransformerConfig gains a field that is not classified here, so a new switch can never train
 # through a backward pass that ignores it: until it is classified it is accepted only at its default.
-TRAINABLE: dict[str, Only | str] = {
-    # Sizes: every array's shape follows them.
-    "d_model": ANY,
-    "n_layers": ANY,
-    "n_heads": ANY,
-    "d_vocab": ANY,
-    "n_ctx": ANY,
-    "d_head": ANY,
-    "d_mlp": ANY,
-    "act_fn": Only(tuple(ACTIVATION_BACKWARDS), N_("core.functional has no backward pass for it")),
-    "normalization_type": Only(("LN", "LNPre"), N_("the backward pass has layer norm's gradient, not RMS norm's")),
-    "positional_embedding_type": ANY,
-    "attention_dir": ANY,
-    "use_attn_scale": ANY,
-    "attn_temperature": ANY,
-    "block_type": Only(
-        ("pre_norm",), N_("the backward pass follows a pre-norm block; post-norm (BERT) is not implemented")
+# Every field is ANY today: each value has its backward pass, checked against finite differences
+# (tests/core/test_backprop.py) and torch autograd (tests/core/test_backward_families.py).
+TRAINABLE: dict[str, Only | str] = dict.fromkeys(
+    (
+        # sizes: every array's shape follows them
+        "d_model",
+        "n_layers",
+        "n_heads",
+        "d_vocab",
+        "n_ctx",
+        "d_head",
+        "d_mlp",
+        "act_fn",  # core.functional.ACTIVATION_BACKWARDS has each of ACTIVATIONS (a test holds them equal)
+        "normalization_type",  # layer_norm_backward, rms_norm_backward
+        "positional_embedding_type",
+        "attention_dir",
+        "use_attn_scale",
+        "attn_temperature",
+        "block_type",  # pre-norm, and post-norm (BERT)
+        "bias",  # resolved into the four switches below, each implemented on its own
+        "tied_embeddings",
+        "n_token_types",  # segment embeddings: their table's gradient
+        "eps",
+        "attn_only",
+        "n_key_value_heads",  # grouped-query attention: each key/value head's gradient summed over its group
+        "gated_mlp",
+        "rotary_dim",
+        "rotary_base",
+        "rotary_adjacent_pairs",
+        "parallel_attn_mlp",
+        "window_size",
+        "attn_types",
+        "use_qk_norm",  # per-head RMS norms of queries and keys
+        "qkv_bias",
+        "attn_out_bias",
+        "mlp_bias",
+        "unembed_bias",
     ),
-    "bias": ANY,  # resolved into the four switches below, each implemented on its own
-    "tied_embeddings": ANY,
-    "n_token_types": Only((0,), N_("segment embeddings (BERT) receive no gradient here")),
-    "eps": ANY,
-    "attn_only": ANY,
-    "n_key_value_heads": Only(
-        lambda cfg: (cfg.n_heads,),
-        N_("grouped-query attention's shared keys and values are not implemented in the backward pass"),
-    ),
-    "gated_mlp": Only((False,), N_("the gated (SwiGLU) MLP has no backward pass here")),
-    "rotary_dim": ANY,
-    "rotary_base": ANY,
-    "rotary_adjacent_pairs": ANY,
-    "parallel_attn_mlp": ANY,
-    "window_size": ANY,
-    "attn_types": ANY,
-    "use_qk_norm": Only((False,), N_("the query and key norms are RMS norms, which have no backward pass here")),
-    "qkv_bias": ANY,
-    "attn_out_bias": ANY,
-    "mlp_bias": ANY,
-    "unembed_bias": ANY,
-}
+    ANY,
+)
 
 
 def _choices(values: tuple) -> str:
@@ -155,68 +155,24 @@ def check_trainable(cfg: TransformerConfig) -> None:
 
 
 @dataclass
-class LayerSaved:
-    """What one block's backward pass needs from its forward pass."""
-
-    resid_pre: np.ndarray  # [batch, pos, d_model], the input of ln1
-    ln1_out: np.ndarray  # [batch, pos, d_model], the input of W_QKV
-    q: np.ndarray  # [batch, n_heads, pos, d_head] (rotated, with rotary positions)
-    k: np.ndarray  # [batch, n_heads, pos, d_head]
-    v: np.ndarray  # [batch, n_heads, pos, d_head]
-    pattern: np.ndarray  # [batch, n_heads, query_pos, key_pos], the attention weights
-    z: np.ndarray  # [batch, pos, n_heads * d_head], the heads' outputs side by side (the input of W_O)
-    ln2_in: np.ndarray | None = None  # [batch, pos, d_model]: resid_mid, or resid_pre in a parallel block
-    # (None when attn_only)
-    ln2_out: np.ndarray | None = None  # [batch, pos, d_model], the input of W_in
-    mlp_pre: np.ndarray | None = None  # [batch, pos, d_mlp], before the activation
-    mlp_post: np.ndarray | None = None  # [batch, pos, d_mlp], after it (the input of W_out)
-    attn_out: np.ndarray | None = None  # [batch, pos, d_model], kept only for gradients(hooks=True)
-    mlp_out: np.ndarray | None = None  # [batch, pos, d_model], likewise
-
-
-@dataclass
 class Saved:
     tokens: np.ndarray  # [batch, pos]
+    token_types: np.ndarray | None  # [batch, pos], segment ids (n_token_types > 0)
+    embed_sum: np.ndarray | None  # post-norm: token + position (+ segment) embeddings, ln_embed's input
     layers: list[LayerSaved]
-    resid_final: np.ndarray  # [batch, pos, d_model], the input of ln_final
+    resid_final: np.ndarray  # [batch, pos, d_model], the last block's output
     ln_final_out: np.ndarray  # [batch, pos, d_model], the input of the unembedding
-
-
-def _ln(x: np.ndarray, ln: dict, cfg: TransformerConfig) -> np.ndarray:
-    return layer_norm(x, ln.get("w"), ln.get("b"), cfg.eps)
-
-
-def _linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
-    """x @ w + b over [batch, pos, d_in] -> [batch, pos, d_out], as one [batch * pos, d_in] product
-    (NumPy would otherwise multiply sequence by sequence: one small BLAS call per batch row)."""
-    out = x.reshape(-1, x.shape[-1]) @ w
-    if b is not None:
-        out += b
-    return out.reshape(*x.shape[:-1], w.shape[-1])
-
-
-def _rotary(x: np.ndarray, cfg: TransformerConfig, sign: int = 1) -> np.ndarray:
-    """The model's rotation of queries or keys [batch, n_heads, pos, d_head] (its base, rotated
-    dimensions and pair layout); sign=-1 turns each pair back by the same angle, which is the
-    backward pass: a rotation's transpose is its inverse, and the angle is linear in the position."""
-    positions = np.arange(x.shape[-2])
-    return rotary(
-        x,
-        positions if sign > 0 else -positions,
-        rotary_dim=cfg.rotary_dim,
-        base=cfg.rotary_base,
-        adjacent_pairs=cfg.rotary_adjacent_pairs,
-    )
 
 
 # ---------------------------------------------------------------------------- forward
 
 
 def forward(
-    params: Params, cfg: TransformerConfig, tokens: np.ndarray, *, keep_outputs: bool = False
+    params: Params, cfg: TransformerConfig, tokens: np.ndarray, *, token_types=None, keep_outputs: bool = False
 ) -> tuple[np.ndarray, Saved]:
     """Logits [batch, pos, d_vocab] of token ids [batch, pos], and what backward needs (keep_outputs: each
-    block's attention and MLP outputs too, which gradients() reports and training does not need)."""
+    block's attention and MLP outputs too, which gradients() reports and training does not need).
+    token_types [batch, pos]: BERT's segment ids (None: all 0, as core.model.embed)."""
     check_trainable(cfg)
     tokens = np.asarray(tokens)
     n_pos = tokens.shape[-1]
@@ -226,219 +182,73 @@ def forward(
         x += params["pos_embed"]["W_pos"][:n_pos]
     elif cfg.positional_embedding_type == "sinusoidal":
         x += sinusoidal(n_pos, cfg.d_model).astype(W_E.dtype)
+    types = None
+    if cfg.n_token_types:
+        types = np.zeros(tokens.shape, dtype=np.int64) if token_types is None else np.asarray(token_types)
+        x += params["token_type_embed"]["W_token_type"][types]
+    embed_sum = None
+    if cfg.block_type == "post_norm":
+        embed_sum, x = x, norm(x, params["ln_embed"], cfg)
     layers = []
     for layer, block in enumerate(params["blocks"]):
-        x, saved = _block_forward(x, block, cfg, cfg.window(layer), keep_outputs)
+        x, saved = block_forward(x, block, cfg, cfg.window(layer), keep_outputs)
         layers.append(saved)
     resid_final = x
-    x = _ln(x, params["ln_final"], cfg)  # [batch, pos, d_model]
+    if cfg.block_type == "pre_norm":
+        x = norm(x, params["ln_final"], cfg)  # [batch, pos, d_model]
     W_U, b_U = unembedding(params)
-    logits = _linear(x, W_U, b_U)  # [batch, pos, d_vocab]
-    return logits, Saved(tokens, layers, resid_final, x)
-
-
-def _block_forward(
-    x: np.ndarray, block: dict, cfg: TransformerConfig, window: int | None = None, keep_outputs: bool = False
-) -> tuple[np.ndarray, LayerSaved]:
-    """x + attn(ln1(x)), then (unless attn_only) + mlp(ln2(·)) of that sum, or of x itself in a
-    parallel block (GPT-NeoX).  # [batch, pos, d_model] -> same"""
-    attn = block["attn"]
-    h = _ln(x, block["ln1"], cfg)
-    qkv = _linear(h, attn["W_QKV"], attn.get("b_QKV"))  # [batch, pos, 3 * n_heads * d_head]
-    q, k, v = (split_heads(m, cfg.n_heads) for m in np.split(qkv, 3, axis=-1))  # each [batch, n_heads, pos, d_head]
-    if cfg.positional_embedding_type == "rotary":
-        q, k = _rotary(q, cfg), _rotary(k, cfg)
-    pattern, z = attention(q, k, v, cfg, window)
-    z = merge_heads(z)  # [batch, pos, n_heads * d_head]
-    saved = LayerSaved(x, h, q, k, v, pattern, z)
-    resid_pre = x
-    attn_out = _linear(z, attn["W_O"], attn.get("b_O"))
-    if keep_outputs:
-        saved.attn_out = attn_out
-    x = x + attn_out
-    if cfg.attn_only:
-        return x, saved
-    mlp = block["mlp"]
-    saved.ln2_in = resid_pre if cfg.parallel_attn_mlp else x
-    saved.ln2_out = h = _ln(saved.ln2_in, block["ln2"], cfg)
-    saved.mlp_pre = _linear(h, mlp["W_in"], mlp.get("b_in"))  # [batch, pos, d_mlp]
-    saved.mlp_post = ACTIVATIONS[cfg.act_fn](saved.mlp_pre)
-    mlp_out = _linear(saved.mlp_post, mlp["W_out"], mlp.get("b_out"))
-    if keep_outputs:
-        saved.mlp_out = mlp_out
-    return x + mlp_out, saved
-
-
-def attention(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, cfg: TransformerConfig, window: int | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """softmax(Q Kᵀ / divisor + mask) V for a batch: the pattern [batch, n_heads, query_pos, key_pos] and
-    z [batch, n_heads, pos, d_head]. window: a local layer's span (cfg.window(layer); None: global).
-
-    The steps of core.attention.scaled_dot_product_attention, in its order and with its functions (a
-    test holds the two equal), done for a few sequences at a time (BATCH_BLOCK_SCORES) so that one
-    block's scores stay in the CPU cache through scale, mask and softmax; the pattern is written in
-    place of the scores, which training does not keep.
-    """
-    n_batch, n_heads, n_pos, d_head = q.shape
-    divisor = attention_scale(d_head, cfg.use_attn_scale, cfg.attn_temperature)
-    mask = causal_mask(n_pos) if cfg.causal else None
-    if window is not None:  # a local layer also hides the keys `window` or more positions back
-        mask = local_mask(n_pos, n_pos, window) if mask is None else mask | local_mask(n_pos, n_pos, window)
-    pattern = np.empty((n_batch, n_heads, n_pos, n_pos), dtype=np.result_type(q, k))
-    z = np.empty((n_batch, n_heads, n_pos, v.shape[-1]), dtype=np.result_type(pattern, v))
-    # The mask as -inf and 0 to add: the same scores as writing -inf where it is True (a finite score plus 0
-    # is itself), in one plain pass instead of a masked copy, the slowest step of this loop.
-    minus_inf = None if mask is None else np.where(mask, -np.inf, 0.0).astype(pattern.dtype)
-    block = max(1, BATCH_BLOCK_SCORES // (n_heads * n_pos * n_pos))  # sequences per block
-    for i in range(0, n_batch, block):
-        b = slice(i, i + block)
-        s = np.matmul(q[b], np.swapaxes(k[b], -1, -2), out=pattern[b])  # [block, n_heads, query_pos, key_pos]
-        s /= divisor
-        if minus_inf is not None:
-            s += minus_inf
-        softmax(s, out=s)
-        np.matmul(s, v[b], out=z[b])
-    return pattern, z
+    logits = linear(x, W_U, b_U)  # [batch, pos, d_vocab]
+    return logits, Saved(tokens, types, embed_sum, layers, resid_final, x)
 
 
 # ---------------------------------------------------------------------------- backward
 
 
-def _linear_backward(
-    dy: np.ndarray, x: np.ndarray, w: np.ndarray, has_bias: bool, weights: bool = True
-) -> tuple[np.ndarray, dict]:
-    """For y = x @ w + b over [batch, pos, ...]: dx, and {"w": dw, "b": db} summed over batch and positions
-    (an empty dict when weights=False: a third of the backward pass's work, which attribution does not need)."""
-    dy2 = dy.reshape(-1, dy.shape[-1])  # [batch * pos, d_out]
-    grads = {}
-    if weights:
-        grads["w"] = x.reshape(-1, x.shape[-1]).T @ dy2  # [d_in, d_out]
-        if has_bias:
-            grads["b"] = dy2.sum(axis=0)
-    return (dy2 @ w.T).reshape(*dy.shape[:-1], w.shape[0]), grads
-
-
-def _ln_backward(dy: np.ndarray, x: np.ndarray, ln: dict, cfg: TransformerConfig) -> tuple[np.ndarray, dict]:
-    dx, dw, db = layer_norm_backward(dy, x, ln.get("w"), cfg.eps)
-    return dx, ({"w": dw, "b": db} if "w" in ln else {})
-
-
-def _named(weights: dict[str, dict], biases: dict[str, dict]) -> dict:
-    """{"W_in": g["w"], ...} then {"b_in": g["b"], ...} for each bias the layer has: a layer's biases are
-    switched on and off one by one (qkv_bias without attn_out_bias, say), so each is looked up on its own."""
-    return {name: g["w"] for name, g in weights.items() if "w" in g} | {
-        name: g["b"] for name, g in biases.items() if "b" in g
-    }
-
-
-@dataclass
-class _Wanted:
-    """What one backward pass computes besides dL/d(its input): the parameters' gradients (params=False skips
-    them), and, when `hooks` is a dict, each activation's gradient written into it by hook name."""
-
-    params: bool = True
-    hooks: dict[str, np.ndarray] | None = None
-
-    def keep(self, name: str, grad: np.ndarray) -> None:
-        if self.hooks is not None:
-            self.hooks[name] = grad
-
-
 def backward(params: Params, cfg: TransformerConfig, saved: Saved, dlogits: np.ndarray) -> Params:
     """Every parameter's gradient, in a dict shaped like params, from dL/dlogits [batch, pos, d_vocab]."""
-    return _backward(params, cfg, saved, dlogits, _Wanted())[0]
+    return _backward(params, cfg, saved, dlogits, Wanted())[0]
 
 
 def _backward(
-    params: Params, cfg: TransformerConfig, saved: Saved, dlogits: np.ndarray, want: _Wanted
+    params: Params, cfg: TransformerConfig, saved: Saved, dlogits: np.ndarray, want: Wanted
 ) -> tuple[Params, np.ndarray]:
-    """The parameters' gradients (empty unless want.params) and dL/d(the embedded tokens) [batch, pos, d_model],
-    the sum the first block reads (W_E[tokens] plus positions), whose gradient is each term's."""
+    """The parameters' gradients (empty unless want.params) and dL/d(the token embeddings W_E[tokens])
+    [batch, pos, d_model]: the gradient of the embeddings' sum, each of whose terms receives it."""
     grads: Params = {}
     W_U, b_U = unembedding(params)
     # Unembedding: logits = ln_final_out @ W_U (+ b_U).
-    dx, g = _linear_backward(dlogits, saved.ln_final_out, W_U, b_U is not None, want.params)
-    dx, ln_final = _ln_backward(dx, saved.resid_final, params["ln_final"], cfg)  # [batch, pos, d_model]
+    dx, g = linear_backward(dlogits, saved.ln_final_out, W_U, b_U is not None, want.params)
+    if cfg.block_type == "pre_norm":
+        dx, grads["ln_final"] = norm_backward(dx, saved.resid_final, params["ln_final"], cfg)
 
     block_grads = []
     for layer in reversed(range(len(saved.layers))):
         want.keep(f"blocks.{layer}.hook_resid_post", dx)
-        dx, bg = _block_backward(dx, params["blocks"][layer], saved.layers[layer], cfg, want, f"blocks.{layer}.")
+        dx, bg = block_backward(dx, params["blocks"][layer], saved.layers[layer], cfg, want, f"blocks.{layer}.")
         want.keep(f"blocks.{layer}.hook_resid_pre", dx)
         block_grads.append(bg)
+    if saved.embed_sum is not None:  # post-norm: the embeddings' sum went through ln_embed
+        dx, grads["ln_embed"] = norm_backward(dx, saved.embed_sum, params["ln_embed"], cfg)
     if not want.params:
-        return grads, dx
+        return {}, dx
 
-    grads["ln_final"] = ln_final
     grads["blocks"] = block_grads[::-1]
     if cfg.tied_embeddings:
         dW_E = np.ascontiguousarray(g["w"].T)  # W_U is W_E transposed: its gradient lands in the token table
     else:
-        dW_E = np.zeros_like(params["embed"]["W_E"])
+        dW_E = np.zeros(params["embed"]["W_E"].shape, dtype=dx.dtype)
         grads["unembed"] = {"W_U": g["w"]} | ({"b_U": g["b"]} if "b" in g else {})
-    # Embeddings: x = W_E[tokens] + W_pos[:pos]. Every occurrence of a token adds its row's gradient.
+    # Embeddings: x = W_E[tokens] + W_pos[:pos] (+ W_token_type[types]). Every occurrence adds its row's gradient.
     dW_E += embedding_backward(dx, saved.tokens, dW_E.shape[0])
     grads["embed"] = {"W_E": dW_E}
     if cfg.positional_embedding_type == "learned":
-        dW_pos = np.zeros_like(params["pos_embed"]["W_pos"])
+        dW_pos = np.zeros(params["pos_embed"]["W_pos"].shape, dtype=dx.dtype)
         dW_pos[: dx.shape[-2]] = dx.sum(axis=0)  # position p's row is shared by every sequence of the batch
         grads["pos_embed"] = {"W_pos": dW_pos}
-    return grads, dx
-
-
-def _block_backward(
-    dx: np.ndarray, block: dict, s: LayerSaved, cfg: TransformerConfig, want: _Wanted, prefix: str
-) -> tuple[np.ndarray, dict]:
-    """From dL/d(resid_post) to dL/d(resid_pre) and the block's parameter gradients."""
-    g: dict = {}
-    d_parallel = None  # a parallel block's MLP read resid_pre: its gradient joins at the end
-    if not cfg.attn_only:
-        # resid_post = resid_mid + mlp(ln2(ln2_in)): the residual passes dx through unchanged.
-        assert s.mlp_post is not None and s.mlp_pre is not None and s.ln2_out is not None and s.ln2_in is not None
-        want.keep(prefix + "hook_mlp_out", dx)
-        mlp = block["mlp"]
-        dpost, w_out = _linear_backward(dx, s.mlp_post, mlp["W_out"], "b_out" in mlp, want.params)
-        dpre = ACTIVATION_BACKWARDS[cfg.act_fn](dpost, s.mlp_pre, s.mlp_post)  # [batch, pos, d_mlp]
-        dh, w_in = _linear_backward(dpre, s.ln2_out, mlp["W_in"], "b_in" in mlp, want.params)
-        dmid, g["ln2"] = _ln_backward(dh, s.ln2_in, block["ln2"], cfg)
-        if cfg.parallel_attn_mlp:
-            d_parallel = dmid
-        else:
-            dx = dx + dmid
-        want.keep(prefix + "hook_resid_mid", dx)
-        g["mlp"] = _named({"W_in": w_in, "W_out": w_out}, {"b_in": w_in, "b_out": w_out})
-
-    # resid_mid = resid_pre + W_O(attention(ln1(resid_pre))).
-    want.keep(prefix + "hook_attn_out", dx)
-    attn = block["attn"]
-    dz, o = _linear_backward(dx, s.z, attn["W_O"], "b_O" in attn, want.params)  # dz [batch, pos, n_heads * d_head]
-    want.keep(prefix + "attn.hook_z", dz.reshape(*dz.shape[:-1], cfg.n_heads, -1))
-    dpattern = None if want.hooks is None else np.empty_like(s.pattern)
-    dq, dk, dv = scaled_dot_product_attention_backward(
-        split_heads(dz, cfg.n_heads),
-        s.q,
-        s.k,
-        s.v,
-        s.pattern,
-        scale=cfg.use_attn_scale,
-        temperature=cfg.attn_temperature,
-        dweights=dpattern,
-    )  # each [batch, n_heads, pos, d_head]
-    if dpattern is not None:
-        want.keep(prefix + "attn.hook_pattern", dpattern)
-    if cfg.positional_embedding_type == "rotary":
-        dq, dk = _rotary(dq, cfg, sign=-1), _rotary(dk, cfg, sign=-1)
-    n_batch, n_heads, n_pos, d_head = dq.shape
-    dqkv = np.empty((n_batch, n_pos, 3, n_heads, d_head), dtype=dq.dtype)  # W_QKV's column order: [Q | K | V] by head
-    for i, part in enumerate((dq, dk, dv)):
-        dqkv[:, :, i] = part.swapaxes(1, 2)  # [batch, pos, n_heads, d_head]
-    dqkv = dqkv.reshape(n_batch, n_pos, -1)  # [batch, pos, 3 * n_heads * d_head]
-    dh, qkv = _linear_backward(dqkv, s.ln1_out, attn["W_QKV"], "b_QKV" in attn, want.params)
-    dpre, g["ln1"] = _ln_backward(dh, s.resid_pre, block["ln1"], cfg)
-    g["attn"] = _named({"W_QKV": qkv, "W_O": o}, {"b_QKV": qkv, "b_O": o})
-    dx = dx + dpre
-    return (dx if d_parallel is None else dx + d_parallel), g
+    if saved.token_types is not None:
+        table = params["token_type_embed"]["W_token_type"]
+        grads["token_type_embed"] = {"W_token_type": embedding_backward(dx, saved.token_types, table.shape[0])}
+    return {key: grads[key] for key in params if key in grads}, dx
 
 
 def embedding_backward(dx: np.ndarray, tokens: np.ndarray, d_vocab: int) -> np.ndarray:
@@ -538,7 +348,14 @@ def _check_batch(cfg: TransformerConfig, tokens, dlogits) -> tuple[np.ndarray, n
 
 
 def gradients(
-    params: Params, cfg: TransformerConfig, tokens, dlogits, *, hooks: bool = True, param_grads: bool = True
+    params: Params,
+    cfg: TransformerConfig,
+    tokens,
+    dlogits,
+    *,
+    token_types=None,
+    hooks: bool = True,
+    param_grads: bool = True,
 ) -> tuple[np.ndarray, Gradients]:
     """The logits [batch, pos, d_vocab] of token ids [batch, pos], and the gradients of a scalar metric of them.
 
@@ -548,12 +365,14 @@ def gradients(
     assumed: any dlogits is pulled back through the same pass (for a non-linear metric, compute the logits
     first and its gradient from them). hooks=False leaves `activations` empty (nothing extra is kept);
     param_grads=False skips the parameters' gradients (`params` None), about a third of the work.
-    Computed in the parameters' dtype; the configurations core/backprop.TRAINABLE accepts.
+    token_types [batch, pos]: BERT's segment ids (None: all 0). An encoder's logits are what core.model
+    gives it: the last block's output times W_E transposed (BERT's masked-LM head is not loaded).
+    Computed in the parameters' dtype.
     """
     check_trainable(cfg)
     tokens, dlogits = _check_batch(cfg, tokens, dlogits)
-    logits, saved = forward(params, cfg, tokens, keep_outputs=hooks)
-    want = _Wanted(params=param_grads, hooks={} if hooks else None)
+    logits, saved = forward(params, cfg, tokens, token_types=token_types, keep_outputs=hooks)
+    want = Wanted(params=param_grads, hooks={} if hooks else None)
     grads, dembed = _backward(params, cfg, saved, dlogits.astype(logits.dtype, copy=False), want)
     activations: dict[str, Hooked] = {}
     if want.hooks is not None:
@@ -568,9 +387,8 @@ def gradients(
                 "hook_attn_out": s.attn_out,
             }
             if not cfg.attn_only:
-                assert s.mlp_out is not None and s.ln2_in is not None
-                mid = s.resid_pre + s.attn_out if cfg.parallel_attn_mlp else s.ln2_in
-                values |= {"hook_resid_mid": mid, "hook_mlp_out": s.mlp_out}
+                assert s.mlp_out is not None and s.resid_mid is not None
+                values |= {"hook_resid_mid": s.resid_mid, "hook_mlp_out": s.mlp_out}
             values["hook_resid_post"] = post
             activations |= {p + name: Hooked(value, want.hooks[p + name]) for name, value in values.items()}
     return logits, Gradients(grads if param_grads else None, dembed, activations)
@@ -598,7 +416,7 @@ def metric_gradients(
 
     readout [d_model] is W_U's column of the target (minus the contrast's): the metric is that logit (or
     logit difference) without making the [batch, pos, d_vocab] logits. The parameters' gradients are
-    not computed (the backward pass's `_Wanted(params=False)`, as gradients(param_grads=False))."""
+    not computed (the backward pass's `Wanted(params=False)`, as gradients(param_grads=False))."""
     check_trainable(cfg)
     n_pos = embeds.shape[1]
     x = np.array(embeds, dtype=np.result_type(embeds, params["embed"]["W_E"]))  # a copy: positions are added in place
@@ -608,16 +426,16 @@ def metric_gradients(
         x += sinusoidal(n_pos, cfg.d_model).astype(x.dtype)
     layers = []
     for layer, block in enumerate(params["blocks"]):
-        x, saved = _block_forward(x, block, cfg, cfg.window(layer))
+        x, saved = block_forward(x, block, cfg, cfg.window(layer))
         layers.append(saved)
     last = x[:, position]  # [batch, d_model]
-    metric = _ln(last, params["ln_final"], cfg) @ readout + bias  # [batch]
+    metric = norm(last, params["ln_final"], cfg) @ readout + bias  # [batch]
     if not grad:
         return metric, None
-    dlast, _ = _ln_backward(np.broadcast_to(readout.astype(x.dtype), last.shape), last, params["ln_final"], cfg)
+    dlast, _ = norm_backward(np.broadcast_to(readout.astype(x.dtype), last.shape), last, params["ln_final"], cfg)
     dx = np.zeros_like(x)
     dx[:, position] = dlast
-    want = _Wanted(params=False)
+    want = Wanted(params=False)
     for layer in reversed(range(len(layers))):
-        dx, _ = _block_backward(dx, params["blocks"][layer], layers[layer], cfg, want, f"blocks.{layer}.")
+        dx, _ = block_backward(dx, params["blocks"][layer], layers[layer], cfg, want, f"blocks.{layer}.")
     return metric, dx

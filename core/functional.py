@@ -197,6 +197,26 @@ def layer_norm_backward(
     return dx, dw, db
 
 
+def rms_norm_backward(
+    dy: np.ndarray, x: np.ndarray, w: np.ndarray | None = None, eps: float = 1e-6
+) -> tuple[np.ndarray, np.ndarray | None]:  # [..., d] -> dx [..., d], dw [d]
+    """Gradients of rms_norm(x, w) with respect to x and w (dw None for RMSPre).
+
+    With r = 1/√(mean(x²) + eps) and x̂ = x r, moving x_j moves every output through r:
+    dx = r (g − x̂ · mean(g · x̂)), where g = dy · w is the gradient reaching x̂. dw = Σ dy · x̂ over
+    every leading axis (positions, batch rows, and heads for a per-head query or key norm share it).
+    """
+    inv_d = x.dtype.type(1.0 / x.shape[-1])
+    r = 1.0 / np.sqrt(row_sum(x * x) * inv_d + eps)  # [..., 1]
+    xhat = x * r
+    dw = (dy * xhat).reshape(-1, x.shape[-1]).sum(axis=0) if w is not None else None
+    g = dy * w if w is not None else dy.copy()
+    xhat *= row_sum(g * xhat) * inv_d
+    g -= xhat
+    g *= r
+    return g, dw
+
+
 def gelu_new_backward(dy: np.ndarray, x: np.ndarray, y: np.ndarray | None = None) -> np.ndarray:
     """dL/dx for y = gelu_new(x) = 0.5 x (1 + tanh u), u = √(2/π)(x + 0.044715 x³).
 
@@ -262,7 +282,28 @@ def relu_backward(dy: np.ndarray, x: np.ndarray, y: np.ndarray | None = None) ->
     return dy * (x > 0)
 
 
-ACTIVATION_BACKWARDS = {"gelu_new": gelu_new_backward, "gelu": gelu_backward, "relu": relu_backward}
+def silu_backward(dy: np.ndarray, x: np.ndarray, y: np.ndarray | None = None) -> np.ndarray:
+    """dL/dx for y = silu(x) = x σ(x): dy/dx = σ(x) (1 + x (1 − σ(x))). σ is recomputed from x (y / x would
+    lose it where x is 0 or where σ underflows); in place, a few arrays in all."""
+    sig = np.negative(x)
+    with np.errstate(over="ignore"):  # e^(-x) overflows to inf for very negative x: σ is then 0, rightly
+        np.exp(sig, out=sig)
+    sig += 1.0
+    np.reciprocal(sig, out=sig)  # σ(x)
+    grad = 1.0 - sig
+    grad *= x
+    grad += 1.0
+    grad *= sig
+    grad *= dy
+    return grad
+
+
+ACTIVATION_BACKWARDS = {
+    "gelu_new": gelu_new_backward,
+    "gelu": gelu_backward,
+    "relu": relu_backward,
+    "silu": silu_backward,
+}
 
 
 def cross_entropy(logits: np.ndarray, targets: np.ndarray) -> tuple[float, np.ndarray]:

@@ -14,7 +14,8 @@ when the model can, or the reason it cannot, in the reader's language, saying wh
 The answers follow the architecture: an encoder (BERT-style, all-MiniLM-L6-v2) predicts no next token
 and is post-norm, so it has no final layer norm to read the residual stream through; a decoder run
 without the causal mask predicts nothing either, and caches nothing; gradients exist for what
-core/backprop.py implements (its TRAINABLE table: layer norm, not RMS norm; pre-norm; no gated MLP).
+core/backprop.py implements (its TRAINABLE table: today every family core runs, BERT's encoder with the
+logits core gives it, its last stream times W_E transposed).
 """
 
 from __future__ import annotations
