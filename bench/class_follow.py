@@ -13,7 +13,12 @@ tests/browser/test_class.py drives real pages.) Measured:
    as static/js/presenting.js does) and every follower must have it within 5 s.
 The load average is printed at the start and the end (the machine is shared).
 
-    .venv/bin/python -m bench.class_follow [--followers 60] [--changes 20]   (or: make bench BENCH=class)
+With --store workers (and by default, after the Redis mode) the same class on `python -m app` with
+EXPLORER_WORKERS=2 and no Redis, as `docker compose up` runs it: the two workers share the classes through
+a SQLite file (app/classes/sqlite_store.py), no Caddy, nothing killed; --store one is one process.
+
+    .venv/bin/python -m bench.class_follow [--followers 60] [--changes 20] [--store redis|workers|one|all]
+    (or: make bench BENCH=class)
 """
 
 from __future__ import annotations
@@ -22,11 +27,12 @@ import argparse
 import asyncio
 import json
 import os
+import tempfile
 import time
 
 import httpx
 
-from bench.common import APP_PYTHON, header, load_average, median, percentile, run_main, table
+from bench.common import APP_PYTHON, header, liveserver, load_average, median, percentile, run_main, table
 from tests.scale import services
 
 if APP_PYTHON.exists():
@@ -139,13 +145,15 @@ async def play(proxy: str, pids: list[int], kill, n_followers: int, n_changes: i
             await asyncio.sleep(0.2)
         change_cpu, change_s = cpu_seconds(pids) - cpu0, time.monotonic() - t0
 
-        reconnects_before = sum(f.reconnects for f in followers)
-        kill()
-        killed = time.monotonic()
-        await push(teacher, code, auth, "/lessons/attention")
-        await wait_all(followers, "/lessons/attention", 30)
-        back = [f.saw("/lessons/attention") - killed for f in followers]
-        reconnected = sum(f.reconnects for f in followers) - reconnects_before
+        back, reconnected = [], 0
+        if kill is not None:
+            reconnects_before = sum(f.reconnects for f in followers)
+            kill()
+            killed = time.monotonic()
+            await push(teacher, code, auth, "/lessons/attention")
+            await wait_all(followers, "/lessons/attention", 30)
+            back = [f.saw("/lessons/attention") - killed for f in followers]
+            reconnected = sum(f.reconnects for f in followers) - reconnects_before
 
         await teacher.delete(f"/api/v1/classes/{code}", headers=auth)
         await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
@@ -159,32 +167,29 @@ async def play(proxy: str, pids: list[int], kill, n_followers: int, n_changes: i
     }
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--followers", type=int, default=60)
-    parser.add_argument("--changes", type=int, default=20)
-    args = parser.parse_args(argv)
-    header("A live class: sixty followers through Caddy over two replicas (Redis)")
-    with (
-        services.redis_server() as server,
-        services.replica(server.url) as a,
-        services.replica(server.url) as b,
-        services.caddy([a.hostport, b.hostport]) as proxy,
-    ):
-        result = asyncio.run(play(proxy.url, [a.pid, b.pid], a.kill, args.followers, args.changes))
-    n, d = args.followers, result["delays"]
+def worker_pids(pid: int) -> list[int]:
+    """A server and its worker processes (uvicorn's supervisor's children, from /proc)."""
+    try:
+        children = open(f"/proc/{pid}/task/{pid}/children").read().split()
+    except OSError:
+        children = []
+    return [pid, *map(int, children)]
+
+
+def report(title: str, result: dict, n: int, changes: int) -> bool:
+    d = result["delays"]
     p95 = percentile(d, 95)
     print(
         table(
-            f"Teacher's change -> seen by every follower ({n} followers, {args.changes} changes)",
+            f"{title}: teacher's change -> seen by every follower ({n} followers, {changes} changes)",
             ["p50 ms", "p95 ms", "max ms", f"p95 ≤ {P95_BUDGET_MS:.0f} ms"],
             [[f"{median(d):.1f}", f"{p95:.1f}", f"{max(d):.1f}", "yes" if p95 <= P95_BUDGET_MS else "NO"]],
         )
     )
-    per_change_ms = 1000 * result["change_cpu"] / args.changes / n
+    per_change_ms = 1000 * result["change_cpu"] / changes / n
     print(
         table(
-            "The replicas' CPU (both processes, user + system, /proc)",
+            f"{title}: the server processes' CPU (user + system, /proc)",
             ["while", "CPU", "per follower"],
             [
                 [
@@ -193,7 +198,7 @@ def main(argv: list[str]) -> int:
                     f"{100 * result['idle_cpu_per_s'] / n:.3f} %",
                 ],
                 [
-                    f"{args.changes} changes in {result['change_s']:.1f} s",
+                    f"{changes} changes in {result['change_s']:.1f} s",
                     f"{result['change_cpu']:.2f} s",
                     f"{per_change_ms:.2f} ms a change",
                 ],
@@ -202,15 +207,55 @@ def main(argv: list[str]) -> int:
     )
     back = result["back"]
     within = sum(1 for s in back if s <= BACK_WITHIN_S)
-    print(
-        table(
-            "One replica killed mid-class: the teacher's next page reaches every follower",
-            ["followers back", "within 5 s", "median s", "max s", "streams reopened"],
-            [[n, within, f"{median(back):.2f}", f"{max(back):.2f}", result["reconnected"]]],
+    if back:
+        print(
+            table(
+                f"{title}: one replica killed mid-class, the teacher's next page reaches every follower",
+                ["followers back", "within 5 s", "median s", "max s", "streams reopened"],
+                [[n, within, f"{median(back):.2f}", f"{max(back):.2f}", result["reconnected"]]],
+            )
         )
+    return p95 <= P95_BUDGET_MS and within == len(back)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--followers", type=int, default=60)
+    parser.add_argument("--changes", type=int, default=20)
+    parser.add_argument(
+        "--store",
+        choices=["redis", "workers", "one", "all"],
+        default="all",
+        help="redis: Caddy over two replicas; workers: `python -m app` with EXPLORER_WORKERS=2 and no Redis "
+        "(classes in the SQLite file they share); one: one process (classes in memory); all: the first two",
     )
+    args = parser.parse_args(argv)
+    n, ok = args.followers, True
+    print(f"load average at the start: {load_average()}")
+    if args.store in ("redis", "all"):
+        header("A live class: sixty followers through Caddy over two replicas (Redis)")
+        with (
+            services.redis_server() as server,
+            services.replica(server.url) as a,
+            services.replica(server.url) as b,
+            services.caddy([a.hostport, b.hostport]) as proxy,
+        ):
+            result = asyncio.run(play(proxy.url, [a.pid, b.pid], a.kill, n, args.changes))
+        ok &= report("Redis, 2 replicas", result, n, args.changes)
+    for store in [s for s in ("workers", "one") if args.store in (s, "all" if s == "workers" else s)]:
+        workers = 2 if store == "workers" else 1
+        header(f"A live class: sixty followers on one server, {workers} worker process(es), no Redis")
+        with tempfile.TemporaryDirectory() as runs:
+            env = {"EXPLORER_WORKERS": str(workers), "EXPLORER_RUNS_DIR": runs, "EXPLORER_ACCESS_LOG": "false"}
+            with liveserver.live_server(
+                env=env, entry_point=True, python=APP_PYTHON if APP_PYTHON.exists() else None
+            ) as s:
+                time.sleep(1)  # the workers have started
+                result = asyncio.run(play(s.url, worker_pids(s.pid), None, n, args.changes))
+        title = "2 workers, SQLite file" if workers == 2 else "1 process, in memory"
+        ok &= report(title, result, n, args.changes)
     print(f"load average at the end: {load_average()}")
-    return 0 if p95 <= P95_BUDGET_MS and within == n else 1
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -12,8 +12,9 @@ Each event has an id, opaque to clients and increasing within a class: a student
 last one back as Last-Event-ID when it reconnects (to any replica, in the Redis store) and gets what it
 missed. Nothing personal is kept: a student is a random id from a cookie, counted and answering polls.
 
-Two stores implement the protocol: memory.py (in process: the embedded default, one worker process)
-and redis.py (EXPLORER_REDIS_URL: every replica sees every class). Both are async: the class routes run
+Three stores implement the protocol: memory.py (in process: the embedded default, one worker process),
+sqlite_store.py (one file every worker process of a machine shares: several workers without Redis) and
+redis_store.py (EXPLORER_REDIS_URL: every replica sees every class). All are async: the class routes run
 on the event loop (they compute nothing), and a follower's stream waits on the store without a thread.
 """
 
@@ -121,6 +122,15 @@ class ClassStore(Protocol):
 
     async def end(self, code: str) -> None:
         """End the class: followers get `ended`, and the code stops working."""
+        ...
+
+    async def guesses(self, client: str, window_s: float) -> tuple[int, float]:
+        """The wrong codes `client` tried in the last window_s seconds, and how long ago the oldest of them
+        was: counted wherever the store is shared (every worker, every replica), so the limit holds there."""
+        ...
+
+    async def guessed(self, client: str, window_s: float) -> None:
+        """One more wrong code from `client`, forgotten window_s seconds later."""
         ...
 
     async def events(self, code: str, after: str | None, wait_s: float) -> list[ClassEvent]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
 from app.classes.base import ClassEvent, ClassFull, ClassNotFound, LiveClass, Poll
@@ -34,6 +35,7 @@ class MemoryClassStore:
         self.clock = clock
         self._classes: dict[str, _Class] = {}
         self._changed = asyncio.Condition()
+        self._guesses: dict[str, deque[float]] = defaultdict(deque)  # client -> times of its wrong codes
 
     def _expire(self) -> None:
         now = self.clock()
@@ -125,6 +127,22 @@ class MemoryClassStore:
         k = self._live(code)
         await self._emit(k, "ended", {})
         k.ended = True
+
+    def _recent(self, client: str, window_s: float) -> deque[float]:
+        times, now = self._guesses[client], self.clock()
+        while times and now - times[0] > window_s:
+            times.popleft()
+        return times
+
+    async def guesses(self, client: str, window_s: float) -> tuple[int, float]:
+        times = self._recent(client, window_s)
+        return len(times), (self.clock() - times[0] if times else 0.0)
+
+    async def guessed(self, client: str, window_s: float) -> None:
+        self._recent(client, window_s).append(self.clock())
+        if len(self._guesses) > 100_000:  # an address flood: forget the oldest clients
+            for stale in list(self._guesses)[:50_000]:
+                del self._guesses[stale]
 
     def _after(self, k: _Class, after: str | None) -> list[ClassEvent]:
         ids = [e.id for e in k.log]

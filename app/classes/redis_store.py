@@ -8,12 +8,15 @@ Five keys a class, all expiring together `idle_s` after the class's last write:
     explorer:class:{code}:students   set: the students' random ids
     explorer:class:{code}:polls      hash: poll id -> {question, options, closed, answer} as JSON
     explorer:class:{code}:answers    hash: "{poll id}:{student}" -> the option's index
+
+and, for the rate limit on wrong codes, explorer:class-guesses:{client} (a sorted set by time, expiring).
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import secrets
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar, cast
@@ -56,6 +59,11 @@ def _reaching(method: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Corout
 
 def _key(code: str, part: str = "") -> str:
     return f"explorer:class:{code}" + (f":{part}" if part else "")
+
+
+def _guesses_key(client: str) -> str:
+    """A sorted set of the wrong codes one client tried (scored by time), shared by every replica."""
+    return f"explorer:class-guesses:{client[:64]}"
 
 
 class RedisClassStore:
@@ -191,6 +199,24 @@ class RedisClassStore:
         await self._fields(code)
         await self.r.hset(_key(code), "ended", "1")
         await self._emit(code, "ended", {})
+
+    @_reaching
+    async def guesses(self, client: str, window_s: float) -> tuple[int, float]:
+        now, key = time.time(), _guesses_key(client)
+        pipe = self.r.pipeline(transaction=False)
+        pipe.zremrangebyscore(key, "-inf", now - window_s)
+        pipe.zcard(key)
+        pipe.zrange(key, 0, 0, withscores=True)
+        _, n, oldest = await pipe.execute()
+        return int(n), (now - float(oldest[0][1]) if oldest else 0.0)
+
+    @_reaching
+    async def guessed(self, client: str, window_s: float) -> None:
+        now, key = time.time(), _guesses_key(client)
+        pipe = self.r.pipeline(transaction=False)
+        pipe.zadd(key, {f"{now}:{secrets.token_hex(4)}": now})
+        pipe.expire(key, int(window_s) + 1)
+        await pipe.execute()
 
     async def _snapshot(self, code: str) -> list[ClassEvent]:
         info = await self.get(code)

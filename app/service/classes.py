@@ -15,8 +15,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import hmac
-import time
-from collections import defaultdict, deque
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -109,34 +107,20 @@ def check_code(code: str) -> str:
 
 
 class Classes:
-    def __init__(self, store: ClassStore, settings: Settings, clock=time.monotonic):
+    def __init__(self, store: ClassStore, settings: Settings):
+        # The store is shared by everything that serves this site's classes (app/classes/open_class_store:
+        # this process, this machine's worker processes, or every replica through Redis), and so is the
+        # count of a client's wrong codes.
         self.store = store
         self.settings = settings
-        # Classes kept in process are one worker's: with several workers and no Redis, a student's request
-        # would reach a worker that has never heard of the class. Refused then, saying what to change.
-        self.shared = settings.workers == 1 or bool(settings.redis_url)
-        self.clock = clock
-        self._wrong: dict[str, deque[float]] = defaultdict(deque)  # client -> times of its wrong codes
 
     # ------------------------------------------------------------------ finding a class
 
-    def _one_place(self) -> None:
-        if not self.shared:
-            raise Unavailable(
-                _(
-                    "live classes need EXPLORER_REDIS_URL or one server process: this server runs {n} worker "
-                    "processes, which do not share their classes (EXPLORER_WORKERS=1 serves a class from one machine)"
-                ).format(n=self.settings.workers),
-                retry_after_s=None,
-            )
-
-    def _guessing(self, client: str) -> None:
+    async def _guessing(self, client: str) -> None:
         """429 while this client has tried too many wrong codes in the last minute."""
-        times, now = self._wrong[client], self.clock()
-        while times and now - times[0] > WRONG_CODE_WINDOW_S:
-            times.popleft()
-        if len(times) >= self.settings.class_max_wrong_codes:
-            wait = int(WRONG_CODE_WINDOW_S - (now - times[0])) + 1
+        n, oldest_s = await self.store.guesses(client, WRONG_CODE_WINDOW_S)
+        if n >= self.settings.class_max_wrong_codes:
+            wait = int(WRONG_CODE_WINDOW_S - oldest_s) + 1
             raise Unavailable(
                 _("Too many wrong class codes from here: try again in {seconds} s.").format(seconds=wait),
                 retry_after_s=wait,
@@ -146,15 +130,11 @@ class Classes:
     @_available
     async def find(self, code: str, client: str) -> LiveClass:
         """The class with this code, counting a wrong one against the client (404, then 429)."""
-        self._one_place()
-        self._guessing(client)
+        await self._guessing(client)
         try:
             return await self.store.get(check_code(code))
         except (ClassNotFound, NotFound):
-            self._wrong[client].append(self.clock())
-            if len(self._wrong) > 100_000:  # an address flood: forget the oldest clients
-                for stale in list(self._wrong)[:50_000]:
-                    del self._wrong[stale]
+            await self.store.guessed(client, WRONG_CODE_WINDOW_S)
             raise NotFound(
                 _("no class has the code {code}: check it on the teacher's screen").format(code=code[:16])
             ) from None
@@ -172,7 +152,7 @@ class Classes:
     async def presenting(self, code: str | None, token: str | None) -> LiveClass | None:
         """The running class `code` if `token` is its teacher's, else None: what a teacher's page asks on
         every request, so a wrong or stale code is not counted as guessing."""
-        if not self.shared or not code or not token or len(code) > 16 or len(token) > 512:
+        if not code or not token or len(code) > 16 or len(token) > 512:
             return None
         try:  # a page never waits long for the bar, and never fails for it (Redis away: no bar)
             live = await asyncio.wait_for(self.store.get(check_code(code)), PRESENTING_CHECK_S)
@@ -184,7 +164,6 @@ class Classes:
 
     @_available
     async def start(self, path: str = "/") -> Started:
-        self._one_place()
         token = new_token()
         for _attempt in range(8):  # 2.1 × 10¹¹ codes: a collision is rare, eight in a row impossible
             try:

@@ -13,8 +13,10 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from app.classes.base import ALPHABET, CODE_LENGTH, ClassNotFound
+from app.classes import open_class_store
+from app.classes.base import ALPHABET, CODE_LENGTH, ClassFull, ClassNotFound
 from app.classes.memory import MemoryClassStore
+from app.classes.sqlite_store import SQLiteClassStore, class_file
 from app.main import create_app
 from app.service.classes import check_path
 from app.settings import Settings
@@ -196,9 +198,21 @@ def test_the_schema_states_every_limit(client_with):
 # ------------------------------------------------------------------ the store
 
 
-def test_an_idle_class_is_forgotten():
+@pytest.fixture(params=["memory", "sqlite"])
+def make_store(request, tmp_path):
+    """make_store(idle_s, clock): a store of each kind that one machine runs without Redis."""
+
+    def make(idle_s=600, clock=None):
+        if request.param == "memory":
+            return MemoryClassStore(idle_s=idle_s, **({"clock": clock} if clock else {}))
+        return SQLiteClassStore(class_file(tmp_path), idle_s=idle_s, **({"clock": clock} if clock else {}))
+
+    return make
+
+
+def test_an_idle_class_is_forgotten(make_store):
     now = [0.0]
-    store = MemoryClassStore(idle_s=60, clock=lambda: now[0])
+    store = make_store(idle_s=60, clock=lambda: now[0])
 
     async def scenario():
         await store.create("ACDEFGHJ", "h", "/")
@@ -207,12 +221,15 @@ def test_an_idle_class_is_forgotten():
         now[0] = 59 + 61
         with pytest.raises(ClassNotFound, match="^ACDEFGHJ$"):  # the code it no longer knows
             await store.get("ACDEFGHJ")
+        await store.create("ACDEFGHJ", "h2", "/params")  # and a new class may take the code
+        assert (await store.get("ACDEFGHJ")).path == "/params"
+        await store.close()
 
     asyncio.run(scenario())
 
 
-def test_a_follower_resumes_after_its_last_event_and_a_new_one_gets_the_present():
-    store = MemoryClassStore(idle_s=600)
+def test_a_follower_resumes_after_its_last_event_and_a_new_one_gets_the_present(make_store):
+    store = make_store()
 
     async def scenario():
         await store.create("ACDEFGHJ", "h", "/")
@@ -230,6 +247,61 @@ def test_a_follower_resumes_after_its_last_event_and_a_new_one_gets_the_present(
         t0 = time.monotonic()
         woke = await waiting
         assert [e.data for e in woke] == [{"path": "/?a=3"}] and time.monotonic() - t0 < 0.5
+        await store.close()
+
+    asyncio.run(scenario())
+
+
+def test_wrong_codes_are_counted_by_the_store_per_client(make_store):
+    now = [100.0]
+    store = make_store(clock=lambda: now[0])
+
+    async def scenario():
+        assert await store.guesses("10.0.0.1", 60) == (0, 0.0)
+        await store.guessed("10.0.0.1", 60)
+        now[0] += 10
+        await store.guessed("10.0.0.1", 60)
+        assert await store.guesses("10.0.0.1", 60) == (2, 10.0)
+        assert (await store.guesses("10.0.0.2", 60))[0] == 0  # another client's count is its own
+        now[0] += 55  # the first is out of the minute
+        assert await store.guesses("10.0.0.1", 60) == (1, 55.0)
+        await store.close()
+
+    asyncio.run(scenario())
+
+
+def test_the_worker_processes_of_one_machine_share_classes_through_one_file(tmp_path):
+    """Two SQLite stores on one file stand for two worker processes: each sees the other's classes, a
+    follower waiting on one is woken by the other's write within the watch interval, the student cap and
+    one answer per student hold across them, and so does the count of a client's wrong codes."""
+    a = SQLiteClassStore(class_file(tmp_path), idle_s=600)
+    b = SQLiteClassStore(class_file(tmp_path), idle_s=600)
+
+    async def scenario():
+        created = await a.create("ACDEFGHJ", "h", "/")
+        assert (await b.get("ACDEFGHJ")).path == "/"
+        waiting = asyncio.create_task(b.events("ACDEFGHJ", created.last_event, 5))
+        await asyncio.sleep(0.1)
+        t0 = time.monotonic()
+        moved = await a.set_path("ACDEFGHJ", "/inspect")
+        woke = await waiting
+        took = time.monotonic() - t0
+        assert [(e.id, e.data) for e in woke] == [(moved.id, {"path": "/inspect"})] and took < 1.0, took
+        poll = await b.add_poll("ACDEFGHJ", "Next?", ["x", "y"])
+        assert await a.join("ACDEFGHJ", "s1", 2) == 1 and await b.join("ACDEFGHJ", "s2", 2) == 2
+        with pytest.raises(ClassFull):
+            await a.join("ACDEFGHJ", "s3", 2)
+        await a.answer("ACDEFGHJ", poll.id, "s1", 0)
+        await b.answer("ACDEFGHJ", poll.id, "s1", 1)  # the same student, through the other worker: replaced
+        assert (await a.poll("ACDEFGHJ", poll.id)).counts == [0, 1]
+        for _ in range(3):
+            await a.guessed("10.0.0.1", 60)
+        assert (await b.guesses("10.0.0.1", 60))[0] == 3
+        await b.end("ACDEFGHJ")
+        with pytest.raises(ClassNotFound):
+            await a.get("ACDEFGHJ")
+        await a.close()
+        await b.close()
 
     asyncio.run(scenario())
 
@@ -242,9 +314,14 @@ def test_check_path_says_why():
 # ------------------------------------------------------------------ followers in step (a real server)
 
 
-@pytest.fixture(scope="module")
-def server():
-    with liveserver.live_server(env={"EXPLORER_ACCESS_LOG": "false"}) as s:
+@pytest.fixture(scope="module", params=["one process", "two workers"])
+def server(request):
+    """A real server: one process (classes in it), or `python -m app` with two worker processes and no
+    Redis, as `docker compose up` runs it (classes in the file they share)."""
+    env = {"EXPLORER_ACCESS_LOG": "false"}
+    if request.param == "two workers":
+        env["EXPLORER_WORKERS"] = "2"
+    with liveserver.live_server(env=env, entry_point=request.param == "two workers") as s:
         yield s.url
 
 
@@ -303,11 +380,18 @@ def test_every_follower_sees_the_teachers_move_and_a_reconnect_resumes(server):
         s.wait_for(lambda ev: ev[-1]["event"] == "ended")
 
 
-def test_several_workers_without_redis_refuse_classes_saying_why(clients):
-    """Each worker process would keep its own classes: a student's request could reach one that never heard of
-    the class. So without Redis, several workers refuse classes (503), and pages show no Presenting bar."""
-    (client,) = clients(workers=2)
-    r = client.post("/api/v1/classes", json={"path": "/"})
-    assert r.status_code == 503 and "EXPLORER_REDIS_URL or one server process" in r.json()["detail"][0]["msg"]
-    assert client.get("/api/v1/classes/ACDEFGHJ").status_code == 503
-    assert client.get("/").status_code == 200
+def test_the_store_follows_the_settings(tmp_path):
+    """One process keeps classes in memory; several worker processes without Redis share a file in the runs
+    folder (they run classes, no 503); Redis, when set, is tests/scale's."""
+    assert isinstance(open_class_store(Settings()), MemoryClassStore)
+    shared = open_class_store(Settings(workers=2, runs_dir=tmp_path))
+    assert isinstance(shared, SQLiteClassStore) and shared.path == tmp_path / ".classes.sqlite3"
+    asyncio.run(shared.close())
+
+
+def test_several_workers_without_redis_run_classes(clients, tmp_path):
+    teacher, student = clients(2, workers=2, runs_dir=tmp_path)
+    code = start(teacher)["code"]
+    assert (tmp_path / ".classes.sqlite3").is_file()
+    assert teacher.put(f"/api/v1/classes/{code}/state", json={"path": "/params"}).status_code == 200
+    assert student.get(f"/api/v1/classes/{code}").json()["path"] == "/params"

@@ -1,5 +1,5 @@
-"""Live classes beyond one machine: the class store's contract held by both stores (in process, and a real
-redis-server), and a class over two replicas behind Caddy where a replica is killed under its followers
+"""Live classes beyond one machine: the class store's contract held by every store (in process, the file
+one machine's workers share, and a real redis-server), and a class over two replicas behind Caddy where a replica is killed under its followers
 (issue 35, item 6)."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import pytest
 from app.classes.base import ClassFull, ClassNotFound
 from app.classes.memory import MemoryClassStore
 from app.classes.redis_store import RedisClassStore
+from app.classes.sqlite_store import SQLiteClassStore, class_file
 from tests.scale.services import caddy, parse_events, redis_server, replica, wait_until
 
 CODE = "ACDEFGHJ"
@@ -25,11 +26,13 @@ def redis_url():
         yield server.url
 
 
-@pytest.fixture(params=["memory", "redis"])
-def make_store(request, redis_url):
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+def make_store(request, redis_url, tmp_path):
     def make(idle_s=600):
         if request.param == "memory":
             return MemoryClassStore(idle_s=idle_s)
+        if request.param == "sqlite":  # the file several worker processes of one machine share
+            return SQLiteClassStore(class_file(tmp_path), idle_s=idle_s)
         return RedisClassStore(redis_url, idle_s=idle_s)
 
     return make
@@ -60,6 +63,11 @@ def test_the_store_contract(make_store, redis_url):
         third = await store.set_path(code, "/?a=3")
         woke = await waiting
         assert [e.id for e in woke] == [third.id] and time.monotonic() - t0 < 1.0
+        client = f"10.0.0.{time.monotonic_ns() % 250}"
+        await store.guessed(client, 60)
+        await store.guessed(client, 60)
+        n, oldest_s = await store.guesses(client, 60)
+        assert n == 2 and 0 <= oldest_s < 5
         assert await store.join(code, "s1", 2) == 1
         assert await store.join(code, "s1", 2) == 1  # the same student counts once
         assert await store.join(code, "s2", 2) == 2
