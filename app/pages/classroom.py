@@ -106,6 +106,7 @@ def words() -> dict[str, str]:
         "your_answer": _("Your answer: {option}"),
         "answer_was": _("The answer: {answer}"),
         "ended": _("The class has ended. Thank you for taking part."),
+        "full": _("This class is full: it has as many students as this server takes. Ask your teacher."),
         "reconnecting": _("Connection lost: reconnecting…"),
         "count_of": _("{option}: {n}"),
     }

@@ -4,7 +4,8 @@
 // following (the framed page is the student's), "Follow the teacher" goes back to the teacher's current
 // view. Polls: one button per option (its text is its name), a second click replaces the first answer.
 // Reconnecting: EventSource resumes by itself with Last-Event-ID; if it gives up (a 502 from a replica just
-// killed) a new one starts, and the server answers it with where the class is now. What the student chose
+// killed) a new one starts, and the server answers it with where the class is now; a class that is full
+// (403) says so and stops there. What the student chose
 // (following or not, their answer) is kept in sessionStorage, so a reload keeps it too.
 // Questions and options are written with textContent, never as HTML.
 import {say} from "./words.js";
@@ -14,7 +15,8 @@ const code = root.dataset.classCode;
 const frame = document.getElementById("class-view");
 const announce = document.getElementById("class-announce");
 const lang = document.documentElement.lang;
-const REOPEN_MS = [1000, 2000, 4000];  // after an EventSource gave up: again, and less often
+const REOPEN_MS = [1000, 2000, 4000];
+const eventsUrl = "/api/v1/classes/" + encodeURIComponent(code) + "/events";  // after an EventSource gave up: again, and less often
 
 const saved = JSON.parse(sessionStorage.getItem("class:" + code) || "{}");
 let following = saved.following !== false;
@@ -161,7 +163,7 @@ function end() {
 }
 
 function listen() {
-  source = new EventSource("/api/v1/classes/" + encodeURIComponent(code) + "/events");
+  source = new EventSource(eventsUrl);
   source.addEventListener("open", () => {
     failures = 0;
     document.getElementById("class-connection").textContent = "";
@@ -184,12 +186,34 @@ function listen() {
   });
 }
 
+// A class that will not take this student (it has as many as its teacher's server allows): said, in the
+// page's language, and no more retries.
+function refused() {
+  ended = true;
+  if (source) source.close();
+  const notice = document.getElementById("class-ended");
+  notice.textContent = say("class", "full");
+  notice.hidden = false;
+  document.getElementById("class-banner").hidden = true;
+  document.getElementById("class-connection").textContent = "";
+  frame.hidden = true;
+  sessionStorage.removeItem("class:" + code);
+}
+
+// Why the stream gave up: its own answer's status (EventSource does not tell), read by a fetch that stops
+// at the headers. 404: the class is gone; 403: it is full; anything else: open the stream again.
 async function reopen() {
   if (ended) return;
+  const stop = new AbortController();
   try {
-    const answer = await fetch("/api/v1/classes/" + encodeURIComponent(code));
+    const answer = await fetch(eventsUrl, {signal: stop.signal, headers: {Accept: "text/event-stream"}});
+    stop.abort();
     if (answer.status === 404) {
       end();
+      return;
+    }
+    if (answer.status === 403) {
+      refused();
       return;
     }
   } catch {

@@ -1,8 +1,8 @@
 // A teacher presenting a live class (templates/base.html's Presenting bar; app/pages/classroom.py): every
 // change of this page's URL state is pushed to the class with PUT /api/v1/classes/{code}/state, which the
 // teacher's HttpOnly cookie authorises, and every student's page follows. A change is the page as it
-// loads, htmx moving the address bar (htmx:pushedIntoHistory, htmx:replacedInHistory) and Back/Forward
-// (popstate). Only the pages a class can show are pushed (the bar lists them, from app/service/classes.py);
+// loads, htmx moving the address bar (htmx:pushedIntoHistory, htmx:replacedInHistory), a script moving it
+// (history.pushState/replaceState, watched below) and Back/Forward (popstate). Only the pages a class can show are pushed (the bar lists them, from app/service/classes.py);
 // the language is left out, so each student keeps their own. Pushes go in order, and a 502 or 503 (a
 // replica just killed, Caddy trying the next) is retried a few times before the bar says so.
 import {say} from "./words.js";
@@ -62,7 +62,22 @@ function pushHere() {
   queue = queue.then(() => push(path));
 }
 
+// A script that moves the address bar itself, with no htmx event (the "Classroom size" toggle, the
+// explorer's cell panel, Write's settings): every history.pushState and replaceState of this page is a
+// change of view too. The same path twice is pushed once (lastPushed).
+function watchHistory() {
+  for (const name of ["pushState", "replaceState"]) {
+    const original = history[name];
+    history[name] = function (...args) {
+      const result = original.apply(this, args);
+      pushHere();
+      return result;
+    };
+  }
+}
+
 if (bar) {
+  watchHistory();
   document.addEventListener("htmx:pushedIntoHistory", pushHere);
   document.addEventListener("htmx:replacedInHistory", pushHere);
   window.addEventListener("popstate", pushHere);

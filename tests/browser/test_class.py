@@ -1,7 +1,8 @@
 """A live class in real Chromium (issue 35): a teacher and students in separate browser contexts (separate
 cookies), on one real server. The teacher starts a class on /class, students join by the link and by the
-typed code, and every student's framed view follows the teacher's explorer and lessons without their own
-page navigating; "Explore on my own" and "Follow the teacher"; a poll's answers on the teacher's page and
+typed code, and every student's framed view follows the teacher's explorer (its "Classroom size" toggle
+too) and lessons without their own page navigating, on one process and on two workers sharing their
+classes through SQLite; a student a full class refuses is told so; "Explore on my own" and "Follow the teacher"; a poll's answers on the teacher's page and
 its reveal on the students'; the end of the class. In English and in Malay. axe-core on both pages."""
 
 from __future__ import annotations
@@ -62,6 +63,27 @@ def people(chromium):
         context.close()
 
 
+MAX_STUDENTS = 2  # the two-worker server's cap: the follow test's two students fit, a third is refused
+
+
+@pytest.fixture(scope="module")
+def two_workers():
+    """`python -m app` with two worker processes and no Redis, as `docker compose up` runs it: the classes
+    live in the SQLite file the workers share, and a teacher's and a student's requests reach either."""
+    import tempfile
+
+    from .conftest import SERVER_START_TIMEOUT_S, liveserver
+
+    env = {"EXPLORER_WORKERS": "2", "EXPLORER_ACCESS_LOG": "false", "EXPLORER_CLASS_MAX_STUDENTS": str(MAX_STUDENTS)}
+    with (
+        tempfile.TemporaryDirectory(prefix="explorer-browser-classes-") as runs,
+        liveserver.live_server(
+            env={**env, "EXPLORER_RUNS_DIR": runs}, entry_point=True, startup_timeout_s=2 * SERVER_START_TIMEOUT_S
+        ) as server,
+    ):
+        yield server.url
+
+
 def start_class(teacher, live_server, lang: str = "en") -> str:
     teacher.goto(f"{live_server}/class?lang={lang}")
     teacher.locator("#start-class").click()
@@ -89,7 +111,9 @@ def wait_framed(student, predicate_js: str) -> None:
     )
 
 
-def test_students_follow_the_teacher_and_answer_a_poll(people, live_server):
+@pytest.mark.parametrize("server", ["one process", "two workers"])
+def test_students_follow_the_teacher_and_answer_a_poll(people, request, server):
+    live_server = request.getfixturevalue("live_server" if server == "one process" else "two_workers")
     teacher, by_link, by_code = people(3)
     code = start_class(teacher, live_server)
     link = teacher.locator("#join-link").get_attribute("href")
@@ -120,6 +144,10 @@ def test_students_follow_the_teacher_and_answer_a_poll(people, live_server):
     for s in students:
         wait_framed(s, "u.searchParams.get('text') === 'the cat sat' && u.searchParams.get('layer') === '1'")
         assert still_pinned(s)
+    # "Classroom size" moves the address bar by itself (replaceState, no htmx event): pushed all the same.
+    explorer.locator("input[name=classroom][type=checkbox]").check()
+    for s in students:
+        wait_framed(s, "u.searchParams.get('classroom') === '1' && u.searchParams.get('text') === 'the cat sat'")
 
     # A lesson.
     explorer.goto(live_server + "/lessons/causal")
@@ -202,6 +230,37 @@ def test_a_class_in_malay(people, live_server):
         "() => document.getElementById('student-poll-status').textContent === 'Jawapan anda: L1H1'"
     )
     teacher.wait_for_function("() => document.querySelector('.poll-count[data-option=\"L1H1\"]')?.textContent === '1'")
+
+
+@pytest.mark.parametrize("lang", ["en", "ms"])
+def test_a_student_the_full_class_refuses_is_told_so_once(people, two_workers, lang):
+    """A class at its cap (two here): a third student's page says the class is full, in the page's language,
+    in an alert, and stops asking (no retries in a loop)."""
+    teacher, *students = people(MAX_STUDENTS + 2, bypass_csp=True)
+    code = start_class(teacher, two_workers, lang)
+    *admitted, late = students
+    for s in admitted:
+        s.goto(f"{two_workers}/class/{code}?lang={lang}")
+        wait_framed(s, "u.pathname === '/'")
+    teacher.wait_for_function(f"() => /^{MAX_STUDENTS}\\b/.test(document.getElementById('student-count').textContent)")
+    asked = []
+    late.on("request", lambda r: asked.append(r.url) if r.url.endswith("/events") else None)
+    late.goto(f"{two_workers}/class/{code}?lang={lang}")
+    notice = late.locator("#class-ended")
+    notice.wait_for(state="visible")
+    said = {"en": "This class is full", "ms": "Kelas ini sudah penuh"}[lang]
+    assert notice.text_content().startswith(said) and notice.get_attribute("role") == "alert"
+    assert late.locator("#class-view").is_hidden() and late.locator("#class-banner").is_hidden()
+    tries = len(asked)
+    late.wait_for_timeout(3000)
+    assert len(asked) == tries <= 3, asked  # the stream, the probe that read its 403; then nothing
+    for s in admitted:
+        assert s.locator("#class-ended").is_hidden()  # those already in stay in
+    late.set_viewport_size(PHONE)  # on a phone: axe-clean, nothing wider than the screen
+    assert axe(late) == []
+    sizes = late.evaluate("() => [document.scrollingElement.scrollWidth, window.innerWidth]")
+    assert sizes[0] <= sizes[1], sizes
+    assert late.watch.page_errors == []
 
 
 def axe(tab) -> list:
