@@ -2,10 +2,11 @@
 
 Choose a clean and a corrupted text, the answer and wrong tokens and what to patch; the page shows the
 patching sweep twice, with every later attention pattern recomputed and frozen, side by side (their difference
-is what a patch does through later heads' queries and keys). Click a head (in a heads grid, or pick it in the
-form) to see one of its scores split into query part × key part terms, its OV circuit (does it copy?) and how it
-composes with earlier heads. On the induction model a short guided walk follows the previous-token head into
-the induction head.
+is what a patch does through later heads' queries and keys), then attribution patching's first-order estimate of
+the recomputed sweep, with their rank correlation and the cells where the two differ most. Click a head (in a
+heads grid, or pick it in the form) to see one of its scores split into query part × key part terms, its OV
+circuit (does it copy?) and how it composes with earlier heads. On the induction model a short guided walk
+follows the previous-token head into the induction head.
 
 The route reads the state from its URL, validates the model and each text with the API's model request
 (app/api/requests.py, the same limits; the choices are checked here, positions and heads by the service) and
@@ -170,16 +171,46 @@ def _positions(tokens: list[str]) -> list[str]:
     return [f"{i} {figures.visible(t)}" for i, t in enumerate(tokens)]
 
 
-def patching_figure(view, frozen: bool) -> dict:
+def patching_figure(view, kind: str) -> dict:
+    """A sweep's normalised grid; kind: "recomputed", "frozen" or "attribution" (the estimate)."""
     columns = _positions(view.tokens["clean"]) if view.columns[0] == "0" else view.columns
     fig = figures.value_heatmap(
         view.grid,
         x_title=_("position") if view.columns[0] == "0" else _("head"),
         y_title=_("head") if view.rows[0].count("H") else _("layer"),
         value_name=_("normalised metric (0 corrupted, 1 clean)"),
-        export_name=f"patching-{view.target}-{view.direction}-{'frozen' if frozen else 'recomputed'}",
+        export_name=f"patching-{view.target}-{view.direction}-{kind}",
     )
     return _labelled(fig, view.rows, columns)
+
+
+def _cell_words(row: str, column: str) -> str:
+    """A grid cell in words: "L1H2, position 5", "L0, H3"."""
+    return _("{row}, position {column}").format(row=row, column=column) if column.isdigit() else f"{row}, {column}"
+
+
+def attribution_section(svc: Service, state: CircuitsState, exact) -> dict:
+    """Attribution patching's estimate of the recomputed sweep, its rank correlation with it and where they differ."""
+    [estimate] = svc.circuits.patching(
+        _spec(state),
+        state.corrupted,
+        state.answer,
+        state.wrong,
+        state.target,
+        state.direction,
+        state.metric,
+        (False,),
+        "attribution",
+    )
+    comparison = svc.circuits.compare(exact, estimate)
+    return {
+        "figure": patching_figure(estimate, "attribution"),
+        "spearman": None if np.isnan(comparison.spearman) else comparison.spearman,
+        "disagreements": [
+            {"cell": _cell_words(d.row, d.column), "exact": d.exact, "estimate": d.estimate}
+            for d in comparison.disagreements
+        ],
+    }
 
 
 def part_words(label: str) -> str:
@@ -346,7 +377,8 @@ def patching_section(svc: Service, state: CircuitsState) -> dict:
     r = views[0]
     return {
         "views": views,
-        "figures": [patching_figure(v, f) for v, f in zip(views, (False, True))],
+        "figures": [patching_figure(v, kind) for v, kind in zip(views, ("recomputed", "frozen"))],
+        "attribution": _section(attribution_section, svc, state, r),
         "answer": figures.visible(r.answer.token),
         "wrong": figures.visible(r.wrong.token),
         "clean_metric": r.clean_metric,

@@ -173,3 +173,26 @@ def test_no_heatmaps_tick_labels_run_into_each_other(page, live_server):
             ]
             assert not overlaps, (card, axis, overlaps)
     assert page.watch.page_errors == []
+
+
+def test_the_attribution_estimate_is_drawn_beside_the_sweep_with_their_rank_correlation(page, live_server):
+    """The estimate's heatmap is the API's `method: attribution` grid; the rank correlation printed beside it is
+    Spearman's of that grid and the recomputed sweep's (ranked here by NumPy), and each cell named as a
+    disagreement differs by at least 0.1 between the two."""
+    page.goto(f"{live_server}/circuits?model=induction&target=attn_head&direction=noise")
+    fig = drawn(page, "patching-attribution")
+    estimate = page.evaluate(API, ["patching", BODY | {"method": "attribution"}])
+    exact = page.evaluate(API, ["patching", BODY])
+    np.testing.assert_array_equal(np.array(fig["z"], dtype=float), np.array(estimate["grid"], dtype=float))
+    assert fig["y"] == estimate["rows"] == exact["rows"] and fig["x"] == estimate["columns"]
+    a, b = (np.array(g, dtype=float).ravel() for g in (exact["grid"], estimate["grid"]))
+    ra, rb = (np.argsort(np.argsort(g)).astype(float) for g in (a, b))  # no ties in these grids
+    rho = float(np.corrcoef(ra, rb)[0, 1])
+    assert f"{rho:.3f}" in page.locator("#attribution-spearman").text_content()
+    rows, columns = estimate["rows"], estimate["columns"]
+    for item in page.locator("#attribution-disagreements li").all_text_contents():
+        cell, numbers = item.split(": ", 1)
+        row, column = cell.split(", ")
+        i, j = rows.index(row), columns.index(column)
+        assert abs(a[i * len(columns) + j] - b[i * len(columns) + j]) >= 0.1
+        assert f"{a[i * len(columns) + j]:.3f}" in numbers and f"{b[i * len(columns) + j]:.3f}" in numbers

@@ -63,6 +63,19 @@ def test_the_page_says_its_errors_in_place(client):
     assert whole.text.lstrip().startswith('<form id="circuits"')
 
 
+def test_a_model_without_gradients_keeps_its_exact_sweeps_and_says_why_there_is_no_estimate(client, monkeypatch):
+    import core.attribution_patching as atp
+    from core import InputError
+
+    def refuse(cfg):
+        raise InputError("training does not support gated_mlp=True")
+
+    monkeypatch.setattr(atp, "check_trainable", refuse)
+    r = client.get("/circuits", params={"model": "induction"})
+    assert r.status_code == 200 and 'id="patching-recomputed"' in r.text and 'id="patching-frozen"' in r.text
+    assert 'id="attribution-error"' in r.text and "gated_mlp" in r.text and 'id="patching-attribution"' not in r.text
+
+
 # ------------------------------------------------------------------ the explorer: ablation frozen or recomputed, the link
 
 
