@@ -28,6 +28,7 @@ import hashlib
 import math
 from dataclasses import dataclass
 from functools import cached_property
+from importlib import import_module
 from typing import Any, get_type_hints
 
 import numpy as np
@@ -36,6 +37,7 @@ from .config import TransformerConfig
 from .errors import InputError
 from .i18n import N_, _
 from .model import Params, init_params, iter_arrays
+from .sae_train import MAX_D_SAE, MAX_L1, MAX_SAE_K, SAE_KINDS
 
 UNK = "[UNK]"  # id 0 of the character vocabularies that have one: any character they do not know
 
@@ -49,6 +51,7 @@ MAX_HEADS = 16
 TEXT_MAX_CHARS = 1_000_000  # a text of your own: about a megabyte (the default corpus is ~465,000)
 TEXT_MAX_VOCAB = 256  # distinct characters a text may hold (each becomes a row of the token table)
 DTYPES = ("float32", "float64")
+SAE_FIELDS = ("model", "hook", "architecture", "d_sae", "k", "l1_coefficient")  # the sae recipe's (core/sae_run.py)
 
 # induction: 31 characters and [UNK] (id 0) make the recipe's 32-token vocabulary. Lower-case
 # letters, space and the commonest punctuation, so that a learner's sentence ("Ali makan nasi
@@ -147,6 +150,13 @@ class TrainSettings:
         le=1,
         api=False,
     )
+    # the sae recipe (core/sae_run.py): a sparse autoencoder on one hook of a model trained here; null elsewhere
+    model: str | None = setting(None, help="sae: the shipped model whose activations it learns", cli=False)
+    hook: str | None = setting(None, help="sae: the hook it reads, e.g. blocks.0.hook_resid_post", cli=False)
+    architecture: str | None = setting(None, help="sae: standard (L1) or topk", choices=SAE_KINDS, cli=False)
+    d_sae: int | None = setting(None, help="sae: its features", label=N_("Features"), ge=1, le=MAX_D_SAE, cli=False)
+    k: int | None = setting(None, help="sae, topk: features a token", label=N_("k"), ge=1, le=MAX_SAE_K, cli=False)
+    l1_coefficient: float | None = setting(None, help="sae: L1 weight", label=N_("L1"), ge=0, le=MAX_L1, cli=False)
 
     def replace(self, **changes) -> TrainSettings:
         return dataclasses.replace(self, **changes)
@@ -157,6 +167,7 @@ class TrainSettings:
             d["text"] = f"<{len(self.text):,} characters, sha256 {text_hash(self.text)[:16]}>"
         if not d["repeats"]:  # the text as it is: a card says so as it did before the setting existed
             del d["repeats"]
+        d = {k: v for k, v in d.items() if k not in SAE_FIELDS or self.recipe == "sae"}  # a model's card as before
         return d
 
     @property
@@ -231,10 +242,8 @@ DEFAULTS: dict[str, dict] = {
 
 def settings(recipe: str, **changes) -> TrainSettings:
     """The recipe's defaults with `changes` applied (None values are ignored), checked."""
-    if recipe not in DEFAULTS:
-        raise InputError(
-            _("recipe {recipe!r} is not one of {choices}").format(recipe=recipe, choices=", ".join(DEFAULTS))
-        )
+    if recipe not in (names := (*DEFAULTS, "sae")):  # sae: an SAE on a model's activations (core/sae_run.py)
+        raise InputError(_("recipe {recipe!r} is not one of {choices}").format(recipe=recipe, choices=", ".join(names)))
     fields = {f.name for f in dataclasses.fields(TrainSettings)} - {"recipe"}
     unknown = sorted(set(changes) - fields)
     if unknown:
@@ -244,6 +253,8 @@ def settings(recipe: str, **changes) -> TrainSettings:
             )
         )
     given = {k: v for k, v in changes.items() if v is not None}
+    if recipe == "sae":  # its defaults and checks are beside its trainer (which imports this module)
+        return import_module(".sae_run", __package__).sae_settings(given)
     values = DEFAULTS[recipe] | given
     steps = values["steps"]
     if isinstance(steps, int) and steps >= 1:  # defaults that count steps shrink with a shorter run
@@ -323,13 +334,15 @@ def check(s: TrainSettings) -> None:
         _integer("snapshot_interval", s.snapshot_interval, 1, MAX_STEPS)
     if s.dtype not in DTYPES:
         raise InputError(_("dtype={dtype!r} is not one of {choices}").format(dtype=s.dtype, choices=", ".join(DTYPES)))
-    if s.text is not None and s.recipe != "text":
+    if s.text is not None and s.recipe not in ("text", "sae"):
         raise InputError(
             _("a text is what the text recipe trains on; the {recipe} recipe makes its own data").format(
                 recipe=s.recipe
             )
         )
     _number("repeats", s.repeats, 0.0, 1.0, " (a share of the training sequences)")
+    if s.recipe != "sae" and (sae := [name for name in SAE_FIELDS if getattr(s, name) is not None]):
+        raise InputError(_("{name} is a setting of the sae recipe only (a sparse autoencoder)").format(name=sae[0]))
     if s.repeats and s.recipe != "text":
         raise InputError(
             _("repeats mixes repeated passages into the text recipe's data; the {recipe} recipe makes its own").format(

@@ -29,7 +29,11 @@ from .i18n import _
 from .optim import AdamW, ParamVector
 from .sae import SAE, SAEConfig
 
-TRAINABLE_ARCHITECTURES = ("standard", "topk")
+TRAINABLE_ARCHITECTURES = SAE_KINDS = ("standard", "topk")
+# what a training run may ask for (core/recipes.py TrainSettings states them; core/sae_run.py checks them)
+MAX_D_SAE = 4096
+MAX_SAE_K = 256
+MAX_L1 = 100.0
 
 
 @dataclass(frozen=True)
@@ -156,6 +160,75 @@ def loss_and_grads(
     return losses, grads, acts, x_hat
 
 
+class SAETrainer:
+    """One SAE's training, a step at a time: the arrays, AdamW's state, the batch order and which features
+    fired lately. `train_sae` runs one to its last step; a training run (core/sae_run.py) snapshots it
+    (`state`) and continues it bit for bit (`restore`)."""
+
+    def __init__(self, activations: np.ndarray, cfg: SAEConfig, training: SAETraining, sae: SAE | None = None):
+        check_trainable(cfg)
+        if activations.ndim != 2 or activations.shape[1] != cfg.d_in:
+            raise InputError(
+                _("an SAE of d_in={d_in} trains on vectors of {d_in} numbers, not {shape}").format(
+                    d_in=cfg.d_in, shape=tuple(activations.shape)
+                )
+            )
+        self.training = training
+        self.sae = sae or init_sae(cfg, training)
+        dtype = np.dtype(cfg.dtype)
+        self.data = np.asarray(activations, dtype=dtype)
+        self.vector = ParamVector(self.sae.arrays(), dtype=dtype)
+        for name, array in self.vector.params.items():  # views into the flat vector from now on
+            setattr(self.sae, name, array)
+        self.opt = AdamW(self.vector, betas=(0.9, 0.999), weight_decay=0.0)
+        self.rng = np.random.default_rng(training.seed + 1)
+        self.since = np.zeros(cfg.d_sae, dtype=np.int64)
+        self.step = 0
+
+    def train_step(self) -> SAEStepRecord:
+        training, data = self.training, self.data
+        batch = data[self.rng.integers(0, len(data), size=min(training.batch_size, len(data)))]
+        dead = self.since >= training.dead_window
+        losses, grads, acts, x_hat = loss_and_grads(self.sae, batch, training, dead)
+        self.opt.step(self.vector.flatten(grads), training.lr)
+        fired = (acts > 0).any(axis=0)
+        self.since = np.where(fired, 0, self.since + 1)
+        centred = batch - batch.mean(axis=0)
+        total = float((centred * centred).sum())
+        self.step += 1
+        return SAEStepRecord(
+            step=self.step,
+            loss=losses["loss"],
+            mse=losses["mse"],
+            explained_variance=1.0 - losses["mse"] * len(batch) / total if total > 0 else float("nan"),
+            l0=float((acts > 0).sum(axis=1).mean()),
+            dead_fraction=float((self.since >= training.dead_window).mean()),
+        )
+
+    def state(self) -> dict:
+        """What continues this training exactly: arrays (flat), AdamW's moments and steps, the batch
+        order's generator state (JSON-able) and each feature's steps since it fired."""
+        s = self.opt.state
+        return {
+            "step": self.step,
+            "params": self.vector.flat.copy(),
+            "m": s.m.copy(),
+            "v": s.v.copy(),
+            "t": s.t,
+            "rng": self.rng.bit_generator.state,
+            "since": self.since.copy(),
+        }
+
+    def restore(self, state: dict) -> None:
+        self.vector.flat[...] = state["params"]
+        self.opt.state.m[...] = state["m"]
+        self.opt.state.v[...] = state["v"]
+        self.opt.state.t = int(state["t"])
+        self.rng.bit_generator.state = state["rng"]
+        self.since = np.asarray(state["since"], dtype=np.int64).copy()
+        self.step = int(state["step"])
+
+
 def train_sae(
     activations: np.ndarray,
     cfg: SAEConfig,
@@ -168,42 +241,11 @@ def train_sae(
 
     `on_step(record, sae)` is called after every step; returning True stops early (a cancel). Passing
     `sae` continues from it (its optimiser state starts fresh)."""
-    check_trainable(cfg)
-    if activations.ndim != 2 or activations.shape[1] != cfg.d_in:
-        raise InputError(
-            _("an SAE of d_in={d_in} trains on vectors of {d_in} numbers, not {shape}").format(
-                d_in=cfg.d_in, shape=tuple(activations.shape)
-            )
-        )
-    sae = sae or init_sae(cfg, training)
-    dtype = np.dtype(cfg.dtype)
-    data = np.asarray(activations, dtype=dtype)
-    vector = ParamVector(sae.arrays(), dtype=dtype)
-    arrays = vector.params  # views into the flat vector: the SAE's arrays are these from now on
-    for name, array in arrays.items():
-        setattr(sae, name, array)
-    opt = AdamW(vector, betas=(0.9, 0.999), weight_decay=0.0)
-    rng = np.random.default_rng(training.seed + 1)
-    since = np.zeros(cfg.d_sae, dtype=np.int64)
+    trainer = SAETrainer(activations, cfg, training, sae)
     records = []
-    for step in range(training.steps):
-        batch = data[rng.integers(0, len(data), size=min(training.batch_size, len(data)))]
-        dead = since >= training.dead_window
-        losses, grads, acts, x_hat = loss_and_grads(sae, batch, training, dead)
-        opt.step(vector.flatten(grads), training.lr)
-        fired = (acts > 0).any(axis=0)
-        since = np.where(fired, 0, since + 1)
-        centred = batch - batch.mean(axis=0)
-        total = float((centred * centred).sum())
-        record = SAEStepRecord(
-            step=step + 1,
-            loss=losses["loss"],
-            mse=losses["mse"],
-            explained_variance=1.0 - losses["mse"] * len(batch) / total if total > 0 else float("nan"),
-            l0=float((acts > 0).sum(axis=1).mean()),
-            dead_fraction=float((since >= training.dead_window).mean()),
-        )
+    for _step in range(training.steps):
+        record = trainer.train_step()
         records.append(record)
-        if on_step is not None and on_step(record, sae):
+        if on_step is not None and on_step(record, trainer.sae):
             break
-    return sae, records
+    return trainer.sae, records

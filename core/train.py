@@ -110,6 +110,7 @@ class Snapshot:
     pending_losses: list[float] = field(default_factory=list)  # training losses since the last record
     grad_norm: float | None = None
     elapsed_s: float = 0.0
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)  # a recipe's own state (the sae recipe's)
 
     def save(self, path: str | Path) -> Path:
         """One .npz; written beside the target and renamed into place, so a reader never sees half a file."""
@@ -125,7 +126,14 @@ class Snapshot:
         }
         tmp = path.with_name(path.name + ".tmp")
         with open(tmp, "wb") as f:
-            np.savez(f, params=self.params, m=self.m, v=self.v, meta=np.array(json.dumps(meta)))
+            arrays: dict[str, Any] = {
+                "params": self.params,
+                "m": self.m,
+                "v": self.v,
+                "meta": np.array(json.dumps(meta)),
+            }
+            arrays |= {f"arrays.{k}": v for k, v in self.arrays.items()}  # a recipe's own (the sae recipe's)
+            np.savez(f, **arrays)
         os.replace(tmp, path)
         return path
 
@@ -144,6 +152,7 @@ class Snapshot:
                 meta["pending_losses"],
                 meta["grad_norm"],
                 meta["elapsed_s"],
+                {k.removeprefix("arrays."): z[k] for k in z.files if k.startswith("arrays.")},
             )
 
 

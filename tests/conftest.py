@@ -63,6 +63,14 @@ def client_with() -> Iterator[Callable[..., TestClient]]:
 # pytest's node id (a module, or one test with all its parameters), with the reason.
 SLOW = {
     "tests/api/test_training.py": "real servers with trainer processes, redis-server and a Celery worker",
+    **{
+        f"tests/api/test_sae_training.py::{name}": "SAE runs on real servers with trainer processes, and on Redis"
+        for name in (
+            "test_an_sae_run_trains_in_a_worker_and_becomes_an_sae",
+            "test_the_events_stream_carries_the_sae_metrics",
+            "test_cancel_keeps_the_sae_so_far_and_a_repeat_resumes_it",
+        )
+    },
     "tests/core/test_blas_kernels.py": "nasi-lemak retrained under seven OpenBLAS kernels, in subprocesses",
     "tests/core/test_python_docs_induction_retrain.py": "python-docs-induction retrained (with EXPLORER_RETRAIN)",
     "tests/core/test_training.py::test_an_induction_head_forms_and_the_one_layer_control_forms_none": (

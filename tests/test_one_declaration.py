@@ -20,11 +20,14 @@ from pathlib import Path
 
 from app.models import knobs
 from core import TransformerConfig, recipes
+from core.sae import SAEConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG_FIELDS = {f.name for f in dataclasses.fields(TransformerConfig)}
 RUN = set(knobs.names())
-TRAIN = {f.name for f in recipes.setting_fields()} - CONFIG_FIELDS  # steps, seed, batch_size, lr, ...
+SAE_CFG_FIELDS = {f.name for f in dataclasses.fields(SAEConfig)}  # SAELens's cfg.json names (architecture, d_sae...)
+# steps, seed, batch_size, lr, ...: a model's config and an SAE's cfg.json name some of them too, as their own
+TRAIN = {f.name for f in recipes.setting_fields()} - CONFIG_FIELDS - SAE_CFG_FIELDS
 AT_LEAST = 3  # names of one set in one display: that set spelled out
 
 

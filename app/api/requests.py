@@ -31,7 +31,7 @@ from app.http.language import _
 from app.service import AblatedHead, Knobs, RunSpec, knobs
 from app.service.calculators import Sizes
 from app.settings import Limit, Settings, setting, settings_in_effect
-from core import DTYPE_BYTES, POSITION_SCHEMES, PRESETS, TransformerConfig, lessons, recipes
+from core import DTYPE_BYTES, POSITION_SCHEMES, PRESETS, TransformerConfig, lessons, recipes, sae_run
 from core.config import NORMALIZATION_TYPES
 
 MAX_SEED = knobs.MAX_SEED
@@ -557,6 +557,7 @@ class RolloutRequest(AblatingRequest):
 # ------------------------------------------------------------------ training (v1 additions)
 
 MAX_TRAIN_STEPS = recipes.MAX_STEPS
+MAX_TRAIN_NAME = 100  # characters of a name a training setting takes (a model, a hook, an architecture)
 # The settings a request may change: TrainSettings' fields that are the API's (core/recipes.py), in its order.
 TRAIN_FIELDS = tuple(f.name for f in recipes.setting_fields(api=True))
 
@@ -565,6 +566,7 @@ def train_field(f: dataclasses.Field) -> tuple[Any, Any]:
     """A TrainSettings field as a request field: null (the recipe's), or within the setting's bounds."""
     kind, meta = recipes.setting_type(f), f.metadata
     bounds = dict(meta["bounds"]) | ({"allow_inf_nan": False} if kind is float else {})
+    bounds |= {"max_length": MAX_TRAIN_NAME} if kind is str else {}  # the sae recipe's model, hook, architecture
     return (Annotated[kind, Field(**bounds)] if bounds else kind) | None, Field(None, description=meta["help"])
 
 
@@ -593,6 +595,8 @@ def _train_control(f: dataclasses.Field) -> TrainControl:
 
 # The settings the training page offers: the API's that have a label (core/recipes.py), in its order.
 TRAIN_FORM = [_train_control(f) for f in recipes.setting_fields(api=True) if f.metadata["label"]]
+SAE_FIELDS = recipes.SAE_FIELDS  # the sae recipe's own settings (a model's recipe refuses them)
+SAE_SETTINGS = sae_run.OWN  # every setting the sae recipe takes (the others shape or optimise a model)
 
 
 class _TrainRequest(Request):
@@ -604,14 +608,19 @@ class _TrainRequest(Request):
                 {"recipe": "induction"},
                 {"recipe": "induction", "n_layers": 1},
                 {"recipe": "text", "text": "to be or not to be, that is the question. " * 20, "steps": 200},
+                {"recipe": "sae", "model": "induction", "hook": "blocks.0.hook_resid_post", "d_sae": 256, "k": 8},
+                {"recipe": "sae", "architecture": "standard", "l1_coefficient": 1.0, "steps": 200},
             ]
         },
     )
 
-    recipe: Literal["induction", "nasi-lemak", "text"] = Field(
+    recipe: Literal["induction", "nasi-lemak", "text", "sae"] = Field(
         description="induction: random characters with a repeated segment (a 2-layer attention-only model grows "
         "an induction head); nasi-lemak: the spec's one-block model on its Malay phrases; text: a "
-        "character-level GPT on Python's documentation or your own text"
+        "character-level GPT on Python's documentation or your own text; sae: a sparse autoencoder (SAELens's "
+        "standard or topk objective) on one hook of a shipped trained model (model, hook, architecture, d_sae, "
+        "k or l1_coefficient, steps, batch_size vectors a step, lr, seed; text: its corpus, null: the model's "
+        "own training data), listed by GET /api/v1/saes once trained"
     )
 
     def changes(self) -> dict[str, object]:
@@ -641,7 +650,7 @@ else:
                     min_length=1,
                     json_schema_extra=stating(
                         "the text recipe's corpus, at most {train_max_text_chars:,} "
-                        "characters; null: Python's documentation"
+                        "characters; null: Python's documentation (the sae recipe's: null, the model's own data)"
                     ),
                 ),
             )

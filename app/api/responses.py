@@ -293,18 +293,32 @@ class TrainAccepted(ResponseModel):
 
 
 class TrainingMetrics(ResponseModel):
+    """A model's run has the first eight lists; an SAE's run (recipe sae) step, loss, lr, elapsed_s and the last
+    four (the others absent)."""
+
     step: list[int]
     loss: list[float | None] = Field(description="mean training loss since the previous record")
-    val_loss: list[float] = Field(description="loss on the recipe's fixed held-out sequences")
+    val_loss: list[float] | None = Field(None, description="loss on the recipe's fixed held-out sequences")
     lr: list[float]
-    icl_score: list[float] = Field(
-        description="held-out loss late in the context minus early (negative: the context helps)"
+    icl_score: list[float] | None = Field(
+        None, description="held-out loss late in the context minus early (negative: the context helps)"
     )
-    target: list[float | None] = Field(
-        description="the recipe's target probability: nasi-lemak's P('l' | 'nasi '), induction's on a repeated segment"
+    target: list[float | None] | None = Field(
+        None,
+        description="the recipe's target probability: nasi-lemak's P('l' | 'nasi '), induction's on a repeated segment",
     )
-    grad_norm: list[float | None]
+    grad_norm: list[float | None] | None = None
     elapsed_s: list[float]
+    mse: list[float] | None = Field(
+        None, description="sae: mean since the previous record of Σ_d (x̂ − x)², averaged over the batch"
+    )
+    explained_variance: list[float] | None = Field(
+        None, description="sae: 1 − Σ (x − x̂)² / Σ (x − mean x)² over a batch, mean since the previous record"
+    )
+    l0: list[float] | None = Field(None, description="sae: features active per token, mean since the previous record")
+    dead_fraction: list[float] | None = Field(
+        None, description="sae: the share of features that have not fired in the last 200 steps, at the record's step"
+    )
 
 
 class TrainingHeadScores(ResponseModel):
@@ -341,6 +355,9 @@ class TrainingRun(ResponseModel):
     snapshots: list[int] = Field(description="steps whose attention patterns GET .../patterns/{step} returns")
     model: str | None = Field(
         description="the model name /api/v1/run, /api/v1/analysis/* and the pages accept, once the run has weights"
+    )
+    sae: str | None = Field(
+        None, description="recipe sae: the SAE's name in GET /api/v1/saes (and its download), once it has weights"
     )
     error: str | None
     queue_position: int | None

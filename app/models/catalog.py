@@ -21,7 +21,7 @@ from app.models import knobs, pretrained
 from app.models.saes import SAECatalog, open_saes
 from app.settings import Settings
 from app.training import open_store
-from app.training.base import TrainingStore
+from app.training.base import TrainingStore, is_sae_run_id
 from core import PRESETS, InputError, TransformerConfig, init_params, lessons, run_with_cache
 from core.cache import pattern_hooks
 from core.checkpoints import FAMILIES, CheckpointError, CheckpointSpec, read_spec
@@ -338,12 +338,16 @@ class Catalog(Mapping[str, Model]):
         self.toy_cache = toy_cache  # the toys' drawn weights
         self.training_runs = training_runs  # a finished training run is a model named by its id
         self.saes = saes if saes is not None else SAECatalog(None)  # EXPLORER_SAES_DIR's SAEs (app/models/saes.py)
+        if self.saes.runs is None:
+            self.saes.runs = training_runs  # an sae recipe's run is an SAE there, not a model here
         self._trained: dict[tuple[str, str], Model] = {}  # (run id, its model folder) -> the model
         self._trained_lock = threading.Lock()
 
     def _run_model(self, id: str) -> Model | None:
         """A run's latest weights as a model (the same Model while its folder stays the same)."""
         runs = self.training_runs
+        if is_sae_run_id(id):  # its weights are an SAE (self.saes lists it)
+            return None
         folder = runs.model_folder(id) if runs is not None and runs.exists(id) else None
         if folder is None:
             return None
@@ -373,7 +377,8 @@ class Catalog(Mapping[str, Model]):
     def __iter__(self) -> Iterator[str]:
         yield from self._models
         if self.training_runs is not None:
-            yield from (id for id in self.training_runs.ids() if self.training_runs.model_folder(id) is not None)
+            runs = self.training_runs
+            yield from (id for id in runs.ids() if not is_sae_run_id(id) and runs.model_folder(id) is not None)
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
@@ -404,4 +409,4 @@ def build_catalog(settings: Settings) -> Catalog:
     )
     models |= {name: _checkpoint_model(name, entry) for name, entry in checkpoints.entries.items()}
     runs = open_store(settings)  # the runs folder, or Redis with EXPLORER_REDIS_URL (app/training/__init__.py)
-    return Catalog(models, checkpoints, toy_cache, runs, open_saes(settings.saes_dir))
+    return Catalog(models, checkpoints, toy_cache, runs, open_saes(settings.saes_dir, runs))

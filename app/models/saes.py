@@ -15,6 +15,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from app.training.base import TrainingStore, is_sae_run_id
 from core import InputError
 from core.i18n import _
 from core.sae import CONFIG_FILE, SAE, WEIGHTS_FILE, SAEConfig, load_sae
@@ -102,8 +103,16 @@ def _labels(folder: Path, d_sae: int) -> list[LabelledFeature]:
     return sorted(out, key=lambda f: f.index)
 
 
-def read_entry(folder: Path) -> SAEEntry:
-    """One folder as an entry; what is wrong with it in `static_problem`, never an exception."""
+def read_entry(folder: Path, name: str | None = None) -> SAEEntry:
+    """One folder as an entry (named after it, or `name`); what is wrong with it in `static_problem`, never an
+    exception."""
+    entry = _read_entry(folder)
+    if name is not None:
+        entry.name = name
+    return entry
+
+
+def _read_entry(folder: Path) -> SAEEntry:
     cfg = None
     try:
         raw = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
@@ -125,28 +134,59 @@ def read_entry(folder: Path) -> SAEEntry:
 
 
 class SAECatalog(Mapping[str, SAEEntry]):
-    """Every SAE folder found at start-up, usable or not, by name (sorted)."""
+    """Every SAE folder found at start-up, usable or not, by name (sorted); then the SAEs trained here (the sae
+    recipe's runs with weights, named by their run ids), which appear as they finish without a restart."""
 
-    def __init__(self, folder: Path | None):
+    def __init__(self, folder: Path | None, runs: TrainingStore | None = None):
         self.folder = folder
+        self.runs = runs  # the training store whose sae runs are SAEs too (set by the model catalogue)
         found = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")) if folder else []
         self._entries = {p.name: read_entry(p) for p in found}
+        self._trained: dict[tuple[str, str], SAEEntry] = {}  # (run id, its export folder) -> the entry
+        self._trained_lock = threading.Lock()
+
+    def _run_entry(self, id: str) -> SAEEntry | None:
+        """An sae run's latest export as an entry (the same entry while its folder stays the same)."""
+        runs = self.runs
+        if runs is None or not is_sae_run_id(id) or not runs.exists(id):
+            return None
+        folder = runs.model_folder(id)
+        if folder is None:
+            return None
+        with self._trained_lock:
+            key = (id, folder.name)
+            if key not in self._trained:
+                self._trained = {k: v for k, v in self._trained.items() if k[0] != id}  # an older export
+                self._trained[key] = read_entry(folder, name=id)
+            return self._trained[key]
+
+    def _run_ids(self) -> list[str]:
+        runs = self.runs
+        if runs is None:
+            return []
+        return sorted(id for id in runs.ids() if is_sae_run_id(id) and runs.model_folder(id) is not None)
 
     def __getitem__(self, name: str) -> SAEEntry:
-        return self._entries[name]
+        if name in self._entries:
+            return self._entries[name]
+        entry = self._run_entry(name)
+        if entry is None:
+            raise KeyError(name)
+        return entry
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._entries)
+        yield from self._entries
+        yield from (id for id in self._run_ids() if id not in self._entries)
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return sum(1 for _ in self)
 
     def get_entry(self, name: str) -> SAEEntry:
         """The SAE called `name`, or an InputError listing the names there are."""
         try:
-            return self._entries[name]
+            return self[name]
         except KeyError:
-            choices = ", ".join(self._entries) or _("none: this server's EXPLORER_SAES_DIR holds no SAE")
+            choices = ", ".join(self) or _("none: this server's EXPLORER_SAES_DIR holds no SAE")
             raise InputError(
                 _("unknown SAE {name!r}: choose one of {choices} (GET /api/v1/saes lists them)").format(
                     name=name, choices=choices
@@ -154,9 +194,10 @@ class SAECatalog(Mapping[str, SAEEntry]):
             ) from None
 
 
-def open_saes(folder: Path | None) -> SAECatalog:
-    """The catalogue of EXPLORER_SAES_DIR (none when unset; a folder that is not there lists nothing)."""
-    return SAECatalog(folder if folder is not None and folder.is_dir() else None)
+def open_saes(folder: Path | None, runs: TrainingStore | None = None) -> SAECatalog:
+    """The catalogue of EXPLORER_SAES_DIR (none when unset; a folder that is not there lists nothing), with the
+    SAEs trained in `runs`."""
+    return SAECatalog(folder if folder is not None and folder.is_dir() else None, runs)
 
 
 __all__ = ["LABELS_FILE", "LabelledFeature", "SAECatalog", "SAEEntry", "open_saes", "read_entry"]

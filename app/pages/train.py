@@ -31,6 +31,7 @@ RECIPES = {
     "induction": N_("Induction heads: random characters with a repeated segment"),
     "nasi-lemak": N_("Nasi lemak: the spec's one-block model on its Malay phrases"),
     "text": N_("Text: a character-level GPT on Python's documentation, or your own text"),
+    "sae": N_("Sparse autoencoder: the features of a trained model's hook, with SAELens's objectives"),
 }
 # A run's status as the page says it (the API's `status` values are the keys).
 STATUS_NAMES = {
@@ -44,11 +45,42 @@ STATUS_NAMES = {
 DEFAULT_RECIPE = "induction"
 FORM_FIELDS = tuple(c.name for c in requests.TRAIN_FORM)  # the form's settings (core/recipes.py labels them)
 TARGETS = {"nasi-lemak": "P('l' | \"nasi \")", "induction": N_("P(the repeated token)"), "text": None}
+SAE_FIELDS = requests.SAE_FIELDS
+SAE_CHOICES = tuple(f for f in SAE_FIELDS if f not in FORM_FIELDS)  # the sae form's choices, not numbers
+# What the sae recipe's curves show: (record key, title, axis, caption)
+SAE_CURVES = (
+    ("mse", N_("Reconstruction error"), N_("MSE"), N_("Σ over the hook's dimensions of (x̂ − x)², the batch's mean.")),
+    (
+        "explained_variance",
+        N_("Explained variance"),
+        N_("share"),
+        N_("1 − the error's sum of squares over the batch's variance about its mean: 1 is a perfect copy."),
+    ),
+    ("l0", N_("L0"), N_("features"), N_("Features active per token: k for a topk SAE; the L1 penalty lowers it.")),
+    (
+        "dead_fraction",
+        N_("Dead features"),
+        N_("share"),
+        N_("The share of features that fired on no token of the last 200 steps' batches."),
+    ),
+)
+
+
+def form_controls(recipe: str) -> list[requests.TrainControl]:
+    """The settings the form offers for a recipe: the sae recipe's own and those it shares; a model's, the rest."""
+    if recipe == "sae":
+        return [c for c in requests.TRAIN_FORM if c.name in requests.SAE_SETTINGS]
+    return [c for c in requests.TRAIN_FORM if c.name not in SAE_FIELDS]
 
 
 def _form_values(query) -> tuple[str, dict[str, str]]:
     recipe = web.last(query, "recipe") or DEFAULT_RECIPE
-    given = {k: v for k in (*FORM_FIELDS, "text") if (v := web.last(query, k)) is not None}
+    names = (*FORM_FIELDS, *SAE_CHOICES, "text") if recipe == "sae" else (*FORM_FIELDS, "text")
+    given = {k: v for k in names if (v := web.last(query, k)) is not None}
+    if recipe == "sae":  # the form shows k and L1 both: only the chosen architecture's is sent
+        given.pop("l1_coefficient" if given.get("architecture", "topk") == "topk" else "k", None)
+    else:
+        given = {k: v for k, v in given.items() if k not in SAE_FIELDS}
     return recipe, given
 
 
@@ -70,8 +102,20 @@ def _series(runs: list[tuple[str, TrainingRunInfo]], key: str) -> list[tuple[str
     return out
 
 
+def sae_figures(info: TrainingRunInfo) -> list[dict]:
+    """An SAE run's curves: reconstruction error, explained variance, L0 and dead features by step."""
+    out = []
+    for key, title, axis, caption in SAE_CURVES:
+        series = _series([(_("SAE"), info)], key) or [(_("no records yet"), [0], [0])]
+        figure = figures.line_chart(series, x_title=_("step"), y_title=_(axis), export_name=f"sae-{key}")
+        out.append({"id": f"sae-{key}", "title": _(title), "caption": _(caption), "figure": figure})
+    return out
+
+
 def run_figures(runs: list[tuple[str, TrainingRunInfo]], recipe: str) -> list[dict]:
     """Loss curves (the control overlaid), every head's scores over the steps, the target's probability."""
+    if recipe == "sae":
+        return sae_figures(runs[0][1])
     loss = _series(runs, "loss")
     loss = [(_("{label}: training").format(label=label), x, y) for label, x, y in loss] + [
         (_("{label}: held-out").format(label=label), x, y) for label, x, y in _series(runs, "val_loss")
@@ -188,6 +232,8 @@ def explore_text(recipe: str, seq_len: int) -> str:
 def run_view(svc: Service, query, errors: list[str]) -> dict | None:
     """The page of one run (and its control), from the URL: run, control, layer, head, step."""
     info = svc.training.get(web.last(query, "run") or "")
+    if info.recipe == "sae":
+        return sae_view(info, query)
     control_id = web.last(query, "control")
     runs = [(_("model"), info)]
     control = svc.training.get(control_id) if control_id else None
@@ -221,6 +267,27 @@ def run_view(svc: Service, query, errors: list[str]) -> dict | None:
         "best_head": best,
         "follow": follow,
         "finished": not running,
+        "url": _canonical(query),
+    }
+
+
+def sae_view(info: TrainingRunInfo, query) -> dict:
+    """The page of an SAE's run: its curves, and once it has weights its features and its download."""
+    follow = None
+    if info.status not in FINISHED:
+        follow = f"/api/v1/runs/{info.id}/events?" + urlencode({"since": info.event_id})
+    features = "/features?" + urlencode({"sae": info.id, "model": info.config["model"]})
+    return {
+        "run": info,
+        "control": None,
+        "runs": [(_("SAE"), info)],
+        "pattern": None,
+        "figures": sae_figures(info),
+        "samples": [],
+        "links": {"api": f"/api/v1/runs/{info.id}", "sae": f"/api/v1/saes/{info.id}/download", "features": features},
+        "best_head": None,
+        "follow": follow,
+        "finished": follow is None,
         "url": _canonical(query),
     }
 
@@ -293,7 +360,11 @@ def _render(
     status: int = 422,
 ) -> Response:
     defaults = svc.training.recipe_defaults(recipe if recipe in RECIPES else DEFAULT_RECIPE)
-    values = {k: given.get(k, defaults.get(k)) for k in FORM_FIELDS} | {"text": given.get("text", "")}
+    values = {k: given.get(k, defaults.get(k)) for k in (*FORM_FIELDS, *SAE_CHOICES)} | {"text": given.get("text", "")}
+    sae = svc.training.sae_form(values.get("model"))
+    if recipe == "sae":  # the architecture not chosen keeps its default in view
+        values["k"] = values["k"] or sae.default_k
+        values["l1_coefficient"] = values["l1_coefficient"] or sae.default_l1
     try:
         recent = svc.training.all()[:10]
     except web.PAGE_ERRORS:  # training is off here: the form says why when used
@@ -309,7 +380,8 @@ def _render(
         "classroom": web.is_on(request.query_params, "classroom"),
         "nav": "train",
         "form_id": "train",
-        "form": [dataclasses.replace(c, label=_(c.label), hint=c.hint and _(c.hint)) for c in requests.TRAIN_FORM],
+        "form": [dataclasses.replace(c, label=_(c.label), hint=c.hint and _(c.hint)) for c in form_controls(recipe)],
+        "sae": sae,
         "limits": requests.TrainRequest.model_json_schema()["properties"],
         "all_defaults": {r: svc.training.recipe_defaults(r) for r in RECIPES},
     }

@@ -20,10 +20,12 @@ from app.models.catalog import Catalog
 from app.service.errors import NotFound, Unavailable
 from app.settings import Settings
 from app.training.base import NoRoom, Room, StoreUnavailable, TrainingRunInfo, TrainingStore, training_run_id
-from core import InputError
+from core import InputError, sae_run
+from core.checkpoints import trained_models
 from core.i18n import _
 from core.recipes import probe_tokens as recipe_probe_tokens
 from core.recipes import settings as train_settings
+from core.sae_train import SAE_KINDS
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,18 @@ class TrainingPatterns:
     step: int
     tokens: list[str]  # the probe's tokens
     patterns: list  # [layer][head][query_pos][key_pos]
+
+
+@dataclass(frozen=True)
+class SAEForm:
+    """What the training page offers for the sae recipe: the models, the chosen model's hooks (with their
+    widths), the architectures, and the defaults of k and the L1 weight (the architecture not chosen shows its)."""
+
+    models: list[str]
+    hooks: dict[str, int]
+    architectures: tuple[str, ...]
+    default_k: int
+    default_l1: float
 
 
 @dataclass(frozen=True)
@@ -155,6 +169,13 @@ class TrainingService:
     def recipe_defaults(recipe: str) -> dict[str, object]:
         """A recipe's working settings, as the training form shows them."""
         return dataclasses.asdict(train_settings(recipe))
+
+    @staticmethod
+    def sae_form(model: object) -> SAEForm:
+        """The sae recipe's choices, the hooks those of `model` (none for a name that is not a shipped model)."""
+        models = list(trained_models())
+        hooks = sae_run.model_hooks(model) if isinstance(model, str) and model in models else {}
+        return SAEForm(models, hooks, SAE_KINDS, sae_run.DEFAULT_K, sae_run.DEFAULT_L1)
 
     @_reachable
     def probe_tokens(self, id: str) -> list[str]:

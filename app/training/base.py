@@ -30,12 +30,14 @@ from core.i18n import _
 from core.recipes import TrainSettings, text_hash
 
 if TYPE_CHECKING:
+    from core.sae_run import SAERun
     from core.train import Snapshot, Training
 
 Status = Literal["queued", "running", "done", "failed", "cancelled", "interrupted"]
 STATUSES: tuple[Status, ...] = ("queued", "running", "done", "failed", "cancelled", "interrupted")
 FINISHED = ("done", "failed", "cancelled", "interrupted")  # nobody is training it
-MODEL_PREFIX = "model-"  # a run's exported weights are model-<step>
+MODEL_PREFIX = "model-"  # a run's exported weights are model-<step> (an sae run's: a SAELens folder)
+SAE_METRICS = ("mse", "explained_variance", "l0", "dead_fraction")  # what an sae recipe's run records
 HOST = socket.gethostname()  # who trains a run, with its pid (GET /api/v1/runs/{id} `worker`)
 
 
@@ -63,6 +65,11 @@ def training_run_id(s: TrainSettings) -> str:
         fields["text"] = text_hash(s.text)
     digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
     return f"{s.recipe}-{digest[:RUN_ID_DIGITS]}"
+
+
+def is_sae_run_id(name: str) -> bool:
+    """Whether `name` is an sae recipe's run (its weights are an SAE, not a model)."""
+    return is_training_run_id(name) and name.startswith("sae-")
 
 
 def is_training_run_id(name: str) -> bool:
@@ -114,6 +121,7 @@ class TrainingRunInfo:
     snapshots: list[int] = field(default_factory=list)  # steps whose attention patterns are stored
     loss: float | None = None  # the latest training loss (a single step's while running)
     model: str | None = None  # the name /api/v1/run and the pages take, once weights exist
+    sae: str | None = None  # an sae recipe's run: the name GET /api/v1/saes lists it by, once it has weights
     error: str | None = None
     queue_position: int | None = None  # 1 = next to start; None unless queued
     resumable: bool = False  # a snapshot to continue from exists
@@ -125,6 +133,8 @@ class TrainingRunInfo:
         """Per record: step, training loss (mean since the previous record), held-out loss, lr, in-context
         score and the recipe's target probability."""
         keys = ("step", "train_loss", "val_loss", "lr", "icl_score", "target", "grad_norm", "elapsed_s")
+        if self.recipe == "sae":  # an SAE's: SAELens's batch metrics (core/sae_run.py SAERecord)
+            keys = ("step", "train_loss", "lr", "elapsed_s", *SAE_METRICS)
         out = {k: [r.get(k) for r in self.records] for k in keys}
         out["loss"] = out.pop("train_loss")
         return out
@@ -132,10 +142,11 @@ class TrainingRunInfo:
     @property
     def heads(self) -> dict[str, list]:
         """Per record: every head's previous-token and induction score on the probe, [step][layer][head]."""
+        scored = [r for r in self.records if "previous_token" in r]  # an SAE's run scores no heads
         return {
-            "step": [r["step"] for r in self.records],
-            "previous_token": [r["previous_token"] for r in self.records],
-            "induction": [r["induction"] for r in self.records],
+            "step": [r["step"] for r in scored],
+            "previous_token": [r["previous_token"] for r in scored],
+            "induction": [r["induction"] for r in scored],
         }
 
     @property
@@ -183,7 +194,8 @@ def run_info(
         records=state.get("records", []),
         snapshots=snapshots,
         loss=loss,
-        model=id if state.get("model_dir") else None,
+        model=id if state.get("model_dir") and settings["recipe"] != "sae" else None,
+        sae=id if state.get("model_dir") and settings["recipe"] == "sae" else None,
         error=state.get("error"),
         queue_position=position,
         resumable=resumable,
@@ -345,7 +357,7 @@ class RunWriter(ABC):
     def write_patterns(self, step: int, patterns: list) -> None: ...
 
     @abstractmethod
-    def export(self, run: Training) -> str:
+    def export(self, run: Training | SAERun) -> str:
         """The weights as a Hugging Face folder; returns its name (model-<step>) for the state's model_dir."""
 
     @abstractmethod

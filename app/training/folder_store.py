@@ -52,6 +52,7 @@ from app.training.base import (
 from core.recipes import TrainSettings, text_hash
 
 if TYPE_CHECKING:
+    from core.sae_run import SAERun
     from core.train import Snapshot, Training
 
 REQUEST, STATE, PROGRESS, SNAPSHOT, LOCK, CANCEL, TEXT = (
@@ -378,7 +379,7 @@ class FolderWriter(RunWriter):
     def write_patterns(self, step: int, patterns: list) -> None:
         write_json(self.folder / PATTERNS / f"{step}.json", patterns)
 
-    def export(self, run: Training) -> str:
+    def export(self, run: Training | SAERun) -> str:
         name = f"{MODEL_PREFIX}{run.step}"
         run.export(self.folder / name)
         return name

@@ -41,6 +41,7 @@ from app.training.redis_store import (
 from core.recipes import TrainSettings
 
 if TYPE_CHECKING:
+    from core.sae_run import SAERun
     from core.train import Snapshot, Training
 
 log = logging.getLogger("app.training.redis_writer")
@@ -267,7 +268,7 @@ class RedisWriter(RunWriter):
     def write_patterns(self, step: int, patterns: list) -> None:
         self._write(set={f"patterns:{step}": dumps(patterns)})
 
-    def export(self, run: Training) -> str:
+    def export(self, run: Training | SAERun) -> str:
         name = f"{MODEL_PREFIX}{run.step}"
         with tempfile.TemporaryDirectory(prefix="explorer-export-") as tmp:
             folder = run.export(Path(tmp) / name)

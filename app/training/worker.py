@@ -66,17 +66,20 @@ def train(w: RunWriter, stop: Callable[[], bool], cancelled: Callable[[], bool],
     (`cancelled()` says whether an early stop was a cancel). The folder store and the Redis store alike."""
     from threadpoolctl import threadpool_limits
 
+    from core.sae_run import SAERun
     from core.train import Training
 
     threadpool_limits(1, user_api="blas")  # bit for bit: one thread adds in one order
     state = w.state()
     records = list(state.get("records", []))
     snapshot = w.load_snapshot()
-    if snapshot is not None:
-        run = Training.resume(snapshot)
+    run: Training | SAERun
+    if snapshot is not None:  # an SAE's run (the sae recipe, core/sae_run.py) goes the same way as a model's
+        run = (SAERun if snapshot.settings.recipe == "sae" else Training).resume(snapshot)
         records = [r for r in records if r["step"] <= run.step]  # records after the snapshot come again
     else:
-        run = Training(w.settings())
+        settings = w.settings()
+        run = SAERun(settings) if settings.recipe == "sae" else Training(settings)
         records = []
     w.write_state(
         state

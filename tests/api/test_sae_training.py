@@ -1,0 +1,158 @@
+"""Training a sparse autoencoder as a training run (recipe `sae`, core/sae_run.py): through the API in process,
+and on real servers with real worker processes on both stores (the runs folder's trainer processes, and Redis
+with a Celery worker), as tests/api/test_training.py trains models. A tiny SAE, few steps.
+
+The run streams SAELens's batch metrics (MSE, explained variance, L0, dead fraction), is the same run for the
+same request, cancels and resumes from its snapshot, and once it has weights is an SAE of GET /api/v1/saes
+(named by the run's id, `sae` in the run's info), downloadable as a SAELens folder and usable by the features
+endpoint; bad settings are readable 422s in both languages.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+import zipfile
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.api.test_training import (  # noqa: F401  (the fixtures, used by name)
+    redis_replica,
+    redis_stack,
+    runs_dir,
+    server,
+    start,
+    store,
+    wait,
+)
+from tests.scale import services
+
+HOOK = "blocks.0.hook_resid_post"
+QUICK = {"recipe": "sae", "model": "induction", "hook": HOOK, "d_sae": 128, "k": 8, "steps": 40}
+QUICK |= {"batch_size": 64, "eval_interval": 10}
+LONG = QUICK | {"steps": 20000, "eval_interval": 50}  # long enough to stop mid-run
+METRICS = ("mse", "explained_variance", "l0", "dead_fraction")
+
+
+def test_an_sae_run_trains_in_a_worker_and_becomes_an_sae(store, server):  # noqa: F811 (fixtures)
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        r = c.post("/api/v1/train", json=QUICK)
+        assert r.status_code == 202, r.text
+        id = r.json()["id"]
+        assert id.startswith("sae-")
+        run = wait(c, id)
+        assert run["status"] == "done" and run["step"] == 40 and run["sae"] == id and run["model"] is None
+        m = run["metrics"]
+        assert m["step"] == [10, 20, 30, 40] and all(len(m[k]) == 4 for k in METRICS)
+        assert m["l0"] == [8.0] * 4  # top-k: exactly k features a token
+        assert m["mse"][-1] < m["mse"][0] and m["explained_variance"][-1] > m["explained_variance"][0]
+        assert all(0 <= d <= 1 for d in m["dead_fraction"]) and run["heads"]["step"] == []
+        assert run["config"]["architecture"] == "topk" and run["config"]["d_sae"] == 128
+        # an SAE of the server, not a model
+        listed = {s["name"]: s for s in c.get("/api/v1/saes").json()["saes"]}
+        assert listed[id]["model"] == "induction" and listed[id]["hook"] == HOOK
+        assert (listed[id]["d_in"], listed[id]["d_sae"], listed[id]["architecture"]) == (64, 128, "topk")
+        assert id not in [model["name"] for model in c.get("/api/v1/models").json()["models"]]
+        # its download is a SAELens folder; the features endpoint reads the same numbers
+        z = zipfile.ZipFile(io.BytesIO(c.get(f"/api/v1/saes/{id}/download").content))
+        names = {n.rsplit("/", 1)[-1] for n in z.namelist()}
+        assert {"cfg.json", "sae_weights.safetensors"} <= names
+        cfg = json.loads(next(z.read(n) for n in z.namelist() if n.endswith("cfg.json")))
+        assert cfg["k"] == 8 and cfg["metadata"]["hook_name"] == HOOK and cfg["metadata"]["model_name"] == "induction"
+        text = "ali makan nasi lemak. ali makan nasi lemak."
+        features = c.post("/api/v1/analysis/features", json={"model": "induction", "text": text, "sae": id, "top_k": 8})
+        assert features.status_code == 200, features.text
+        assert all(1 <= len(row) <= 8 for row in features.json()["features"])
+        # the same request is the same run, done already
+        again = c.post("/api/v1/train", json=QUICK).json()
+        assert again["id"] == id and again["status"] == "done" and not again["queued"]
+
+
+def test_the_events_stream_carries_the_sae_metrics(server):  # noqa: F811 (a fixture)
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        id = c.post("/api/v1/train", json=QUICK | {"seed": 3, "steps": 200, "eval_interval": 20}).json()["id"]
+        with c.stream("GET", f"/api/v1/runs/{id}/events") as stream:
+            events = list(services.parse_events(stream.iter_lines()))
+        assert events[0]["event"] == "run" and events[-1]["event"] == "end"
+        records = [json.loads(e["data"]) for e in events if e["event"] == "record"]
+        final = [json.loads(e["data"]) for e in events if e["event"] == "run"][-1]
+        assert final["status"] == "done" and final["sae"] == id
+        assert [r["step"] for r in records] == sorted({r["step"] for r in records})
+        assert all(set(METRICS) <= set(r) for r in records)
+        assert final["metrics"]["step"][-1] == 200 and len(final["metrics"]["mse"]) == 10
+
+
+def test_cancel_keeps_the_sae_so_far_and_a_repeat_resumes_it(server):  # noqa: F811 (a fixture)
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        id = c.post("/api/v1/train", json=LONG).json()["id"]
+        run = wait(c, id, until=("running",))
+        while run["step"] < 260:
+            run = c.get(f"/api/v1/runs/{id}").json()
+            time.sleep(0.1)
+        assert c.delete(f"/api/v1/runs/{id}").status_code == 200
+        run = wait(c, id)
+        assert run["status"] == "cancelled" and run["resumable"] and run["sae"] == id
+        at = run["step"]
+        assert 260 <= at < LONG["steps"]
+        assert id in [s["name"] for s in c.get("/api/v1/saes").json()["saes"]]  # what it learned so far
+        again = c.post("/api/v1/train", json=LONG).json()
+        assert again["id"] == id and again["queued"]
+        run = wait(c, id, until=("running",))
+        assert run["step"] >= 250 * (at // 250)  # from its snapshot (every 5 records), not from zero
+        c.delete(f"/api/v1/runs/{id}")
+        wait(c, id)
+
+
+@pytest.mark.parametrize(
+    "body, says",
+    [
+        ({"architecture": "jumprelu"}, "architecture"),
+        ({"architecture": "standard", "k": 4}, "k is the topk"),
+        ({"l1_coefficient": 1.0}, "l1_coefficient is the standard"),
+        ({"model": "gpt2"}, "shipped"),
+        ({"hook": "blocks.9.hook_resid_post"}, "blocks.0.hook_resid_post"),
+        ({"n_layers": 3}, "n_layers"),
+        ({"d_sae": 0}, "d_sae"),
+        ({"d_sae": 5000}, "d_sae"),
+        ({"d_sae": 16, "k": 32}, "k=32"),
+        ({"hook": "x" * 101}, "hook"),
+    ],
+)
+def test_bad_sae_settings_are_readable_422s(client, body, says):
+    r = client.post("/api/v1/train", json={"recipe": "sae"} | body)
+    assert r.status_code == 422, r.text
+    assert says in " ".join(str(d["msg"]) + str(d.get("loc")) for d in r.json()["detail"])
+
+
+def test_a_model_recipe_refuses_the_sae_settings_in_both_languages(client):
+    english = client.post("/api/v1/train", json={"recipe": "induction", "d_sae": 64})
+    malay = client.post("/api/v1/train", json={"recipe": "induction", "d_sae": 64}, headers={"Accept-Language": "ms"})
+    assert english.status_code == malay.status_code == 422
+    said, dikata = english.json()["detail"][0]["msg"], malay.json()["detail"][0]["msg"]
+    assert "d_sae" in said and "d_sae" in dikata and said != dikata
+    k = client.post(
+        "/api/v1/train", json={"recipe": "sae", "architecture": "standard", "k": 4}, headers={"Accept-Language": "ms"}
+    )
+    assert k.status_code == 422 and "k is the topk" not in k.json()["detail"][0]["msg"]
+
+
+def test_the_same_sae_request_names_the_same_run_in_process(client_with, tmp_path):
+    """In process (TestClient and the app's own scheduler): the id is the settings' hash, defaults filled in."""
+    c = client_with(runs_dir=tmp_path / "runs")
+    first = c.post("/api/v1/train", json=QUICK)
+    assert first.status_code == 202, first.text
+    id = first.json()["id"]
+    spelled = c.post("/api/v1/train", json=QUICK | {"architecture": "topk", "seed": 0, "lr": 1e-3})
+    assert spelled.json()["id"] == id and not spelled.json()["queued"]
+    assert c.post("/api/v1/train", json=QUICK | {"seed": 1}).json()["id"] != id
+    deadline = time.monotonic() + 120
+    while (run := c.get(f"/api/v1/runs/{id}").json())["status"] not in ("done", "failed"):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert run["status"] == "done", run["error"]
+    sae = c.get(f"/api/v1/saes/{id}/download")
+    assert sae.status_code == 200 and sae.headers["content-type"] == "application/zip"
+    assert np.isfinite(run["metrics"]["mse"]).all()

@@ -1,0 +1,76 @@
+"""The sae recipe (core/sae_run.py): its settings, and a run that stops, is snapshotted and resumes exactly."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from core import InputError
+from core.recipes import settings
+from core.sae import load_sae
+from core.sae_run import DEFAULT_K, DEFAULT_L1, SAERun, activations
+from core.train import Snapshot
+
+TINY = dict(d_sae=64, k=4, steps=30, batch_size=32, eval_interval=10)
+
+
+def test_defaults_fill_in_the_chosen_architecture_only():
+    topk = settings("sae")
+    assert (topk.architecture, topk.k, topk.l1_coefficient, topk.model) == ("topk", DEFAULT_K, None, "induction")
+    standard = settings("sae", architecture="standard")
+    assert (standard.k, standard.l1_coefficient) == (None, DEFAULT_L1)
+    assert settings("sae", steps=10).eval_interval == 10  # a record at the last step at least
+
+
+@pytest.mark.parametrize(
+    "changes, says",
+    [
+        (dict(architecture="standard", k=3), "k is the topk"),
+        (dict(l1_coefficient=0.5), "l1_coefficient is the standard"),
+        (dict(model="gpt2"), "shipped"),
+        (dict(hook="blocks.2.hook_resid_post"), "blocks.1.hook_resid_post"),
+        (dict(seq_len=16), "seq_len"),
+        (dict(d_sae=8, k=9), "k=9"),
+        (dict(text="a"), "at least 2"),
+    ],
+)
+def test_bad_settings_say_what_to_change(changes, says):
+    with pytest.raises(InputError, match=says):
+        settings("sae", **changes)
+
+
+def test_a_model_recipe_refuses_an_sae_setting():
+    with pytest.raises(InputError, match="hook is a setting of the sae recipe"):
+        settings("induction", hook="blocks.0.hook_resid_post")
+
+
+def test_the_activations_are_the_models_own_data_or_a_text():
+    s = settings("sae", **TINY)
+    x = activations(s)
+    assert x.shape == (30 * 32, 64) and x.dtype == np.float32
+    assert np.array_equal(x, activations(s))  # the seed fixes them
+    assert not np.array_equal(x, activations(s.replace(seed=1)))
+    text = activations(settings("sae", **TINY, text="ali makan nasi lemak. " * 4))
+    assert text.shape == (88, 64)  # every token of the text, in windows of the model's context
+
+
+def test_a_stopped_run_resumes_bit_for_bit_and_exports_a_saelens_folder(tmp_path):
+    s = settings("sae", **TINY)
+    whole = SAERun(s)
+    records = [r.to_dict() for r in whole.records()]
+    assert [r["step"] for r in records] == [10, 20, 30] and all(r["l0"] == 4 for r in records)
+    cut = SAERun(s)
+    first = [r.to_dict() for r in cut.records(stop=lambda: cut.step >= 15)]
+    assert cut.step == 15 and [r["step"] for r in first] == [10]
+    resumed = SAERun.resume(Snapshot.load(cut.snapshot().save(tmp_path / "snapshot.npz")))
+    rest = [r.to_dict() for r in resumed.records()]
+    assert [r["step"] for r in rest] == [20, 30]
+    strip = [{k: v for k, v in r.items() if k != "elapsed_s"} for r in records]
+    assert strip == [{k: v for k, v in r.items() if k != "elapsed_s"} for r in first + rest]
+    assert np.array_equal(resumed.sae.W_enc, whole.sae.W_enc) and np.array_equal(resumed.sae.b_dec, whole.sae.b_dec)
+    folder = resumed.export(tmp_path / "sae")
+    loaded = load_sae(folder)
+    assert loaded.cfg.hook_name == s.hook and loaded.cfg.model_name == s.model and loaded.cfg.k == 4
+    x = activations(s)[:50]
+    assert np.array_equal(loaded.encode(x), resumed.sae.encode(x))
+    assert resumed.export(tmp_path / "sae") == folder  # a second export replaces the first
