@@ -112,7 +112,7 @@ $(BENCH_VENV)/.stamp: bench/requirements.txt pyproject.toml requirements.lock
 	touch $@
 
 bench: setup $(BENCH_VENV)/.stamp
-	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(BENCH_VENV)/bin/python -m bench.run $(BENCH)
+	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE SAE_PYTHON=$(SAEENV)/bin/python $(BENCH_VENV)/bin/python -m bench.run $(BENCH)
 
 # Regenerate tests/fixtures/ (parity references from Hugging Face transformers, in float64, and
 # PyTorch's training run and the shipped trained models' logits). Needs torch, so it runs in its own
@@ -124,6 +124,13 @@ FIXTURE_PINS := torch==2.13.0 transformers==5.24.0 captum==0.9.0
 # pin is not FIXTURE_PINS'.
 SAEENV ?= /tmp/saeenv
 SAE_PINS := torch==2.13.0 sae-lens==6.54.12 transformer-lens==3.9.0
+# that venv from the pins (the fixtures and `make bench BENCH=sae_train`, whose SAELens side runs in it)
+$(SAEENV)/.stamp:
+	test -x $(SAEENV)/bin/python || $(PYTHON) -m venv $(SAEENV)
+	$(SAEENV)/bin/pip install --quiet $(SAE_PINS)
+	touch $@
+bench: $(SAEENV)/.stamp
+
 fixtures: setup
 	test -x $(TORCHENV)/bin/python || $(PYTHON) -m venv $(TORCHENV)
 	$(TORCHENV)/bin/pip install --quiet $(FIXTURE_PINS) safetensors tokenizers numpy
@@ -135,8 +142,7 @@ fixtures: setup
 	$(TORCHENV)/bin/python scripts/make_patching_fixtures.py
 	$(TORCHENV)/bin/python scripts/make_steering_fixtures.py
 	$(TORCHENV)/bin/python scripts/make_attribution_fixtures.py
-	test -x $(SAEENV)/bin/python || $(PYTHON) -m venv $(SAEENV)
-	$(SAEENV)/bin/pip install --quiet $(SAE_PINS)
+	$(MAKE) $(SAEENV)/.stamp
 	$(SAEENV)/bin/python scripts/make_sae_fixtures.py
 	$(PY) -m pytest -q tests/core/test_parity.py tests/core/test_checkpoints.py tests/core/test_sampling.py tests/core/test_generate.py \
 		tests/core/test_patching.py tests/core/test_sae.py tests/core/test_steering.py tests/core/test_attribution.py

@@ -2,7 +2,7 @@
 written to bench/out/latest.md, from which docs/benchmarks.md's tables are copied.
 
     bench/.env/bin/python -m bench.run [core_vs_torch training training_live api_load browser long_inputs memory families classroom
-                                        generate patching sae_features scale cell]
+                                        generate patching sae_features sae_train scale cell]
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from bench import (
     memory,
     patching,
     sae_features,
+    sae_train,
     scale,
     training,
     training_live,
@@ -44,6 +45,7 @@ BENCHMARKS = {
     "generate": generate,
     "patching": patching,
     "sae_features": sae_features,
+    "sae_train": sae_train,  # SAE training steps/s against SAELens's trainer (SAEENV's venv)
     "scale": scale,
     "cell": cell,
     "class": class_follow,  # a live class: sixty followers through Caddy over two replicas, one killed

@@ -107,34 +107,50 @@ def _aux_acts(pre: np.ndarray, dead: np.ndarray, k_aux: int) -> np.ndarray:
     return out
 
 
+def _gate(sae: SAE, pre: np.ndarray) -> np.ndarray:
+    """[batch, d_sae] bool: the features the architecture lets through (relu's, and top-k's k largest of a row).
+    The k largest are those at or above the row's k-th largest value (np.partition: half argpartition's time
+    here); as torch.topk, exactly k unless values tie there, which continuous pre-activations do not."""
+    active = pre > 0
+    k = sae.cfg.k
+    if sae.cfg.architecture == "topk" and k is not None and k < pre.shape[1]:
+        kth = np.partition(pre, pre.shape[1] - k, axis=1)[:, pre.shape[1] - k]  # [batch]: the k-th largest
+        active &= pre >= kth[:, None]
+    return active
+
+
 def loss_and_grads(
     sae: SAE, x: np.ndarray, training: SAETraining, dead: np.ndarray | None = None
 ) -> tuple[dict[str, float], dict[str, np.ndarray], np.ndarray, np.ndarray]:
     """The objective on one batch and its gradient for every array of `sae`.
 
     Returns (losses, grads by array name, acts [batch, d_sae], x̂ [batch, d_in]). `dead` [d_sae] marks
-    the dead features for the top-k auxiliary loss (None: none dead)."""
+    the dead features for the top-k auxiliary loss (None: none dead). Computed in the SAE's dtype with as few
+    [batch, d_sae] passes as the formulas allow (bench/sae_train.py measures it against SAELens's trainer)."""
     cfg = sae.cfg
     B = x.shape[0]
     sae_in = x - sae.b_dec if cfg.apply_b_dec_to_input else x
-    pre = sae_in @ sae.W_enc + sae.b_enc  # [batch, d_sae]
-    acts = sae.activate(pre)
-    x_hat = acts @ sae.W_dec + sae.b_dec  # [batch, d_in]
+    pre = sae_in @ sae.W_enc
+    pre += sae.b_enc  # [batch, d_sae]
+    active = _gate(sae, pre)
+    acts = pre * active  # relu, and top-k's rule: the gate's entries of pre, zero elsewhere
+    x_hat = acts @ sae.W_dec
+    x_hat += sae.b_dec  # [batch, d_in]
     err = x_hat - x
-    mse = float((err * err).sum() / B)
-    losses = {"mse": mse}
+    losses = {"mse": float(np.vdot(err, err) / B)}
 
-    d_xhat = (2.0 / B) * err  # [batch, d_in]
+    d_xhat = err * err.dtype.type(2.0 / B)  # [batch, d_in]
     d_W_dec = acts.T @ d_xhat  # [d_sae, d_in]
-    d_acts = d_xhat @ sae.W_dec.T  # [batch, d_sae]
-    d_pre_aux: np.ndarray | float = 0.0  # what the top-k auxiliary loss sends to the pre-activations
+    d_pre = d_xhat @ sae.W_dec.T  # [batch, d_sae]: d_acts, gated below
+    d_pre_aux = None  # what the top-k auxiliary loss sends to the pre-activations
     if cfg.architecture == "standard":
         norms = np.linalg.norm(sae.W_dec, axis=1)  # [d_sae]
         c = training.l1_coefficient
-        losses["l1"] = float(c * (acts @ norms).sum() / B)
-        d_acts += (c / B) * norms
+        fired = acts.sum(axis=0)  # [d_sae]
+        losses["l1"] = float(c * (fired @ norms) / B)
+        d_pre += norms * d_pre.dtype.type(c / B)
         # d‖W_dec[i]‖ = W_dec[i] / ‖W_dec[i]‖, times Σ_b acts[b, i]
-        d_W_dec += (c / B) * (acts.sum(axis=0) / np.where(norms > 0, norms, 1))[:, None] * sae.W_dec
+        d_W_dec += (c / B) * (fired / np.where(norms > 0, norms, 1))[:, None] * sae.W_dec
     elif dead is not None and dead.any():
         k_aux = x.shape[1] // 2
         n_dead = int(dead.sum())
@@ -147,14 +163,17 @@ def loss_and_grads(
         losses["aux"] = float(w * (e * e).sum() / B)
         d_e = (2.0 * w / B) * e
         d_W_dec += aux.T @ d_e
-        d_aux = d_e @ sae.W_dec.T  # flows into the chosen pre-activations only
-        d_pre_aux = np.where(aux != 0, d_aux, 0)
-    d_pre = np.where(acts > 0, d_acts, 0) + d_pre_aux  # relu's and top-k's gate: only active features pass
+        d_pre_aux = (d_e @ sae.W_dec.T) * (aux != 0)  # flows into the chosen pre-activations only
+    d_pre *= active  # relu's and top-k's gate: only active features pass
+    if d_pre_aux is not None:
+        d_pre += d_pre_aux
+    d_b_enc = d_pre.sum(axis=0)
     grads = {
         "W_enc": sae_in.T @ d_pre,
-        "b_enc": d_pre.sum(axis=0),
+        "b_enc": d_b_enc,
         "W_dec": d_W_dec,
-        "b_dec": d_xhat.sum(axis=0) - (d_pre @ sae.W_enc.T).sum(axis=0) * cfg.apply_b_dec_to_input,
+        # sae_in = x − b_dec: b_dec's share through the encoder is −Σ_b d_pre @ W_encᵀ = −W_enc @ Σ_b d_pre
+        "b_dec": d_xhat.sum(axis=0) - (sae.W_enc @ d_b_enc) * cfg.apply_b_dec_to_input,
     }
     losses["loss"] = sum(losses.values())
     return losses, grads, acts, x_hat
@@ -191,7 +210,8 @@ class SAETrainer:
         dead = self.since >= training.dead_window
         losses, grads, acts, x_hat = loss_and_grads(self.sae, batch, training, dead)
         self.opt.step(self.vector.flatten(grads), training.lr)
-        fired = (acts > 0).any(axis=0)
+        active = acts > 0
+        fired = active.any(axis=0)
         self.since = np.where(fired, 0, self.since + 1)
         centred = batch - batch.mean(axis=0)
         total = float((centred * centred).sum())
@@ -201,7 +221,7 @@ class SAETrainer:
             loss=losses["loss"],
             mse=losses["mse"],
             explained_variance=1.0 - losses["mse"] * len(batch) / total if total > 0 else float("nan"),
-            l0=float((acts > 0).sum(axis=1).mean()),
+            l0=np.count_nonzero(active) / len(batch),
             dead_fraction=float((self.since >= training.dead_window).mean()),
         )
 
