@@ -142,6 +142,7 @@ fixtures: setup
 	$(TORCHENV)/bin/python scripts/make_patching_fixtures.py
 	$(TORCHENV)/bin/python scripts/make_steering_fixtures.py
 	$(TORCHENV)/bin/python scripts/make_attribution_fixtures.py
+	$(TORCHENV)/bin/python scripts/make_backward_fixtures.py
 	$(MAKE) $(SAEENV)/.stamp
 	$(SAEENV)/bin/python scripts/make_sae_fixtures.py
 	$(PY) -m pytest -q tests/core/test_parity.py tests/core/test_checkpoints.py tests/core/test_sampling.py tests/core/test_generate.py \
