@@ -22,6 +22,7 @@ from app.http.language import LanguageMiddleware
 from app.http.observability import AccessLogMiddleware, configure_access_log
 from app.http.security import ComputeLimitMiddleware, SecurityHeadersMiddleware, busy_description, is_compute
 from app.models.catalog import build_catalog
+from app.pages import attribution as attribution_page
 from app.pages import circuits as circuits_page
 from app.pages import classroom, docs, explorer, glossary, inspect, lessons, train
 from app.pages import features as features_page
@@ -81,7 +82,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(docs.router)
     # Every page knows whether its reader is a teacher presenting a live class (its "Presenting" bar).
     presenting = [Depends(classroom.presenting)]
-    for page in (explorer, inspect, lessons, train, glossary, circuits_page, generate_page, features_page, classroom):
+    for page in (
+        explorer,
+        inspect,
+        lessons,
+        train,
+        glossary,
+        circuits_page,
+        generate_page,
+        features_page,
+        attribution_page,
+        classroom,
+    ):
         app.include_router(page.router, dependencies=presenting)
     errors.install(app)
     # Middleware, outermost first (each add_middleware wraps what was added before it):

@@ -58,7 +58,7 @@ SECURITY_HEADERS: dict[str, str] = {
 # as events holds its slot until its last token. Everything else -- health, static files, docs, the model
 # list, the parameter and KV-cache arithmetic, the Write page's form (it checks, the API generates) -- is
 # cheap and never limited.
-COMPUTE_PATHS = ("/", "/api/v1/run", "/api/v1/generate", "/circuits", "/features")
+COMPUTE_PATHS = ("/", "/api/v1/run", "/api/v1/generate", "/circuits", "/features", "/attribution")
 COMPUTE_PREFIXES = ("/api/v1/lessons/", "/api/v1/analysis/", "/lessons/", "/inspect")
 
 

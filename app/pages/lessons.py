@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field, field_validator
 from app.api import requests
 from app.deps import ServiceDep
 from app.http.language import N_, _, ngettext
-from app.pages import explorer_cell, figures, snippets, web
+from app.pages import attribution_lesson, explorer_cell, figures, snippets, web
 from app.pages.numbers import cells, fixed, full, human_bytes
 from app.service import Service, calculators
 from app.service.calculators import SPEC_FORMULA_PRESETS
@@ -529,6 +529,7 @@ LESSONS: list[Page[Any]] = [
         view_forward,
         ("/api/v1/lessons/forward",),
     ),
+    Page("attribution", attribution_lesson.TITLE, attribution_lesson.SUMMARY, *attribution_lesson.LESSON),
 ]
 BY_SLUG = {p.slug: p for p in LESSONS}
 CALCULATOR = Page(

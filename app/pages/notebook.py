@@ -1,13 +1,17 @@
 """The explorer's figures in a notebook, as plotly Figures: the same numbers and the same drawing.
 
-    from app.pages.notebook import explorer_figures
+    from app.pages.notebook import attribution_figures, explorer_figures
     figs = explorer_figures("Ali makan nasi lemak", model="toy", layer=1, head=2, causal=False)
     figs["weights"]        # a plotly.graph_objects.Figure; Jupyter shows it
     list(figs)             # raw, scaled, masked, weights, head-0 ... head-3, residual, writes, next-token
 
-The figures are the explorer page's own (app/pages/explorer.py builds them from the service's
-view, app/pages/figures.py draws them), turned into plotly Figures by `to_plotly`, which also fills in
-each heatmap cell's hover text (the page's script does that in the browser).
+    figs = attribution_figures("Ali makan nasi lemak. Ali makan nasi", model="induction", method="direct_logit")
+    list(figs)             # scores (a bar per token, shaded as the page's text), heads (direct_logit only)
+
+The figures are the explorer page's and the attribution page's own (app/pages/explorer.py and
+app/pages/attribution.py build them from the service's views, app/pages/figures.py draws them), turned
+into plotly Figures by `to_plotly`, which also fills in each heatmap cell's hover text (the page's
+script does that in the browser).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from app.deps import standalone_service
+from app.pages import attribution
 from app.pages.explorer import TOP_K, view_context
 from app.service import AblatedHead, Method, RunSpec
 
@@ -62,4 +67,22 @@ def explorer_figures(
         figures["next-token"] = view["next_figure"]
     if view["rollout_figure"] is not None:
         figures["rollout"] = view["rollout_figure"]
+    return {name: to_plotly(fig) for name, fig in figures.items()}
+
+
+def attribution_figures(
+    text: str,
+    model: str = "induction",
+    *,
+    position: int | None = None,
+    target: str | None = None,
+    contrast: str | None = None,
+    method: str = attribution.DEFAULT_METHOD,
+    steps: int | None = None,
+) -> dict[str, go.Figure]:
+    """The attribution page's figures for this state (app/pages/attribution.py): `scores`, each token's score by
+    `method`, and with method="direct_logit" `heads`, what each head moved from each source token."""
+    state = attribution.AttributionState(model, text, position, target, contrast, method, steps)
+    v = attribution.view(attribution.attribute(standalone_service(), state), state)
+    figures = {"scores": v["scores_figure"]} | ({"heads": v["heads_figure"]} if v["heads_figure"] else {})
     return {name: to_plotly(fig) for name, fig in figures.items()}

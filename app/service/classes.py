@@ -39,7 +39,18 @@ from core.i18n import _
 
 # The pages a class may show (their paths; a lesson is any page under /lessons/). Not the class pages
 # themselves, not the API, not the docs.
-PAGES = ("/", "/lessons", "/params", "/inspect", "/circuits", "/generate", "/features", "/train", "/glossary")
+PAGES = (
+    "/",
+    "/lessons",
+    "/params",
+    "/inspect",
+    "/circuits",
+    "/generate",
+    "/features",
+    "/attribution",
+    "/train",
+    "/glossary",
+)
 PAGE_PREFIXES = ("/lessons/",)
 MAX_PATH_CHARS = 8192  # a page's whole state is in its URL; a class's path longer than this is refused
 MAX_QUESTION_CHARS = 300  # a poll's question, and each of its options: the API's schema states them
@@ -93,7 +104,8 @@ def check_path(path: str) -> str:
     if not (parts.path in PAGES or any(parts.path.startswith(p) and len(parts.path) > len(p) for p in PAGE_PREFIXES)):
         raise InputError(
             _(
-                "{path} is not a page a class can show: the explorer, the lessons, Inspect, circuits, Write or Features"
+                "{path} is not a page a class can show: the explorer, the lessons, Inspect, circuits, Write, "
+                "Features or Attribution"
             ).format(path=parts.path[:80])
         )
     return path

@@ -30,7 +30,8 @@ async function exportTable(el, figure) {
     };
   }
   if (ex.kind === "bars") {
-    return {name: ex.name, x_title: ex.x_title, value: ex.value, x: ex.x, values: trace.x};
+    // a bar's value is along x when the bars lie down (orientation "h"), else along y
+    return {name: ex.name, x_title: ex.x_title, value: ex.value, x: ex.x, values: trace.orientation === "h" ? trace.x : trace.y};
   }
   if (ex.kind === "series") {  // line charts: one (name, x, y) per line
     return {name: ex.name, x_title: ex.x_title, y_title: ex.y_title, series: ex.series};

@@ -14,6 +14,7 @@
 //   explorer-cell.js       the selected cell of the four stages opened beside them ("This cell")
 //   explorer-draw.js       Plotly.react, decorations, plots kept across htmx swaps
 //   explorer-downloads.js  JSON and CSV downloads of a figure's data
+//   explorer-explain.js    a click on a next-token bar opens /attribution for that token (its link's)
 //   explorer-main.js       this file: page state and requests (classroom size, failed requests, the
 //                          latest setting wins, morphing, paced typing) and the start
 //   words.js               the page's words in its language (every page script's: not the explorer's only)

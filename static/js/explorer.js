@@ -5,6 +5,7 @@
 // registered here sees every root htmx loads. The module layout is listed in explorer-main.js.
 // No bundler and no inline script: same-origin modules pass the pages' CSP (script-src 'self').
 import {start, load} from "./explorer-main.js";
+import "./explorer-explain.js";
 
 start();
 htmx.onLoad(load);

@@ -39,6 +39,9 @@ ALL_PAGES = (
         "/circuits",
         "/circuits?target=attn_head_pos&direction=denoise&metric=prob&layer=1&head=1&query=3",
         "/circuits?model=toy&target=resid_mid",
+        "/attribution",
+        "/attribution?method=direct_logit&contrast=b",
+        "/lessons/attribution",
     ]
 )
 # Pages whose words are not all in the catalogue yet, and what they still show in English.
@@ -277,7 +280,9 @@ def _numbers(text: str) -> list[str]:
     return sorted(re.findall(r"[−-]?\d+(?:,\d{3})*(?:\.\d+)?(?:e[+-]?\d+)?", body))
 
 
-@pytest.mark.parametrize("path", [f"/lessons/{name}" for name in LESSONS] + ["/params", "/circuits"])
+@pytest.mark.parametrize(
+    "path", [f"/lessons/{name}" for name in LESSONS] + ["/params", "/circuits", "/lessons/attribution", "/attribution"]
+)
 def test_a_lesson_prints_the_same_numbers_in_both_languages(web, path):
     english, malay = web.get(path).text, web.get(in_malay(path)).text
     assert _numbers(malay) == _numbers(english)
