@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Request
@@ -25,6 +25,7 @@ from app.api import requests
 from app.deps import ServiceDep
 from app.http.language import _
 from app.pages import figures, web
+from app.pages import steer as steer_page
 from app.service import Model, Service
 from app.service.generation import GenerateSettings
 
@@ -100,6 +101,7 @@ class GenerateState:
     step: int | None = None
     layer: int = 0
     head: int = 0
+    steer: steer_page.SteerState = field(default_factory=steer_page.SteerState)
 
 
 # The model the page opens on: one trained here on natural text (Python's documentation, with the repeated
@@ -137,7 +139,9 @@ def parse(query, models: Mapping[str, Model], preferred: str, errors: list[str])
         raw = web.last(query, key)
         value = web.parse_number(key, raw, int, errors) if raw is not None else None
         picks[key] = max(value, 0) if value is not None else None
-    return GenerateState(name, text, settings, picks["step"], picks["layer"] or 0, picks["head"] or 0)
+    return GenerateState(
+        name, text, settings, picks["step"], picks["layer"] or 0, picks["head"] or 0, steer_page.parse(query, errors)
+    )
 
 
 def canonical(state: GenerateState, default_model: str, default_text: str) -> str:
@@ -154,6 +158,7 @@ def canonical(state: GenerateState, default_model: str, default_text: str) -> st
         value = getattr(state, key)
         if value not in (None, 0):
             params[key] = value
+    params |= state.steer.params()
     return "/generate?" + urlencode(params) if params else "/generate"
 
 
@@ -186,7 +191,7 @@ def generate_page(request: Request, svc: ServiceDep) -> Response:
     state = parse(query, models, preferred, errors)
     model = models[state.model]
     error, body = "; ".join(errors) or None, None
-    room = None
+    room, steered = None, None
     if error is None:
         try:
             spec = requests.ModelRequest.model_validate({"model": state.model, "text": state.text}).spec()
@@ -195,6 +200,9 @@ def generate_page(request: Request, svc: ServiceDep) -> Response:
                 state.settings = replace(state.settings, max_new_tokens=max(1, min(DEFAULT.max_new_tokens, room)))
             svc.generation.check(spec, state.settings)  # everything the API would refuse, nothing loaded
             body = api_body(state)
+            if state.steer.source is not None:  # three continuations, one seed; the stream shows the steered one
+                steered = steer_page.side_by_side(svc, spec, state.settings, state.steer)
+                body |= {"steer": [steered["steer"]]}
         except web.PAGE_ERRORS as exc:
             error = web.error_message(exc)
     writers = [m for m in models.values() if not m.is_encoder]
@@ -215,6 +223,8 @@ def generate_page(request: Request, svc: ServiceDep) -> Response:
         "max_text_chars": svc.settings.max_text_chars,
         "words": script_words(),
         "token_symbols": {"whitespace": figures.VISIBLE_WHITESPACE, "empty": figures.EMPTY_TOKEN},
+        "steer_editor": steer_page.editor(svc, model, state.steer),
+        "steered": steered,
     }
     url = canonical(state, opening_model(models, preferred), models[state.model].default_text)
     return web.render(request, "generate.html", context, url=url, error=error)

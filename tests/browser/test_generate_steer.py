@@ -1,0 +1,113 @@
+"""The /generate page's steer in a real browser against a real server: the unsteered and steered continuations
+side by side (attention recomputed and frozen) are the API's with the page's seed, the steer editor works from
+the keyboard and keeps its state in the URL, and axe finds nothing at 1,400 and 390 px in English and Malay with
+nothing scrolling sideways."""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qs, urlencode, urlparse
+
+import pytest
+
+from .test_accessibility import AXE, PHONE, RUN_AXE, WCAG_TAGS, context  # noqa: F401  (context: a fixture)
+
+pytestmark = pytest.mark.browser
+
+TEXT = "ali makan nasi. ali makan"
+STEER = {
+    "model": "induction",
+    "text": TEXT,
+    "max_new_tokens": 8,
+    "temperature": 0.8,
+    "seed": 5,
+    "steer": "means",
+    "steer_hook": "blocks.1.hook_resid_pre",
+    "steer_a": "ali ali ali\nali makan",
+    "steer_b": "nasi nasi",
+    "steer_coef": 6,
+}
+POST = """async ([path, body]) => {
+  const r = await fetch(path, {method: 'POST', headers: {'Content-Type': 'application/json'}, body: JSON.stringify(body)});
+  return await r.json();
+}"""
+# the stream below the columns has ended (in either language): Stop is off again, and tokens were written
+SETTLED = """() => document.querySelector('#gen-stop-button').disabled
+  && document.querySelectorAll('#gen-output button.gen-tok').length > 0 && !document.querySelector('.htmx-request')"""
+COLUMN = "(key) => Array.from(document.querySelectorAll(`[data-steer-column='${key}'] .gen-tok`), e => e.textContent)"
+
+
+@pytest.fixture
+def tab(context):  # noqa: F811
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.errors = errors
+    yield page
+    page.close()
+
+
+def test_the_columns_are_the_apis_continuations_and_the_editor_keeps_the_url(tab, live_server):
+    tab.goto(f"{live_server}/generate?{urlencode(STEER)}")
+    tab.wait_for_function(SETTLED)
+    vector = tab.evaluate(
+        POST,
+        [
+            "/api/v1/analysis/steering-vector",
+            {
+                "model": "induction",
+                "hook": STEER["steer_hook"],
+                "texts_a": ["ali ali ali", "ali makan"],
+                "texts_b": ["nasi nasi"],
+            },
+        ],
+    )["vector"]
+    body = {"model": "induction", "text": TEXT, "max_new_tokens": 8, "temperature": 0.8, "seed": 5}
+    steer = [{"hook": STEER["steer_hook"], "vector": vector, "coefficient": 6}]
+    for key, extra in (
+        ("unsteered", {}),
+        ("recomputed", {"steer": steer}),
+        ("frozen", {"steer": steer, "frozen_attention": True}),
+    ):
+        api = tab.evaluate(POST, ["/api/v1/generate", body | extra])
+        assert tab.evaluate(COLUMN, key) == api["generated"]["tokens"], key
+    # the stream below is the steered one, attention recomputed
+    streamed = tab.eval_on_selector_all("#gen-output button.gen-tok", "els => els.map(e => e.textContent)")
+    assert streamed == tab.evaluate(COLUMN, "recomputed")
+    # differing tokens are marked beyond colour (underlined), and the columns sit side by side
+    assert tab.locator("[data-steer-column='recomputed'] .gen-tok.differs").count() >= 1
+    tops = tab.eval_on_selector_all("[data-steer-column]", "els => els.map(e => e.getBoundingClientRect().top)")
+    assert len(set(tops)) == 1
+
+    # the keyboard: open nothing by mouse, change the coefficient, submit with Enter; the URL follows
+    tab.focus("#steer-coef")
+    tab.keyboard.press("Control+A")
+    tab.keyboard.type("-3")
+    tab.keyboard.press("Enter")
+    tab.wait_for_function("() => location.search.includes('steer_coef=-3')")
+    tab.wait_for_function(SETTLED)
+    query = parse_qs(urlparse(tab.url).query)
+    assert query["steer"] == ["means"] and query["steer_hook"] == ["blocks.1.hook_resid_pre"]
+    api = tab.evaluate(POST, ["/api/v1/generate", body | {"steer": [steer[0] | {"coefficient": -3}]}])
+    assert tab.evaluate(COLUMN, "recomputed") == api["generated"]["tokens"]
+    # "No steer" by the keyboard: the columns go
+    tab.focus("input[name='steer'][value='']")
+    tab.keyboard.press("Space")
+    tab.focus("#gen-go")
+    tab.keyboard.press("Enter")
+    tab.wait_for_function("() => !document.querySelector('[data-steer-column]') && !location.search.includes('steer=')")
+    assert tab.errors == []
+
+
+@pytest.mark.parametrize("width", [1400, PHONE["width"]])
+@pytest.mark.parametrize("lang", ["en", "ms"])
+def test_axe_finds_nothing_and_nothing_scrolls_sideways(tab, live_server, width, lang):
+    tab.set_viewport_size({"width": width, "height": PHONE["height"]})
+    tab.goto(f"{live_server}/generate?{urlencode(STEER | {'lang': lang})}")
+    tab.wait_for_function(SETTLED)
+    assert tab.locator("[data-steer-column]").count() == 3
+    tab.add_script_tag(path=str(AXE))
+    violations = tab.evaluate(RUN_AXE, WCAG_TAGS)
+    assert violations == [], "\n".join(f"{v['id']} ({v['impact']}): {v['help']} at {v['nodes']}" for v in violations)
+    sizes = tab.evaluate("() => [document.scrollingElement.scrollWidth, window.innerWidth]")
+    assert sizes[0] <= sizes[1], f"the page is {sizes[0]} px wide in a {sizes[1]} px window"
+    assert tab.errors == []

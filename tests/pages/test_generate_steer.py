@@ -1,0 +1,131 @@
+"""The /generate page's steer (app/pages/steer.py): the three continuations it shows side by side are the API's
+with the page's seed (unsteered, steered with attention recomputed, frozen), its URL keeps the steer, the stream
+it starts is the steered one, and a steer that does not fit is said in place (422), in Malay too."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+
+import numpy as np
+import pytest
+
+from core.sae import SAE, SAEConfig, save_sae
+
+TEXT = "ali makan nasi. ali makan"
+STEER = {
+    "model": "induction",
+    "text": TEXT,
+    "max_new_tokens": "6",
+    "temperature": "0.8",
+    "seed": "3",
+    "steer": "means",
+    "steer_hook": "blocks.1.hook_resid_pre",
+    "steer_a": "ali ali ali\nali makan",
+    "steer_b": "nasi nasi",
+    "steer_coef": "6",
+}
+
+
+def columns(page: str) -> dict[str, list[str]]:
+    """Each column's new tokens, as shown."""
+    out = {}
+    for key, body in re.findall(r'data-steer-column="(\w+)".*?<p class="gen-text steer-text">(.*?)</p>', page, re.S):
+        out[key] = [html.unescape(t) for t in re.findall(r'<span class="gen-tok[^"]*"[^>]*>(.*?)</span>', body)]
+    return out
+
+
+def request_of(page: str) -> dict:
+    return json.loads(html.unescape(re.search(r'data-request="([^"]*)"', page).group(1)))
+
+
+def test_the_three_columns_are_the_apis_continuations_with_the_pages_seed(client):
+    page = client.get("/generate", params=STEER)
+    assert page.status_code == 200, page.text
+    shown = columns(page.text)
+    assert list(shown) == ["unsteered", "recomputed", "frozen"]
+    vector = client.post(
+        "/api/v1/analysis/steering-vector",
+        json={
+            "model": "induction",
+            "hook": "blocks.1.hook_resid_pre",
+            "texts_a": ["ali ali ali", "ali makan"],
+            "texts_b": ["nasi nasi"],
+        },
+    ).json()["vector"]
+    body = {"model": "induction", "text": TEXT, "max_new_tokens": 6, "temperature": 0.8, "seed": 3}
+    steer = [{"hook": "blocks.1.hook_resid_pre", "vector": vector, "coefficient": 6.0}]
+    for key, extra in (
+        ("unsteered", {}),
+        ("recomputed", {"steer": steer}),
+        ("frozen", {"steer": steer, "frozen_attention": True}),
+    ):
+        api = client.post("/api/v1/generate", json=body | extra).json()
+        assert shown[key] == api["generated"]["tokens"], key
+    assert shown["recomputed"] != shown["unsteered"]  # the push changes the text: the test can fail
+    sent = request_of(page.text)  # the stream the page starts: the steered one, attention recomputed
+    assert sent["steer"][0]["hook"] == "blocks.1.hook_resid_pre" and len(sent["steer"][0]["vector"]) == 64
+    np.testing.assert_allclose(sent["steer"][0]["vector"], vector, rtol=0, atol=1e-9)
+
+
+def test_the_url_keeps_the_steer_and_no_steer_shows_no_columns(client):
+    r = client.get("/generate", params=STEER, headers={"HX-Request": "true"})
+    pushed = r.headers["HX-Push-Url"]
+    for key in ("steer=means", "steer_hook=blocks.1.hook_resid_pre", "steer_coef=6.0", "steer_a=ali"):
+        assert key in pushed
+    plain = client.get("/generate", params={"model": "induction", "text": TEXT, "steer": ""})
+    assert plain.status_code == 200 and "data-steer-column" not in plain.text
+    assert "steer" not in request_of(plain.text)
+
+
+@pytest.mark.parametrize(
+    "change, english, malay",
+    [
+        ({"steer_b": ""}, "a steering vector takes 1 to 32 texts on each side, got 0", "vektor kemudi"),
+        ({"steer": "feature"}, "choose an SAE of this model", "pilih SAE"),
+        ({"steer_coef": "5000"}, "coefficient 5000 is beyond ±1000", "pekali 5000"),
+        ({"steer_mode": "push"}, "steer_mode='push': choose add or clamp", "pilih add atau clamp"),
+    ],
+)
+def test_a_steer_that_does_not_fit_is_said_in_place(client, change, english, malay):
+    r = client.get("/generate", params=STEER | change | {"lang": "en"})
+    assert r.status_code == 422 and english in html.unescape(r.text)
+    ms = client.get("/generate", params=STEER | change | {"lang": "ms"})
+    assert ms.status_code == 422 and malay in html.unescape(ms.text)
+
+
+def test_a_feature_of_an_sae_steers_at_its_own_hook(client_with, tmp_path):
+    rng = np.random.default_rng(1)
+    cfg = SAEConfig.from_dict(
+        {
+            "architecture": "standard",
+            "d_in": 64,
+            "d_sae": 32,
+            "metadata": {"hook_name": "blocks.0.hook_resid_post", "model_name": "induction"},
+        }
+    )
+    sae = SAE(
+        cfg,
+        W_enc=rng.normal(0, 0.3, (64, 32)).astype(np.float32),
+        b_enc=np.zeros(32, np.float32),
+        W_dec=rng.normal(0, 1.0, (32, 64)).astype(np.float32),
+        b_dec=np.zeros(64, np.float32),
+    )
+    save_sae(sae, tmp_path / "resid0")
+    c = client_with(saes_dir=tmp_path, access_log=False)
+    params = STEER | {"steer": "feature", "steer_sae": "resid0", "steer_feature": "4", "steer_coef": "8"}
+    page = c.get("/generate", params=params)
+    assert page.status_code == 200, page.text
+    assert 'value="resid0" selected' in page.text
+    assert request_of(page.text)["steer"] == [
+        {
+            "hook": "blocks.0.hook_resid_post",
+            "coefficient": 8.0,
+            "mode": "add",
+            "feature": {"sae": "resid0", "index": 4},
+        }
+    ]
+    assert len(columns(page.text)["frozen"]) == 6
+    out_of_range = c.get("/generate", params=params | {"steer_feature": "32"})
+    assert out_of_range.status_code == 422 and "feature 32 is not in SAE &#39;resid0&#39;" in out_of_range.text
