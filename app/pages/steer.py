@@ -10,6 +10,7 @@ text a line), steer_coef, steer_mode=add|clamp.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from app.http.language import _
 from app.pages import web
@@ -34,7 +35,7 @@ class SteerState:
     texts_a: str = ""
     texts_b: str = ""
     coefficient: float = DEFAULT_COEFFICIENT
-    mode: str = "add"
+    mode: Literal["add", "clamp"] = "add"
 
     def params(self) -> dict[str, object]:
         """What differs from the defaults, for the page's canonical URL."""
@@ -67,8 +68,10 @@ def parse(query, errors: list[str]) -> SteerState:
         if value is not None:
             setattr(state, attr, value)
     mode = web.last(query, "steer_mode")
-    if mode in MODES:
-        state.mode = mode
+    if mode == "add":
+        state.mode = "add"
+    elif mode == "clamp":
+        state.mode = "clamp"
     elif mode:
         errors.append(_("steer_mode={value!r}: choose add or clamp").format(value=mode))
     return state
