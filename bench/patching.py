@@ -1,9 +1,14 @@
 """Activation patching: a full residual-stream sweep (every layer x every position, denoising) on GPT-2-small-shaped
 weights at 32 tokens, core against Hugging Face transformers with torch forward hooks on the same weights, in one
-run; then the induction model's sweeps as the server answers them.
+run; core's sweep one patched run per cell (as before batching) and batched, and attribution patching's estimate of
+the same grid beside one forward-and-backward pass; then the induction model's sweeps as the server answers them.
 
 Core's sweep (core/patching.py) runs each patched pass from the patched layer on, for the positions from the
-patched one on, the earlier positions' keys and values from the corrupted run. The torch peer patches the way
+patched one on, the earlier positions' keys and values from the corrupted run; batched (the default), the cells
+of one layer run side by side in one pass's rows (core/hooks.py Batch, up to BATCH_ROWS rows). Attribution
+patching (core/attribution_patching.py) is one forward and backward pass of both texts as a batch of 2
+(core/backprop.py gradients, no parameter gradients); its peer is one forward-and-backward pass of one sequence
+with every parameter's gradient (gradients(), as training takes them). The torch peer patches the way
 hooks do (TransformerLens' get_act_patch_resid_pre): a forward pre-hook on the block replaces one position of
 its input, and the whole model runs once per cell; a second torch row batches each layer's positions into one
 forward of n sequences. Both sides: float32, the same thread count, the same token ids; their grids are
@@ -25,6 +30,8 @@ from bench.common import ROOT, blas_info, header, load_average, median, run_main
 from bench.core_vs_torch import CFG, CHECKPOINT, load_core_params, write_checkpoint
 
 RATIO_BUDGET = 1.0  # core's sweep / torch's sweep, one patched forward per cell
+BATCHED_BUDGET = 0.5  # core's batched sweep / core's sweep one patched run per cell (issue 33)
+ATTRIBUTION_BUDGET = 3.0  # attribution patching / one forward-and-backward pass (issue 33)
 SERVER_BUDGET_S = 0.200  # the induction model's full sweep, answered by the server
 
 
@@ -119,7 +126,9 @@ def sweep_rows(args) -> tuple[list, dict]:
     import transformers
     from transformers import GPT2LMHeadModel
 
-    from core.patching import sweep
+    from core.attribution_patching import attribution_sweep, spearman
+    from core.backprop import gradients
+    from core.patching import BATCH_ROWS, sweep
 
     transformers.logging.disable_progress_bar()
     write_checkpoint()
@@ -132,18 +141,38 @@ def sweep_rows(args) -> tuple[list, dict]:
     def core_sweep():
         return sweep(params, CFG, clean, corrupted, answer, wrong, "resid_pre").raw
 
+    def core_unbatched():
+        return sweep(params, CFG, clean, corrupted, answer, wrong, "resid_pre", batched=False).raw
+
+    def core_attribution():
+        return attribution_sweep(params, CFG, clean, corrupted, answer, wrong, "resid_pre")
+
+    dlogits = np.zeros((1, n, CFG.d_vocab), np.float32)
+    dlogits[0, -1, answer], dlogits[0, -1, wrong] = 1.0, -1.0
+
+    def forward_backward():  # one sequence, every parameter's gradient
+        return gradients(params, CFG, corrupted[None], dlogits, hooks=False)
+
     grids = {"core": core_sweep(), "torch": peer.per_cell(), "torch batched": peer.batched()}
     worst = max(float(np.abs(grids["core"] - g).max()) for g in grids.values())
+    unbatched = float(np.abs(grids["core"] - core_unbatched()).max())
+    estimate = core_attribution()
+    exact = (grids["core"] - estimate.corrupted_metric) / (estimate.clean_metric - estimate.corrupted_metric)
     print(
         f"grids: {CFG.n_layers} layers x {n} positions; max |core - torch| over both torch grids: {worst:.2e} "
-        f"(logit differences of size {float(np.abs(grids['core']).max()):.1f})\n",
+        f"(logit differences of size {float(np.abs(grids['core']).max()):.1f}); max |batched - one run per cell| "
+        f"{unbatched:.2e}; attribution patching's estimate against the exact grid: Spearman "
+        f"{spearman(exact, estimate.normalised):.3f}\n",
         flush=True,
     )
-    if not worst < 1e-2:
+    if not (worst < 1e-2 and unbatched < 1e-3):
         raise SystemExit("core and torch disagree: the timings below would compare different work")
 
     sides = {
-        "core (from the patched layer and position on)": core_sweep,
+        "core, one patched run per cell (before batching)": core_unbatched,
+        f"core, batched (up to {BATCH_ROWS} rows a pass)": core_sweep,
+        "core attribution patching (estimate, 1 fwd+bwd of 2 texts)": core_attribution,
+        "core one forward+backward (1 sequence, parameter gradients)": forward_backward,
         "torch, one forward per cell": peer.per_cell,
         "torch, one batched forward per layer": peer.batched,
     }
@@ -157,8 +186,15 @@ def sweep_rows(args) -> tuple[list, dict]:
         [name, f"{median(t):.2f}", f"{median(t) / cells * 1e3:.1f}", f"{median(t) / base:.2f}"]
         for name, t in times.items()
     ]
-    ratio = median(times["core (from the patched layer and position on)"]) / base
-    return rows, {"ratio": ratio}
+    t = {name: median(v) for name, v in times.items()}
+    names = list(sides)
+    ratio = t[names[1]] / base
+    return rows, {
+        "ratio": ratio,
+        "batched": t[names[1]] / t[names[0]],
+        "attribution": t[names[2]] / t[names[3]],
+        "load": load_average(),
+    }
 
 
 def server_rows(args) -> tuple[list, dict]:
@@ -205,6 +241,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="threads for both sides (the server's default is 1)")
     ap.add_argument("--requests", type=int, default=20, help="timed requests per sweep on the server")
+    ap.add_argument("--no-server", action="store_true", help="only the core and torch sweeps")
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
@@ -226,6 +263,9 @@ def main(argv: list[str]) -> int:
             rows,
         )
     )
+    if args.no_server:
+        print(f"\nload average at the end: {load_average()}\n")
+        return 0
     served, served_figures = server_rows(args)
     print(
         table(
@@ -238,6 +278,14 @@ def main(argv: list[str]) -> int:
     print(
         f"budget core / torch (one forward per cell) <= {RATIO_BUDGET}: {figures['ratio']:.2f} -> "
         f"{verdict(figures['ratio'] <= RATIO_BUDGET)}"
+    )
+    print(
+        f"budget core batched / core one patched run per cell <= {BATCHED_BUDGET}: {figures['batched']:.2f} -> "
+        f"{verdict(figures['batched'] <= BATCHED_BUDGET)}"
+    )
+    print(
+        f"budget attribution patching / one forward+backward <= {ATTRIBUTION_BUDGET}: {figures['attribution']:.2f} -> "
+        f"{verdict(figures['attribution'] <= ATTRIBUTION_BUDGET)} (load average after the sweeps: {figures['load']})"
     )
     print(
         f"budget the induction model's slowest full sweep on the server < {SERVER_BUDGET_S * 1e3:.0f} ms: "

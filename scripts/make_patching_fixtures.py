@@ -22,9 +22,9 @@ It writes tests/fixtures/patching.npz: per checkpoint `<name>/clean`, `<name>/co
 noising), `<name>/logits64` [n, d_vocab] computed in float64 (the weights upcast exactly) and
 `<name>/logits32` in float32, plus the clean and corrupted runs' own last logits; and how it was made
 (torch and transformers versions, this script's SHA-256). Running it twice writes the same numbers.
-For gpt2-tiny also attribution patching's estimate by torch autograd (`atp_estimates`), in float64: for every
-target, direction and metric, `gpt2-tiny/atp/<target>/<direction>/<metric>` [rows, columns], with the answer and
-wrong tokens it measures in `gpt2-tiny/atp_answer_wrong`. The
+For each checkpoint also attribution patching's estimate by torch autograd (`atp_estimates`), in float64: for
+every target, direction and metric, `<name>/atp/<target>/<direction>/<metric>` [rows, columns], with the answer
+and wrong tokens it measures in `<name>/atp_answer_wrong`. The
 float64 run is float64 throughout (`exactly_float64`: transformers' Llama keeps three steps in float32).
 """
 
@@ -198,11 +198,12 @@ def atp_tokens(logits_clean: torch.Tensor, logits_corrupted: torch.Tensor) -> tu
     return answer, wrong if wrong != answer else int(logits_clean.topk(2).indices[1])
 
 
-def gpt2_activations(model, ids: torch.Tensor, grad: bool):
-    """A GPT-2 run's activations at core's hook points (their tensors in the graph, gradients kept when `grad`),
-    batch axis dropped, and its last logits: resid_pre (a block's input), resid_mid (ln_2's input), resid_post
-    (a block's output), mlp_out, z (attn.c_proj's input, by head) and pattern (the eager attention's weights)."""
-    blocks = model.transformer.h
+def hooked_activations(model, ids: torch.Tensor, grad: bool):
+    """A run's activations at core's hook points (their tensors in the graph, gradients kept when `grad`), and its
+    last logits: resid_pre (a block's input), resid_mid (the second norm's input: GPT-2's ln_2, Llama's
+    post_attention_layernorm), resid_post (a block's output), mlp_out, z (the output projection's input, by
+    head) and pattern (the eager attention's weights)."""
+    blocks, projections, mlps = parts(model)
     seen: dict[str, list] = {k: [] for k in ("resid_pre", "resid_mid", "resid_post", "mlp_out", "z")}
 
     def keep(kind):
@@ -216,13 +217,14 @@ def gpt2_activations(model, ids: torch.Tensor, grad: bool):
         return x if isinstance(x, torch.Tensor) else x[0]
 
     hooks = []
-    for b in blocks:
+    for b, projection, mlp in zip(blocks, projections, mlps):
+        norm2 = b.ln_2 if hasattr(b, "ln_2") else b.post_attention_layernorm
         hooks.append(b.register_forward_pre_hook(
             lambda m, a, kw: keep("resid_pre")(first(kw.get("hidden_states", a and a[0]))), with_kwargs=True))
-        hooks.append(b.ln_2.register_forward_pre_hook(lambda m, a: keep("resid_mid")(a[0])))
+        hooks.append(norm2.register_forward_pre_hook(lambda m, a: keep("resid_mid")(a[0])))
         hooks.append(b.register_forward_hook(lambda m, a, out: keep("resid_post")(first(out))))
-        hooks.append(b.mlp.register_forward_hook(lambda m, a, out: keep("mlp_out")(first(out))))
-        hooks.append(b.attn.c_proj.register_forward_pre_hook(lambda m, a: keep("z")(a[0])))
+        hooks.append(mlp.register_forward_hook(lambda m, a, out: keep("mlp_out")(first(out))))
+        hooks.append(projection.register_forward_pre_hook(lambda m, a: keep("z")(a[0])))
     try:
         out = model(ids, use_cache=False, output_attentions=True)
     finally:
@@ -241,14 +243,15 @@ def atp_estimates(model, clean: torch.Tensor, corrupted: torch.Tensor) -> dict[s
     cells; the base run is the one the exact sweep patches into: corrupted when denoising, clean when noising)."""
     n_heads = model.config.num_attention_heads
     with torch.no_grad():
-        runs = {"clean": gpt2_activations(model, clean, False), "corrupted": gpt2_activations(model, corrupted, False)}
+        runs = {"clean": hooked_activations(model, clean, False)}
+        runs["corrupted"] = hooked_activations(model, corrupted, False)
     answer, wrong = atp_tokens(runs["clean"][1], runs["corrupted"][1])
     out = {"atp_answer_wrong": np.array([answer, wrong])}
     roles = {"denoise": ("corrupted", "clean"), "noise": ("clean", "corrupted")}  # (patched into, patched from)
     for direction, (base_name, source_name) in roles.items():
         for metric in ("logit_diff", "prob"):
             model.zero_grad(set_to_none=True)
-            acts, last = gpt2_activations(model, {"clean": clean, "corrupted": corrupted}[base_name], True)
+            acts, last = hooked_activations(model, {"clean": clean, "corrupted": corrupted}[base_name], True)
             value = last[answer] - last[wrong] if metric == "logit_diff" else torch.softmax(last, -1)[answer]
             value.backward()
             source = runs[source_name][0]
@@ -288,10 +291,9 @@ def main() -> None:
         for suffix, recorded in references.items():
             for key, value in recorded.items():
                 data[f"{name}/{key}{suffix}"] = value
-        if name == "gpt2-tiny":  # attribution patching, float64: core's gradients cover GPT-2 first
-            with torch.enable_grad():
-                for key, value in atp_estimates(model64, clean, corrupted).items():
-                    data[f"{name}/{key}"] = value
+        with exactly_float64(model64), torch.enable_grad():  # attribution patching, float64
+            for key, value in atp_estimates(model64, clean, corrupted).items():
+                data[f"{name}/{key}"] = value
         print(f"{name}: {len(todo)} patches")
     np.savez_compressed(OUT, **data)
     print(f"wrote {OUT.relative_to(ROOT)}")

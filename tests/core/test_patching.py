@@ -385,17 +385,19 @@ def test_a_batched_sweep_equals_one_run_per_cell(variant, frozen, monkeypatch):
 # ------------------------------------------------------------------ attribution patching
 
 
+@pytest.mark.parametrize("name", list(CHECKPOINTS))
 @pytest.mark.parametrize("target", TARGETS)
-def test_attribution_patching_equals_the_torch_autograd_estimate(target):
-    """GPT-2 in float64: every cell's (a_source − a_base) · ∂metric/∂a|base, summed over what the cell covers, with
-    the gradient taken in the run patched into (the corrupted run when denoising), as torch autograd on the same
-    weights gives it (scripts/make_patching_fixtures.py atp_estimates), both directions and both metrics."""
+def test_attribution_patching_equals_the_torch_autograd_estimate(name, target):
+    """GPT-2 and Llama (rotary, RMS norm, gated MLP, grouped-query heads) in float64: every cell's
+    (a_source − a_base) · ∂metric/∂a|base, summed over what the cell covers, with the gradient taken in the run
+    patched into (the corrupted run when denoising), as torch autograd on the same weights gives it
+    (scripts/make_patching_fixtures.py atp_estimates), both directions and both metrics."""
     from core.attribution_patching import attribution_sweep
 
-    ckpt = load_checkpoint(FIXTURE.parent / CHECKPOINTS["gpt2-tiny"])
+    ckpt = load_checkpoint(FIXTURE.parent / CHECKPOINTS[name])
     params, cfg = as_float64(ckpt.params), ckpt.cfg
     with np.load(FIXTURE) as z:
-        ref = {k.split("/", 1)[1]: z[k] for k in z.files if k.startswith("gpt2-tiny/")}
+        ref = {k.split("/", 1)[1]: z[k] for k in z.files if k.startswith(name + "/")}
     answer, wrong = (int(t) for t in ref["atp_answer_wrong"])
     for direction in DIRECTIONS:
         for metric in ("logit_diff", "prob"):
@@ -404,7 +406,7 @@ def test_attribution_patching_equals_the_torch_autograd_estimate(target):
             )
             expected = ref[f"atp/{target}/{direction}/{metric}"]
             assert ours.method == "attribution" and ours.passes == 0
-            np.testing.assert_allclose(ours.raw, expected, rtol=0, atol=1e-10, err_msg=f"{direction} {metric}")
+            np.testing.assert_allclose(ours.raw, expected, rtol=0, atol=1e-10, err_msg=f"{name} {direction} {metric}")
             assert np.ptp(expected) > 0.01  # the grid varies: a wrong cell would show
 
 
