@@ -3,7 +3,7 @@ schema, are the ones the service holds a class to (app/service/classes.py)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -35,6 +35,12 @@ class PollRequest(BaseModel):
     options: list[Annotated[str, Field(min_length=1, max_length=MAX_OPTION_CHARS)]] = Field(
         min_length=2, max_length=MAX_OPTIONS, description="the buttons students choose from, each different"
     )
+    kind: Literal["free", "next_token", "induction_head"] = Field(
+        "free",
+        description="free: the teacher reveals their own pick; next_token: the server reveals the top next token "
+        "(and its probability) of the model and text of the class's current page; induction_head: the head "
+        "L{layer}H{head} of that model with the highest induction score",
+    )
 
 
 class AnswerRequest(BaseModel):
@@ -46,7 +52,12 @@ class AnswerRequest(BaseModel):
 class RevealRequest(BaseModel):
     model_config = ConfigDict(json_schema_extra={"examples": [{"answer": "nasi"}]})
 
-    answer: str | None = Field(None, max_length=MAX_OPTION_CHARS, description="the model's answer, shown to everyone")
+    answer: str | None = Field(
+        None,
+        max_length=MAX_OPTION_CHARS,
+        description="the teacher's answer to a free-text poll, shown to everyone (the server works out the "
+        "answer of a next_token or induction_head poll)",
+    )
 
 
 class Started(BaseModel):
@@ -72,6 +83,12 @@ class PollResult(BaseModel):
     counts: list[int] = Field(description="answers per option, in the options' order")
     closed: bool
     answer: str | None = None
+    kind: str = Field("free", description="free, next_token or induction_head")
+    detail: dict | None = Field(
+        None,
+        description="the model's answer as the server computed it: {kind, model, text, token, prob} or "
+        "{kind, model, head, score}",
+    )
 
 
 class Pushed(BaseModel):

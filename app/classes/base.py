@@ -30,6 +30,9 @@ from typing import Protocol
 ALPHABET = "34679ACDEFGHJKMNPQRTUVWXY"
 CODE_LENGTH = 8
 EVENT_NAMES = ("state", "poll", "poll_closed", "ended")
+# What a poll asks: free text (the teacher reveals their own pick), or a question the server answers from the
+# model of the class's page when the teacher reveals (app/service/class_answers.py).
+POLL_KINDS = ("free", "next_token", "induction_head")
 
 
 class ClassNotFound(LookupError):
@@ -72,12 +75,20 @@ class Poll:
     counts: list[int] = field(default_factory=list)  # answers per option, in the options' order
     closed: bool = False
     answer: str | None = None  # what the teacher revealed as the model's answer, when closed
+    kind: str = "free"  # one of POLL_KINDS
+    detail: dict | None = None  # the model's answer as computed: its model, token and probability, or head and score
 
     def public(self) -> dict:
-        return {"id": self.id, "question": self.question, "options": self.options}
+        return {"id": self.id, "question": self.question, "options": self.options, "kind": self.kind}
 
     def result(self) -> dict:
-        return {**self.public(), "counts": self.counts, "closed": self.closed, "answer": self.answer}
+        return {
+            **self.public(),
+            "counts": self.counts,
+            "closed": self.closed,
+            "answer": self.answer,
+            "detail": self.detail,
+        }
 
 
 @dataclass
@@ -106,7 +117,7 @@ class ClassStore(Protocol):
         """Count a student in (once); raise ClassFull beyond max_students. Returns the number of students."""
         ...
 
-    async def add_poll(self, code: str, question: str, options: list[str]) -> Poll:
+    async def add_poll(self, code: str, question: str, options: list[str], kind: str = "free") -> Poll:
         """A new open poll (closing the one open before, if any)."""
         ...
 
@@ -118,7 +129,9 @@ class ClassStore(Protocol):
         """The poll with its counts. KeyError: no such poll."""
         ...
 
-    async def close_poll(self, code: str, poll_id: int, answer: str | None) -> ClassEvent: ...
+    async def close_poll(
+        self, code: str, poll_id: int, answer: str | None, detail: dict | None = None
+    ) -> ClassEvent: ...
 
     async def end(self, code: str) -> None:
         """End the class: followers get `ended`, and the code stops working."""

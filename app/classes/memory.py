@@ -86,11 +86,11 @@ class MemoryClassStore:
         k.touched = self.clock()
         return len(k.students)
 
-    async def add_poll(self, code: str, question: str, options: list[str]) -> Poll:
+    async def add_poll(self, code: str, question: str, options: list[str], kind: str = "free") -> Poll:
         k = self._live(code)
         if k.info.poll is not None:
             await self.close_poll(code, k.info.poll.id, None)
-        poll = Poll(id=len(k.polls) + 1, question=question, options=list(options), counts=[0] * len(options))
+        poll = Poll(id=len(k.polls) + 1, question=question, options=list(options), counts=[0] * len(options), kind=kind)
         k.polls[poll.id], k.answers[poll.id] = poll, {}
         k.info.poll = poll
         await self._emit(k, "poll", poll.public())
@@ -115,10 +115,10 @@ class MemoryClassStore:
         poll.counts = counts
         return poll
 
-    async def close_poll(self, code: str, poll_id: int, answer: str | None) -> ClassEvent:
+    async def close_poll(self, code: str, poll_id: int, answer: str | None, detail: dict | None = None) -> ClassEvent:
         poll = await self.poll(code, poll_id)
         k = self._live(code)
-        poll.closed, poll.answer = True, answer
+        poll.closed, poll.answer, poll.detail = True, answer, detail
         if k.info.poll is poll:
             k.info.poll = None
         return await self._emit(k, "poll_closed", poll.result())

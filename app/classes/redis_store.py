@@ -100,7 +100,15 @@ class RedisClassStore:
         if raw is None:
             raise KeyError(poll_id)
         p = json.loads(raw)
-        return Poll(id=poll_id, question=p["question"], options=p["options"], closed=p["closed"], answer=p["answer"])
+        return Poll(
+            id=poll_id,
+            question=p["question"],
+            options=p["options"],
+            closed=p["closed"],
+            answer=p["answer"],
+            kind=p.get("kind", "free"),
+            detail=p.get("detail"),
+        )
 
     @_reaching
     async def create(self, code: str, teacher_hash: str, path: str) -> LiveClass:
@@ -153,13 +161,13 @@ class RedisClassStore:
         return int(n)
 
     @_reaching
-    async def add_poll(self, code: str, question: str, options: list[str]) -> Poll:
+    async def add_poll(self, code: str, question: str, options: list[str], kind: str = "free") -> Poll:
         fields = await self._fields(code)
         if fields.get("poll"):
             await self.close_poll(code, int(fields["poll"]), None)
         poll_id = int(await self.r.hincrby(_key(code), "polls", 1))
-        poll = Poll(id=poll_id, question=question, options=list(options), counts=[0] * len(options))
-        record = {"question": question, "options": poll.options, "closed": False, "answer": None}
+        poll = Poll(id=poll_id, question=question, options=list(options), counts=[0] * len(options), kind=kind)
+        record = {"question": question, "options": poll.options, "closed": False, "answer": None, "kind": kind}
         await self.r.hset(_key(code, "polls"), str(poll_id), json.dumps(record))
         await self.r.hset(_key(code), "poll", str(poll_id))
         await self._emit(code, "poll", poll.public())
@@ -184,10 +192,17 @@ class RedisClassStore:
         return poll
 
     @_reaching
-    async def close_poll(self, code: str, poll_id: int, answer: str | None) -> ClassEvent:
+    async def close_poll(self, code: str, poll_id: int, answer: str | None, detail: dict | None = None) -> ClassEvent:
         poll = await self.poll(code, poll_id)
-        poll.closed, poll.answer = True, answer
-        record = {"question": poll.question, "options": poll.options, "closed": True, "answer": answer}
+        poll.closed, poll.answer, poll.detail = True, answer, detail
+        record = {
+            "question": poll.question,
+            "options": poll.options,
+            "closed": True,
+            "answer": answer,
+            "kind": poll.kind,
+            "detail": detail,
+        }
         await self.r.hset(_key(code, "polls"), str(poll_id), json.dumps(record))
         fields = await self.r.hgetall(_key(code))
         if fields.get("poll") == str(poll_id):

@@ -6,7 +6,7 @@ image's /data/runs volume), in WAL mode: readers never wait for the writer, and 
     classes   code, teacher_hash, created_at, path, poll (the open poll's id), polls, seq, ended, touched
     events    code, seq, name, data (JSON): the log followers read, the last LOG_LENGTH of each class
     students  code, student: the students' random ids
-    polls     code, id, question, options (JSON), closed, answer
+    polls     code, id, question, options (JSON), closed, answer, kind, detail (JSON: the model's answer)
     answers   code, poll, student, option: one row per student and poll, a second answer replaces it
     guesses   client, at: the wrong codes a client tried, for the rate limit every worker counts
 
@@ -49,7 +49,8 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE TABLE IF NOT EXISTS students (code TEXT NOT NULL, student TEXT NOT NULL, PRIMARY KEY (code, student));
 CREATE TABLE IF NOT EXISTS polls (
     code TEXT NOT NULL, id INTEGER NOT NULL, question TEXT NOT NULL, options TEXT NOT NULL,
-    closed INTEGER NOT NULL DEFAULT 0, answer TEXT, PRIMARY KEY (code, id));
+    closed INTEGER NOT NULL DEFAULT 0, answer TEXT, kind TEXT NOT NULL DEFAULT 'free', detail TEXT,
+    PRIMARY KEY (code, id));
 CREATE TABLE IF NOT EXISTS answers (
     code TEXT NOT NULL, poll INTEGER NOT NULL, student TEXT NOT NULL, option INTEGER NOT NULL,
     PRIMARY KEY (code, poll, student));
@@ -74,6 +75,7 @@ class SQLiteClassStore:
                 self.db.execute("PRAGMA journal_mode = WAL")
                 self.db.execute("PRAGMA synchronous = NORMAL")
                 self.db.executescript(SCHEMA)
+                self._add_columns()
                 break
             except sqlite3.OperationalError:
                 if attempt == 49:
@@ -84,6 +86,13 @@ class SQLiteClassStore:
         self._changed = asyncio.Condition()
         self._watcher: asyncio.Task | None = None
         self._swept = 0.0
+
+    def _add_columns(self) -> None:
+        """A file made before polls had a kind and the model's answer (the first version of this store)."""
+        have = {row[1] for row in self.db.execute("PRAGMA table_info(polls)")}
+        for column, declared in (("kind", "TEXT NOT NULL DEFAULT 'free'"), ("detail", "TEXT")):
+            if column not in have:
+                self.db.execute(f"ALTER TABLE polls ADD COLUMN {column} {declared}")
 
     # ------------------------------------------------------------------ writing
 
@@ -169,15 +178,15 @@ class SQLiteClassStore:
         await self._notify()
         return event
 
-    async def add_poll(self, code: str, question: str, options: list[str]) -> Poll:
+    async def add_poll(self, code: str, question: str, options: list[str], kind: str = "free") -> Poll:
         with self._writing() as db:
             open_id, polls = self._row(db, code)[3:5]
             if open_id is not None:
                 self._close(db, code, open_id, None)
-            poll = Poll(id=polls + 1, question=question, options=list(options), counts=[0] * len(options))
+            poll = Poll(id=polls + 1, question=question, options=list(options), counts=[0] * len(options), kind=kind)
             db.execute(
-                "INSERT INTO polls (code, id, question, options) VALUES (?, ?, ?, ?)",
-                (code, poll.id, question, json.dumps(poll.options)),
+                "INSERT INTO polls (code, id, question, options, kind) VALUES (?, ?, ?, ?, ?)",
+                (code, poll.id, question, json.dumps(poll.options), kind),
             )
             db.execute("UPDATE classes SET poll = ?, polls = ? WHERE code = ?", (poll.id, poll.id, code))
             self._emit(db, code, "poll", poll.public())
@@ -186,7 +195,8 @@ class SQLiteClassStore:
 
     def _poll(self, db: sqlite3.Connection, code: str, poll_id: int) -> Poll:
         row = db.execute(
-            "SELECT question, options, closed, answer FROM polls WHERE code = ? AND id = ?", (code, poll_id)
+            "SELECT question, options, closed, answer, kind, detail FROM polls WHERE code = ? AND id = ?",
+            (code, poll_id),
         ).fetchone()
         if row is None:
             raise KeyError(poll_id)
@@ -196,12 +206,18 @@ class SQLiteClassStore:
             "SELECT option, COUNT(*) FROM answers WHERE code = ? AND poll = ? GROUP BY option", (code, poll_id)
         ):
             counts[option] = n
-        return Poll(id=poll_id, question=row[0], options=options, counts=counts, closed=bool(row[2]), answer=row[3])
+        detail = json.loads(row[5]) if row[5] else None
+        return Poll(poll_id, row[0], options, counts, bool(row[2]), row[3], row[4], detail)
 
-    def _close(self, db: sqlite3.Connection, code: str, poll_id: int, answer: str | None) -> ClassEvent:
+    def _close(
+        self, db: sqlite3.Connection, code: str, poll_id: int, answer: str | None, detail: dict | None = None
+    ) -> ClassEvent:
         poll = self._poll(db, code, poll_id)
-        poll.closed, poll.answer = True, answer
-        db.execute("UPDATE polls SET closed = 1, answer = ? WHERE code = ? AND id = ?", (answer, code, poll_id))
+        poll.closed, poll.answer, poll.detail = True, answer, detail
+        db.execute(
+            "UPDATE polls SET closed = 1, answer = ?, detail = ? WHERE code = ? AND id = ?",
+            (answer, json.dumps(detail) if detail else None, code, poll_id),
+        )
         db.execute("UPDATE classes SET poll = NULL WHERE code = ? AND poll = ?", (code, poll_id))
         return self._emit(db, code, "poll_closed", poll.result())
 
@@ -209,10 +225,10 @@ class SQLiteClassStore:
         self._row(self.db, code)
         return self._poll(self.db, code, poll_id)
 
-    async def close_poll(self, code: str, poll_id: int, answer: str | None) -> ClassEvent:
+    async def close_poll(self, code: str, poll_id: int, answer: str | None, detail: dict | None = None) -> ClassEvent:
         with self._writing() as db:
             self._row(db, code)
-            event = self._close(db, code, poll_id, answer)
+            event = self._close(db, code, poll_id, answer, detail)
         await self._notify()
         return event
 

@@ -109,6 +109,8 @@ def words() -> dict[str, str]:
         "full": _("This class is full: it has as many students as this server takes. Ask your teacher."),
         "reconnecting": _("Connection lost: reconnecting…"),
         "count_of": _("{option}: {n}"),
+        "model_token": _("The model {model} predicts “{token}” with probability {prob}."),
+        "model_head": _("In the model {model}, {head} has the highest induction score, {score}."),
     }
 
 

@@ -32,7 +32,9 @@ from app.classes.base import (
     new_token,
     token_hash,
 )
+from app.service.class_answers import model_answer
 from app.service.errors import Forbidden, NotFound, Unavailable
+from app.service.views import ModelViews
 from app.settings import Settings
 from core.errors import InputError
 from core.i18n import _
@@ -191,17 +193,30 @@ class Classes:
         return await self.store.set_path(live.code, check_path(path))
 
     @_available
-    async def ask(self, code: str, token: str | None, question: str, options: list[str], client: str) -> Poll:
+    async def ask(
+        self, code: str, token: str | None, question: str, options: list[str], client: str, kind: str = "free"
+    ) -> Poll:
         live = await self.teacher(code, token, client)
         if len(set(options)) != len(options):
             raise InputError(_("each option of a poll must be different"))
-        return await self.store.add_poll(live.code, question, options)
+        return await self.store.add_poll(live.code, question, options, kind)
 
     @_available
-    async def reveal(self, code: str, token: str | None, poll_id: int, answer: str | None, client: str) -> Poll:
+    async def reveal(
+        self, code: str, token: str | None, poll_id: int, answer: str | None, client: str, views: ModelViews
+    ) -> Poll:
+        """Close the poll and reveal its answer: the teacher's pick for a free-text poll; for a next-token or
+        induction-head poll, the model's, computed on the class's current page (app/service/class_answers.py)."""
         live = await self.teacher(code, token, client)
         try:
-            await self.store.close_poll(live.code, poll_id, answer)
+            poll = await self.store.poll(live.code, poll_id)
+            detail = None
+            if poll.kind != "free" and not poll.closed:
+                found = await asyncio.to_thread(
+                    model_answer, views, poll.kind, live.path, poll.options, self.settings.default_model
+                )
+                answer, detail = found.answer[:MAX_OPTION_CHARS], found.detail
+            await self.store.close_poll(live.code, poll_id, answer, detail)
             return await self.store.poll(live.code, poll_id)
         except KeyError:
             raise NotFound(_("class {code} has no poll {id}").format(code=live.code, id=poll_id)) from None

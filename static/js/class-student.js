@@ -134,6 +134,14 @@ function showPoll(shown) {
   if (fresh) say_("new_poll", {question: shown.question});
 }
 
+// What the server computed as the model's answer (a next-token or induction-head poll), in words.
+function modelSaid(detail) {
+  if (detail.kind === "next_token") {
+    return say("class", "model_token", {model: detail.model, token: detail.token, prob: detail.prob.toFixed(3)});
+  }
+  return say("class", "model_head", {model: detail.model, head: detail.head, score: detail.score.toFixed(3)});
+}
+
 function showResults(result) {
   if (!poll || poll.id !== result.id) showPoll(result);
   for (const button of document.querySelectorAll("#student-poll-options button")) button.disabled = true;
@@ -147,6 +155,7 @@ function showResults(result) {
   list.hidden = false;
   const line = document.getElementById("student-poll-status");
   line.textContent = result.answer ? say("class", "answer_was", {answer: result.answer}) : say("class", "closed");
+  if (result.detail) line.textContent += " " + modelSaid(result.detail);
   announce.textContent = line.textContent;
 }
 

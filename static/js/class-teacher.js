@@ -8,8 +8,18 @@ const page = document.querySelector(".class-page");
 const code = page && page.dataset.classCode;
 const note = document.getElementById("class-status");
 const api = "/api/v1/classes/" + (code ? encodeURIComponent(code) : "");
-let poll = null;  // the poll shown: {id, question, options}
+let poll = null;  // the poll shown: {id, question, options, kind}
 let pollTimer = null;
+let preset = {kind: "free", question: null};  // the ready-made question chosen last
+
+// What the server computed as the model's answer (a next-token or induction-head poll), in words.
+function modelSaid(detail) {
+  if (!detail) return "";
+  if (detail.kind === "next_token") {
+    return say("class", "model_token", {model: detail.model, token: detail.token, prob: detail.prob.toFixed(3)});
+  }
+  return say("class", "model_head", {model: detail.model, head: detail.head, score: detail.score.toFixed(3)});
+}
 
 // The error an API answer carries ({"detail": [{"msg"}]} or {"detail": "..."}), in the page's words.
 async function failed(answer) {
@@ -130,6 +140,9 @@ function showPoll(shown) {
     return choice;
   }));
   document.getElementById("poll-reveal").disabled = false;
+  const computed = Boolean(shown.kind) && shown.kind !== "free";  // the server works the answer out
+  document.getElementById("poll-pick").hidden = computed;
+  document.getElementById("poll-computed").hidden = !computed;
   drawCounts({...shown, counts: shown.options.map(() => 0), answer: null});
   stopPolling();
   const every = JSON.parse(page.dataset.timings).poll_ms;
@@ -146,10 +159,11 @@ if (code) {
 
   const question = document.getElementById("poll-question");
   const options = document.getElementById("poll-options");
-  for (const preset of document.querySelectorAll("[data-preset]")) {
-    preset.addEventListener("click", () => {
-      question.value = preset.dataset.question;
-      options.value = preset.dataset.options ? JSON.parse(preset.dataset.options).join("\n") : "";
+  for (const button of document.querySelectorAll("[data-preset]")) {
+    button.addEventListener("click", () => {
+      question.value = button.dataset.question;
+      options.value = button.dataset.options ? JSON.parse(button.dataset.options).join("\n") : "";
+      preset = {kind: button.dataset.kind, question: button.dataset.question};
       options.focus();
     });
   }
@@ -161,7 +175,9 @@ if (code) {
       note.textContent = say("class", "need_options");
       return;
     }
-    const asked = await call("POST", api + "/polls", {question: question.value.trim(), options: lines});
+    // A ready-made question the teacher left as it was is answered by the model; any other is free text.
+    const kind = question.value.trim() === preset.question ? preset.kind : "free";
+    const asked = await call("POST", api + "/polls", {question: question.value.trim(), options: lines, kind});
     if (asked) {
       showPoll(asked);
       note.textContent = say("class", "asked", {question: asked.question});
@@ -170,13 +186,16 @@ if (code) {
 
   document.getElementById("poll-reveal").addEventListener("click", async () => {
     if (!poll) return;
-    const answer = document.getElementById("poll-answer").value;
-    const result = await call("POST", api + "/polls/" + poll.id + "/close", {answer});
+    const free = !poll.kind || poll.kind === "free";
+    const body = free ? {answer: document.getElementById("poll-answer").value} : {};
+    document.getElementById("poll-reveal").disabled = true;
+    const result = await call("POST", api + "/polls/" + poll.id + "/close", body);
     if (result) {
       stopPolling();
       drawCounts(result);
-      document.getElementById("poll-reveal").disabled = true;
-      note.textContent = say("class", "revealed", {answer: result.answer});
+      note.textContent = [say("class", "revealed", {answer: result.answer}), modelSaid(result.detail)].join(" ").trim();
+    } else {
+      document.getElementById("poll-reveal").disabled = false;
     }
   });
 

@@ -8,8 +8,10 @@ import sys
 import threading
 import time
 from pathlib import Path
+from urllib.parse import urlencode
 
 import httpx
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
@@ -157,6 +159,65 @@ def test_polls_take_one_answer_per_student_and_the_teacher_reveals(clients):
     late = students[2].post(f"/api/v1/classes/{code}/polls/{pid}/answers", json={"option": "a"})
     assert late.status_code == 404
     assert teacher.get(f"/api/v1/classes/{code}").json()["students"] == 3
+
+
+def _best_head(client, model: str) -> tuple[str, float]:
+    """The head with the highest induction score on the repeated random sequence, from the detectors API."""
+    grid = client.post("/api/v1/analysis/detectors", json={"model": model, "text": "a b"}).json()["detectors"]
+    scores = np.array(grid["induction"]["random"], dtype=float)
+    layer, head = np.unravel_index(np.nanargmax(scores), scores.shape)
+    return f"L{layer}H{head}", float(scores[layer, head])
+
+
+def test_the_server_reveals_the_models_answer_for_the_view_the_class_is_on(clients):
+    """A next-token poll reveals the top next token (and its probability) of the model and text of the class's
+    current page, as /api/v1/run predicts it; an induction-head poll, the head with the highest induction
+    score, as the detectors API scores it; a free-text poll keeps the teacher's pick."""
+    teacher, student = clients(2)
+    text = "the cat sat on the mat and the cat "
+    code = start(teacher, path="/?" + urlencode({"model": "induction", "text": text, "layer": "1"}))["code"]
+    top = teacher.post("/api/v1/run", json={"model": "induction", "text": text, "top_k": 1}).json()["top_k"][0]
+    said = top["token"].strip() or top["token"]  # an option as a teacher types it
+    asked = teacher.post(
+        f"/api/v1/classes/{code}/polls",
+        json={"question": "Which token comes next?", "options": ["zzz", said], "kind": "next_token"},
+    ).json()
+    assert asked["kind"] == "next_token"
+    student.post(f"/api/v1/classes/{code}/polls/{asked['id']}/answers", json={"option": said})
+    # the teacher's own pick is ignored: the server says what the model says
+    closed = teacher.post(f"/api/v1/classes/{code}/polls/{asked['id']}/close", json={"answer": "zzz"}).json()
+    assert closed["answer"] == said and closed["counts"] == [0, 1]
+    detail = closed["detail"]
+    assert detail["kind"] == "next_token" and detail["model"] == "induction" and detail["text"] == text
+    assert detail["token"] == top["token"] and detail["prob"] == pytest.approx(top["prob"], rel=1e-9)
+
+    head, score = _best_head(teacher, "induction")
+    heads = ["L0H0", "L0H1", "L1H0", "L1H1"]
+    asked = teacher.post(
+        f"/api/v1/classes/{code}/polls",
+        json={"question": "Which head is the induction head?", "options": heads, "kind": "induction_head"},
+    ).json()
+    closed = teacher.post(f"/api/v1/classes/{code}/polls/{asked['id']}/close").json()
+    assert closed["answer"] == head and closed["detail"]["head"] == head
+    assert closed["detail"]["score"] == pytest.approx(score, abs=1e-6) and head.startswith("L1")  # a 2-layer model's
+
+    # the class moves to a page without model or text: the explorer's defaults (the tests' default model, the
+    # toy, tests/conftest.py, and its own text)
+    teacher.put(f"/api/v1/classes/{code}/state", json={"path": "/lessons/attention"})
+    asked = teacher.post(
+        f"/api/v1/classes/{code}/polls", json={"question": "Next?", "options": ["a", "b"], "kind": "next_token"}
+    ).json()
+    closed = teacher.post(f"/api/v1/classes/{code}/polls/{asked['id']}/close").json()
+    models = {m["name"]: m for m in teacher.get("/api/v1/models").json()["models"]}
+    assert closed["detail"]["model"] == "toy" and closed["detail"]["text"] == models["toy"]["default_text"]
+    assert closed["answer"] and closed["answer"] not in ("a", "b") or closed["detail"]["token"].strip() in ("a", "b")
+
+    free = teacher.post(f"/api/v1/classes/{code}/polls", json={"question": "Fav?", "options": ["a", "b"]}).json()
+    assert free["kind"] == "free"
+    closed = teacher.post(f"/api/v1/classes/{code}/polls/{free['id']}/close", json={"answer": "b"}).json()
+    assert closed["answer"] == "b" and closed["detail"] is None
+    bad = teacher.post(f"/api/v1/classes/{code}/polls", json={"question": "q", "options": ["a", "b"], "kind": "x"})
+    assert bad.status_code == 422
 
 
 def test_a_poll_needs_two_to_eight_different_options_of_bounded_text(clients):

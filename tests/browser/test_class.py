@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
+import httpx
 import pytest
 
 from .conftest import CHROMIUM, CHROMIUM_ARGS, PageWatch, require_chromium
@@ -186,11 +187,24 @@ def test_students_follow_the_teacher_and_answer_a_poll(people, request, server):
         "() => document.querySelector('.poll-count[data-option=\"sat\"]')?.textContent === '2'"
         " && document.querySelector('.poll-count[data-option=\"<b>mat</b>\"]')?.textContent === '0'"
     )
-    teacher.locator("#poll-answer").select_option("sat")
+    # "Which token comes next?" as it was: the server reveals the model's prediction on the class's page (here
+    # /lessons/positions: the explorer's default model and its text), not a pick of the teacher's.
+    assert teacher.locator("#poll-answer").is_hidden() and teacher.locator("#poll-computed").is_visible()
+    models = {m["name"]: m for m in httpx.get(live_server + "/api/v1/models").json()["models"]}
     teacher.get_by_role("button", name="Reveal", exact=True).click()
     for s in students:
-        s.wait_for_function("() => document.getElementById('student-poll-status').textContent === 'The answer: sat'")
-        assert s.locator("#student-poll-results li.poll-answer").text_content() == "sat: 2"
+        s.wait_for_function(
+            "() => /^The answer: .+ The model .+ predicts “.*” with probability 0\\.\\d{3}\\.$/.test("
+            "document.getElementById('student-poll-status').textContent)"
+        )
+        assert s.locator("#student-poll-results li").count() == 2
+    status = students[0].locator("#student-poll-status").text_content()
+    name = status.split(" The model ")[1].split(" predicts ")[0]
+    text = models[name]["default_text"]
+    top = httpx.post(live_server + "/api/v1/run", json={"model": name, "text": text, "top_k": 1}).json()["top_k"][0]
+    assert f"predicts “{top['token']}” with probability {top['prob']:.3f}" in status, (status, top)
+    assert "The model" in teacher.locator("#class-status").text_content()
+    for s in students:
         assert s.get_by_role("button", name="sat", exact=True).is_disabled()
         assert still_pinned(s)
 
@@ -230,6 +244,12 @@ def test_a_class_in_malay(people, live_server):
         "() => document.getElementById('student-poll-status').textContent === 'Jawapan anda: L1H1'"
     )
     teacher.wait_for_function("() => document.querySelector('.poll-count[data-option=\"L1H1\"]')?.textContent === '1'")
+    # The server reveals the head with the highest induction score, in Malay on the student's page.
+    teacher.get_by_role("button", name="Dedahkan", exact=True).click()
+    student.wait_for_function(
+        "() => /^Jawapannya: L\\dH\\d Dalam model .+, L\\dH\\d mempunyai skor induksi tertinggi, [\\d.]+\\.$/"
+        ".test(document.getElementById('student-poll-status').textContent)"
+    )
 
 
 @pytest.mark.parametrize("lang", ["en", "ms"])

@@ -28,7 +28,7 @@ from app.api.class_models import (
     StateRequest,
 )
 from app.api.routes.shared import api_router, errors
-from app.deps import ClassesDep
+from app.deps import ClassesDep, ServiceDep
 from app.http.jsonio import FastJSONResponse
 from app.http.security import client_address
 from app.http.sse import Event, ResumeFrom, event_stream
@@ -159,7 +159,12 @@ async def ask(
     """A question with 2 to 8 options, pushed to every follower as a `poll` event (closing the one open
     before). Teacher only."""
     poll = await classes.ask(
-        code, teacher_token(request, code, authorization), body.question, body.options, client_address(request)
+        code,
+        teacher_token(request, code, authorization),
+        body.question,
+        body.options,
+        client_address(request),
+        body.kind,
     )
     answer = _result(poll)
     answer.status_code = 201
@@ -202,16 +207,20 @@ async def reveal(
     poll_id: PollId,
     request: Request,
     classes: ClassesDep,
+    svc: ServiceDep,
     body: RevealRequest | None = None,
     authorization: Authorization = None,
 ) -> FastJSONResponse:
-    """No more answers; every follower gets `poll_closed` with the counts and `answer`. Teacher only."""
+    """No more answers; every follower gets `poll_closed` with the counts and `answer`: the teacher's for a
+    free-text poll, the model's (computed on the class's current page, with `detail`) for a next_token or
+    induction_head poll. Teacher only."""
     poll = await classes.reveal(
         code,
         teacher_token(request, code, authorization),
         poll_id,
         (body or RevealRequest()).answer,
         client_address(request),
+        svc.views,
     )
     return _result(poll)
 
