@@ -14,11 +14,13 @@ import io
 import json
 import time
 import zipfile
+from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 
+from core.sae import load_sae
 from tests.api.test_training import (  # noqa: F401  (the fixtures, used by name)
     redis_replica,
     redis_stack,
@@ -29,6 +31,8 @@ from tests.api.test_training import (  # noqa: F401  (the fixtures, used by name
     wait,
 )
 from tests.scale import services
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 HOOK = "blocks.0.hook_resid_post"
 QUICK = {"recipe": "sae", "model": "induction", "hook": HOOK, "d_sae": 128, "k": 8, "steps": 40}
@@ -156,3 +160,32 @@ def test_the_same_sae_request_names_the_same_run_in_process(client_with, tmp_pat
     sae = c.get(f"/api/v1/saes/{id}/download")
     assert sae.status_code == 200 and sae.headers["content-type"] == "application/zip"
     assert np.isfinite(run["metrics"]["mse"]).all()
+
+
+def test_a_downloaded_sae_opens_in_saelens_with_the_same_activations(client_with, tmp_path):
+    """tests/fixtures/sae-trained/ is a download of GET /api/v1/saes/{id}/download, unpacked, and sae_trained.npz
+    SAELens's `SAE.load_from_disk` of it and its `encode` of the hook's vectors on a text
+    (scripts/make_sae_training_fixtures.py, SAELens 6.54.12): core reads the same activations from the folder,
+    and the API downloads that folder for that request today (the same cfg.json, the weights within bounds)."""
+    record = np.load(FIXTURES / "sae_trained.npz")
+    assert str(record["saelens_class"]) == "TopKSAE"
+    sae = load_sae(FIXTURES / "sae-trained")
+    acts = sae.encode(record["x"])
+    assert np.array_equal(acts > 0, record["acts"] > 0)  # the same k features of every token
+    np.testing.assert_allclose(acts, record["acts"], rtol=1e-5, atol=1e-5)
+    request = json.loads(str(record["request"]))
+    c = client_with(runs_dir=tmp_path / "runs")
+    id = c.post("/api/v1/train", json=request).json()["id"]
+    assert id == str(record["id"])  # the same request names the same run on any server
+    deadline = time.monotonic() + 120
+    while c.get(f"/api/v1/runs/{id}").json()["status"] not in ("done", "failed"):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    with zipfile.ZipFile(io.BytesIO(c.get(f"/api/v1/saes/{id}/download").content)) as z:
+        z.extractall(tmp_path / "download")
+    again = tmp_path / "download" / id
+    cfg = json.loads((FIXTURES / "sae-trained" / "cfg.json").read_text())
+    assert json.loads((again / "cfg.json").read_text()) == cfg
+    fresh = load_sae(again)
+    for name, array in sae.arrays().items():  # one BLAS thread: bit for bit on one machine, close on another
+        np.testing.assert_allclose(getattr(fresh, name), array, rtol=1e-3, atol=1e-4)

@@ -91,3 +91,40 @@ def test_train_watch_the_induction_head_form_and_explore_it(page, live_server):
     rows = induction.any(axis=1)
     assert rows.sum() > 5 and (weights * induction).sum(axis=1)[rows].mean() > 0.4
     assert page.watch.page_errors == []
+
+
+def test_train_an_sae_watch_its_curves_and_open_its_features(page, live_server):
+    """The sae recipe from /train: a small top-k SAE on the induction model; its four curves grow as records
+    arrive and end as the API's metrics; its page links its features and its SAELens download."""
+    page.goto(live_server + "/train?recipe=sae")
+    for name, value in (("d_sae", "128"), ("k", "8"), ("steps", "400"), ("batch_size", "64")):
+        page.fill(f'input[name="{name}"]', value)
+    page.select_option('select[name="hook"]', "blocks.0.hook_resid_post")
+    page.click("button.primary")
+    page.wait_for_url("**/train?run=sae-*")
+    run_id = parse_qs(urlparse(page.url).query)["run"][0]
+
+    lengths, deadline = [], time.monotonic() + TRAIN_TIMEOUT_S
+    while status_of(page) != "done":
+        assert time.monotonic() < deadline, f"still {status_of(page)}"
+        try:
+            lengths.append(len(drawn(page, "#train-sae-mse .plot")[0]["x"] or []))
+        except Exception:  # the block was being swapped: look again
+            pass
+        time.sleep(0.3)
+    assert lengths == sorted(lengths), lengths  # points only ever arrive
+    wait_text(page, '#run-results [data-field="status"]', "done")
+    run = page.request.get(f"{live_server}/api/v1/runs/{run_id}").json()
+    assert run["sae"] == run_id and run["config"]["k"] == 8
+    for key in ("mse", "explained_variance", "l0", "dead_fraction"):
+        line = drawn(page, f"#train-sae-{key} .plot")[0]
+        assert line["x"] == run["metrics"]["step"]
+        assert np.allclose(line["y"], run["metrics"][key])
+    assert set(drawn(page, "#train-sae-l0 .plot")[0]["y"]) == {8.0}  # top-k: k features a token
+    download = page.get_attribute('a[href$="/download"]', "href")
+    assert download == f"/api/v1/saes/{run_id}/download"
+    assert page.request.get(live_server + download).headers["content-type"] == "application/zip"
+    page.click("text=Open its features")
+    page.wait_for_url(f"**/features?*sae={run_id}*")
+    assert page.locator("text=" + run_id).count() >= 1
+    assert page.watch.page_errors == []
