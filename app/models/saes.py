@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.training.base import TrainingStore, is_sae_run_id
+from app.training.base import StoreUnavailable, TrainingStore, is_sae_run_id
 from core import InputError
 from core.i18n import _
 from core.sae import CONFIG_FILE, SAE, WEIGHTS_FILE, SAEConfig, load_sae
@@ -148,9 +148,10 @@ class SAECatalog(Mapping[str, SAEEntry]):
     def _run_entry(self, id: str) -> SAEEntry | None:
         """An sae run's latest export as an entry (the same entry while its folder stays the same)."""
         runs = self.runs
-        if runs is None or not is_sae_run_id(id) or not runs.exists(id):
+        try:
+            folder = runs.model_folder(id) if runs is not None and is_sae_run_id(id) and runs.exists(id) else None
+        except StoreUnavailable:  # Redis out of reach: the SAEs trained there are not listed meanwhile
             return None
-        folder = runs.model_folder(id)
         if folder is None:
             return None
         with self._trained_lock:
@@ -164,7 +165,10 @@ class SAECatalog(Mapping[str, SAEEntry]):
         runs = self.runs
         if runs is None:
             return []
-        return sorted(id for id in runs.ids() if is_sae_run_id(id) and runs.model_folder(id) is not None)
+        try:
+            return sorted(id for id in runs.ids() if is_sae_run_id(id) and runs.model_folder(id) is not None)
+        except StoreUnavailable:  # Redis out of reach: the folders' SAEs are still listed
+            return []
 
     def __getitem__(self, name: str) -> SAEEntry:
         if name in self._entries:

@@ -189,3 +189,21 @@ def test_a_downloaded_sae_opens_in_saelens_with_the_same_activations(client_with
     fresh = load_sae(again)
     for name, array in sae.arrays().items():  # one BLAS thread: bit for bit on one machine, close on another
         np.testing.assert_allclose(getattr(fresh, name), array, rtol=1e-3, atol=1e-4)
+
+
+def test_the_sae_catalogue_lists_its_folders_while_the_store_is_out_of_reach():
+    """Redis down: GET /api/v1/saes still lists EXPLORER_SAES_DIR's SAEs; a trained one is missing meanwhile."""
+    from app.models.saes import SAECatalog
+    from app.training.base import StoreUnavailable
+
+    class Away:
+        def __getattr__(self, name):
+            def unavailable(*args, **kwargs):
+                raise StoreUnavailable("Redis is out of reach")
+
+            return unavailable
+
+    catalog = SAECatalog(FIXTURES / "saes", runs=Away())  # type: ignore[arg-type]
+    assert list(catalog) == sorted(p.name for p in (FIXTURES / "saes").iterdir() if p.is_dir())
+    with pytest.raises(Exception, match="unknown SAE"):
+        catalog.get_entry("sae-0123456789ab")
