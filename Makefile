@@ -148,7 +148,8 @@ fixtures: setup
 	$(SAEENV)/bin/python scripts/make_sae_training_fixtures.py --app-python $(PY)
 	$(PY) -m pytest -q tests/core/test_parity.py tests/core/test_checkpoints.py tests/core/test_sampling.py tests/core/test_generate.py \
 		tests/core/test_patching.py tests/core/test_sae.py tests/core/test_steering.py tests/core/test_attribution.py \
-		tests/api/test_sae_training.py::test_a_downloaded_sae_opens_in_saelens_with_the_same_activations
+		tests/api/test_sae_training.py::test_a_downloaded_sae_opens_in_saelens_with_the_same_activations \
+		tests/core/test_backward_families.py
 
 # Retrain the models that ship in core/trained/ (docs/training.md). Bit for bit only with .venv's
 # NumPy (and so its OpenBLAS), one BLAS thread (core.train's default) and the BLAS kernel each folder's

@@ -1,7 +1,7 @@
 """`make bench`: every benchmark in turn, each printing its tables; the whole output is also
 written to bench/out/latest.md, from which docs/benchmarks.md's tables are copied.
 
-    bench/.env/bin/python -m bench.run [core_vs_torch training training_live api_load browser long_inputs memory families classroom
+    bench/.env/bin/python -m bench.run [core_vs_torch training training_live backward api_load browser long_inputs memory families classroom
                                         generate patching sae_features sae_train scale cell]
 """
 
@@ -14,6 +14,7 @@ import time
 
 from bench import (
     api_load,
+    backward,
     browser,
     cell,
     class_follow,
@@ -36,6 +37,7 @@ BENCHMARKS = {
     "core_vs_torch": core_vs_torch,
     "training": training,
     "training_live": training_live,
+    "backward": backward,  # every family's backward pass against torch autograd (float32, same threads)
     "api_load": api_load,
     "browser": browser,
     "long_inputs": long_inputs,

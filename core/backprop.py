@@ -233,13 +233,12 @@ def _backward(
         return {}, dx
 
     grads["blocks"] = block_grads[::-1]
-    if cfg.tied_embeddings:
-        dW_E = np.ascontiguousarray(g["w"].T)  # W_U is W_E transposed: its gradient lands in the token table
-    else:
-        dW_E = np.zeros(params["embed"]["W_E"].shape, dtype=dx.dtype)
-        grads["unembed"] = {"W_U": g["w"]} | ({"b_U": g["b"]} if "b" in g else {})
     # Embeddings: x = W_E[tokens] + W_pos[:pos] (+ W_token_type[types]). Every occurrence adds its row's gradient.
-    dW_E += embedding_backward(dx, saved.tokens, dW_E.shape[0])
+    if cfg.tied_embeddings:  # W_U is W_E transposed: its gradient lands in the token table too
+        dW_E = embedding_backward(dx, saved.tokens, g["w"].shape[1], out=g["w"].T)  # a view: no [d_vocab, d] copy
+    else:
+        dW_E = embedding_backward(dx, saved.tokens, params["embed"]["W_E"].shape[0])
+        grads["unembed"] = {"W_U": g["w"]} | ({"b_U": g["b"]} if "b" in g else {})
     grads["embed"] = {"W_E": dW_E}
     if cfg.positional_embedding_type == "learned":
         dW_pos = np.zeros(params["pos_embed"]["W_pos"].shape, dtype=dx.dtype)
@@ -251,8 +250,9 @@ def _backward(
     return {key: grads[key] for key in params if key in grads}, dx
 
 
-def embedding_backward(dx: np.ndarray, tokens: np.ndarray, d_vocab: int) -> np.ndarray:
-    """dL/dW_E for x = W_E[tokens]: each row sums the gradients at every position holding that token.
+def embedding_backward(dx: np.ndarray, tokens: np.ndarray, d_vocab: int, out: np.ndarray | None = None) -> np.ndarray:
+    """dL/dW_E for x = W_E[tokens]: each row sums the gradients at every position holding that token
+    (added into `out` [d_vocab, d_model] if given: a row no token holds is left as it is).
 
     dx [..., d_model], tokens [...] -> [d_vocab, d_model]. Equivalent to np.add.at(dW_E, tokens, dx),
     computed by sorting the positions by token and summing each run (np.add.reduceat), which is
@@ -263,9 +263,12 @@ def embedding_backward(dx: np.ndarray, tokens: np.ndarray, d_vocab: int) -> np.n
     order = np.argsort(tokens, kind="stable")
     ordered = tokens[order]
     starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])  # where each token's run begins
-    dW_E = np.zeros((d_vocab, dx.shape[-1]), dtype=dx.dtype)
-    dW_E[ordered[starts]] = np.add.reduceat(dx[order], starts, axis=0)
-    return dW_E
+    if out is None:
+        out = np.zeros((d_vocab, dx.shape[-1]), dtype=dx.dtype)
+        out[ordered[starts]] = np.add.reduceat(dx[order], starts, axis=0)
+    else:
+        out[ordered[starts]] += np.add.reduceat(dx[order], starts, axis=0)
+    return out
 
 
 # ---------------------------------------------------------------------------- loss
@@ -277,7 +280,7 @@ def loss_and_grads(
     """Mean cross-entropy of predicting targets [batch, pos] from tokens [batch, pos], and its gradients."""
     logits, saved = forward(params, cfg, tokens)
     loss, probs = cross_entropy(logits, targets)
-    return loss, backward(params, cfg, saved, cross_entropy_backward(probs, targets))
+    return loss, backward(params, cfg, saved, cross_entropy_backward(probs, targets, out=probs))
 
 
 def loss(params: Params, cfg: TransformerConfig, tokens: np.ndarray, targets: np.ndarray) -> float:

@@ -321,9 +321,10 @@ def cross_entropy(logits: np.ndarray, targets: np.ndarray) -> tuple[float, np.nd
     return loss, probs
 
 
-def cross_entropy_backward(probs: np.ndarray, targets: np.ndarray) -> np.ndarray:
-    """dL/dlogits of the mean cross-entropy: (softmax − one-hot) / number of predictions.  # [..., d_vocab]"""
-    dlogits = probs / probs.dtype.type(targets.size)
+def cross_entropy_backward(probs: np.ndarray, targets: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """dL/dlogits of the mean cross-entropy: (softmax − one-hot) / number of predictions.  # [..., d_vocab]
+    Written into `out` if given (out=probs: the probabilities are not needed after)."""
+    dlogits = np.divide(probs, probs.dtype.type(targets.size), out=out)
     picked = np.take_along_axis(dlogits, targets[..., None], axis=-1)
     np.put_along_axis(dlogits, targets[..., None], picked - probs.dtype.type(1.0 / targets.size), axis=-1)
     return dlogits
