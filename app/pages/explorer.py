@@ -34,7 +34,8 @@ from app.deps import ServiceDep
 from app.http import language
 from app.http.language import _, ngettext
 from app.pages import explorer_cell, figures, inspect_figures, web
-from app.service import Service
+from app.pages import steer as steer_page
+from app.service import InputError, Service
 from app.service.results import AttentionStages, ExplorerView
 
 router = APIRouter(tags=["pages"], include_in_schema=False)
@@ -459,10 +460,22 @@ def explorer(request: Request, svc: ServiceDep) -> Response:
     model = models[parsed.controls.model]
     v, error = _run(request, svc, parsed)
     c = parsed.controls  # as _run left it: the head shown, the ablated heads that exist
-    url = web.explorer_query(parsed)
+    view = None if v is None else view_context(v, set(c.ablate), c.all_stages)
+    steer_errors: list[str] = []
+    steering = steer_page.parse(request.query_params, steer_errors)
+    if view is not None and v is not None and v.top_k and (steering.source or steer_errors):
+        try:  # the view carries a steer (app/pages/steer.py's URL state): the bars are the steered prediction
+            if steer_errors:
+                raise InputError("; ".join(steer_errors))
+            spec = requests.AblatingRequest(**parsed.request()).spec()
+            steered = steer_page.steered_prediction(svc, spec, steering, TOP_K)
+            view |= {"next_figure": steered["figure"], "next_caption": steered["caption"], "steered": True}
+        except web.PAGE_ERRORS as exc:
+            view, error = None, web.error_message(exc)
+    url = steer_page.with_steer(web.explorer_query(parsed), steering)
     context = {
         "controls": c,
-        "view": None if v is None else view_context(v, set(c.ablate), c.all_stages),
+        "view": view,
         "values_url": url,
         "cell": explorer_cell.page_context(parsed, v),
         "cell_base": language.localized(web.explorer_query(parsed, cell=False)),
@@ -483,6 +496,7 @@ def explorer(request: Request, svc: ServiceDep) -> Response:
         "nav": "explorer",
         "form_id": "explorer",
         "inspect_links": web.inspect_links(parsed),
+        "steer_params": steering.params(),
     }
     # gzip (app/http/compression.py, level 1): a painted matrix's levels are bytes of base64 that
     # mostly repeat (a long text's 1,024-token answer: 4 MB as written, under 1 MB as sent)

@@ -203,6 +203,8 @@ def generate_page(request: Request, svc: ServiceDep) -> Response:
             if state.steer.source is not None:  # three continuations, one seed; the stream shows the steered one
                 steered = steer_page.side_by_side(svc, spec, state.settings, state.steer)
                 body |= {"steer": [steered["steer"]]}
+                explorer = {"model": state.model, "text": state.text} | state.steer.params()
+                steered["explorer_url"] = "/?" + urlencode(explorer)
         except web.PAGE_ERRORS as exc:
             error = web.error_message(exc)
     writers = [m for m in models.values() if not m.is_encoder]

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Literal
+from urllib.parse import urlencode
 
 from app.http.language import _
-from app.pages import web
+from app.pages import figures, web
 from app.service import InputError, Model, RunSpec, Service
 from app.service.generation import GenerateSettings, Generation
 from app.service.spec import Steering, SteerSpec
@@ -145,6 +146,34 @@ def api_steer(steer: SteerSpec) -> dict:
     else:
         out["feature"] = {"sae": steer.sae, "index": steer.feature}
     return out
+
+
+def steered_prediction(svc: Service, spec: RunSpec, state: SteerState, top_k: int) -> dict:
+    """The explorer's next-token bars under the steer (attention recomputed): the steered top-k, and a caption
+    saying what was pushed and what the model said without it."""
+    steer, _norm = steer_spec(svc, spec, state)
+    result = svc.steering.run(spec.replace(steering=Steering((steer,))), [], top_k)
+    before = result.steering_effect.baseline_top_k if result.steering_effect else []
+    figure = figures.probability_bars([t.token for t in result.top_k], [t.prob for t in result.top_k])
+    caption = _(
+        "Steered: {hook} pushed ({mode}, coefficient {c:g}) at every position, attention recomputed. Unsteered, the "
+        "most likely next token is “{token}” ({p:.3f})."
+    ).format(
+        hook=steer.hook,
+        mode=steer.mode,
+        c=steer.coefficient,
+        token=figures.visible(before[0].token) if before else "",
+        p=before[0].prob if before else 0.0,
+    )
+    return {"figure": figure, "caption": caption}
+
+
+def with_steer(url: str, state: SteerState) -> str:
+    """A page's canonical URL with the steer's parameters after its own."""
+    params = state.params()
+    if not params:
+        return url
+    return url + ("&" if "?" in url else "?") + urlencode(params)
 
 
 def editor(svc: Service, model: Model, state: SteerState) -> dict:

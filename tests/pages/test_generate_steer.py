@@ -130,3 +130,39 @@ def test_a_feature_of_an_sae_steers_at_its_own_hook(client_with, tmp_path):
     assert len(columns(page.text)["frozen"]) == 6
     out_of_range = c.get("/generate", params=params | {"steer_feature": "32"})
     assert out_of_range.status_code == 422 and "feature 32 is not in SAE &#39;resid0&#39;" in out_of_range.text
+
+
+def test_the_explorers_bars_show_the_steered_prediction_when_the_view_carries_a_steer(client):
+    """The explorer's URL with the /generate page's steer (its link): the next-token bars are POST /api/v1/run's
+    steered top-k, the form keeps the steer as the text changes, and the pushed URL keeps it."""
+    page = client.get("/generate", params=STEER | {"lang": "en"})
+    link = html.unescape(re.search(r'<a href="(/\?[^"]*)">The explorer', page.text).group(1))
+    r = client.get(link, headers={"HX-Request": "true"})
+    assert r.status_code == 200 and "Most likely next tokens after the text, steered" in r.text
+    shown = [html.unescape(t) for t in re.findall(r'data-bar="\d+"[^>]*><code>(.*?)</code>', r.text)]
+    vector = client.post(
+        "/api/v1/analysis/steering-vector",
+        json={
+            "model": "induction",
+            "hook": "blocks.1.hook_resid_pre",
+            "texts_a": ["ali ali ali", "ali makan"],
+            "texts_b": ["nasi nasi"],
+        },
+    ).json()["vector"]
+    api = client.post(
+        "/api/v1/run",
+        json={
+            "model": "induction",
+            "text": TEXT,
+            "top_k": len(shown),
+            "steer": [{"hook": "blocks.1.hook_resid_pre", "vector": vector, "coefficient": 6.0}],
+        },
+    ).json()
+    assert shown == [t["token"].replace(" ", "␣") for t in api["top_k"]]
+    assert shown != [t["token"].replace(" ", "␣") for t in api["steering_effect"]["baseline_top_k"]]
+    assert "steer=means" in r.headers["HX-Push-Url"] and "steer_coef=6.0" in r.headers["HX-Push-Url"]
+    full = client.get(link)
+    assert '<input type="hidden" name="steer" value="means">' in full.text
+    assert '<input type="hidden" name="steer_hook" value="blocks.1.hook_resid_pre">' in full.text
+    plain = client.get("/", params={"model": "induction", "text": TEXT})
+    assert "steered" not in plain.text and 'name="steer"' not in plain.text
