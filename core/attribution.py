@@ -105,12 +105,16 @@ def check_steps(steps: int) -> int:
 
 
 def gradient_support(params: Params, cfg: TransformerConfig) -> str | None:
-    """Why core/backprop.py cannot give this model's gradients, or None: its TRAINABLE table (which today
-    accepts every family core runs, in every attention-weight layout core.model reads)."""
+    """Why core/backprop.py cannot give this model's metric gradients, or None: its TRAINABLE table, and
+    a final norm to read the metric through (a pre-norm decoder's)."""
     try:
         backprop.check_trainable(cfg)
     except InputError as refused:
         return str(refused)
+    if cfg.block_type != "pre_norm":
+        return _("the metric is read through the final norm of a pre-norm decoder; this model is {block_type}").format(
+            block_type=cfg.block_type
+        )
     return None
 
 

@@ -7,8 +7,11 @@ earlier position's logit difference between two chosen tokens), the metric is
     f(E) = logits[0, position, target] − logits[0, position, contrast]     (contrast: none → its logit alone)
 of the token embeddings E = the model's input embedding module applied to the ids, before positions (transformers'
 `inputs_embeds`; GPT-2 adds wpe to them, the rotary families rotate inside attention). A float64 model in
-transformers still computes some steps in float32 (the rotary angles; Llama's and Qwen's RMS norms), so those
-families' references hold to about 1e-6, GPT-2's to 1e-12. Recorded per case:
+transformers still computes some steps in float32: the rotary angles (inv_freq made in float32), Llama's and
+Qwen's RMS norms (hidden_states.to(torch.float32)) and the eager attention's softmax (dtype=torch.float32) of
+those families. exact_float64 gives the rotary and norm modules the same formulas in float64, and they run with
+attn_implementation="sdpa" (the softmax in the inputs' dtype), so every family's references hold to float64's
+rounding. Recorded per case:
 
     grad        [pos, d_model]  torch.autograd.grad of f at E
     saliency    [pos]           Captum Saliency (|∂f/∂E|), then the L2 norm over d_model
@@ -29,6 +32,7 @@ families' references hold to about 1e-6, GPT-2's to 1e-12. Recorded per case:
 from __future__ import annotations
 
 import hashlib
+import types
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +53,28 @@ MODELS = {
 }
 # token ids (the families' from their parity fixtures' first text; GPT-2's drawn), and each case's
 # (position, target, contrast): None for the top prediction, or no contrast
+
+
+def _rms_norm_float64(self, x: torch.Tensor) -> torch.Tensor:
+    return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+
+def _rotary_float64(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    dim = 2 * self.inv_freq.shape[0]  # the rotated dimensions (a fraction of the head in GPT-NeoX)
+    inv_freq = 1.0 / self.config.rope_parameters["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    freqs = position_ids[..., None].double() * inv_freq
+    angles = torch.cat((freqs, freqs), dim=-1)
+    return (angles.cos() * self.attention_scaling).to(x.dtype), (angles.sin() * self.attention_scaling).to(x.dtype)
+
+
+def exact_float64(model) -> None:
+    """The rotary embeddings and RMS norms (Qwen3's query and key norms too) computed in float64."""
+    for module in model.modules():
+        kind = type(module).__name__
+        if kind.endswith("RMSNorm"):
+            module.forward = types.MethodType(_rms_norm_float64, module)
+        elif kind.endswith("RotaryEmbedding"):
+            module.forward = types.MethodType(_rotary_float64, module)
 
 
 def ids_of(name: str) -> np.ndarray:
@@ -134,7 +160,9 @@ def main() -> None:
         "meta_steps": np.array(STEPS),
     }
     for name, folder in MODELS.items():
-        model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").double().eval()
+        attention = "eager" if name == "gpt2" else "sdpa"  # GPT-2's eager softmax keeps float64; the others' not
+        model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation=attention).double().eval()
+        exact_float64(model)
         for p in model.parameters():
             p.requires_grad_(False)
         ids = ids_of(name)
