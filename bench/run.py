@@ -2,7 +2,8 @@
 written to bench/out/latest.md, from which docs/benchmarks.md's tables are copied.
 
     bench/.env/bin/python -m bench.run [core_vs_torch training training_live backward api_load browser long_inputs memory families classroom
-                                        generate patching sae_features sae_train scale cell]
+                                        generate patching sae_features sae_train scale cell
+                                        attribution]
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 
 from bench import (
     api_load,
+    attribution,
     backward,
     browser,
     cell,
@@ -50,6 +52,7 @@ BENCHMARKS = {
     "sae_train": sae_train,  # SAE training steps/s against SAELens's trainer (SAEENV's venv)
     "scale": scale,
     "cell": cell,
+    "attribution": attribution,  # integrated gradients against Captum on transformers
     "class": class_follow,  # a live class: sixty followers through Caddy over two replicas, one killed
 }
 
