@@ -213,10 +213,10 @@ function refused() {
 // at the headers. 404: the class is gone; 403: it is full; anything else: open the stream again.
 async function reopen() {
   if (ended) return;
-  const stop = new AbortController();
+  const headersOnly = new AbortController();
   try {
-    const answer = await fetch(eventsUrl, {signal: stop.signal, headers: {Accept: "text/event-stream"}});
-    stop.abort();
+    const answer = await fetch(eventsUrl, {signal: headersOnly.signal, headers: {Accept: "text/event-stream"}});
+    headersOnly.abort();
     if (answer.status === 404) {
       end();
       return;

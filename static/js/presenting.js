@@ -66,9 +66,9 @@ function pushHere() {
 // explorer's cell panel, Write's settings): every history.pushState and replaceState of this page is a
 // change of view too. The same path twice is pushed once (lastPushed).
 function watchHistory() {
-  for (const name of ["pushState", "replaceState"]) {
-    const original = history[name];
-    history[name] = function (...args) {
+  for (const method of ["pushState", "replaceState"]) {
+    const original = history[method];
+    history[method] = function (...args) {
       const result = original.apply(this, args);
       pushHere();
       return result;
