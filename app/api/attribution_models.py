@@ -33,8 +33,8 @@ class AttributionRequest(requests.ModelRequest):
                     "text": "Ali makan nasi lemak. Ali makan",
                     "method": "direct_logit",
                     "position": -1,
-                    "target": " nasi",
-                    "contrast": " lemak",
+                    "target": " ",
+                    "contrast": "a",
                 },
             ]
         },

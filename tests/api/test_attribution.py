@@ -170,3 +170,11 @@ def test_integrated_gradients_steps_are_priced(client):
         assert ok.status_code == 200, ok.text[:300]
         r = tight.post("/api/v1/analysis/attribution", json={"model": "induction", "text": "ali makan", "steps": 500})
         assert r.status_code == 422 and "reduce the text's length, or steps" in messages(r)
+
+
+def test_the_schemas_examples_answer(client):
+    from app.api.attribution_models import AttributionRequest
+
+    for example in AttributionRequest.model_config["json_schema_extra"]["examples"]:
+        got = post(client, **example)
+        assert got["method"] == example["method"]
