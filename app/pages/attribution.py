@@ -10,8 +10,9 @@ also a bar chart, and direct_logit's heads × source tokens a heatmap (both with
 
 Every number is the service's (app/service/attribution.py), asked as POST /api/v1/analysis/attribution asks it;
 the request is validated by the API's own request model (the same limits). The whole state is in the URL (model,
-text, position, target, contrast, method, steps); htmx swaps the results and pushes it. Bad input is said in
-place of the results, with status 422. The explorer's next-token bars link here (`explain_link`).
+text, position, target, contrast, method, steps, and the run's toggles the explorer passes on); htmx swaps the
+results and pushes it. Bad input is said in place of the results, with status 422. The explorer's next-token bars
+link here (`explain_link`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from app.deps import ServiceDep
 from app.http import language
 from app.http.language import N_, _
 from app.pages import figures, web
-from app.service import Service
+from app.service import Service, knobs
 from app.service import attribution as service_attribution
 
 router = APIRouter(tags=["pages"], include_in_schema=False)
@@ -77,6 +78,8 @@ class AttributionState:
     contrast: str | None = None
     method: str = DEFAULT_METHOD
     steps: int | None = None  # None: the API's default
+    # the run's toggles the URL sets (app/models/knobs.py: the explorer's, which its next-token bars pass on)
+    toggles: tuple[tuple[str, Any], ...] = ()
 
 
 def parse(query: web.QueryString, svc: Service, errors: list[str]) -> AttributionState:
@@ -99,12 +102,21 @@ def parse(query: web.QueryString, svc: Service, errors: list[str]) -> Attributio
         k: (query.getlist(k)[-1] if query.getlist(k) and query.getlist(k)[-1] != "" else None)
         for k in ("target", "contrast")
     }
-    return AttributionState(model=name, text=text, method=method, **numbers, **tokens)
+    toggles = []
+    for knob in knobs.on_form():
+        raw = web.last(query, knob.name)
+        value = None if raw is None else web.parse_knob(knob, raw, errors)
+        if value is not None and name in models and knob.name in models[name].toggles:  # as the explorer's
+            toggles.append((knob.name, value))
+    return AttributionState(model=name, text=text, method=method, **numbers, **tokens, toggles=tuple(toggles))
 
 
 def canonical(state: AttributionState) -> str:
     """The URL restoring this view: every value that is set (the method when it is not the default)."""
-    params = [(k, v) for k, v in asdict(state).items() if v is not None and not (k == "method" and v == DEFAULT_METHOD)]
+    fields = asdict(state)
+    toggles = [(k, int(v) if isinstance(v, bool) else v) for k, v in fields.pop("toggles")]
+    params = [(k, v) for k, v in fields.items() if v is not None and not (k == "method" and v == DEFAULT_METHOD)]
+    params += toggles
     return "/attribution" + ("?" + urlencode(params) if params else "")
 
 
@@ -245,7 +257,9 @@ def heads_figure(heads, tokens: list[str], position: int) -> dict:
 def attribute(svc: Service, state: AttributionState):
     """The service's attribution for this state, asked as POST /api/v1/analysis/attribution asks it: the model and
     text validated by the API's model request (its limits); the position, tokens and steps checked by the service."""
-    spec = requests.ModelRequest.model_validate({"model": state.model, "text": state.text}).spec()
+    spec = requests.ModelRequest.model_validate(
+        {"model": state.model, "text": state.text, **dict(state.toggles)}
+    ).spec()
     steps = service_attribution.DEFAULT_STEPS if state.steps is None else state.steps
     position = -1 if state.position is None else state.position
     return svc.attribution.attribute(spec, state.method, position, state.target, state.contrast, steps)

@@ -497,6 +497,8 @@ def explorer(request: Request, svc: ServiceDep) -> Response:
         "form_id": "explorer",
         "inspect_links": web.inspect_links(parsed),
         "steer_params": steering.params(),
+        # the toggles the URL sets, which the next-token bars' links to /attribution carry
+        "given_toggles": {k: int(v) if isinstance(v, bool) else v for k, v in parsed.given.items()},
     }
     # gzip (app/http/compression.py, level 1): a painted matrix's levels are bytes of base64 that
     # mostly repeat (a long text's 1,024-token answer: 4 MB as written, under 1 MB as sent)

@@ -186,3 +186,23 @@ def test_the_notebook_draws_the_pages_figures(client):
     assert np.asarray(figs["heads"].data[0].z, dtype=float) == pytest.approx(
         np.asarray(page["attribution-heads"]["data"][0]["z"], dtype=float)
     )
+
+
+def test_the_explorers_toggles_go_with_its_links(client):
+    """The toy with another seed and two heads: the bars' links carry the toggles, and the page runs with them
+    (its numbers are the API's for that configuration, and its form keeps them)."""
+    r = client.get("/", params={"model": "toy", "text": "Ali makan nasi", "seed": 3, "n_heads": 2})
+    assert r.status_code == 200, r.text
+    href = unescape(re.search(r'<a href="(/attribution\?[^"]*)"\s+data-bar="0"', r.text).group(1))
+    query = parse_qs(urlsplit(href).query)
+    assert query["seed"] == ["3"] and query["n_heads"] == ["2"]
+    page = client.get(href)
+    assert page.status_code == 200, page.text
+    shown = page_data(page.text)
+    body = {"model": "toy", "text": "Ali makan nasi", "seed": 3, "n_heads": 2, "target": shown["target"]}
+    want = client.post("/api/v1/analysis/attribution", json=body).json()
+    assert shown["scores"] == pytest.approx(want["scores"]) and shown["metric"] == pytest.approx(want["metric"])
+    other = client.post("/api/v1/analysis/attribution", json={**body, "seed": 0}).json()
+    assert shown["metric"] != pytest.approx(other["metric"])  # the toggles mattered
+    assert '<input type="hidden" name="seed" value="3">' in page.text
+    assert '<input type="hidden" name="n_heads" value="2">' in page.text
