@@ -59,6 +59,7 @@ def widened(config: dict) -> dict:
             num_heads=HEADS,
             num_layers=LAYERS,
             attention_types=[[["global", "local"], LAYERS // 2]],
+            attention_layers=["global", "local"] * (LAYERS // 2),
             window_size=256,
             max_position_embeddings=CTX,
             vocab_size=VOCAB,

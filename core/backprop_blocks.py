@@ -217,32 +217,33 @@ def attention(
     The steps of core.attention.scaled_dot_product_attention, in its order and with its functions (a
     test holds the two equal), done for a few sequences at a time (BATCH_BLOCK_SCORES) so that one
     block's scores stay in the CPU cache through scale, mask and softmax; the pattern is written in
-    place of the scores, which training does not keep. Grouped-query attention: the query heads are
-    [batch, n_kv_heads, group, pos, d_head] against keys [batch, n_kv_heads, 1, pos, d_head], a broadcast
-    (no key is copied), as core.model's attention_block does it.
+    place of the scores, which training does not keep. Grouped-query attention: each key/value head's
+    group of query heads is one taller stack of queries, [batch, n_kv_heads, group * pos, d_head], against
+    its keys [batch, n_kv_heads, pos, d_head]: one product per key/value head (no key is copied), whose
+    backward pass then sums a shared key's gradient over its group inside the product itself.
     """
     n_batch, n_heads, n_pos, d_head = q.shape
     n_kv = k.shape[1]
-    q5 = q.reshape(n_batch, n_kv, n_heads // n_kv, n_pos, d_head)
-    k5, v5 = k[:, :, None], v[:, :, None]
+    group = n_heads // n_kv
+    q4 = q.reshape(n_batch, n_kv, group * n_pos, d_head)  # head kv_head * group + i: rows i * pos, ...
     divisor = attention_scale(d_head, cfg.use_attn_scale, cfg.attn_temperature)
     mask = causal_mask(n_pos) if cfg.causal else None
     if window is not None:  # a local layer also hides the keys `window` or more positions back
         mask = local_mask(n_pos, n_pos, window) if mask is None else mask | local_mask(n_pos, n_pos, window)
-    pattern = np.empty((*q5.shape[:-1], n_pos), dtype=np.result_type(q, k))
-    z = np.empty((*q5.shape[:-1], v.shape[-1]), dtype=np.result_type(pattern, v))
+    pattern = np.empty((*q4.shape[:-1], n_pos), dtype=np.result_type(q, k))
+    z = np.empty((*q4.shape[:-1], v.shape[-1]), dtype=np.result_type(pattern, v))
     # The mask as -inf and 0 to add: the same scores as writing -inf where it is True (a finite score plus 0
     # is itself), in one plain pass instead of a masked copy, the slowest step of this loop.
-    minus_inf = None if mask is None else np.where(mask, -np.inf, 0.0).astype(pattern.dtype)
+    minus_inf = None if mask is None else np.tile(np.where(mask, -np.inf, 0.0).astype(pattern.dtype), (group, 1))
     block = max(1, BATCH_BLOCK_SCORES // (n_heads * n_pos * n_pos))  # sequences per block
     for i in range(0, n_batch, block):
         b = slice(i, i + block)
-        s = np.matmul(q5[b], np.swapaxes(k5[b], -1, -2), out=pattern[b])  # [block, kv, group, query, key]
+        s = np.matmul(q4[b], np.swapaxes(k[b], -1, -2), out=pattern[b])  # [block, kv, group * query, key]
         s /= divisor
         if minus_inf is not None:
             s += minus_inf
         softmax(s, out=s)
-        np.matmul(s, v5[b], out=z[b])
+        np.matmul(s, v[b], out=z[b])
     return pattern.reshape(n_batch, n_heads, n_pos, n_pos), z.reshape(n_batch, n_heads, n_pos, -1)
 
 
@@ -274,20 +275,20 @@ def attention_backward(
     n_batch, n_heads, n_pos, d_head = s.q.shape
     n_kv, group = cfg.n_key_value_heads, cfg.group_size
     dpattern = None if want.hooks is None else np.empty(s.pattern.shape, s.pattern.dtype)
-    five = (n_batch, n_kv, group, n_pos)
+    stacked = (n_batch, n_kv, group * n_pos)  # each key/value head's query heads stacked, as attention() has them
     dq, dk, dv = scaled_dot_product_attention_backward(
-        split_heads(dz, n_heads).reshape(*five, -1),
-        s.q.reshape(*five, d_head),
-        s.k[:, :, None],
-        s.v[:, :, None],
-        s.pattern.reshape(*five, n_pos),
+        split_heads(dz, n_heads).reshape(*stacked, -1),
+        s.q.reshape(*stacked, d_head),
+        s.k,
+        s.v,
+        s.pattern.reshape(*stacked, n_pos),
         scale=cfg.use_attn_scale,
         temperature=cfg.attn_temperature,
-        dweights=None if dpattern is None else dpattern.reshape(*five, n_pos),
-    )  # dq [batch, kv, group, pos, d_head]; dk, dv [batch, kv, 1, pos, d_head]: summed over each group
+        dweights=None if dpattern is None else dpattern.reshape(*stacked, n_pos),
+    )  # dq [batch, kv, group * pos, d_head]; dk, dv [batch, kv, pos, d_head], summed over the group by the products
     if dpattern is not None:
         want.keep(prefix + "attn.hook_pattern", dpattern)
-    dq, dk, dv = dq.reshape(s.q.shape), dk[:, :, 0], dv[:, :, 0]
+    dq = dq.reshape(s.q.shape)
     if cfg.positional_embedding_type == "rotary":
         dq, dk = rotate(dq, cfg, sign=-1), rotate(dk, cfg, sign=-1)
     grads: dict = {}

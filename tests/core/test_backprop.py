@@ -553,3 +553,21 @@ def test_gradients_refuse_bad_shapes_saying_what_was_expected():
         backprop.gradients(params, cfg, tokens, dlogits[:, :3])
     with pytest.raises(InputError, match="must lie in"):
         backprop.gradients(params, cfg, tokens + cfg.d_vocab, dlogits)
+
+
+def test_float32_gelu_backward_is_the_derivative_of_float32_gelu():
+    """The float32 path (Φ from the forward's output, the true density) gives the polynomial's derivative
+    (erf_backward) to its accuracy, ~1e-6, and the true derivative (float64) to float32's."""
+    from core.functional import erf, erf_backward
+
+    rng = np.random.default_rng(13)
+    x = (rng.standard_normal((64, 48)) * 3).astype(np.float32)
+    x[0, :3] = 0.0, 1e-30, -40.0  # 0, a denormal-sized input and a far tail
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    got = gelu_backward(dy, x, gelu(x))
+    assert got.dtype == np.float32
+    r = np.float32(1 / np.sqrt(2))
+    separate = dy * (0.5 * (1 + erf(x * r)) + 0.5 * r * x * erf_backward(x * r))
+    np.testing.assert_allclose(got, separate, rtol=0, atol=3e-6 * np.abs(dy).max())
+    exact = gelu_backward(dy.astype(np.float64), x.astype(np.float64))
+    np.testing.assert_allclose(got, exact, rtol=0, atol=2e-6 * np.abs(dy).max() * 3)
