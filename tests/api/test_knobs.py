@@ -124,7 +124,7 @@ def test_an_added_knob_reaches_the_api_the_page_state_and_the_form():
 def test_the_declared_knobs_are_the_run_requests_toggles(client):
     """Without the extra knob: the API's run request has exactly the declared knobs beside its own fields."""
     props = client.get("/openapi.json").json()["components"]["schemas"]["RunRequest"]["properties"]
-    assert list(props) == ["model", "text", *knobs.names(), "ablate", "hooks", "top_k"]
+    assert list(props) == ["model", "text", *knobs.names(), "ablate", "steer", "frozen_attention", "hooks", "top_k"]
     toy = next(m for m in client.get("/api/v1/models").json()["models"] if m["name"] == "toy")
     assert tuple(toy["toggles"]) == knobs.names()
 
