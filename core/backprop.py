@@ -350,6 +350,26 @@ def _check_batch(cfg: TransformerConfig, tokens, dlogits) -> tuple[np.ndarray, n
     return tokens, dlogits
 
 
+def _check_token_types(cfg: TransformerConfig, tokens: np.ndarray, token_types) -> np.ndarray | None:
+    if token_types is None:
+        return None
+    types = np.asarray(token_types)
+    if not cfg.n_token_types or types.shape != tokens.shape or not np.issubdtype(types.dtype, np.integer):
+        raise InputError(
+            _(
+                "segment ids (token_types) need a model with segment embeddings and integers shaped like the "
+                "token ids, {shape}; this model has {n} segment types, and got shape {got}"
+            ).format(shape=tokens.shape, n=cfg.n_token_types, got=types.shape)
+        )
+    if types.min() < 0 or types.max() >= cfg.n_token_types:
+        raise InputError(
+            _("segment ids must lie in [0, {n}), got {low}..{high}").format(
+                n=cfg.n_token_types, low=types.min(), high=types.max()
+            )
+        )
+    return types
+
+
 def gradients(
     params: Params,
     cfg: TransformerConfig,
@@ -374,6 +394,7 @@ def gradients(
     """
     check_trainable(cfg)
     tokens, dlogits = _check_batch(cfg, tokens, dlogits)
+    token_types = _check_token_types(cfg, tokens, token_types)
     logits, saved = forward(params, cfg, tokens, token_types=token_types, keep_outputs=hooks)
     want = Wanted(params=param_grads, hooks={} if hooks else None)
     grads, dembed = _backward(params, cfg, saved, dlogits.astype(logits.dtype, copy=False), want)

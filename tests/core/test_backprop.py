@@ -553,6 +553,11 @@ def test_gradients_refuse_bad_shapes_saying_what_was_expected():
         backprop.gradients(params, cfg, tokens, dlogits[:, :3])
     with pytest.raises(InputError, match="must lie in"):
         backprop.gradients(params, cfg, tokens + cfg.d_vocab, dlogits)
+    with pytest.raises(InputError, match="segment embeddings"):
+        backprop.gradients(params, cfg, tokens, dlogits, token_types=np.zeros_like(tokens))
+    bert, params, _, tokens, dlogits = _gradient_case("bert-post-norm")
+    with pytest.raises(InputError, match=r"segment ids must lie in \[0, 2\)"):
+        backprop.gradients(params, bert, tokens, dlogits, token_types=np.full_like(tokens, 2))
 
 
 def test_float32_gelu_backward_is_the_derivative_of_float32_gelu():
