@@ -35,6 +35,7 @@ def _level(value: float, top: float) -> float:
 def heatmap(view, rows: int = HEATMAP_FEATURES) -> dict:
     """The text's most active features (by their largest activation over its tokens) by its tokens."""
     acts = view.activations  # [pos, d_sae]
+    assert acts is not None  # the page asks for them (dense=True)
     peak = acts.max(axis=0)
     order = [int(i) for i in np.argsort(-peak, kind="stable")[:rows] if peak[i] > 0]
     top = float(peak[order[0]]) if order else 0.0
@@ -80,7 +81,7 @@ def features_page(request: Request, svc: ServiceDep) -> Response:
     elif error is None and sae_name is not None:
         try:
             req = requests.ModelRequest.model_validate({"model": model_name or "", "text": text})
-            view = svc.features.features(req.spec(), sae_name, TOKEN_FEATURES)
+            view = svc.features.features(req.spec(), sae_name, TOKEN_FEATURES, dense=True)
             if picks["feature"] is not None:
                 dashboard = svc.features.dashboard(sae_name, picks["feature"])
         except web.PAGE_ERRORS as exc:

@@ -166,3 +166,83 @@ def test_config_round_trips_through_cfg_json():
     cfg = SAEConfig.from_dict(json.loads((FOLDERS / "topk-rescaled" / "cfg.json").read_text()))
     assert cfg.k == 5 and cfg.rescale_acts_by_decoder_norm and cfg.hook_name == "blocks.0.hook_resid_post"
     assert SAEConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def _sorted_rows(acts: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
+    """Each row's non-zero activations, largest first, ties by the lower index, at most k: a plain sort."""
+    return [
+        sorted(((i, float(v)) for i, v in enumerate(row) if v > 0), key=lambda t: (-t[1], t[0]))[:k] for row in acts
+    ]
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("k", [1, 3, 50])
+def test_top_activations_are_encodes_largest_of_each_row(case, k, recorded):
+    """SAE.top_activations (a block of rows at a time, only the entries above the rows' block-maximum floor sorted)
+    gives what encode followed by a full sort of each row gives, on one thread or a team of two."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from core.threads import Team
+
+    sae = load_sae(FOLDERS / case)
+    from core.sae import ENCODE_ROWS
+
+    one = recorded[f"{case}/x"]
+    x = np.concatenate([one] * (ENCODE_ROWS // len(one) + 2))  # more rows than one block
+    acts = sae.encode(x)
+    want = _sorted_rows(acts, k)
+    with ThreadPoolExecutor(1) as pool:
+        for team in (None, Team(2, pool)):
+            dense = np.empty_like(acts)
+            idx, val = sae.top_activations(x, k, dense=dense) if team is None else sae.top_activations(x, k, team=team)
+            got = [[(int(i), float(v)) for i, v in zip(ri, rv) if i >= 0] for ri, rv in zip(idx, val)]
+            assert got == want
+            assert ((idx < 0) == (val == 0)).all()
+            if team is None:
+                np.testing.assert_array_equal(dense, acts)
+
+
+def test_top_activations_keep_ties_in_index_order_and_leave_zero_rows_empty():
+    cfg = SAEConfig("standard", 2, 300, "blocks.0.hook_resid_post", "induction", apply_b_dec_to_input=False)
+    sae = SAE(
+        cfg,
+        np.zeros((2, 300), np.float32),
+        np.zeros(300, np.float32),
+        np.zeros((300, 2), np.float32),
+        np.zeros(2, np.float32),
+    )
+    sae.W_enc[0, [5, 200, 299]] = 2.0  # three equal activations in different blocks
+    sae.W_enc[0, 7] = 1.0
+    x = np.array([[1.0, 0.0], [0.0, 1.0]], np.float32)
+    idx, val = sae.top_activations(x, 3)  # as many blocks as k: every positive entry is a candidate
+    assert idx.tolist() == [[5, 200, 299], [-1, -1, -1]] and val.tolist() == [[2.0, 2.0, 2.0], [0.0, 0.0, 0.0]]
+    idx, val = sae.top_activations(x, 2)  # more blocks than k: the floor is the 2nd largest block maximum
+    assert idx.tolist() == [[5, 200], [-1, -1]] and val.tolist() == [[2.0, 2.0], [0.0, 0.0]]
+
+
+@pytest.mark.parametrize("d_sae", [1000, 1024])  # blocks of core.sae.TOP_BLOCK, the last one short or not
+@pytest.mark.parametrize("architecture", ["standard", "topk"])
+def test_top_activations_of_wide_saes_equal_a_sort(d_sae, architecture):
+    rng = np.random.default_rng(3)
+    cfg = SAEConfig(
+        architecture, 16, d_sae, "blocks.0.hook_resid_post", "induction", k=40 if architecture == "topk" else None
+    )
+    arrays = [rng.normal(0, 0.5, s).astype(np.float32) for s in ((16, d_sae), (d_sae,), (d_sae, 16), (16,))]
+    sae = SAE(cfg, *arrays)
+    x = rng.normal(size=(300, 16)).astype(np.float32)
+    for k in (1, 10, 64):
+        idx, val = sae.top_activations(x, k)
+        got = [[(int(i), float(v)) for i, v in zip(ri, rv) if i >= 0] for ri, rv in zip(idx, val)]
+        assert got == _sorted_rows(sae.encode(x), k)
+
+
+def test_top_activations_read_hook_z_as_encode_does(tmp_path):
+    raw = json.loads((FOLDERS / "standard" / "cfg.json").read_text())
+    shutil.copytree(FOLDERS / "standard", tmp_path / "z")
+    (tmp_path / "z" / "cfg.json").write_text(json.dumps(raw | {"reshape_activations": "hook_z"}))
+    sae = load_sae(tmp_path / "z")
+    z = np.random.default_rng(0).standard_normal((300, 4, 4)).astype(np.float32)  # [pos, head_index, d_head]
+    idx, val = sae.top_activations(z, 5)
+    assert idx.shape == (300, 5)
+    got = [[(int(i), float(v)) for i, v in zip(ri, rv) if i >= 0] for ri, rv in zip(idx, val)]
+    assert got == _sorted_rows(sae.encode(z), 5)
