@@ -159,11 +159,14 @@ fixtures: setup
 # python-docs also needs the same CPython (its corpus is that Python's pydoc topics, whose SHA-256 its
 # config.json records); so does python-docs-induction, the same text with a passage repeated in every
 # training sequence (--repeats 1.0), where an induction head forms. About 25 minutes on one core.
+# Then the SAE that ships with the app, on python-docs-induction's layer-0 residual stream, and its labels
+# (scripts/train_shipped_sae.py; tests/core/test_shipped_sae.py checks each label on held-out text): 5 minutes.
 trained-models: setup
 	$(PY) -m core.train nasi-lemak --quiet --out core/trained/nasi-lemak
 	$(PY) -m core.train induction --seq-len 64 --steps 2000 --quiet --out core/trained/induction
 	$(PY) -m core.train text --quiet --out core/trained/python-docs
 	$(PY) -m core.train text --repeats 1.0 --min-lr 0.003 --eval-interval 250 --quiet --out core/trained/python-docs-induction
+	$(PY) scripts/train_shipped_sae.py --out core/trained/saes/python-docs-induction-resid0
 
 # Regenerate requirements.lock from a clean environment (needs the registries).
 lock:

@@ -37,19 +37,25 @@ class SAEsResponse(ResponseModel):
     saes: list[SAEModel]
 
 
-EXAMPLE_SAE = "induction-resid0"  # the schema's example: an SAE on the induction model's blocks.0.hook_resid_post
+# the schema's example: the SAE that ships with the app (core/trained/saes/, scripts/train_shipped_sae.py)
+EXAMPLE_SAE = "python-docs-induction-resid0"
 
 
 class FeaturesRequest(requests.ModelRequest):
     """A model request (the model, the text, the toggles) with the SAE to read its hook through."""
 
-    # The example names an SAE a server's EXPLORER_SAES_DIR would hold (none ships yet); the install test
-    # (tests/deploy/test_install.py) writes one by that name and sends the example.
+    # The example names the shipped SAE; the install test (tests/deploy/test_install.py) sends it to the
+    # installed wheel, which carries that SAE.
     model_config = ConfigDict(
         extra="forbid",
         json_schema_extra={
             "examples": [
-                {"model": "induction", "text": "Ali makan nasi lemak. Ali makan", "sae": EXAMPLE_SAE, "top_k": 5}
+                {
+                    "model": "python-docs-induction",
+                    "text": 'Call "os.path.join(a, b)" to join two paths.',
+                    "sae": EXAMPLE_SAE,
+                    "top_k": 5,
+                }
             ]
         },
     )

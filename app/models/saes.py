@@ -1,4 +1,6 @@
-"""The sparse autoencoders this server can use, by name: EXPLORER_SAES_DIR's subfolders in SAELens's format.
+"""The sparse autoencoders this server can use, by name: the SAEs shipped with the app (core/trained/saes/, made by
+`make trained-models`) and EXPLORER_SAES_DIR's subfolders, in SAELens's format (a folder of EXPLORER_SAES_DIR
+named as a shipped one takes its place), then the SAEs trained here.
 
 Each subfolder holding a `cfg.json` and `sae_weights.safetensors` (SAELens's `SAE.save_model`) is an SAE named
 after the folder; an optional `labels.json` names some of its features, `[{"index": 3, "label": "..."}]`.
@@ -17,10 +19,12 @@ from pathlib import Path
 
 from app.training.base import StoreUnavailable, TrainingStore, is_sae_run_id
 from core import InputError
+from core.checkpoints import TRAINED_DIR
 from core.i18n import _
 from core.sae import CONFIG_FILE, SAE, WEIGHTS_FILE, SAEConfig, load_sae
 
 LABELS_FILE = "labels.json"
+SHIPPED_SAES_DIR = TRAINED_DIR / "saes"  # the SAEs that ship with the app (in the wheel and the image)
 
 
 @dataclass(frozen=True)
@@ -133,15 +137,22 @@ def _read_entry(folder: Path) -> SAEEntry:
     return SAEEntry(folder.name, folder, cfg, static_problem=problem)
 
 
-class SAECatalog(Mapping[str, SAEEntry]):
-    """Every SAE folder found at start-up, usable or not, by name (sorted); then the SAEs trained here (the sae
-    recipe's runs with weights, named by their run ids), which appear as they finish without a restart."""
+def _folders(root: Path | None) -> list[Path]:
+    if root is None or not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
 
-    def __init__(self, folder: Path | None, runs: TrainingStore | None = None):
+
+class SAECatalog(Mapping[str, SAEEntry]):
+    """Every SAE folder found at start-up (the shipped ones, then EXPLORER_SAES_DIR's), usable or not, by name
+    (sorted); then the SAEs trained here (the sae recipe's runs with weights, named by their run ids), which
+    appear as they finish without a restart."""
+
+    def __init__(self, folder: Path | None, runs: TrainingStore | None = None, shipped: Path | None = None):
         self.folder = folder
         self.runs = runs  # the training store whose sae runs are SAEs too (set by the model catalogue)
-        found = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")) if folder else []
-        self._entries = {p.name: read_entry(p) for p in found}
+        found = {p.name: p for root in (shipped, folder) for p in _folders(root)}  # folder's replace shipped's
+        self._entries = {name: read_entry(found[name]) for name in sorted(found)}
         self._trained: dict[tuple[str, str], SAEEntry] = {}  # (run id, its export folder) -> the entry
         self._trained_lock = threading.Lock()
 
@@ -199,9 +210,9 @@ class SAECatalog(Mapping[str, SAEEntry]):
 
 
 def open_saes(folder: Path | None, runs: TrainingStore | None = None) -> SAECatalog:
-    """The catalogue of EXPLORER_SAES_DIR (none when unset; a folder that is not there lists nothing), with the
-    SAEs trained in `runs`."""
-    return SAECatalog(folder if folder is not None and folder.is_dir() else None, runs)
+    """The shipped SAEs and those of EXPLORER_SAES_DIR (unset, or a folder that is not there: the shipped ones),
+    with the SAEs trained in `runs`."""
+    return SAECatalog(folder if folder is not None and folder.is_dir() else None, runs, shipped=SHIPPED_SAES_DIR)
 
 
-__all__ = ["LABELS_FILE", "LabelledFeature", "SAECatalog", "SAEEntry", "open_saes", "read_entry"]
+__all__ = ["LABELS_FILE", "SHIPPED_SAES_DIR", "LabelledFeature", "SAECatalog", "SAEEntry", "open_saes", "read_entry"]

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import zipfile
 
 import numpy as np
 import pytest
 
+from app.api.sae_models import EXAMPLE_SAE
 from core.sae import SAE, SAEConfig, load_sae, save_sae
 
 HOOK = "blocks.0.hook_resid_post"
@@ -79,6 +81,7 @@ def test_the_list_names_every_folder_and_why_one_cannot_be_used(api):
     by_name = {s["name"]: s for s in r.json()["saes"]}
     assert sorted(by_name) == sorted(
         ["resid0", "topk0", "for-toy", "no-such-hook", "too-narrow", "unknown-model", "broken", "bad-labels"]
+        + [EXAMPLE_SAE]  # the shipped one, beside EXPLORER_SAES_DIR's
     )
     ok = by_name["resid0"]
     assert ok["problem"] is None and ok["model"] == "induction" and ok["hook"] == HOOK
@@ -216,9 +219,34 @@ def test_bad_dashboard_and_download_requests_are_422s_with_the_reason(api, path,
     assert says in r.text
 
 
-def test_no_saes_dir_lists_none(client):
+def test_without_a_saes_dir_the_shipped_sae_is_listed_usable_with_its_labels(client):
+    """core/trained/saes/ ships with the app (scripts/train_shipped_sae.py; its labels tested in
+    tests/core/test_shipped_sae.py): a server with no EXPLORER_SAES_DIR lists it."""
     r = client.get("/api/v1/saes")
-    assert r.status_code == 200 and r.json() == {"saes": []}
+    assert r.status_code == 200
+    (sae,) = r.json()["saes"]
+    assert sae["name"] == EXAMPLE_SAE and sae["model"] == "python-docs-induction" and sae["problem"] is None
+    assert len(sae["labelled_features"]) >= 8
+
+
+def test_the_schemas_example_runs_on_the_shipped_sae(client):
+    from app.api.sae_models import FeaturesRequest
+
+    (example,) = FeaturesRequest.model_config["json_schema_extra"]["examples"]  # type: ignore[index]
+    r = client.post("/api/v1/analysis/features", json=example)
+    assert r.status_code == 200, r.text
+    d = r.json()
+    assert len(d["features"]) == len(d["tokens"]) and all(0 < len(f) <= 5 for f in d["features"])
+    assert d["labels"]  # the labelled features, by index
+
+
+def test_a_saes_dir_folder_named_as_the_shipped_one_takes_its_place(tmp_path):
+    from app.models.saes import SHIPPED_SAES_DIR, open_saes
+
+    shutil.copytree(SHIPPED_SAES_DIR / EXAMPLE_SAE, tmp_path / EXAMPLE_SAE)
+    (tmp_path / EXAMPLE_SAE / "labels.json").write_text('[{"index": 0, "label": "mine"}]')
+    entry = open_saes(tmp_path)[EXAMPLE_SAE]
+    assert entry.folder == tmp_path / EXAMPLE_SAE and entry.label(0) == "mine"
 
 
 def test_the_scan_reads_at_most_sae_scan_max_tokens(saes_dir, tmp_path):

@@ -90,7 +90,7 @@ def _every_request(client: httpx.Client) -> list[tuple[str, str, dict]]:
     client.post(f"/api/v1/classes/{code}/polls", json={"question": "?", "options": ["a", "b"]})
     for path, ops in schema["paths"].items():
         concrete = path.replace("{id}", run_id).replace("{step}", "0").replace("{code}", code).replace("{poll_id}", "2")
-        concrete = concrete.replace("{name}", EXAMPLE_SAE).replace("{index}", "0")  # the example's SAE (_example_sae)
+        concrete = concrete.replace("{name}", EXAMPLE_SAE).replace("{index}", "0")  # the example's SAE (shipped)
         for method, op in ops.items():
             kwargs = {}
             if "requestBody" in op:
@@ -266,21 +266,7 @@ def _image_env(installed: Path, tmp_path: Path) -> dict[str, str]:
     (tmp_path / "models").mkdir()
     env["EXPLORER_RUNS_DIR"] = str(tmp_path / "runs")  # the compose file's runs volume
     env["EXPLORER_MODELS_DIR"] = str(tmp_path / "models")  # the compose file's (empty) volume
-    env["EXPLORER_SAES_DIR"] = str(_example_sae(tmp_path / "saes"))  # the SAE the features example names
     return env
-
-
-def _example_sae(root: Path) -> Path:
-    """A folder of SAEs holding the one POST /api/v1/analysis/features's schema example names (random weights)."""
-    import numpy as np
-
-    from core.sae import SAE, SAEConfig, save_sae
-
-    rng = np.random.default_rng(0)
-    cfg = SAEConfig("standard", 64, 128, "blocks.0.hook_resid_post", "induction")
-    weights = [rng.normal(0, 0.3, shape).astype(np.float32) for shape in ((64, 128), (128,), (128, 64), (64,))]
-    save_sae(SAE(cfg, *weights), root / EXAMPLE_SAE)
-    return root
 
 
 def _wait_alive(url: str, proc: subprocess.Popen, log: Path, deadline_s: float = 90) -> None:

@@ -86,6 +86,20 @@ def test_in_malay(web):
     assert 'lang="ms"' in r.text and "Ciri" in r.text
 
 
-def test_no_saes_says_how_to_add_them(client):
-    r = client.get("/features")
+def test_no_saes_says_how_to_add_them(monkeypatch, tmp_path):
+    """A server with no SAE at all (the shipped ones taken away: an install that left core/trained/saes out)."""
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+    from app.models import saes
+    from app.settings import Settings
+
+    monkeypatch.setattr(saes, "SHIPPED_SAES_DIR", tmp_path / "none")
+    with TestClient(create_app(Settings(runs_dir=tmp_path))) as c:
+        r = c.get("/features")
     assert r.status_code == 200 and "EXPLORER_SAES_DIR" in r.text  # a setting of the server, not bad input
+
+
+def test_without_a_saes_dir_the_page_opens_on_the_shipped_sae(client):
+    r = client.get("/features")
+    assert r.status_code == 200 and "python-docs-induction-resid0" in r.text and 'role="alert"' not in r.text
