@@ -210,8 +210,8 @@ def main(argv: list[str]) -> int:
                 "core bwd",
                 "torch bwd",
                 f"bwd ratio (≤ {RATIO_BUDGET})",
-                "",
-                "|loss gap|",
+                "budget",
+                "loss gap (abs)",
             ],
             rows,
         )
