@@ -469,7 +469,12 @@ def explorer(request: Request, svc: ServiceDep) -> Response:
                 raise InputError("; ".join(steer_errors))
             spec = requests.AblatingRequest(**parsed.request()).spec()
             steered = steer_page.steered_prediction(svc, spec, steering, TOP_K)
-            view |= {"next_figure": steered["figure"], "next_caption": steered["caption"], "steered": True}
+            view |= {
+                "next_figure": steered["figure"],
+                "next_caption": steered["caption"],
+                "frozen_figure": steered["frozen_figure"],
+                "steered": True,
+            }
         except web.PAGE_ERRORS as exc:
             view, error = None, web.error_message(exc)
     url = steer_page.with_steer(web.explorer_query(parsed), steering)

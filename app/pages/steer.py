@@ -149,13 +149,18 @@ def api_steer(steer: SteerSpec) -> dict:
 
 
 def steered_prediction(svc: Service, spec: RunSpec, state: SteerState, top_k: int) -> dict:
-    """The explorer's next-token bars under the steer (attention recomputed): the steered top-k, and a caption
-    saying what was pushed and what the model said without it."""
+    """The explorer's next-token bars under the steer: the steered top-k with attention recomputed, and with every
+    attention pattern frozen at the unsteered run's; a caption saying what was pushed and what the model said
+    without it."""
     steer, _norm = steer_spec(svc, spec, state)
-    result = svc.steering.run(spec.replace(steering=Steering((steer,))), [], top_k)
-    before = result.steering_effect.baseline_top_k if result.steering_effect else []
-    figure = figures.probability_bars([t.token for t in result.top_k], [t.prob for t in result.top_k])
-    caption = _(
+    out: dict = {}
+    for frozen in (False, True):
+        result = svc.steering.run(spec.replace(steering=Steering((steer,), frozen)), [], top_k)
+        tokens, probs = [t.token for t in result.top_k], [t.prob for t in result.top_k]
+        name = "next-token-steered-frozen" if frozen else "next-token"
+        out["frozen_figure" if frozen else "figure"] = figures.probability_bars(tokens, probs, export_name=name)
+        before = result.steering_effect.baseline_top_k if result.steering_effect else []
+    out["caption"] = _(
         "Steered: {hook} pushed ({mode}, coefficient {c:g}) at every position, attention recomputed. Unsteered, the "
         "most likely next token is “{token}” ({p:.3f})."
     ).format(
@@ -165,7 +170,7 @@ def steered_prediction(svc: Service, spec: RunSpec, state: SteerState, top_k: in
         token=figures.visible(before[0].token) if before else "",
         p=before[0].prob if before else 0.0,
     )
-    return {"figure": figure, "caption": caption}
+    return out
 
 
 def with_steer(url: str, state: SteerState) -> str:

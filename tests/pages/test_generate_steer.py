@@ -160,6 +160,23 @@ def test_the_explorers_bars_show_the_steered_prediction_when_the_view_carries_a_
     ).json()
     assert shown == [t["token"].replace(" ", "␣") for t in api["top_k"]]
     assert shown != [t["token"].replace(" ", "␣") for t in api["steering_effect"]["baseline_top_k"]]
+    # the same steer with every attention pattern frozen: the second figure, the API's frozen_attention run
+    frozen = client.post(
+        "/api/v1/run",
+        json={
+            "model": "induction",
+            "text": TEXT,
+            "top_k": len(shown),
+            "frozen_attention": True,
+            "steer": [{"hook": "blocks.1.hook_resid_pre", "vector": vector, "coefficient": 6.0}],
+        },
+    ).json()
+    segment = r.text[r.text.index('id="next-token-frozen"') :]
+    figure = json.loads(html.unescape(re.search(r'data-figure="([^"]*)"', segment).group(1)))
+    np.testing.assert_allclose(figure["data"][0]["x"], [t["prob"] for t in frozen["top_k"]], rtol=0, atol=1e-9)
+    assert [t["id"] for t in frozen["top_k"]] != [t["id"] for t in api["top_k"]] or not np.allclose(
+        [t["prob"] for t in frozen["top_k"]], [t["prob"] for t in api["top_k"]]
+    )
     assert "steer=means" in r.headers["HX-Push-Url"] and "steer_coef=6.0" in r.headers["HX-Push-Url"]
     full = client.get(link)
     assert '<input type="hidden" name="steer" value="means">' in full.text
