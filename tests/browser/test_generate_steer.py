@@ -47,7 +47,7 @@ def tab(context):  # noqa: F811
 
 
 def test_the_columns_are_the_apis_continuations_and_the_editor_keeps_the_url(tab, live_server):
-    tab.goto(f"{live_server}/generate?{urlencode(STEER)}")
+    tab.goto(f"{live_server}/generate?{urlencode(STEER | {'lang': 'en'})}")
     tab.wait_for_function(SETTLED)
     vector = tab.evaluate(
         POST,
@@ -110,4 +110,28 @@ def test_axe_finds_nothing_and_nothing_scrolls_sideways(tab, live_server, width,
     assert violations == [], "\n".join(f"{v['id']} ({v['impact']}): {v['help']} at {v['nodes']}" for v in violations)
     sizes = tab.evaluate("() => [document.scrollingElement.scrollWidth, window.innerWidth]")
     assert sizes[0] <= sizes[1], f"the page is {sizes[0]} px wide in a {sizes[1]} px window"
+    assert tab.errors == []
+
+
+def test_the_explorers_steered_bars_from_the_generate_pages_link(tab, live_server):
+    """The side-by-side panel's link opens the explorer with the steer: both bar charts drawn (recomputed and
+    frozen), axe finds nothing, and editing the text keeps the steer in the URL."""
+    tab.goto(f"{live_server}/generate?{urlencode(STEER | {'lang': 'en'})}")  # the context may hold lang=ms
+    tab.wait_for_function(SETTLED)
+    tab.click("text=The explorer's next-token bars under this steer")
+    figures = """() => [...document.querySelectorAll('[data-figure]')].every(el => el._fullLayout && !el._explorerPending)
+      && !document.querySelector('.htmx-request')"""
+    tab.wait_for_function(figures)
+    assert "steered" in tab.text_content("#next-token h3")
+    assert tab.locator("#next-token-frozen .js-plotly-plot, #next-token-frozen [data-figure]").count() >= 1
+    tab.add_script_tag(path=str(AXE))
+    violations = tab.evaluate(RUN_AXE, WCAG_TAGS)
+    assert violations == [], "\n".join(f"{v['id']} ({v['impact']}): {v['help']} at {v['nodes']}" for v in violations)
+    tab.fill("#text", "ali makan nasi")
+    tab.wait_for_function(
+        "() => { const q = new URLSearchParams(location.search); return q.get('text') === 'ali makan nasi' && "
+        "q.get('steer') === 'means' && q.get('steer_coef') === '6.0'; }"
+    )
+    tab.wait_for_function(figures)
+    assert "steered" in tab.text_content("#next-token h3")
     assert tab.errors == []
