@@ -7,7 +7,8 @@ gradients), plus one forward of the text and the zero baseline for the completen
 IntegratedGradients(method="gausslegendre", internal_batch_size=None: every step in one batch) differentiates the
 same metric, logit(target) − logit(contrast) at the last position, as a function of `inputs_embeds` (the token
 embeddings before positions, what core attributes), with return_convergence_delta=True (the same two extra
-forwards). Its forward asks transformers for the last position's logits only (logits_to_keep=1), the fastest way
+forwards). The two sides are timed alternately (a call of each, then again), after one warm-up call of each, so
+that the shared machine's changing load falls on both. Its forward asks transformers for the last position's logits only (logits_to_keep=1), the fastest way
 to call the model; both sides float32. The scores are compared before anything is timed.
 
     bench/.env/bin/python -m bench.attribution [--tokens 64] [--steps 32] [--repeat 3] [--threads 1]
@@ -94,15 +95,18 @@ def main(argv: list[str]) -> int:
         threadpool_limits(threads, user_api="blas")
         torch.set_num_threads(threads)
         assert blas_info()["blas_threads"] == threads
-        t_captum = median(timed(captum_ig, repeat=args.repeat))
-        t_core = median(timed(core_ig, repeat=args.repeat))
-        ratio = t_core / t_captum
+        # alternating, one call of each at a time, so that a change in the machine's load falls on both sides
+        pairs = [
+            (timed(captum_ig, repeat=1, warmup=0)[0], timed(core_ig, repeat=1, warmup=0)[0]) for _ in range(args.repeat)
+        ]
+        t_captum, t_core = median([c for c, _ in pairs]), median([o for _, o in pairs])
+        ratio = median([o / c for c, o in pairs])
         worst = max(worst, ratio)
         rows.append([threads, f"{t_core * 1e3:.0f}", f"{t_captum * 1e3:.0f}", f"{ratio:.2f}", load_average()])
     print(
         table(
             f"Integrated gradients, {args.steps} steps, {args.tokens} tokens: median of {args.repeat}, ms",
-            ["threads", "core", "Captum", "core / Captum", "load after"],
+            ["threads", "core", "Captum", "core / Captum (median of the pairs' ratios)", "load after"],
             rows,
         )
     )
