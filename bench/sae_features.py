@@ -59,6 +59,16 @@ def timed(fn, repeat: int) -> float:
     return statistics.median(times)
 
 
+def argpartition_top(acts: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
+    """Each row's top k as the endpoint found them before SAE.top_activations (app/service/features.py's
+    top_features until c023c7f): an argpartition of the whole negated [pos, d_sae], then a sort of the k."""
+    cand = np.argpartition(-acts, k - 1, axis=1)[:, :k]
+    vals = np.take_along_axis(acts, cand, axis=1)
+    order = np.lexsort((cand, -vals), axis=1)
+    cand, vals = np.take_along_axis(cand, order, 1), np.take_along_axis(vals, order, 1)
+    return [[(i, v) for i, v in zip(ci, vi) if v > 0] for ci, vi in zip(cand.tolist(), vals.tolist())]
+
+
 def core_rows(repeat: int, threads: int) -> list[tuple[str, float]]:
     from core.threads import team_for
 
@@ -77,6 +87,8 @@ def core_rows(repeat: int, threads: int) -> list[tuple[str, float]]:
             rows.append(
                 (f"core: {arch}: SAE.encode, [1024, 16384] dense", timed(lambda sae=sae: sae.encode(x), repeat))
             )
+            before = timed(lambda sae=sae: argpartition_top(sae.encode(x), 10), repeat)
+            rows.append((f"core: {arch}: before: SAE.encode + argpartition of every row, top 10", before))
             rows.append((f"core: {arch}: SAE.top_activations, top 10 per token (encode included)", timed(top, repeat)))
     return rows
 
