@@ -44,7 +44,6 @@ def main(argv: list[str]) -> int:
     from core import attribution
 
     header("Token attribution: integrated gradients, core vs Captum on transformers")
-    print(f"load average at the start: {load_average()}", flush=True)
     write_checkpoint()
     params = load_core_params()
     model = AutoModelForCausalLM.from_pretrained(CHECKPOINT, attn_implementation="eager").eval()
