@@ -263,18 +263,6 @@ def main(argv: list[str]) -> int:
             rows,
         )
     )
-    if args.no_server:
-        print(f"\nload average at the end: {load_average()}\n")
-        return 0
-    served, served_figures = server_rows(args)
-    print(
-        table(
-            f"The induction model's sweeps on the server (47 tokens, noising; POST /api/v1/analysis/patching, "
-            f"median and p90 of {args.requests} requests)",
-            ["target", "patched runs", "median ms", "p90 ms"],
-            served,
-        )
-    )
     print(
         f"budget core / torch (one forward per cell) <= {RATIO_BUDGET}: {figures['ratio']:.2f} -> "
         f"{verdict(figures['ratio'] <= RATIO_BUDGET)}"
@@ -286,6 +274,18 @@ def main(argv: list[str]) -> int:
     print(
         f"budget attribution patching / one forward+backward <= {ATTRIBUTION_BUDGET}: {figures['attribution']:.2f} -> "
         f"{verdict(figures['attribution'] <= ATTRIBUTION_BUDGET)} (load average after the sweeps: {figures['load']})"
+    )
+    if args.no_server:
+        print(f"\nload average at the end: {load_average()}\n")
+        return 0
+    served, served_figures = server_rows(args)
+    print(
+        table(
+            f"The induction model's sweeps on the server (47 tokens, noising; POST /api/v1/analysis/patching, "
+            f"median and p90 of {args.requests} requests)",
+            ["target", "patched runs", "median ms", "p90 ms"],
+            served,
+        )
     )
     print(
         f"budget the induction model's slowest full sweep on the server < {SERVER_BUDGET_S * 1e3:.0f} ms: "
