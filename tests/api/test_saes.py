@@ -219,10 +219,11 @@ def test_bad_dashboard_and_download_requests_are_422s_with_the_reason(api, path,
     assert says in r.text
 
 
-def test_without_a_saes_dir_the_shipped_sae_is_listed_usable_with_its_labels(client):
+def test_without_a_saes_dir_the_shipped_sae_is_listed_usable_with_its_labels(client_with, tmp_path):
     """core/trained/saes/ ships with the app (scripts/train_shipped_sae.py; its labels tested in
-    tests/core/test_shipped_sae.py): a server with no EXPLORER_SAES_DIR lists it."""
-    r = client.get("/api/v1/saes")
+    tests/core/test_shipped_sae.py): a server with no EXPLORER_SAES_DIR lists it. Its own runs folder: the
+    session's holds whatever SAE runs other tests trained (tests/api/test_fuzz.py posts the train examples)."""
+    r = client_with(runs_dir=tmp_path).get("/api/v1/saes")
     assert r.status_code == 200
     (sae,) = r.json()["saes"]
     assert sae["name"] == EXAMPLE_SAE and sae["model"] == "python-docs-induction" and sae["problem"] is None
