@@ -206,3 +206,11 @@ def test_the_explorers_toggles_go_with_its_links(client):
     assert shown["metric"] != pytest.approx(other["metric"])  # the toggles mattered
     assert '<input type="hidden" name="seed" value="3">' in page.text
     assert '<input type="hidden" name="n_heads" value="2">' in page.text
+
+
+def test_the_lesson_has_no_numpy_snippet_and_its_route_says_so(client):
+    """The other lessons' snippets are the spec's code with the page's values; this one's numbers come from the
+    attribution API, so its snippet route answers 404 with where to look, not a server error."""
+    r = client.get("/lessons/attribution/snippet.py")
+    assert r.status_code == 404 and "no NumPy snippet" in r.text
+    assert "/snippet.py" not in client.get("/lessons/attribution").text
