@@ -2,27 +2,12 @@
 // server put in the results' data-attribution: the API's), and the arrow keys along the shaded tokens (← → move
 // between tokens, Home and End to the first and last; Enter explains the prediction after one, as a click does).
 
+import {csvCell, saveFile} from "./save-file.js";
+
 function attributionData() {
   const box = document.getElementById("attribution-results");
   const raw = box && box.getAttribute("data-attribution");
   return raw ? JSON.parse(raw) : null;
-}
-
-function csvCell(value) {
-  if (value === null || value === undefined) return "";
-  const s = String(value);
-  return /[",\n\r]/.test(s) ? '"' + s.replace(/"/g, '""') + '"' : s;
-}
-
-function save(fileName, type, text) {
-  const url = URL.createObjectURL(new Blob([text], {type: type}));
-  const a = document.createElement("a");
-  a.href = url;
-  a.download = fileName;
-  document.body.appendChild(a);
-  a.click();
-  a.remove();
-  setTimeout(function () { URL.revokeObjectURL(url); }, 1000);
 }
 
 // One row per token: its position, text, id and score.
@@ -39,8 +24,8 @@ document.addEventListener("click", function (evt) {
   const data = button && attributionData();
   if (!data) return;
   const file = "attribution-" + data.method;
-  if (button.id === "attribution-download-csv") save(file + ".csv", "text/csv", scoresCsv(data));
-  else save(file + ".json", "application/json", JSON.stringify(data, null, 1));
+  if (button.id === "attribution-download-csv") saveFile(file + ".csv", "text/csv", scoresCsv(data));
+  else saveFile(file + ".json", "application/json", JSON.stringify(data, null, 1));
 });
 
 document.addEventListener("keydown", function (evt) {

@@ -5,18 +5,13 @@
 // (explorer-values.js): every bit the API gives, never the drawing's levels.
 import {readFigure} from "./explorer-figures.js";
 import {isRead, allRows} from "./explorer-values.js";
+import {csvCell, saveFile} from "./save-file.js";
 
 // A heatmap's rows as plain arrays, NaN (no value: masked) as null: what downloads hold.
 function plainRows(z) {
   return Array.from(z || [], function (row) {
     return Array.from(row, function (v) { return Number.isNaN(v) ? null : v; });
   });
-}
-
-function csvCell(value) {
-  if (value === null || value === undefined) return "";
-  const s = String(value);
-  return /[",\n\r]/.test(s) ? '"' + s.replace(/"/g, '""') + '"' : s;
 }
 
 // The data behind a figure, with the raw (unescaped) labels the server put in `export`.
@@ -59,17 +54,6 @@ function toCsv(table) {
   return rows.map(function (r) { return r.map(csvCell).join(","); }).join("\r\n") + "\r\n";
 }
 
-function save(filename, type, text) {
-  const url = URL.createObjectURL(new Blob([text], {type: type}));
-  const a = document.createElement("a");
-  a.href = url;
-  a.download = filename;
-  document.body.appendChild(a);
-  a.click();
-  a.remove();
-  setTimeout(function () { URL.revokeObjectURL(url); }, 1000);
-}
-
 document.addEventListener("click", function (evt) {
   const button = evt.target.closest("[data-download]");
   if (!button) return;
@@ -80,8 +64,8 @@ document.addEventListener("click", function (evt) {
   const csv = button.getAttribute("data-download") === "csv";
   button.setAttribute("aria-busy", "true");
   exportTable(el, readFigure(el)).then(function (table) {
-    if (csv) save(table.name + ".csv", "text/csv", toCsv(table));
-    else save(table.name + ".json", "application/json", JSON.stringify(table, null, 1));
+    if (csv) saveFile(table.name + ".csv", "text/csv", toCsv(table));
+    else saveFile(table.name + ".json", "application/json", JSON.stringify(table, null, 1));
   }, function (err) {
     console.warn("download: the figure's values could not be read (" + err.message + ")");
   }).finally(function () { button.removeAttribute("aria-busy"); });

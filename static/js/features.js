@@ -2,27 +2,12 @@
 // server put in the results' data-heatmap: the API's activations), and the arrow keys along the token links
 // (← → move between tokens, Home and End to the first and last; Enter opens one, as a click does).
 
+import {csvCell, saveFile} from "./save-file.js";
+
 function heatmapData() {
   const box = document.getElementById("features-results");
   const raw = box && box.getAttribute("data-heatmap");
   return raw ? JSON.parse(raw) : null;
-}
-
-function csvCell(value) {
-  if (value === null || value === undefined) return "";
-  const s = String(value);
-  return /[",\n\r]/.test(s) ? '"' + s.replace(/"/g, '""') + '"' : s;
-}
-
-function save(fileName, type, text) {
-  const url = URL.createObjectURL(new Blob([text], {type: type}));
-  const a = document.createElement("a");
-  a.href = url;
-  a.download = fileName;
-  document.body.appendChild(a);
-  a.click();
-  a.remove();
-  setTimeout(function () { URL.revokeObjectURL(url); }, 1000);
 }
 
 // One row per feature, one column per token: the activation (0 where the feature is off).
@@ -38,8 +23,8 @@ document.addEventListener("click", function (evt) {
   const button = evt.target.closest && evt.target.closest("#features-download-csv, #features-download-json");
   const data = button && heatmapData();
   if (!data) return;
-  if (button.id === "features-download-csv") save("features-heatmap.csv", "text/csv", heatmapCsv(data));
-  else save("features-heatmap.json", "application/json", JSON.stringify(data, null, 1));
+  if (button.id === "features-download-csv") saveFile("features-heatmap.csv", "text/csv", heatmapCsv(data));
+  else saveFile("features-heatmap.json", "application/json", JSON.stringify(data, null, 1));
 });
 
 document.addEventListener("keydown", function (evt) {

@@ -8,6 +8,7 @@
 // after each setting, one head's attention row over the text, and every head's row as small multiples,
 // sink heads marked. The token, layer and head shown go into the URL (step, layer, head).
 import {say as pageSay} from "./words.js";
+import {saveFile} from "./save-file.js";
 
 let run = null;  // the generation on the page: {box, controller, start, steps, shown, end, ...}
 
@@ -374,15 +375,6 @@ function pickHead(layer, head) {
 
 // ------------------------------------------------------------------ downloads
 
-function save(text, type, filename) {
-  const url = URL.createObjectURL(new Blob([text], {type: type}));
-  const a = el("a", {href: url, download: filename});
-  document.body.append(a);
-  a.click();
-  a.remove();
-  setTimeout(function () { URL.revokeObjectURL(url); }, 1000);
-}
-
 function downloadJson() {
   const s = run.start;
   const steps = run.steps.slice(0, run.shown);
@@ -390,7 +382,7 @@ function downloadJson() {
     generated: {ids: steps.map((x) => x.id), tokens: steps.map((x) => x.token),
                 text: run.end && !run.stopped ? run.end.generated.text : null},
     finish_reason: run.stopped ? null : run.end && run.end.finish_reason});
-  save(JSON.stringify(whole), "application/json", "generation-" + s.model + "-seed" + s.seed + ".json");
+  saveFile("generation-" + s.model + "-seed" + s.seed + ".json", "application/json", JSON.stringify(whole));
 }
 
 function downloadCsv() {
@@ -401,7 +393,7 @@ function downloadCsv() {
     lines.push([c.rank + 1, quote(c.token), c.id].concat(c.probs, [c.kept, c.cut_by || "", c.id === step.id])
                .join(","));
   }
-  save(lines.join("\n") + "\n", "text/csv", "token" + (step.index + 1) + "-distribution.csv");
+  saveFile("token" + (step.index + 1) + "-distribution.csv", "text/csv", lines.join("\n") + "\n");
 }
 
 // ------------------------------------------------------------------ events
