@@ -686,12 +686,8 @@ def snippet(request: Request, slug: str, svc: ServiceDep) -> PlainTextResponse:
     except web.PAGE_ERRORS as exc:
         return PlainTextResponse(web.error_message(exc), status_code=422)
     if "snippet" not in view:  # a lesson built on a service beyond the spec's code (attribution: the API's)
-        return PlainTextResponse(
-            _("the lesson {slug!r} has no NumPy snippet: its numbers come from the REST API (see /docs)").format(
-                slug=slug
-            ),
-            status_code=404,
-        )
+        no_snippet = _("the lesson {slug!r} has no NumPy snippet: its numbers come from the REST API (see /docs)")
+        return PlainTextResponse(no_snippet.format(slug=slug), status_code=404)
     return PlainTextResponse(
         view["snippet"],
         media_type="text/x-python; charset=utf-8",
