@@ -242,7 +242,12 @@ class FolderStore(TrainingStore):
         if status == "queued" and training:
             status = "running"  # started; the trainer has not written yet
         elif status == "running" and not training:
-            status = "interrupted"  # its process is gone (killed, crashed, the server restarted)
+            # The trainer writes its last state before it lets go of the lock, so a state read before the lock
+            # was found free may be its last "running" one: read it again before calling the run interrupted.
+            state = self.state(id)
+            status = state["status"]
+            if status == "running":
+                status = "interrupted"  # its process is gone (killed, crashed, the server restarted)
         patterns = folder / PATTERNS
         return run_info(
             id,

@@ -171,6 +171,24 @@ def test_cancel_of_a_run_nobody_trains_is_immediate(store):
     assert store.info(id).status == "queued"
 
 
+def test_a_trainer_that_ends_between_the_state_and_the_lock_is_read_is_not_called_interrupted(tmp_path, monkeypatch):
+    """The folder store reads a run's state, then its lock. A trainer that writes its last state (cancelled) and
+    lets go of the lock between those two reads left the first read saying "running" with nobody training:
+    `interrupted`, once, under load (tests/api/test_sae_training.py's cancel, in a clean-clone run). The state
+    is read again before a run is called interrupted; one whose trainer is truly gone still is."""
+    store = FolderStore(tmp_path, max_bytes=2**20)
+    id, _ = store.create(quick(), client="a")
+    write_json(store.folder(id) / "state.json", {"status": "running", "step": 3, "records": []})
+    reads = iter([{"status": "running", "step": 3, "records": []}])  # the read before the trainer's last write
+    real_state = store.state
+    monkeypatch.setattr(store, "state", lambda run: next(reads, None) or real_state(run))
+    write_json(store.folder(id) / "state.json", {"status": "cancelled", "step": 4, "records": []})
+    assert store.info(id).status == "cancelled"
+    monkeypatch.setattr(store, "state", real_state)
+    write_json(store.folder(id) / "state.json", {"status": "running", "step": 4, "records": []})
+    assert store.info(id).status == "interrupted"  # nobody holds the lock and the state still says running
+
+
 def test_the_limits_count_the_runs_queued_or_training(store):
     room = Room(per_client=2, total=3)
     a = [store.create(quick(seed=s), client="a", room=room)[0] for s in (1, 2)]
