@@ -149,8 +149,15 @@ def test_a_copied_url_restores_the_view_and_back_returns_to_the_previous_one(pag
     page.wait_for_function("() => document.querySelector('#attn-title').textContent.includes('layer 1')")
     page.locator("label[for=head-1]").click()
     page.wait_for_function("() => document.querySelector('#attn-title').textContent.includes('head 1')")
+    learned = figure(page, "stage-raw")["z"]
     page.locator("#positional_embedding_type").select_option("rotary")
     page.wait_for_function("() => document.querySelector('.config').textContent.includes('rotary')")
+    # The summary can change before the figure is drawn again: wait for rotary's numbers, not the learned ones
+    # (read too early, the learned scores were compared with the copy's rotary ones, a flake in clean-clone CI).
+    page.wait_for_function(
+        f"(before) => {{ const f = ({FIGURE})('stage-raw'); return f !== null && JSON.stringify(f.z) !== JSON.stringify(before); }}",
+        arg=learned,
+    )
     shown = figure(page, "stage-raw")["z"]
     url = page.url
 
