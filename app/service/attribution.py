@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from app.service import capabilities
-from app.service.circuits import CircuitViews
+from app.service.circuits import token_id
 from app.service.results import ModelResult, TokenRef, TopToken
 from app.service.spec import RunSpec, Setup
 from app.service.views import ModelViews
@@ -79,7 +79,7 @@ class AttributionViews:
                     )
                 )
             return given
-        return CircuitViews(self.views)._token(st, given, role, [], [])
+        return token_id(st, given, role)
 
     def attribute(
         self,

@@ -8,6 +8,7 @@ per cell, counted against settings.patching_max_passes and, with its work, again
 from __future__ import annotations
 
 import string
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -268,41 +269,6 @@ class CircuitViews:
         check_pair(st.encoding.ids, encoding.ids)
         return st, list(encoding.ids), list(encoding.tokens)
 
-    def _token(self, st: Setup, given: str, role: str, corrupted_tokens: list[str], corrupted_ids: list[int]) -> int:
-        """A token string as the model's id: one of the texts' tokens as shown (whitespace as ␣ ↵ ⇥ or as
-        itself), or a text that is one token."""
-        shown = dict(zip(st.encoding.tokens, st.encoding.ids)) | dict(zip(corrupted_tokens, corrupted_ids))
-        raw = given.translate(VISIBLE_WHITESPACE)
-        for text in dict.fromkeys((given, raw)):
-            if text in shown:
-                return int(shown[text])
-        tokenizer = st.model.reader
-        for text in dict.fromkeys((raw, given)):
-            try:
-                ids = tokenizer.encode(text).ids
-            except InputError as exc:
-                raise InputError(
-                    _("{role} {given!r} is not a token of {model!r}: {error}").format(
-                        role=role, given=given, model=st.model.name, error=exc
-                    )
-                ) from None
-            if len(ids) == 2 and ids[0] == st.encoding.ids[0] and len(st.encoding.ids) > 1:
-                ids = ids[1:]  # a tokenizer that starts every text with <s>
-            if len(ids) == 1:
-                return int(ids[0])
-        pieces = tokenizer.encode(raw).ids
-        raise InputError(
-            _(
-                "{role} {given!r} is {n} tokens for {model!r} ({pieces}): give one token, such as one of the texts' own"
-            ).format(
-                role=role,
-                given=given,
-                n=len(pieces),
-                model=st.model.name,
-                pieces=" ".join(repr(tokenizer.token_str(i)) for i in pieces),
-            )
-        )
-
     def patching(
         self,
         spec: RunSpec,
@@ -357,8 +323,8 @@ class CircuitViews:
             cfg.d_vocab + cfg.n_layers * cfg.n_heads * n * n,
             _("the texts' length (or choose a sweep with fewer cells)"),
         )
-        given_a = None if answer is None else self._token(st, answer, _("answer"), corrupted_tokens, corrupted_ids)
-        given_w = None if wrong is None else self._token(st, wrong, _("wrong"), corrupted_tokens, corrupted_ids)
+        given_a = None if answer is None else token_id(st, answer, _("answer"), corrupted_tokens, corrupted_ids)
+        given_w = None if wrong is None else token_id(st, wrong, _("wrong"), corrupted_tokens, corrupted_ids)
         a, w = self._guess(p, corrupted_ids, given_a, given_w) if guess else (given_a, given_w)
         assert a is not None and w is not None  # both given, or guessed
         results = [
@@ -393,8 +359,8 @@ class CircuitViews:
         guess = answer is None or wrong is None
         work = (ATTRIBUTION_FORWARDS + (2 if guess else 0)) * forward_work(cfg, n)
         p = self.views.load(st, work, cfg.d_vocab + cfg.n_layers * cfg.n_heads * n * n, _("the texts' length"))
-        given_a = None if answer is None else self._token(st, answer, _("answer"), corrupted_tokens, corrupted_ids)
-        given_w = None if wrong is None else self._token(st, wrong, _("wrong"), corrupted_tokens, corrupted_ids)
+        given_a = None if answer is None else token_id(st, answer, _("answer"), corrupted_tokens, corrupted_ids)
+        given_w = None if wrong is None else token_id(st, wrong, _("wrong"), corrupted_tokens, corrupted_ids)
         a, w = self._guess(p, corrupted_ids, given_a, given_w) if guess else (given_a, given_w)
         assert a is not None and w is not None  # both given, or guessed
         result = attribution_sweep(
@@ -511,3 +477,42 @@ class CircuitViews:
                     "{n_heads} head(s), counted from 0"
                 ).format(layer=layer, head=head, model=st.model.name, n_layers=st.cfg.n_layers, n_heads=st.cfg.n_heads)
             )
+
+
+def token_id(
+    st: Setup, given: str, role: str, corrupted_tokens: Sequence[str] = (), corrupted_ids: Sequence[int] = ()
+) -> int:
+    """A token string as the model's id (the patching answers, attribution's target and contrast): one of the
+    texts' tokens as shown (whitespace as ␣ ↵ ⇥ or as
+    itself), or a text that is one token."""
+    shown = dict(zip(st.encoding.tokens, st.encoding.ids)) | dict(zip(corrupted_tokens, corrupted_ids))
+    raw = given.translate(VISIBLE_WHITESPACE)
+    for text in dict.fromkeys((given, raw)):
+        if text in shown:
+            return int(shown[text])
+    tokenizer = st.model.reader
+    for text in dict.fromkeys((raw, given)):
+        try:
+            ids = tokenizer.encode(text).ids
+        except InputError as exc:
+            raise InputError(
+                _("{role} {given!r} is not a token of {model!r}: {error}").format(
+                    role=role, given=given, model=st.model.name, error=exc
+                )
+            ) from None
+        if len(ids) == 2 and ids[0] == st.encoding.ids[0] and len(st.encoding.ids) > 1:
+            ids = ids[1:]  # a tokenizer that starts every text with <s>
+        if len(ids) == 1:
+            return int(ids[0])
+    pieces = tokenizer.encode(raw).ids
+    raise InputError(
+        _(
+            "{role} {given!r} is {n} tokens for {model!r} ({pieces}): give one token, such as one of the texts' own"
+        ).format(
+            role=role,
+            given=given,
+            n=len(pieces),
+            model=st.model.name,
+            pieces=" ".join(repr(tokenizer.token_str(i)) for i in pieces),
+        )
+    )
