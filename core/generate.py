@@ -29,13 +29,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .cache import run_with_cache
 from .config import TransformerConfig
 from .errors import InputError
 from .i18n import _
 from .model import KVCache, Params, check_tokens, forward
 from .sampling import Sampling, Warped, sample, sampler
-from .steering import Steer, steer_layer, steered_run
+from .steering import Steer, SteeredDecoder, check_steer
 
 SINK_THRESHOLD = 0.5  # a head is an attention sink for a token when over half its weight is on the first token
 
@@ -160,19 +159,21 @@ def generate_steered(
 ) -> Iterator[GenerationStep]:
     """`generate` with `steers` applied at every step, one GenerationStep each (attention rows recorded).
 
-    Each step is one steered run (core.steering.steered_run) of the whole text so far, the prompt and the
-    tokens written before: no KV cache, so a step costs two passes over every token (the unsteered one as far
-    as the first steered layer, and every pattern with frozen attention; then the steered one from there).
+    Each step is the steered model's reading of one more token with a KV cache (core.steering.SteeredDecoder):
+    the first reads the whole prompt, each later one the token the one before chose, and the numbers are those
+    of a steered run (core.steering.steered_run) of the whole text so far. With frozen attention the unsteered
+    model's keys and values of the same tokens are cached too, for its patterns; a step's cache_bytes are the
+    model's KV cache of the text so far, as `generate`'s (frozen attention holds the unsteered run's as well).
 
     Positions: a steer's `positions` are the prompt's (negative ones count from the prompt's end) and stay on
     those tokens as the text grows; positions=None steers every position, each new token's too.
 
     Frozen attention: at step i the text is the prompt and the i tokens the steered model wrote; every
     attention pattern, from the first layer that reads a steered stream on, is the *unsteered* model's pattern
-    over that same text (an unsteered pass over those tokens at that step), and the steer reaches the next
-    token only through the values and the residual path. It is not the unsteered continuation's patterns,
-    which are over other tokens once the two continuations part. A step's recorded attention row is the
-    pattern that was used (the unsteered one where frozen).
+    over that same text (an unsteered pass over those tokens), and the steer reaches the next token only
+    through the values and the residual path. It is not the unsteered continuation's patterns, which are over
+    other tokens once the two continuations part. A step's recorded attention row is the pattern that was used
+    (the unsteered one where frozen).
 
     Seed: the same sampler as `generate` (one uniform number u per token from Generator(PCG64(seed))), so an
     unsteered and a steered generation with one seed draw their i-th tokens with the same u, and differ only
@@ -182,41 +183,27 @@ def generate_steered(
     n_prompt = prompt.size
     if not steers:
         raise InputError(_("steering needs at least one steer"))
-    for s in steers:
-        steer_layer(s, cfg)
-        for pos in s.positions or ():
-            if not -n_prompt <= pos < n_prompt:
-                raise InputError(
-                    _("pos={pos} is outside the text's {n} tokens: use 0 … {last}, or -1 for the last").format(
-                        pos=pos, n=n_prompt, last=n_prompt - 1
-                    )
-                )
+    steers = [check_steer(s, cfg, n_prompt) for s in steers]  # a position must lie within the prompt
     # the prompt's positions, made non-negative so they stay on the same tokens as the text grows
     fixed = [
         s if s.positions is None else replace(s, positions=tuple(sorted({p % n_prompt for p in s.positions})))
         for s in steers
     ]
-    first = min(steer_layer(s, cfg)[0] for s in fixed)
-    frozen_from = min(steer_layer(s, cfg)[1] for s in fixed) if frozen_attention else None
-    patterns = [f"blocks.{layer}.attn.hook_pattern" for layer in range(cfg.n_layers)]
+    decoder = SteeredDecoder(params, cfg, fixed, frozen_attention)
     rng = None if sampling.greedy else sampler(seed)
     stops = {int(t) for t in stop_ids}
     context = [int(t) for t in prompt]
     kv_row = 2 * cfg.n_layers * cfg.n_key_value_heads * cfg.d_head * params["embed"]["W_E"].dtype.itemsize
+    new = prompt
     for index in range(max_new_tokens):
-        tokens = np.array(context)
-        _logits, base = run_with_cache(
-            params, cfg, tokens, names=[f"blocks.{first}.hook_resid_pre", *patterns], logits=False
-        )
-        used = [patterns[layer] for layer in range(first, cfg.n_layers) if frozen_from is None or layer < frozen_from]
-        run = steered_run(params, cfg, tokens, fixed, frozen_attention=frozen_attention, names=used, base=base)
-        rows = np.stack([run.cache.get(name, base[name])[:, -1, :] for name in patterns])  # [layers, heads, keys]
-        token, warped, u = sample(run.logits, sampling, rng, context)
+        logits, rows = decoder.feed(new)  # rows [n_layers, n_heads, n_keys]
+        token, warped, u = sample(logits, sampling, rng, context)
         step = GenerationStep(index, token, u, warped, rows, kv_row * len(context), token in stops)
         yield step
         if step.stopped:
             return
         context.append(token)
+        new = np.array([token])
 
 
 def generate_ids(

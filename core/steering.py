@@ -32,9 +32,10 @@ from .config import TransformerConfig
 from .errors import InputError
 from .hooks import PassContext, hook_names
 from .i18n import _
-from .model import Params, transformer_block
+from .model import Params, check_tokens, embed, transformer_block
 from .patching import PassEditor, last_logits
 from .sae import SAE
+from .threads import team_for
 
 Mode = Literal["add", "clamp"]
 MODES = ("add", "clamp")
@@ -128,17 +129,23 @@ def check_steer(steer: Steer, cfg: TransformerConfig, n: int) -> Steer:
     return steer
 
 
-def _rows(steer: Steer, n: int) -> np.ndarray | slice:
-    return slice(None) if steer.positions is None else np.array(sorted({p % n for p in steer.positions}))
+def _rows(steer: Steer, n: int, start: int = 0) -> np.ndarray | slice:
+    """The rows of an activation of positions start, start + 1, ... (of a text of n tokens) the steer pushes."""
+    if steer.positions is None:
+        return slice(None)
+    return np.array([p - start for p in sorted({p % n for p in steer.positions}) if p >= start], dtype=np.intp)
 
 
-def _edit(steers: Sequence[Steer], n: int) -> Callable[[np.ndarray], np.ndarray]:
-    """The change the steers at one hook make to its activation [pos, d_model], in their order."""
+def _edit(steers: Sequence[Steer], n: int, start: int = 0) -> Callable[[np.ndarray], np.ndarray]:
+    """The change the steers at one hook make to its activation [pos - start, d_model] (the positions start,
+    start + 1, ... of a text of n tokens), in their order."""
 
     def edit(value: np.ndarray) -> np.ndarray:
         value = value.copy()
         for s in steers:
-            rows = _rows(s, n)
+            rows = _rows(s, n, start)
+            if isinstance(rows, np.ndarray) and rows.size == 0:
+                continue  # none of its positions is among these rows
             direction = np.asarray(s.direction, dtype=value.dtype)
             if s.mode == "add":
                 value[rows] += value.dtype.type(s.coefficient) * direction
@@ -195,6 +202,112 @@ def steered_run(
     for layer in range(first, cfg.n_layers):
         x, _kv = transformer_block(x, params["blocks"][layer], cfg, ctx, layer)
     return SteeredRun(logits=last_logits(params, cfg, x[-1]), cache=ctx.cache, first_layer=first)
+
+
+class SteeredDecoder:
+    """Steered generation's state, a token at a time: the keys and values of every token so far, so that each new
+    token costs a pass over itself alone (core.generate.generate_steered), the same numbers as a steered run
+    (`steered_run`) of the whole text each time.
+
+    Two runs are cached. The unsteered one, as far as the first steered layer (with frozen attention, through
+    every layer: its patterns are the ones the steered run uses); the steered one, from the first steered layer
+    on, from the unsteered stream there. Under a causal mask a token's activations never change once made, so
+    a steered token's keys and values, cached, are those a whole steered run would make again; and the
+    unsteered run's cache, over the same tokens (the steered text), gives the patterns frozen attention holds.
+
+    `steers`' positions must be non-negative (they name tokens of the text, and stay on them as it grows);
+    None pushes every token fed, each new one too."""
+
+    def __init__(self, params: Params, cfg: TransformerConfig, steers: Sequence[Steer], frozen_attention: bool = False):
+        if not steers:
+            raise InputError(_("steering needs at least one steer"))
+        assert all(p >= 0 for s in steers for p in s.positions or ()), "positions made non-negative first"
+        self.params, self.cfg, self.steers = params, cfg, list(steers)
+        layers = [steer_layer(s, cfg) for s in steers]
+        self.first = min(layer for layer, _ in layers)
+        self.frozen_from = min(reads for _, reads in layers) if frozen_attention else None
+        self.by_hook: dict[str, list[Steer]] = {}
+        for s in self.steers:
+            self.by_hook.setdefault(s.hook, []).append(s)
+        # the unsteered run's layers (up to the first steered one; every one if frozen), the steered run's
+        self.base_layers = range(cfg.n_layers if frozen_attention else self.first)
+        self.steered_layers = range(self.first, cfg.n_layers)
+        empty = np.zeros((cfg.n_key_value_heads, 0, cfg.d_head), dtype=params["embed"]["W_E"].dtype)
+        self.base_kv: list[tuple[np.ndarray, np.ndarray]] = [(empty, empty)] * len(self.base_layers)
+        self.kv: list[tuple[np.ndarray, np.ndarray]] = [(empty, empty)] * len(self.steered_layers)
+        self.n_tokens = 0
+
+    def _frozen(self, layer: int) -> bool:
+        return self.frozen_from is not None and layer >= self.frozen_from
+
+    def feed(self, tokens) -> tuple[np.ndarray, np.ndarray]:
+        """Read the next tokens [m] of the text: the steered logits after the last one [d_vocab], and its row of
+        every layer's attention pattern [n_layers, n_heads, n_keys] (where attention is frozen, the unsteered
+        pattern it used; before the first steered layer the unsteered run's, the same)."""
+        cfg, params, start = self.cfg, self.params, self.n_tokens
+        tokens = check_tokens(tokens, cfg, start)
+        n = start + tokens.size
+        pattern = [f"blocks.{layer}.attn.hook_pattern" for layer in range(cfg.n_layers)]
+        resume = f"blocks.{self.first}.hook_resid_pre"
+        base_names = [
+            resume,
+            *(pattern[layer] for layer in self.base_layers if layer < self.first or self._frozen(layer)),
+        ]
+        with team_for(tokens.size) as team:
+            ctx = PassContext(base_names, team)
+            x = embed(params, cfg, tokens, ctx, start=start)
+            for layer in self.base_layers:
+                block = params["blocks"][layer]
+                x, self.base_kv[layer] = transformer_block(x, block, cfg, ctx, layer, None, self.base_kv[layer])
+            patterns = {layer: ctx.cache[pattern[layer]] for layer in self.base_layers if pattern[layer] in ctx.cache}
+            if self.first in self.base_layers:  # frozen: the unsteered run went on past it
+                x = ctx.cache[resume]
+            editor = _StepEditor(self, start, n, patterns)
+            ctx = PassContext(
+                [pattern[layer] for layer in self.steered_layers if not self._frozen(layer)], team, editor
+            )
+            for i, layer in enumerate(self.steered_layers):
+                editor.past_values = self.kv[i][1]
+                x, self.kv[i] = transformer_block(x, params["blocks"][layer], cfg, ctx, layer, None, self.kv[i])
+            used = [ctx.cache[name] if name in ctx.cache else patterns[layer] for layer, name in enumerate(pattern)]
+            rows = np.stack([p[:, -1] for p in used])  # [n_layers, n_heads, n]
+            logits = last_logits(params, cfg, x[-1])
+        self.n_tokens = n
+        return logits, rows
+
+
+class _StepEditor:
+    """The steered pass's edit (PassContext's `edit`) over the rows of positions start ... n - 1: the steers at
+    their hooks; where attention is frozen, the output made from the unsteered pattern and this pass's values."""
+
+    def __init__(self, decoder: SteeredDecoder, start: int, n: int, patterns: Mapping[int, np.ndarray]):
+        self.decoder, self.patterns = decoder, patterns
+        self.edits = {hook: _edit(group, n, start) for hook, group in decoder.by_hook.items()}
+        self.past_values: np.ndarray | None = None  # this layer's cached values [n_kv_heads, start, d_head]
+        self._v: np.ndarray | None = None
+
+    def __call__(self, name: str, value: np.ndarray) -> np.ndarray:
+        if self.decoder.frozen_from is not None and name.startswith("blocks."):
+            layer = int(name.split(".", 2)[1])
+            if layer >= self.decoder.frozen_from:
+                if name.endswith("attn.hook_v"):
+                    self._v = value  # [new pos, n_kv_heads, d_head]
+                elif name.endswith(".hook_attn_out"):
+                    value = self._frozen_attention(layer)
+        edit = self.edits.get(name)
+        return value if edit is None else edit(value)
+
+    def _frozen_attention(self, layer: int) -> np.ndarray:
+        """z = the unsteered pattern of the new rows [n_heads, rows, n] @ every token's steered values, through W_O."""
+        cfg = self.decoder.cfg
+        assert self._v is not None and self.past_values is not None
+        values = np.concatenate([self.past_values, self._v.swapaxes(0, 1)], axis=1)  # [n_kv_heads, n, d_head]
+        pattern = self.patterns[layer]  # [n_heads, rows, n]
+        rows = pattern.shape[1]
+        z = pattern.reshape(cfg.n_key_value_heads, cfg.group_size, rows, -1) @ values[:, None]  # [kv, group, rows, d]
+        attn = self.decoder.params["blocks"][layer]["attn"]
+        out = z.reshape(cfg.n_heads, rows, -1).transpose(1, 0, 2).reshape(rows, -1) @ attn["W_O"]  # [rows, d_model]
+        return out + attn["b_O"] if "b_O" in attn else out
 
 
 def difference_of_means(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> np.ndarray:

@@ -8,8 +8,8 @@ GPT-2 checkpoint in tests/fixtures/gpt2-tiny, in float64, it records the last po
 - an SAE feature clamped at a block's input: x + (c - a_i(x)) W_dec[i], the SAE (a standard one, random
   weights, written with core's save_sae into tests/fixtures/steering-sae/) encoded in torch;
 - the vector clamped at a block's input: x + (c - x.v / v.v) v (its component along v set to c units of v);
-- greedy generation, steered at every step (no KV cache: each step is the whole text so far, as
-  core.generate.generate_steered does): the tokens and every step's logits, unsteered, and steered with
+- greedy generation, steered at every step (no KV cache here: each step is the whole text so far, which
+  core.generate.generate_steered's cache must equal): the tokens and every step's logits, unsteered, and steered with
   attention recomputed and frozen (frozen: before each steered step an unsteered pass over the same tokens
   records the patterns the steered pass then uses).
 Hooks: a forward pre-hook on the block (its input is hook_resid_pre), a forward hook on the block (its

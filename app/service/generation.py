@@ -264,12 +264,14 @@ class GenerationViews:
 
     @staticmethod
     def steered_work(cfg: TransformerConfig, n: int, max_new_tokens: int, steers: list[Steer]) -> int:
-        """A steered generation has no KV cache (core.generate.generate_steered): each step is a steered run of
-        the whole text so far, two passes and one token's logits, plus the SAEs' encodings and the sampler."""
+        """A steered generation caches K and V (core.generate.generate_steered): the first step reads the
+        prompt, each later one a token after every earlier one's keys, in two passes (at most: the unsteered as
+        far as the first steered layer, through every layer with frozen attention; the steered from there),
+        one token's logits each, plus the SAEs' encodings of the tokens read and the sampler."""
         steps = sum(
-            2 * forward_work(cfg, n + i, logits=False)
+            2 * forward_work(cfg, 1 if i else n, n_past=n - 1 + i if i else 0, logits=False)
             + cfg.d_model * cfg.d_vocab
-            + SteeringViews.encode_work(steers, n + i)
+            + SteeringViews.encode_work(steers, 1 if i else n)
             for i in range(max_new_tokens)
         )
         return steps + 8 * cfg.d_vocab * max_new_tokens
