@@ -17,6 +17,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 
@@ -59,8 +60,7 @@ class SAEInfo:
     problem: str | None
 
 
-@dataclass(frozen=True)
-class FeatureActivation:
+class FeatureActivation(TypedDict):  # a dict: the API sends these as they are (app/api/sae_models.py)
     index: int
     activation: float
 
@@ -147,7 +147,9 @@ def corpus(model: Model) -> str:
 
 def top_features(idx: np.ndarray, val: np.ndarray) -> list[list[FeatureActivation]]:
     """core's SAE.top_activations ([pos, k] indices, −1 for none; values) as each token's list, largest first."""
-    return [[FeatureActivation(i, v) for i, v in zip(ri, rv) if i >= 0] for ri, rv in zip(idx.tolist(), val.tolist())]
+    return [
+        [{"index": i, "activation": v} for i, v in zip(ri, rv) if i >= 0] for ri, rv in zip(idx.tolist(), val.tolist())
+    ]
 
 
 # ------------------------------------------------------------------ the views

@@ -202,22 +202,31 @@ def test_top_activations_are_encodes_largest_of_each_row(case, k, recorded):
                 np.testing.assert_array_equal(dense, acts)
 
 
-def test_top_activations_keep_ties_in_index_order_and_leave_zero_rows_empty():
-    cfg = SAEConfig("standard", 2, 300, "blocks.0.hook_resid_post", "induction", apply_b_dec_to_input=False)
+# 300 features: blocks of TOP_BLOCK that do not divide the row (every entry compared with the floor); 1,024: they
+# do (only the k blocks of the largest maxima compared, unless another block's maximum ties the floor)
+@pytest.mark.parametrize("d_sae", [300, 1024])
+def test_top_activations_keep_ties_in_index_order_and_leave_zero_rows_empty(d_sae):
+    cfg = SAEConfig("standard", 2, d_sae, "blocks.0.hook_resid_post", "induction", apply_b_dec_to_input=False)
     sae = SAE(
         cfg,
-        np.zeros((2, 300), np.float32),
-        np.zeros(300, np.float32),
-        np.zeros((300, 2), np.float32),
+        np.zeros((2, d_sae), np.float32),
+        np.zeros(d_sae, np.float32),
+        np.zeros((d_sae, 2), np.float32),
         np.zeros(2, np.float32),
     )
-    sae.W_enc[0, [5, 200, 299]] = 2.0  # three equal activations in different blocks
+    last = d_sae - 1
+    sae.W_enc[0, [5, 200, last]] = 2.0  # three equal activations in different blocks
     sae.W_enc[0, 7] = 1.0
+    sae.W_enc[1, [last, 3]] = 1.5  # a row whose tie lies in the chosen block's lower-indexed rival
+    sae.W_enc[1, 600 % d_sae] = 3.0
     x = np.array([[1.0, 0.0], [0.0, 1.0]], np.float32)
     idx, val = sae.top_activations(x, 3)  # as many blocks as k: every positive entry is a candidate
-    assert idx.tolist() == [[5, 200, 299], [-1, -1, -1]] and val.tolist() == [[2.0, 2.0, 2.0], [0.0, 0.0, 0.0]]
+    assert idx.tolist()[0] == [5, 200, last] and val.tolist()[0] == [2.0, 2.0, 2.0]
     idx, val = sae.top_activations(x, 2)  # more blocks than k: the floor is the 2nd largest block maximum
-    assert idx.tolist() == [[5, 200], [-1, -1]] and val.tolist() == [[2.0, 2.0], [0.0, 0.0]]
+    assert idx.tolist()[0] == [5, 200] and val.tolist()[0] == [2.0, 2.0]
+    assert idx.tolist()[1] == [600 % d_sae, 3] and val.tolist()[1] == [3.0, 1.5]
+    idx, val = sae.top_activations(np.zeros((1, 2), np.float32), 2)
+    assert idx.tolist() == [[-1, -1]] and val.tolist() == [[0.0, 0.0]]  # nothing positive: no features
 
 
 @pytest.mark.parametrize("d_sae", [1000, 1024])  # blocks of core.sae.TOP_BLOCK, the last one short or not
