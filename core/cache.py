@@ -58,6 +58,7 @@ def run_with_cache(
     token_types=None,
     logits: Literal[False],
     past_kv: KVCache | None = None,
+    stop_at_layer: int | None = None,
 ) -> tuple[None, ActivationCache]: ...
 
 
@@ -72,6 +73,7 @@ def run_with_cache(
     token_types=None,
     logits: bool,
     past_kv: KVCache | None = None,
+    stop_at_layer: int | None = None,
 ) -> tuple[np.ndarray | None, ActivationCache]: ...
 
 
@@ -85,15 +87,25 @@ def run_with_cache(
     token_types=None,
     logits: bool = True,
     past_kv: KVCache | None = None,
+    stop_at_layer: int | None = None,
 ) -> tuple[np.ndarray | None, ActivationCache]:
     """Run the model on token ids [pos]; return logits [pos, d_vocab] and the activation cache.
 
     The arguments are core.model.forward's: names keeps only those hooks (None keeps all),
     ablate replaces heads' outputs, logits=False stops before the unembedding, past_kv
-    continues a sequence whose keys and values are cached (cache.past_kv then holds them all).
+    continues a sequence whose keys and values are cached (cache.past_kv then holds them all),
+    stop_at_layer (with logits=False) runs only that many blocks (hooks.layers_needed(names)).
     """
     out, activations, kv = forward(
-        params, cfg, tokens, names=names, ablate=ablate, token_types=token_types, logits=logits, past_kv=past_kv
+        params,
+        cfg,
+        tokens,
+        names=names,
+        ablate=ablate,
+        token_types=token_types,
+        logits=logits,
+        past_kv=past_kv,
+        stop_at_layer=stop_at_layer,
     )
     return out, ActivationCache(activations, params, cfg, np.asarray(tokens), out, kv)
 

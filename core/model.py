@@ -531,6 +531,7 @@ def forward(
     token_types=None,
     logits: Literal[False],
     past_kv: KVCache | None = None,
+    stop_at_layer: int | None = None,
 ) -> tuple[None, dict[str, np.ndarray], KVCache]: ...
 
 
@@ -545,6 +546,7 @@ def forward(
     token_types=None,
     logits: bool,
     past_kv: KVCache | None = None,
+    stop_at_layer: int | None = None,
 ) -> tuple[np.ndarray | None, dict[str, np.ndarray], KVCache]: ...
 
 
@@ -558,6 +560,7 @@ def forward(
     token_types=None,
     logits: bool = True,
     past_kv: KVCache | None = None,
+    stop_at_layer: int | None = None,
 ) -> tuple[np.ndarray | None, dict[str, np.ndarray], KVCache]:
     """Run the model on token ids [pos]: logits [pos, d_vocab], the activations asked for, and K, V.
 
@@ -566,8 +569,13 @@ def forward(
     or when only activations are wanted). past_kv: the keys and values of earlier tokens; the
     tokens given then continue that sequence (queries attend to the cached keys too), and the
     returned KVCache holds them all. Without it, the returned KVCache holds this pass's.
+    stop_at_layer (TransformerLens's name, with logits=False): run only the first that many blocks, no final
+    norm; the activations of what was run, and the keys and values of those blocks (hooks.layers_needed says
+    how many blocks a set of hooks needs).
     core.cache.run_with_cache wraps this in an ActivationCache that answers questions about the run.
     """
+    if stop_at_layer is not None and (logits or not 0 <= stop_at_layer <= cfg.n_layers):
+        raise ValueError(f"stop_at_layer={stop_at_layer} needs logits=False and 0 … n_layers ({cfg.n_layers})")
     start = 0 if past_kv is None else past_kv.n_tokens
     if past_kv is not None and not cfg.causal:
         raise InputError(
@@ -582,11 +590,13 @@ def forward(
         ctx = PassContext(names, team)
         x = embed(params, cfg, tokens, ctx, token_types, start)  # [pos, d_model]
         keys, values = [], []
-        for layer, block in enumerate(params["blocks"]):
+        for layer, block in enumerate(params["blocks"][:stop_at_layer]):
             past = None if past_kv is None else (past_kv.keys[layer], past_kv.values[layer])
             x, (k, v) = transformer_block(x, block, cfg, ctx, layer, by_layer.get(layer), past)
             keys.append(k)
             values.append(v)
+        if stop_at_layer is not None:
+            return None, ctx.cache, KVCache(tuple(keys), tuple(values))
         if cfg.block_type == "pre_norm":
             x = ctx.hook("ln_final.hook_normalized", norm(x, params["ln_final"], cfg, team))
         kv = KVCache(tuple(keys), tuple(values))

@@ -237,8 +237,11 @@ def kv_cache_bytes(cfg: TransformerConfig, seq_len: int, batch: int = 1, dtype: 
 # ---------------------------------------------------------------------------- the work of a forward pass
 
 
-def forward_work(cfg: TransformerConfig, n_tokens: int, *, logits: bool = True, n_past: int = 0) -> int:
-    """Multiply-adds of one forward pass over `n_tokens` new tokens (after `n_past` cached ones).
+def forward_work(
+    cfg: TransformerConfig, n_tokens: int, *, logits: bool = True, n_past: int = 0, stop_at_layer: int | None = None
+) -> int:
+    """Multiply-adds of one forward pass over `n_tokens` new tokens (after `n_past` cached ones), through
+    stop_at_layer blocks when it stops there (core.model.forward's; no logits then).
 
     Every block parameter is used once per token (count_params' per_block: weights, and the few
     biases and gains, which the count does not try to separate); then QKᵀ and pattern @ V, each
@@ -249,13 +252,14 @@ def forward_work(cfg: TransformerConfig, n_tokens: int, *, logits: bool = True, 
     """
     per_block = count_params(cfg).per_block
     n_keys = n_past + n_tokens
+    layers = cfg.n_layers if stop_at_layer is None else stop_at_layer
     attention = 0
-    for layer in range(cfg.n_layers):
+    for layer in range(layers):
         window = cfg.window(layer)
         visible = n_keys if window is None else min(n_keys, window)
         attention += 2 * n_tokens * visible * cfg.n_heads * cfg.d_head
-    matmuls = n_tokens * per_block * cfg.n_layers
-    return matmuls + attention + (n_tokens * cfg.d_model * cfg.d_vocab if logits else 0)
+    matmuls = n_tokens * per_block * layers
+    return matmuls + attention + (n_tokens * cfg.d_model * cfg.d_vocab if logits and stop_at_layer is None else 0)
 
 
 def largest_array(cfg: TransformerConfig, n_tokens: int, n_past: int = 0, *, weights: bool = True) -> int:

@@ -29,7 +29,7 @@ from app.service.spec import RunSpec
 from app.service.views import ModelViews
 from app.settings import runs_folder
 from core import InputError, hook_names, hook_shape, run_with_cache
-from core.hooks import hook_dims
+from core.hooks import hook_dims, layers_needed
 from core.i18n import _
 from core.model import unembedding
 from core.params import forward_work
@@ -229,21 +229,22 @@ class FeatureViews:
         st = self.views.setup(spec)
         if (problem := self._hook_problem(entry, st.cfg, st.model.name)) is not None:
             raise InputError(_("SAE {sae!r} does not fit this run: {problem}").format(sae=sae_name, problem=problem))
-        n = st.n
+        n, hook = st.n, cfg_sae.hook_name
+        blocks = layers_needed([hook], st.cfg)  # the pass stops at the SAE's layer: nothing after it is read
         p = self.views.load(
             st,
-            forward_work(st.cfg, n, logits=False) + n * cfg_sae.d_in * cfg_sae.d_sae,
+            forward_work(st.cfg, n, stop_at_layer=blocks) + n * cfg_sae.d_in * cfg_sae.d_sae,
             n * cfg_sae.d_sae,
             _("the text's length"),
         )
         sae = entry.load()
-        _logits, cache = run_with_cache(p.params, p.cfg, p.ids, names=[cfg_sae.hook_name], logits=False)
-        x = cache[cfg_sae.hook_name]
+        _logits, cache = run_with_cache(p.params, p.cfg, p.ids, names=[hook], logits=False, stop_at_layer=blocks)
+        x = cache[hook]
         acts = np.empty((len(x), cfg_sae.d_sae), sae.dtype) if dense else None  # [pos, d_sae]
         with team_for(len(x)) as team:
             idx, val = sae.top_activations(x, top_k, team=team, dense=acts)
         labels = {f.index: f.label for f in entry.labelled_features}
-        return FeaturesView(p, sae_name, cfg_sae.hook_name, cfg_sae.d_sae, top_features(idx, val), labels, acts)
+        return FeaturesView(p, sae_name, hook, cfg_sae.d_sae, top_features(idx, val), labels, acts)
 
     # ---------------------------------------------------------------- a feature's dashboard
 
@@ -307,9 +308,9 @@ class FeatureViews:
             at = int(pos - start)
             lo, hi = max(0, at - WINDOW), min(len(ids), at + WINDOW + 1)
             cfg = model.configure({}, len(ids))
-            _logits, cache = run_with_cache(
-                params, cfg, ids[:hi], names=[hook], logits=False
-            )  # causal: [:hi] is enough
+            _logits, cache = run_with_cache(  # causal: [:hi] is enough
+                params, cfg, ids[:hi], names=[hook], logits=False, stop_at_layer=layers_needed([hook], cfg)
+            )
             acts = sae.encode(cache[hook][lo:hi])[:, index]
             out.append(Example([tok(int(i)) for i in ids[lo:hi]], [float(a) for a in acts], at - lo))
         return out
@@ -370,7 +371,10 @@ class FeatureViews:
         stream = []
         for start in range(0, len(ids), chunk):
             part = ids[start : start + chunk]
-            _logits, cache = run_with_cache(params, model.configure({}, len(part)), part, names=[hook], logits=False)
+            cfg = model.configure({}, len(part))
+            _logits, cache = run_with_cache(
+                params, cfg, part, names=[hook], logits=False, stop_at_layer=layers_needed([hook], cfg)
+            )
             stream.append(sae.flatten(cache[hook]))
         x = np.concatenate(stream) if stream else np.zeros((0, entry.known_cfg.d_in), sae.dtype)  # [tokens, d_in]
         count = np.zeros(d_sae, np.int64)

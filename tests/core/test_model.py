@@ -161,3 +161,38 @@ def test_bad_tokens_are_rejected_with_a_message(tokens, message):
     cfg = TransformerConfig(d_model=8, n_heads=2, n_layers=1, d_vocab=5, n_ctx=8)
     with pytest.raises(InputError, match=message):
         run_with_cache(init_params(cfg), cfg, tokens)
+
+
+@pytest.mark.parametrize("positions", ["learned", "rotary"])
+def test_stop_at_layer_makes_the_same_activations_as_the_whole_pass_and_runs_only_those_blocks(positions):
+    """forward's stop_at_layer (what an SAE on an early layer's hook runs, app/service/features.py): every hook of
+    the blocks it runs equals the whole pass's (the same operations on the same numbers); the blocks after it
+    and the final norm are not run; layers_needed names how many blocks a set of hooks needs."""
+    from core.hooks import layers_needed
+    from core.params import forward_work
+
+    cfg = TransformerConfig(
+        d_model=16, n_layers=3, n_heads=2, d_vocab=11, n_ctx=12, positional_embedding_type=positions
+    )
+    params = init_params(cfg, 3)
+    ids = np.arange(9) % 11
+    _logits, whole = run_with_cache(params, cfg, ids, logits=False)
+    for stop in range(cfg.n_layers + 1):
+        _none, part = run_with_cache(params, cfg, ids, logits=False, stop_at_layer=stop)
+        ran = [
+            n
+            for n in hook_names(cfg)
+            if not n.startswith(("blocks.", "ln_final")) or (n.startswith("blocks.") and int(n.split(".")[1]) < stop)
+        ]
+        assert sorted(part.keys()) == sorted(ran)
+        for name in ran:
+            np.testing.assert_array_equal(part[name], whole[name])
+        assert len(part.past_kv.keys) == stop
+        assert forward_work(cfg, 9, stop_at_layer=stop) < forward_work(cfg, 9, logits=False) or stop == cfg.n_layers
+    assert layers_needed(["hook_embed"], cfg) == 0
+    assert layers_needed(["blocks.0.hook_resid_post", "blocks.1.attn.hook_z"], cfg) == 2
+    assert layers_needed(["ln_final.hook_normalized"], cfg) == cfg.n_layers
+    with pytest.raises(ValueError, match="stop_at_layer"):
+        run_with_cache(params, cfg, ids, logits=True, stop_at_layer=1)
+    with pytest.raises(ValueError, match="stop_at_layer"):
+        run_with_cache(params, cfg, ids, logits=False, stop_at_layer=4)
