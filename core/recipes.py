@@ -52,10 +52,10 @@ TEXT_MAX_CHARS = 1_000_000  # a text of your own: about a megabyte (the default 
 TEXT_MAX_VOCAB = 256  # distinct characters a text may hold (each becomes a row of the token table)
 DTYPES = ("float32", "float64")
 SAE_FIELDS = ("model", "hook", "architecture", "d_sae", "k", "l1_coefficient")  # the sae recipe's (core/sae_run.py)
+DIGEST = "model_sha256"  # sae on a model run: its weights' digest, from them (never a request's); a card omits null
 
-# induction: 31 characters and [UNK] (id 0) make the recipe's 32-token vocabulary. Lower-case
-# letters, space and the commonest punctuation, so that a learner's sentence ("Ali makan nasi
-# lemak. Ali makan nasi lemak.", lower-cased by the tokenizer) runs on the trained model.
+# induction: 31 characters and [UNK] (id 0) make the recipe's 32-token vocabulary. Lower-case letters, space and the
+# commonest punctuation, so a learner's sentence ("Ali makan nasi lemak.", lower-cased) runs on the trained model.
 INDUCTION_ALPHABET = " abcdefghijklmnopqrstuvwxyz.,!?"
 MIN_REPEAT = 4  # the shortest repeated segment
 
@@ -151,12 +151,13 @@ class TrainSettings:
         api=False,
     )
     # the sae recipe (core/sae_run.py): a sparse autoencoder on one hook of a model trained here; null elsewhere
-    model: str | None = setting(None, help="sae: the shipped model whose activations it learns", cli=False)
+    model: str | None = setting(None, help="sae: the model it reads: a shipped one, or a model run's id", cli=False)
     hook: str | None = setting(None, help="sae: the hook it reads, e.g. blocks.0.hook_resid_post", cli=False)
     architecture: str | None = setting(None, help="sae: standard (L1) or topk", choices=SAE_KINDS, cli=False)
     d_sae: int | None = setting(None, help="sae: its features", label=N_("Features"), ge=1, le=MAX_D_SAE, cli=False)
     k: int | None = setting(None, help="sae, topk: features a token", label=N_("k"), ge=1, le=MAX_SAE_K, cli=False)
     l1_coefficient: float | None = setting(None, help="sae: L1 weight", label=N_("L1"), ge=0, le=MAX_L1, cli=False)
+    model_sha256: str | None = setting(None, help="sae: its model run's weights' SHA-256", api=False, cli=False)
 
     def replace(self, **changes) -> TrainSettings:
         return dataclasses.replace(self, **changes)
@@ -167,8 +168,7 @@ class TrainSettings:
             d["text"] = f"<{len(self.text):,} characters, sha256 {text_hash(self.text)[:16]}>"
         if not d["repeats"]:  # the text as it is: a card says so as it did before the setting existed
             del d["repeats"]
-        d = {k: v for k, v in d.items() if k not in SAE_FIELDS or self.recipe == "sae"}  # a model's card as before
-        return d
+        return {k: v for k, v in d.items() if (k not in SAE_FIELDS or self.recipe == "sae") and (v or k != DIGEST)}
 
     @property
     def final_lr(self) -> float:
@@ -341,7 +341,7 @@ def check(s: TrainSettings) -> None:
             )
         )
     _number("repeats", s.repeats, 0.0, 1.0, " (a share of the training sequences)")
-    if s.recipe != "sae" and (sae := [name for name in SAE_FIELDS if getattr(s, name) is not None]):
+    if s.recipe != "sae" and (sae := [name for name in (*SAE_FIELDS, DIGEST) if getattr(s, name) is not None]):
         raise InputError(_("{name} is a setting of the sae recipe only (a sparse autoencoder)").format(name=sae[0]))
     if s.repeats and s.recipe != "text":
         raise InputError(

@@ -1,13 +1,17 @@
 """The sae recipe: a sparse autoencoder trained as a training run, on one hook of a model trained here.
 
-Settings are TrainSettings' (core/recipes.py): `model` (a model shipped in core/trained/), `hook` (any of its
+Settings are TrainSettings' (core/recipes.py): `model` (a model shipped in core/trained/, or a model run trained
+here: its id, with `model_sha256`, its weights' digest, which the caller's `SourceModel` fills in), `hook` (any of its
 [pos, width] activations, e.g. blocks.0.hook_resid_post), `architecture` (standard or topk), `d_sae`, `k` (topk)
 or `l1_coefficient` (standard), and the shared `steps`, `batch_size` (vectors per step), `lr`, `seed`,
 `eval_interval`; `text`, the corpus (null: the model's own training data, drawn by its recipe from the seed).
 
 The activations are read once, at the start: at most POOL_TOKENS vectors (fewer when steps × batch_size is
-smaller), from sequences of the model's context, computed with one BLAS thread so that a resumed run reads the
-same numbers; core/sae_train.py's SAETrainer then draws its batches from them. `SAERun` offers what the
+smaller), from sequences of the model's context, computed with one BLAS thread; core/sae_train.py's SAETrainer
+then draws its batches from them. Given a folder (the run's), the pool is kept there as an .npy named by its
+digest (written beside, then renamed), and a resumed run reads it back instead of running the model again.
+A model run's weights are not core's to find: the caller (app/training/) hands them in as a `SourceModel`, the
+checkpoint and the settings it was trained with. `SAERun` offers what the
 training worker asks of a run (app/training/worker.py: step, settings, records, snapshot, resume, export),
 so an SAE run shares the store, the event stream, cancel and resume with a model's run. Its records are
 averages since the previous record of the batch metrics SAELens logs (MSE, explained variance, L0), and the
@@ -18,8 +22,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import math
+import os
 import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -28,10 +35,11 @@ from pathlib import Path
 import numpy as np
 
 from .cache import run_with_cache
-from .checkpoints import CONFIG_FILE, Checkpoint, load_checkpoint, trained_models
+from .checkpoints import CONFIG_FILE, Checkpoint, CheckpointError, load_checkpoint, trained_models
 from .errors import InputError
 from .i18n import _
 from .recipes import (
+    DIGEST,
     SAE_FIELDS,
     TrainSettings,
     check,
@@ -58,11 +66,90 @@ DEFAULTS: dict[str, object] = dict(
 )
 OWN = {*SAE_FIELDS, *DEFAULTS, "seed", "text"}  # the settings an sae run takes (the others shape a model)
 RECORD_KEYS = ("loss", "mse", "explained_variance", "l0", "dead_fraction")
+POOL_PREFIX = "activations-"  # a run folder's pool: activations-<sha256 of its bytes, 16 digits>.npy
 
 
-def sae_settings(given: dict) -> TrainSettings:
-    """The sae recipe's settings: its defaults with `given` applied, checked (InputError says what to change)."""
-    model_only = [f.name for f in setting_fields() if f.name in given and f.name not in OWN]
+@functools.lru_cache(maxsize=16)
+def _digest(files: tuple[tuple[str, int, int], ...]) -> str:
+    out = hashlib.sha256()
+    for path, _size, _mtime in files:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                out.update(chunk)
+    return out.hexdigest()
+
+
+def weights_digest(folder: str | Path) -> str:
+    """The SHA-256 of a checkpoint folder's weights (its .safetensors files, in name order): what tells two
+    trainings of one model id apart. Kept per file size and time, so asking again reads nothing."""
+    paths = sorted(Path(folder).glob("*.safetensors"))
+    if not paths:
+        raise CheckpointError(f"{folder} holds no .safetensors weights")
+    return _digest(tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in paths))
+
+
+@dataclass(frozen=True)
+class SourceModel:
+    """The model an SAE learns from: its weights and the settings it was trained with (its recipe draws the
+    SAE's default corpus). `shipped_model(name)` for core/trained/'s; for a model run the caller finds its
+    folder and settings (`run_model`)."""
+
+    name: str
+    checkpoint: Checkpoint
+    settings: TrainSettings
+    shipped: bool = False
+
+    @property
+    def digest(self) -> str | None:
+        """Its weights' SHA-256 (a model run's), None for a shipped model (named by its name alone)."""
+        return None if self.shipped else weights_digest(self.checkpoint.spec.path)
+
+
+@functools.lru_cache(maxsize=4)
+def shipped_model(name: str) -> SourceModel:
+    ckpt = _checkpoint(name)
+    return SourceModel(name, ckpt, _card_settings(ckpt), shipped=True)
+
+
+def run_model(name: str, folder: str | Path, settings: TrainSettings) -> SourceModel:
+    """A model run's weights (its exported folder) and settings, as an SAE run reads them."""
+    if settings.recipe == "sae":
+        raise InputError(_("model={model!r} is an SAE's run, not a model's").format(model=name))
+    return SourceModel(name, load_checkpoint(folder), settings)
+
+
+def _source(s: TrainSettings, model: SourceModel | None) -> SourceModel:
+    """The model `s` reads: `model` (whose weights must be those the settings name), else the shipped one."""
+    if model is None:
+        if s.model_sha256 is not None:
+            raise InputError(
+                _("the SAE run reads model run {model}'s weights, which were not handed to it").format(model=s.model)
+            )
+        models = trained_models()
+        if s.model not in models:
+            raise InputError(
+                _(
+                    "model={model!r}: SAEs are trained here on the models shipped with the explorer ({choices}) or "
+                    "on a model trained here (a run's id, e.g. induction-3f2a9c1b7d0e: GET /api/v1/runs)"
+                ).format(model=s.model, choices=", ".join(models))
+            )
+        return shipped_model(str(s.model))
+    if model.name != s.model:
+        raise InputError(_("the SAE run reads model {model}, not {other}").format(model=s.model, other=model.name))
+    if s.model_sha256 is not None and s.model_sha256 != model.digest:
+        raise InputError(
+            _(
+                "model run {model}'s weights have changed since this SAE was asked for (it trained further, or "
+                "again): ask for the SAE again to train it on the weights there are now"
+            ).format(model=s.model)
+        )
+    return model
+
+
+def sae_settings(given: dict, model: SourceModel | None = None) -> TrainSettings:
+    """The sae recipe's settings: its defaults with `given` applied, checked (InputError says what to change).
+    `model`: the model run it reads (None: `given`'s model is a shipped one); its digest becomes model_sha256."""
+    model_only = [f.name for f in setting_fields() if f.name in given and f.name not in OWN and f.name != DIGEST]
     if model_only:
         raise InputError(
             _(
@@ -71,6 +158,8 @@ def sae_settings(given: dict) -> TrainSettings:
             ).format(fields=", ".join(model_only), own=", ".join(sorted(OWN)))
         )
     values = DEFAULTS | given
+    if model is not None and not model.shipped:
+        values[DIGEST] = model.digest
     architecture = values["architecture"]
     if architecture not in SAE_KINDS:
         raise InputError(
@@ -93,7 +182,7 @@ def sae_settings(given: dict) -> TrainSettings:
         values["eval_interval"] = min(int(values["eval_interval"]), steps)
     s = TrainSettings(recipe="sae", **values)
     check(s)
-    check_sae(s)
+    check_sae(s, model)
     return s
 
 
@@ -105,20 +194,18 @@ def _checkpoint(name: str) -> Checkpoint:
 @functools.lru_cache(maxsize=4)
 def model_hooks(name: str) -> dict[str, int]:
     """A shipped model's hooks an SAE can read (one vector per position), with their widths."""
-    ckpt = _checkpoint(name)
+    return checkpoint_hooks(_checkpoint(name))
+
+
+def checkpoint_hooks(ckpt: Checkpoint) -> dict[str, int]:
+    """A model's hooks an SAE can read (one vector per position), with their widths: one pass of two tokens."""
     _logits, cache = run_with_cache(ckpt.params, ckpt.cfg, np.zeros(2, dtype=np.int64), logits=False)
     return {k: int(v.shape[-1]) for k, v in cache.items() if v.ndim == 2}
 
 
-def check_sae(s: TrainSettings) -> None:
-    models = trained_models()
-    if s.model not in models:
-        raise InputError(
-            _("model={model!r}: SAEs are trained here on the models shipped with the explorer: {choices}").format(
-                model=s.model, choices=", ".join(models)
-            )
-        )
-    hooks = model_hooks(s.model)
+def check_sae(s: TrainSettings, model: SourceModel | None = None) -> None:
+    source = _source(s, model)
+    hooks = model_hooks(source.name) if source.shipped else checkpoint_hooks(source.checkpoint)
     if s.hook not in hooks:
         raise InputError(
             _("hook={hook!r} is not one of {model}'s hooks an SAE can read: {choices}").format(
@@ -140,30 +227,36 @@ def check_sae(s: TrainSettings) -> None:
     ):
         raise InputError(_("l1_coefficient must be a number of at least 0"))
     if s.text is not None:
-        ids = _checkpoint(s.model).tokenizer.encode(s.text).ids
+        ids = source.checkpoint.tokenizer.encode(s.text).ids
         if len(ids) < 2:
             raise InputError(_("the text gives {n} token(s); an SAE needs at least 2 to learn from").format(n=len(ids)))
 
 
-def activations(s: TrainSettings) -> np.ndarray:
+def pool_size(s: TrainSettings) -> int:
+    """How many activation vectors a run reads: POOL_TOKENS, or steps × batch_size when fewer."""
+    return min(POOL_TOKENS, s.steps * s.batch_size)
+
+
+def activations(s: TrainSettings, model: SourceModel | None = None) -> np.ndarray:
     """[n, d_in] float32: the hook's vectors over the corpus, at most POOL_TOKENS (fewer when steps ×
     batch_size is smaller). The model's own data: its recipe's batches from a generator seeded by the run's
-    seed; a text: its tokens in windows of the model's context, the whole text or its first POOL_TOKENS."""
+    seed; a text: its tokens in windows of the model's context, the whole text or its first POOL_TOKENS.
+    `model`: a model run's (see `SourceModel`); None: the shipped model the settings name."""
     from threadpoolctl import threadpool_limits
 
-    ckpt = _checkpoint(str(s.model))
-    n = min(POOL_TOKENS, s.steps * s.batch_size)
+    source = _source(s, model)
+    ckpt = source.checkpoint
+    n = pool_size(s)
     n_ctx = ckpt.cfg.n_ctx
     if s.text is None:
-        card = _card_settings(ckpt)
-        recipe = make_recipe(card)
+        recipe = make_recipe(source.settings)
         rng = np.random.default_rng(np.random.SeedSequence(s.seed).spawn(2)[1])
         rows: list[np.ndarray] = []
         while sum(r.size for r in rows) < n:
             rows.extend(recipe.batch(rng)[:, :n_ctx])
         sequences = rows
     else:
-        ids = np.asarray(_checkpoint(str(s.model)).tokenizer.encode(s.text).ids[:n], dtype=np.int64)
+        ids = np.asarray(ckpt.tokenizer.encode(s.text).ids[:n], dtype=np.int64)
         sequences = [ids[i : i + n_ctx] for i in range(0, len(ids), n_ctx)]
     out = []
     with threadpool_limits(1, user_api="blas"):
@@ -171,6 +264,45 @@ def activations(s: TrainSettings) -> np.ndarray:
             _logits, cache = run_with_cache(ckpt.params, ckpt.cfg, seq, names=[str(s.hook)], logits=False)
             out.append(cache[str(s.hook)])
     return np.ascontiguousarray(np.concatenate(out)[:n], dtype=np.float32)
+
+
+def kept_activations(
+    s: TrainSettings, model: SourceModel | Callable[[], SourceModel] | None, folder: str | Path | None
+) -> np.ndarray:
+    """The run's activations: read back from `folder` when a whole pool of the right size is kept there (its
+    bytes' digest is its name), else computed (`model` called only then) and, given a folder, kept there."""
+    n = pool_size(s)
+    for path in sorted(Path(folder).glob(f"{POOL_PREFIX}*.npy")) if folder is not None else ():
+        try:
+            x = np.load(path, allow_pickle=False)
+        except (OSError, ValueError):
+            continue
+        if x.dtype == np.float32 and x.ndim == 2 and x.shape[0] == n and path.stem == _pool_name(x):
+            return x
+    x = activations(s, model() if callable(model) else model)
+    if folder is not None:
+        _keep(Path(folder), x)
+    return x
+
+
+def _pool_name(x: np.ndarray) -> str:
+    return POOL_PREFIX + hashlib.sha256(np.ascontiguousarray(x).tobytes()).hexdigest()[:16]
+
+
+def _keep(folder: Path, x: np.ndarray) -> None:
+    """The pool as folder/activations-<digest>.npy: written beside, then renamed, the earlier ones removed."""
+    name = _pool_name(x) + ".npy"
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.save(f, x, allow_pickle=False)
+        os.replace(tmp, folder / name)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    for old in folder.glob(f"{POOL_PREFIX}*.npy"):
+        if old.name != name:
+            old.unlink(missing_ok=True)
 
 
 def _card_settings(ckpt: Checkpoint) -> TrainSettings:
@@ -204,9 +336,17 @@ class SAERecord:
 class SAERun:
     """One SAE's training run, as app/training/worker.py drives a model's (core/train.py Training)."""
 
-    def __init__(self, s: TrainSettings):
+    def __init__(
+        self,
+        s: TrainSettings,
+        model: SourceModel | Callable[[], SourceModel] | None = None,
+        folder: str | Path | None = None,
+    ):
+        """`model`: a model run's weights and settings (or what loads them, called only when its activations
+        are not kept yet); None: the shipped model the settings name. `folder`: where its activations pool is
+        kept across resumes (None: nowhere, computed each time)."""
         self.settings = s
-        x = activations(s)
+        x = kept_activations(s, model, folder)
         self.cfg = SAEConfig(
             architecture=str(s.architecture),
             d_in=int(x.shape[1]),
@@ -296,8 +436,13 @@ class SAERun:
         )
 
     @classmethod
-    def resume(cls, snap: Snapshot) -> SAERun:
-        run = cls(snap.settings)
+    def resume(
+        cls,
+        snap: Snapshot,
+        model: SourceModel | Callable[[], SourceModel] | None = None,
+        folder: str | Path | None = None,
+    ) -> SAERun:
+        run = cls(snap.settings, model, folder)
         run.trainer.restore(
             {
                 "step": snap.step,

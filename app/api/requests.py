@@ -618,7 +618,8 @@ class _TrainRequest(Request):
         description="induction: random characters with a repeated segment (a 2-layer attention-only model grows "
         "an induction head); nasi-lemak: the spec's one-block model on its Malay phrases; text: a "
         "character-level GPT on Python's documentation or your own text; sae: a sparse autoencoder (SAELens's "
-        "standard or topk objective) on one hook of a shipped trained model (model, hook, architecture, d_sae, "
+        "standard or topk objective) on one hook of a shipped trained model or of a model run that has weights (its "
+        "id) (model, hook, architecture, d_sae, "
         "k or l1_coefficient, steps, batch_size vectors a step, lr, seed; text: its corpus, null: the model's "
         "own training data), listed by GET /api/v1/saes once trained"
     )

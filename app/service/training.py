@@ -19,10 +19,20 @@ from dataclasses import dataclass
 from app.models.catalog import Catalog
 from app.service.errors import NotFound, Unavailable
 from app.settings import Settings
-from app.training.base import NoRoom, Room, StoreUnavailable, TrainingRunInfo, TrainingStore, training_run_id
+from app.training.base import (
+    NoRoom,
+    Room,
+    StoreUnavailable,
+    TrainingRunInfo,
+    TrainingStore,
+    is_sae_run_id,
+    is_training_run_id,
+    training_run_id,
+)
 from core import InputError, sae_run
 from core.checkpoints import trained_models
 from core.i18n import _
+from core.recipes import TrainSettings
 from core.recipes import probe_tokens as recipe_probe_tokens
 from core.recipes import settings as train_settings
 from core.sae_train import SAE_KINDS
@@ -95,7 +105,7 @@ class TrainingService:
         function of its settings, so the same request always names the same run."""
         store = self._store()
         client = hashlib.sha256(client.encode()).hexdigest()[:16]  # who, without keeping the address
-        settings = train_settings(recipe, **changes)
+        settings = self._settings(store, recipe, changes)
         id = training_run_id(settings)
         room = Room(self.settings.train_max_per_client, self.settings.train_max_runs)
         try:
@@ -110,6 +120,40 @@ class TrainingService:
         except NoRoom as full:
             raise _refusal(full) from None
         return store.info(id, store.queue()), created
+
+    def _settings(self, store: TrainingStore, recipe: str, changes: dict[str, object]) -> TrainSettings:
+        """The run's settings, checked. An SAE on a model run reads that run's weights, found here in the store:
+        their digest is one of the settings, so a model trained further (or again) under its id names another run."""
+        model = changes.get("model")
+        if recipe == "sae" and isinstance(model, str) and is_training_run_id(model) and model not in trained_models():
+            return sae_run.sae_settings(dict(changes), self._model_run(store, model))
+        return train_settings(recipe, **changes)
+
+    @staticmethod
+    def _model_run(store: TrainingStore, id: str) -> sae_run.SourceModel:
+        """A model run's weights and settings, for an SAE to learn from; InputError (422) saying why it cannot."""
+        if is_sae_run_id(id):
+            raise InputError(
+                _(
+                    "model={model!r} is an SAE's run: an SAE learns a model's activations; choose a shipped model "
+                    "({choices}) or a model run (GET /api/v1/runs)"
+                ).format(model=id, choices=", ".join(trained_models()))
+            )
+        if not store.exists(id):
+            raise InputError(
+                _("model={model!r}: there is no run {model} on this server (GET /api/v1/runs lists them)").format(
+                    model=id
+                )
+            )
+        folder = store.model_folder(id)
+        if folder is None:
+            raise InputError(
+                _(
+                    "model={model!r}: that run has no weights yet (they are written when it finishes or is "
+                    "stopped): train an SAE on it once it has"
+                ).format(model=id)
+            )
+        return sae_run.run_model(id, folder, store.settings(id))
 
     @_reachable
     def all(self) -> list[TrainingRunInfo]:
@@ -170,12 +214,21 @@ class TrainingService:
         """A recipe's working settings, as the training form shows them."""
         return dataclasses.asdict(train_settings(recipe))
 
-    @staticmethod
-    def sae_form(model: object) -> SAEForm:
-        """The sae recipe's choices, the hooks those of `model` (none for a name that is not a shipped model)."""
-        models = list(trained_models())
-        hooks = sae_run.model_hooks(model) if isinstance(model, str) and model in models else {}
-        return SAEForm(models, hooks, SAE_KINDS, sae_run.DEFAULT_K, sae_run.DEFAULT_L1)
+    def sae_form(self, model: object) -> SAEForm:
+        """The sae recipe's choices: the shipped models, then the model runs with weights (newest first); the
+        hooks those of `model` (none for a name that is neither)."""
+        shipped = list(trained_models())
+        store = self.catalog.training_runs
+        try:
+            runs = [id for id in store.ids() if not is_sae_run_id(id) and store.model_folder(id)] if store else []
+            hooks = {}
+            if isinstance(model, str) and model in shipped:
+                hooks = sae_run.model_hooks(model)
+            elif store is not None and model in runs:
+                hooks = sae_run.checkpoint_hooks(self._model_run(store, str(model)).checkpoint)
+        except (StoreUnavailable, InputError):  # Redis away, a folder that cannot be read: the shipped ones
+            runs, hooks = [], sae_run.model_hooks(model) if model in shipped else {}
+        return SAEForm([*shipped, *runs], hooks, SAE_KINDS, sae_run.DEFAULT_K, sae_run.DEFAULT_L1)
 
     @_reachable
     def probe_tokens(self, id: str) -> list[str]:

@@ -61,6 +61,8 @@ _RUN_ID = re.compile(RUN_ID_PATTERN)
 def training_run_id(s: TrainSettings) -> str:
     """The run's name: its recipe and a hash of every setting (a text by its SHA-256), e.g. induction-3f2a9c1b7d0e."""
     fields = dataclasses.asdict(s)
+    if s.model_sha256 is None:  # the ids of the runs made before the setting existed stay as they were
+        del fields["model_sha256"]
     if s.text is not None:
         fields["text"] = text_hash(s.text)
     digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
@@ -333,6 +335,20 @@ class RunWriter(ABC):
     (app/training/worker.py `train`). Each write is whole: a reader sees the previous one or this one."""
 
     id: str
+    store: TrainingStore  # the store the run lives in
+
+    def model_of(self, id: str) -> tuple[Path, TrainSettings] | None:
+        """Another run's current weights (a folder on this machine) and settings: the model run an SAE run
+        reads. None when there is no such run, or it has no weights."""
+        if not self.store.exists(id):
+            return None
+        folder = self.store.model_folder(id)
+        return None if folder is None else (folder, self.store.settings(id))
+
+    def keep_folder(self) -> Path | None:
+        """A folder of this machine where the run keeps files across resumes (an SAE run's activations); None:
+        nowhere (a resumed run computes them again)."""
+        return None
 
     @abstractmethod
     def state(self) -> dict: ...

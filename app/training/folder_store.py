@@ -8,7 +8,9 @@ processes on the same machine (app/training/worker.py). The layout:
       progress.json       the latest step and loss, rewritten several times a second while training
       patterns/<step>.json  the probe's attention patterns [layer][head][query][key] at snapshot steps
       snapshot.npz        weights, optimiser state and data stream: resuming continues bit for bit
-      model-<step>/       a Hugging Face GPT-2 folder (config.json, model.safetensors, tokenizer.json)
+      model-<step>/       a Hugging Face GPT-2 folder (config.json, model.safetensors, tokenizer.json); an sae
+                          run's: a SAELens folder (cfg.json, sae_weights.safetensors)
+      activations-<sha>.npy  an sae run's activations pool, read back when it resumes (core/sae_run.py)
       lock                held (flock) by the process training the run, as long as it lives
       cancel              present when someone asked to stop it
 
@@ -356,6 +358,8 @@ class FolderStore(TrainingStore):
 class FolderWriter(RunWriter):
     """A run's files, written by the process that holds its lock: each file whole (write_atomic)."""
 
+    store: FolderStore
+
     def __init__(self, store: FolderStore, id: str):
         self.store, self.id = store, id
         self.folder = store.folder(id)
@@ -396,3 +400,6 @@ class FolderWriter(RunWriter):
 
     def stop_requested(self) -> bool:
         return (self.folder / CANCEL).exists()
+
+    def keep_folder(self) -> Path | None:
+        return self.folder

@@ -197,6 +197,8 @@ class Lease:
 class RedisWriter(RunWriter):
     """A run's fields in Redis, written only while the lease holds, each write with its events."""
 
+    store: RedisStore
+
     def __init__(self, store: RedisStore, id: str, lease: Lease):
         self.store, self.id, self.lease = store, id, lease
         self.client = store.request(id)["client"]

@@ -23,9 +23,16 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from app.training.base import RunWriter
 from app.training.folder_store import FolderStore
+from core import InputError
+from core.i18n import _
+from core.recipes import TrainSettings
+
+if TYPE_CHECKING:
+    from core.sae_run import SourceModel
 
 PROGRESS_EVERY_S = 0.1  # progress.json at most this often: a page sees ≥ 4 updates a second
 NICENESS = 10  # below the request workers'
@@ -61,6 +68,27 @@ class Stop:
         return self.terminated or self.cancelled
 
 
+def source_model(w: RunWriter, s: TrainSettings) -> Callable[[], SourceModel] | None:
+    """What loads the model run an SAE run reads, from the store (called only when its activations are not
+    kept already); None for a shipped model, which core finds itself."""
+    from core.sae_run import run_model
+
+    if s.model_sha256 is None:
+        return None
+
+    def load() -> SourceModel:
+        found = w.model_of(str(s.model))
+        if found is None:
+            raise InputError(
+                _("model run {model} has no weights on this server any more: ask for the SAE again").format(
+                    model=s.model
+                )
+            )
+        return run_model(str(s.model), *found)
+
+    return load
+
+
 def train(w: RunWriter, stop: Callable[[], bool], cancelled: Callable[[], bool], *, pid: int | None = None) -> str:
     """Train the run to its last step (or until `stop()`), writing through `w`; returns its final status
     (`cancelled()` says whether an early stop was a cancel). The folder store and the Redis store alike."""
@@ -75,11 +103,15 @@ def train(w: RunWriter, stop: Callable[[], bool], cancelled: Callable[[], bool],
     snapshot = w.load_snapshot()
     run: Training | SAERun
     if snapshot is not None:  # an SAE's run (the sae recipe, core/sae_run.py) goes the same way as a model's
-        run = (SAERun if snapshot.settings.recipe == "sae" else Training).resume(snapshot)
+        s = snapshot.settings
+        if s.recipe == "sae":
+            run = SAERun.resume(snapshot, source_model(w, s), w.keep_folder())
+        else:
+            run = Training.resume(snapshot)
         records = [r for r in records if r["step"] <= run.step]  # records after the snapshot come again
     else:
-        settings = w.settings()
-        run = SAERun(settings) if settings.recipe == "sae" else Training(settings)
+        s = w.settings()
+        run = SAERun(s, source_model(w, s), w.keep_folder()) if s.recipe == "sae" else Training(s)
         records = []
     w.write_state(
         state

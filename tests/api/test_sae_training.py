@@ -110,6 +110,74 @@ def test_cancel_keeps_the_sae_so_far_and_a_repeat_resumes_it(server):  # noqa: F
         wait(c, id)
 
 
+MODEL_RUN = {"recipe": "nasi-lemak", "steps": 40, "eval_interval": 10, "seed": 11}  # a learner's own model
+
+
+def test_an_sae_learns_a_model_trained_here(store, server):  # noqa: F811 (fixtures)
+    """A model run, once it has weights, is a model an SAE run reads (named by the run's id, as /api/v1/run
+    names it); the SAE reads that model on /api/v1/analysis/features, lists and downloads like any other."""
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        model = c.post("/api/v1/train", json=MODEL_RUN).json()["id"]
+        assert wait(c, model)["model"] == model
+        body = QUICK | {"model": model, "d_sae": 32, "k": 4}
+        r = c.post("/api/v1/train", json=body)
+        assert r.status_code == 202, r.text
+        id = r.json()["id"]
+        run = wait(c, id)
+        assert run["status"] == "done" and run["sae"] == id, run["error"]
+        assert run["config"]["model"] == model and len(run["config"]["model_sha256"]) == 64
+        assert run["metrics"]["l0"] == [4.0] * 4
+        listed = {s["name"]: s for s in c.get("/api/v1/saes").json()["saes"]}
+        assert (listed[id]["model"], listed[id]["hook"], listed[id]["d_in"]) == (model, HOOK, 16)
+        features = c.post("/api/v1/analysis/features", json={"model": model, "text": "nasi lemak", "sae": id})
+        assert features.status_code == 200, features.text
+        assert len(features.json()["features"]) == len("nasi lemak") and any(features.json()["features"])
+        z = zipfile.ZipFile(io.BytesIO(c.get(f"/api/v1/saes/{id}/download").content))
+        cfg = json.loads(next(z.read(n) for n in z.namelist() if n.endswith("cfg.json")))
+        assert cfg["metadata"]["model_name"] == model
+        again = c.post("/api/v1/train", json=body).json()
+        assert again["id"] == id and not again["queued"]  # the same model's same weights: the same run
+        # what cannot be learned from, said
+        for wrong, says in [
+            ("nasi-lemak-000000000000", "there is no run nasi-lemak-000000000000"),
+            (id, "is an SAE's run"),
+        ]:
+            refused = c.post("/api/v1/train", json=body | {"model": wrong})
+            assert refused.status_code == 422 and says in refused.json()["detail"][0]["msg"], refused.text
+        assert c.get("/features", params={"model": model, "sae": id, "text": "nasi lemak"}).status_code == 200
+
+
+def test_an_sae_of_a_model_run_is_named_by_the_weights_it_reads(client_with, tmp_path):
+    """A model run without weights yet is refused; once stopped it has some (a checkpoint an SAE can learn), and
+    after it trains further the same SAE request names another run: the weights' digest is in the id."""
+    c = client_with(runs_dir=tmp_path / "runs")
+    model = c.post("/api/v1/train", json=MODEL_RUN | {"steps": 20000, "eval_interval": 50}).json()["id"]
+    body = QUICK | {"model": model, "d_sae": 32, "k": 4}
+    early = c.post("/api/v1/train", json=body)
+    assert early.status_code == 422 and "has no weights yet" in early.json()["detail"][0]["msg"], early.text
+    malay = c.post("/api/v1/train", json=body, headers={"Accept-Language": "ms"})
+    assert malay.status_code == 422 and malay.json()["detail"][0]["msg"] != early.json()["detail"][0]["msg"]
+    ids = []
+    for _ in range(2):  # train a while, stop: a checkpoint; then again from there, further
+        while c.get(f"/api/v1/runs/{model}").json()["step"] < 100 * (len(ids) + 1):
+            time.sleep(0.05)
+        c.delete(f"/api/v1/runs/{model}")
+        while (run := c.get(f"/api/v1/runs/{model}").json())["status"] != "cancelled":
+            time.sleep(0.05)
+        assert run["model"] == model
+        r = c.post("/api/v1/train", json=body)
+        assert r.status_code == 202, r.text
+        ids.append(r.json()["id"])
+        c.delete(f"/api/v1/runs/{ids[-1]}")
+        if len(ids) == 1:
+            assert c.post("/api/v1/train", json=MODEL_RUN | {"steps": 20000, "eval_interval": 50}).json()["queued"]
+    assert ids[0] != ids[1]
+    page = c.get("/train", params={"recipe": "sae", "model": model}).text  # the form offers the model run
+    assert f'<option value="{model}" selected>' in page and f"{HOOK} (16)" in page
+    digests = [c.get(f"/api/v1/runs/{id}").json()["config"]["model_sha256"] for id in ids]
+    assert digests[0] != digests[1]
+
+
 @pytest.mark.parametrize(
     "body, says",
     [

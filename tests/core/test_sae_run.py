@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+import hashlib
+import shutil
+
 import numpy as np
 import pytest
 
 from core import InputError
+from core.checkpoints import trained_models
 from core.recipes import settings
 from core.sae import load_sae
-from core.sae_run import DEFAULT_K, DEFAULT_L1, SAERun, activations
+from core.sae_run import (
+    DEFAULT_K,
+    DEFAULT_L1,
+    POOL_PREFIX,
+    SAERun,
+    SourceModel,
+    activations,
+    run_model,
+    shipped_model,
+)
+from core.sae_run import sae_settings as settings_of_sae
 from core.train import Snapshot
 
 TINY = dict(d_sae=64, k=4, steps=30, batch_size=32, eval_interval=10)
@@ -74,3 +88,63 @@ def test_a_stopped_run_resumes_bit_for_bit_and_exports_a_saelens_folder(tmp_path
     x = activations(s)[:50]
     assert np.array_equal(loaded.encode(x), resumed.sae.encode(x))
     assert resumed.export(tmp_path / "sae") == folder  # a second export replaces the first
+
+
+def test_a_resumed_run_reads_its_kept_activations_and_ends_as_an_uninterrupted_one(tmp_path):
+    """The pool is kept in the run's folder (activations-<digest>.npy) and read back on resume: the model is not
+    run again (the loader handed in would fail), and the records and weights are the uninterrupted run's."""
+    s = settings("sae", **TINY)
+    whole = SAERun(s)
+    records = [r.to_dict() for r in whole.records()]
+    cut = SAERun(s, folder=tmp_path)
+    [kept] = tmp_path.glob(f"{POOL_PREFIX}*.npy")
+    assert np.array_equal(np.load(kept), activations(s))
+    first = [r.to_dict() for r in cut.records(stop=lambda: cut.step >= 15)]
+    snapshot = Snapshot.load(cut.snapshot().save(tmp_path / "snapshot.npz"))
+
+    def never() -> SourceModel:
+        raise AssertionError("the model ran again: the kept activations were not read")
+
+    resumed = SAERun.resume(snapshot, never, tmp_path)
+    rest = [r.to_dict() for r in resumed.records()]
+    strip = [{k: v for k, v in r.items() if k != "elapsed_s"} for r in records]
+    assert strip == [{k: v for k, v in r.items() if k != "elapsed_s"} for r in first + rest]
+    assert np.array_equal(resumed.sae.W_enc, whole.sae.W_enc) and np.array_equal(resumed.sae.b_dec, whole.sae.b_dec)
+
+
+def test_a_damaged_or_foreign_pool_is_computed_again(tmp_path):
+    s = settings("sae", **TINY)
+    x = activations(s)
+    SAERun(s, folder=tmp_path)
+    [kept] = tmp_path.glob(f"{POOL_PREFIX}*.npy")
+    damaged = x.copy()
+    damaged[0, 0] += 1
+    np.save(kept, damaged)  # the name no longer says its bytes
+    np.save(tmp_path / f"{POOL_PREFIX}0000000000000000.npy", x[:10])  # another size
+    assert np.array_equal(SAERun(s, folder=tmp_path).trainer.data, x)
+    assert [p.name for p in tmp_path.glob(f"{POOL_PREFIX}*.npy")] == [kept.name]  # rewritten whole, once
+
+
+def test_an_sae_learns_a_model_run_named_by_its_weights_digest(tmp_path):
+    """A model run's weights are handed in (core finds only the shipped ones): their digest is a setting, and a
+    run whose model's weights have changed since refuses to train on them."""
+    folder = tmp_path / "model-40"
+    shutil.copytree(trained_models()["nasi-lemak"], folder)
+    card = shipped_model("nasi-lemak").settings
+    name = "nasi-lemak-0123456789ab"
+    model = run_model(name, folder, card)
+    s = settings_of_sae({"model": name, "hook": "blocks.0.hook_resid_post"} | TINY, model)
+    assert s.model_sha256 == hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
+    assert s.to_dict()["model_sha256"] == s.model_sha256 and "model_sha256" not in settings("sae").to_dict()
+    run = SAERun(s, model)
+    assert run.cfg.model_name == name and run.cfg.d_in == 16
+    assert np.array_equal(run.trainer.data, activations(s.replace(model="nasi-lemak", model_sha256=None)))
+    with pytest.raises(InputError, match="not handed"):
+        SAERun(s)
+    with pytest.raises(InputError, match="SAE's run"):
+        run_model(name, folder, s)
+    weights = bytearray((folder / "model.safetensors").read_bytes())
+    weights[-1] ^= 1  # trained further: other weights in the same place
+    (folder / "model.safetensors").write_bytes(bytes(weights))
+    with pytest.raises(InputError, match="changed since"):
+        SAERun(s, run_model(name, folder, card))
