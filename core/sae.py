@@ -43,10 +43,14 @@ CONFIG_FILE = "cfg.json"
 WEIGHTS_FILE = "sae_weights.safetensors"
 ARCHITECTURES = ("standard", "topk", "jumprelu")
 DTYPES: dict[str, type[np.floating]] = {"float32": np.float32, "float64": np.float64}
-# Rows encoded at once by top_activations: [512, d_sae] at a time, never [pos, d_sae]. The product loses rate on
-# fewer rows: [rows, 768] @ [768, 16384] over 1,024 rows, one BLAS thread, best of 5 under load 10 (so slow all
-# round, compare them only with each other): whole 1,418 ms, by 512 rows 1,525, by 256 1,873, by 128 2,207.
-ENCODE_ROWS = 512
+# top_activations encodes a block of rows at a time, never [pos, d_sae] at once: as many rows as make this many
+# activations (64 MiB of float32; 1,024 rows of 16,384 features), at least ENCODE_ROWS_MIN. A team shares a block's
+# product by columns of W_enc, not by rows: the product loses rate on fewer rows. [rows, 768] @ [768, 16384] over
+# 1,024 rows, one BLAS thread, CPU time, median of 5 under load 6.6: whole 194 ms, by 512 rows 215, by 256 299;
+# by 4,096 columns 202, by 2,048 204 (/tmp/gemm.py, recorded in the commit that set these).
+ENCODE_ELEMENTS = 1 << 24
+ENCODE_ROWS_MIN = 64
+ENCODE_COLUMNS_MIN = 1024  # the smallest column piece a team member multiplies
 TOP_BLOCK = 128  # top_activations' first filter: the largest activation of each run of this many features
 
 
@@ -199,6 +203,24 @@ class SAE:
             pre *= self._decoder_norms() if norms is None else norms
         return pre
 
+    def _pre_shared(self, sae_in: np.ndarray, norms: np.ndarray | None, team: Team) -> np.ndarray:
+        """_pre of [rows, d_in] with the team sharing W_enc's columns, each piece its own product (its rows' sums
+        are the whole product's: the same d_in terms)."""
+        if team.width == 1:
+            return self._pre(sae_in, norms)
+        if self.cfg.apply_b_dec_to_input:
+            sae_in = sae_in - self.b_dec
+        pre = np.empty((len(sae_in), self.cfg.d_sae), np.result_type(sae_in, self.W_enc))  # [rows, d_sae]
+
+        def columns(c: slice) -> None:
+            np.matmul(sae_in, self.W_enc[:, c], out=pre[:, c])
+            pre[:, c] += self.b_enc[c]
+            if self.cfg.rescale_acts_by_decoder_norm:
+                pre[:, c] *= (self._decoder_norms() if norms is None else norms)[c]
+
+        team.each(columns, team.ranges(self.cfg.d_sae, smallest=ENCODE_COLUMNS_MIN))
+        return pre
+
     def activate(self, pre: np.ndarray) -> np.ndarray:
         """The sparsity rule of this architecture applied to pre-activations [..., d_sae]."""
         acts = np.maximum(pre, 0)
@@ -225,12 +247,10 @@ class SAE:
         """Each row's k largest activations, largest first (ties: the lower index first), zeros left out:
         (indices [pos, k], -1 where a row has fewer than k non-zero; values [pos, k], 0 there).
 
-        The same numbers as `encode` followed by a sort of each row, computed ENCODE_ROWS rows at a time (on the
-        team's threads, each piece of rows its own BLAS call), so that [pos, d_sae] is never held at once unless
-        `dense` [pos, d_sae] is given to receive every activation. A row's top k are found without sorting or
-        partitioning its d_sae entries: the k-th largest of its blocks' maxima (TOP_BLOCK features a block) is
-        at most its k-th largest activation, so every entry of the top k is at least that, and only the few
-        entries that are get sorted."""
+        The same numbers as `encode` followed by a sort of each row, computed a block of rows at a time (see
+        ENCODE_ELEMENTS; the team's threads share a block's product by columns, then its rows), so that [pos, d_sae]
+        is never held at once unless `dense` [pos, d_sae] is given to receive every activation. A row's top k are
+        found without sorting or partitioning its d_sae entries (_row_top)."""
         x = self.flatten(x)
         lead = x.shape[:-1]
         x = x.reshape(-1, self.cfg.d_in)
@@ -246,20 +266,22 @@ class SAE:
         rule_keeps_top = self.cfg.architecture == "standard" or (
             self.cfg.architecture == "topk" and k <= (self.cfg.k or 0)
         )
+        step = max(ENCODE_ROWS_MIN, ENCODE_ELEMENTS // d_sae)
+        for start in range(0, n, step):
+            block = slice(start, min(start + step, n))
+            pre = self._pre_shared(x[block], norms, team)  # [rows, d_sae]
 
-        def piece(rows: slice) -> None:
-            for start in range(rows.start, rows.stop, ENCODE_ROWS):
-                r = slice(start, min(start + ENCODE_ROWS, rows.stop))
-                pre = self._pre(x[r], norms)
+            def top(rows: slice, pre: np.ndarray = pre, at: int = start) -> None:
+                r = slice(at + rows.start, at + rows.stop)
                 if out is None and rule_keeps_top:
-                    idx[r], val[r] = _row_top(pre, k)
-                    continue
-                acts = self.activate(pre)
+                    idx[r], val[r] = _row_top(pre[rows], k)
+                    return
+                acts = self.activate(pre[rows])
                 if out is not None:
                     out[r] = acts
                 idx[r], val[r] = _row_top(acts, k)
 
-        team.rows(piece, n)
+            team.rows(top, len(pre))
         return idx.reshape(*lead, k), val.reshape(*lead, k)
 
     def decode(self, acts: np.ndarray) -> np.ndarray:

@@ -175,31 +175,38 @@ def _sorted_rows(acts: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
     ]
 
 
+def _assert_top(idx: np.ndarray, val: np.ndarray, want: list[list[tuple[int, float]]]) -> None:
+    """top_activations' answer is the sort's: the same features in the same order, values within float32's last
+    bits (a product shared out in pieces may round differently from the whole, core/threads.py)."""
+    got = [[(int(i), float(v)) for i, v in zip(ri, rv) if i >= 0] for ri, rv in zip(idx, val)]
+    assert [[i for i, _v in row] for row in got] == [[i for i, _v in row] for row in want]
+    np.testing.assert_allclose([v for row in got for _i, v in row], [v for row in want for _i, v in row], rtol=1e-6)
+    assert ((idx < 0) == (val == 0)).all()
+
+
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("k", [1, 3, 50])
-def test_top_activations_are_encodes_largest_of_each_row(case, k, recorded):
+def test_top_activations_are_encodes_largest_of_each_row(case, k, recorded, monkeypatch):
     """SAE.top_activations (a block of rows at a time, only the entries above the rows' block-maximum floor sorted)
     gives what encode followed by a full sort of each row gives, on one thread or a team of two."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from core import sae as sae_module
     from core.threads import Team
 
     sae = load_sae(FOLDERS / case)
-    from core.sae import ENCODE_ROWS
-
+    monkeypatch.setattr(sae_module, "ENCODE_ELEMENTS", sae.cfg.d_sae * sae_module.ENCODE_ROWS_MIN)  # 64-row blocks
     one = recorded[f"{case}/x"]
-    x = np.concatenate([one] * (ENCODE_ROWS // len(one) + 2))  # more rows than one block
+    x = np.concatenate([one] * (sae_module.ENCODE_ROWS_MIN // len(one) + 2))  # more rows than one block
     acts = sae.encode(x)
     want = _sorted_rows(acts, k)
     with ThreadPoolExecutor(1) as pool:
         for team in (None, Team(2, pool)):
             dense = np.empty_like(acts)
             idx, val = sae.top_activations(x, k, dense=dense) if team is None else sae.top_activations(x, k, team=team)
-            got = [[(int(i), float(v)) for i, v in zip(ri, rv) if i >= 0] for ri, rv in zip(idx, val)]
-            assert got == want
-            assert ((idx < 0) == (val == 0)).all()
+            _assert_top(idx, val, want)
             if team is None:
-                np.testing.assert_array_equal(dense, acts)
+                np.testing.assert_allclose(dense, acts, rtol=1e-6, atol=1e-6)  # rows in blocks: see _assert_top
 
 
 # 300 features: blocks of TOP_BLOCK that do not divide the row (every entry compared with the floor); 1,024: they
@@ -231,7 +238,15 @@ def test_top_activations_keep_ties_in_index_order_and_leave_zero_rows_empty(d_sa
 
 @pytest.mark.parametrize("d_sae", [1000, 1024])  # blocks of core.sae.TOP_BLOCK, the last one short or not
 @pytest.mark.parametrize("architecture", ["standard", "topk"])
-def test_top_activations_of_wide_saes_equal_a_sort(d_sae, architecture):
+def test_top_activations_of_wide_saes_equal_a_sort(d_sae, architecture, monkeypatch):
+    """Also on a team of two that shares each block's product by pieces of W_enc's columns (256 wide here)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from core import sae as sae_module
+    from core.threads import Team
+
+    monkeypatch.setattr(sae_module, "ENCODE_COLUMNS_MIN", 256)
+    monkeypatch.setattr(sae_module, "ENCODE_ELEMENTS", d_sae * 128)  # blocks of 128 rows: the last one short
     rng = np.random.default_rng(3)
     cfg = SAEConfig(
         architecture, 16, d_sae, "blocks.0.hook_resid_post", "induction", k=40 if architecture == "topk" else None
@@ -239,10 +254,12 @@ def test_top_activations_of_wide_saes_equal_a_sort(d_sae, architecture):
     arrays = [rng.normal(0, 0.5, s).astype(np.float32) for s in ((16, d_sae), (d_sae,), (d_sae, 16), (16,))]
     sae = SAE(cfg, *arrays)
     x = rng.normal(size=(300, 16)).astype(np.float32)
-    for k in (1, 10, 64):
-        idx, val = sae.top_activations(x, k)
-        got = [[(int(i), float(v)) for i, v in zip(ri, rv) if i >= 0] for ri, rv in zip(idx, val)]
-        assert got == _sorted_rows(sae.encode(x), k)
+    with ThreadPoolExecutor(1) as pool:
+        for k in (1, 10, 64):
+            want = _sorted_rows(sae.encode(x), k)
+            for team in (None, Team(2, pool)):
+                idx, val = sae.top_activations(x, k) if team is None else sae.top_activations(x, k, team=team)
+                _assert_top(idx, val, want)
 
 
 def test_top_activations_read_hook_z_as_encode_does(tmp_path):
