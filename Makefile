@@ -112,7 +112,8 @@ $(BENCH_VENV)/.stamp: bench/requirements.txt pyproject.toml requirements.lock
 	touch $@
 
 bench: setup $(BENCH_VENV)/.stamp
-	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE SAE_PYTHON=$(SAEENV)/bin/python $(BENCH_VENV)/bin/python -m bench.run $(BENCH)
+	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE SAE_PYTHON=$(SAEENV)/bin/python TORCH_PYTHON=$(TORCHENV)/bin/python \
+		$(BENCH_VENV)/bin/python -m bench.run $(BENCH)
 
 # Regenerate tests/fixtures/ (parity references from Hugging Face transformers, in float64, and
 # PyTorch's training run and the shipped trained models' logits). Needs torch, so it runs in its own

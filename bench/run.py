@@ -3,7 +3,7 @@ written to bench/out/latest.md, from which docs/benchmarks.md's tables are copie
 
     bench/.env/bin/python -m bench.run [core_vs_torch training training_live backward api_load browser long_inputs memory families classroom
                                         generate patching sae_features sae_train scale cell
-                                        attribution]
+                                        attribution steering]
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from bench import (
     sae_features,
     sae_train,
     scale,
+    steering,
     training,
     training_live,
 )
@@ -53,6 +54,7 @@ BENCHMARKS = {
     "scale": scale,
     "cell": cell,
     "attribution": attribution,  # integrated gradients against Captum on transformers
+    "steering": steering,  # steered greedy generation against torch forward hooks (TORCHENV's venv)
     "class": class_follow,  # a live class: sixty followers through Caddy over two replicas, one killed
 }
 
