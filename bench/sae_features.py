@@ -1,12 +1,17 @@
 """POST /api/v1/analysis/features at 1,024 tokens with a 16k-feature SAE on a d-768 stream (issue 34: < 200 ms
-on the server). Rows: core's part at exactly those sizes (the dense encode of [1024, 768] as SAE.encode computes it,
-and SAE.top_activations, which the endpoint calls: the encode a block of rows at a time with each token's top 10),
-and the whole endpoint answered in-process (TestClient: no network, the server's own work) on a GPT-2-shaped model
-of one layer, d_model 768 and a context of 1,024 (random weights, written for the bench into a temporary
-EXPLORER_MODELS_DIR), with a 16,384-feature SAE on its blocks.0.hook_resid_post, at 1,024 tokens. --threads is the
-server's EXPLORER_BLAS_THREADS (1 by default: a worker's policy, app/settings.py).
+on the server). Rows, at each BLAS thread count asked for (--threads; the server's EXPLORER_BLAS_THREADS, 1 by
+default: a worker's policy, app/settings.py):
+- core's part at exactly those sizes: the product x @ W_enc alone ([1024, 768] @ [768, 16384]), the dense encode as
+  SAE.encode computes it, and SAE.top_activations, which the endpoint calls (encode included);
+- the whole endpoint answered in-process (TestClient: no network, the server's own work) on a GPT-2-shaped model
+  of one layer, d_model 768 and a context of 1,024 (random weights, written for the bench into a temporary
+  EXPLORER_MODELS_DIR), with a 16,384-feature SAE on its blocks.0.hook_resid_post, and POST /api/v1/run of the
+  same text beside it;
+- the floor: the endpoint's multiply-adds (the model's pass up to the SAE's hook, core.params.forward_work, and
+  the encoder's n × d_in × d_sae) at the rate this machine ran the product alone, at those threads: no float32
+  code on this CPU answers faster than that.
 
-    .venv/bin/python -m bench.sae_features [--repeat 5] [--threads 1]
+    .venv/bin/python -m bench.sae_features [--repeat 5] [--threads 1 2]
 """
 
 from __future__ import annotations
@@ -59,21 +64,13 @@ def timed(fn, repeat: int) -> float:
     return statistics.median(times)
 
 
-def argpartition_top(acts: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
-    """Each row's top k as the endpoint found them before SAE.top_activations (app/service/features.py's
-    top_features until c023c7f): an argpartition of the whole negated [pos, d_sae], then a sort of the k."""
-    cand = np.argpartition(-acts, k - 1, axis=1)[:, :k]
-    vals = np.take_along_axis(acts, cand, axis=1)
-    order = np.lexsort((cand, -vals), axis=1)
-    cand, vals = np.take_along_axis(cand, order, 1), np.take_along_axis(vals, order, 1)
-    return [[(i, v) for i, v in zip(ci, vi) if v > 0] for ci, vi in zip(cand.tolist(), vals.tolist())]
-
-
-def core_rows(repeat: int, threads: int) -> list[tuple[str, float]]:
+def core_rows(repeat: int, threads: int) -> tuple[list[tuple[str, float]], float]:
+    """The rows, and the product's rate (multiply-adds a second) at these threads."""
     from core.threads import team_for
 
     x = np.random.default_rng(1).normal(size=(TOKENS, 768)).astype(np.float32)
     rows = []
+    rate = 0.0
     for arch in ("standard", "topk"):
         sae = random_sae(768, arch)
 
@@ -83,42 +80,50 @@ def core_rows(repeat: int, threads: int) -> list[tuple[str, float]]:
 
         with threadpool_limits(threads, user_api="blas"):
             product = timed(lambda sae=sae: x @ sae.W_enc, repeat)
+            rate = max(rate, x.shape[0] * x.shape[1] * D_SAE / product)
             rows.append((f"core: {arch}: the product x @ W_enc alone, [1024, 768] @ [768, 16384]", product))
             rows.append(
                 (f"core: {arch}: SAE.encode, [1024, 16384] dense", timed(lambda sae=sae: sae.encode(x), repeat))
             )
-            before = timed(lambda sae=sae: argpartition_top(sae.encode(x), 10), repeat)
-            rows.append((f"core: {arch}: before: SAE.encode + argpartition of every row, top 10", before))
             rows.append((f"core: {arch}: SAE.top_activations, top 10 per token (encode included)", timed(top, repeat)))
-    return rows
+    return rows, rate
+
+
+VOCAB = tuple(chr(c) for c in range(32, 127)) + ("\n",)  # characters as tokens
+
+
+def wide_cfg():
+    from core import TransformerConfig
+
+    return TransformerConfig(d_model=768, n_layers=1, n_heads=12, d_vocab=len(VOCAB), n_ctx=TOKENS)
 
 
 def wide_model(root: Path) -> str:
     """A GPT-2-shaped folder of one layer, d_model 768, context 1,024, random float32 weights, characters as tokens."""
     from types import SimpleNamespace
 
-    from core import TransformerConfig
     from core.export import save_gpt2_folder
     from core.model import init_params
 
-    vocab = tuple(chr(c) for c in range(32, 127)) + ("\n",)
-    cfg = TransformerConfig(d_model=768, n_layers=1, n_heads=12, d_vocab=len(vocab), n_ctx=TOKENS)
+    cfg = wide_cfg()
     settings = SimpleNamespace(recipe="bench", to_dict=dict)
     save_gpt2_folder(
         root / "bench-d768",
         init_params(cfg, 0, np.float32),
         cfg,
-        SimpleNamespace(vocab=vocab, lowercase=False, text=None),
+        SimpleNamespace(vocab=VOCAB, lowercase=False, text=None),
         settings,
     )
     return "bench-d768"
 
 
-def endpoint_rows(repeat: int, threads: int) -> list[tuple[str, float]]:
+def endpoint_rows(repeat: int, threads: int) -> tuple[list[tuple[str, float]], int]:
+    """The rows, and the endpoint's multiply-adds."""
     from fastapi.testclient import TestClient
 
     from app.main import create_app
     from app.settings import Settings
+    from core.params import forward_work
 
     with tempfile.TemporaryDirectory() as root:
         models, saes, runs = (Path(root) / d for d in ("models", "saes", "runs"))
@@ -134,22 +139,29 @@ def endpoint_rows(repeat: int, threads: int) -> list[tuple[str, float]]:
             run = {"model": name, "text": text}
             forward = timed(lambda: c.post("/api/v1/run", json=run), repeat)
             seconds = timed(lambda: c.post("/api/v1/analysis/features", json=body), repeat)
+    work = forward_work(wide_cfg(), n_tokens, stop_at_layer=1) + n_tokens * 768 * D_SAE
     return [
         (f"endpoint: {name} (d_model 768, 1 layer), {n_tokens} tokens, 16,384 features, top 10", seconds),
         ("for comparison: POST /api/v1/run of the same text (the model's forward pass with its logits)", forward),
-    ]
+    ], work
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     a = ap.parse_args(argv)
-    load = os.getloadavg()[0]
-    rows = core_rows(a.repeat, a.threads) + endpoint_rows(a.repeat, a.threads)
-    print(f"BLAS threads {a.threads}, median of {a.repeat}, load {load:.1f} before, {os.getloadavg()[0]:.1f} after")
-    for what, s in rows:
-        print(f"| {what} | {s * 1000:.1f} ms |")
+    for threads in a.threads:
+        load = os.getloadavg()[0]
+        rows, rate = core_rows(a.repeat, threads)
+        more, work = endpoint_rows(a.repeat, threads)
+        rows += more
+        rows.append(
+            (f"floor: the endpoint's {work / 1e9:.1f} G multiply-adds at the product's rate above", work / rate)
+        )
+        print(f"\nBLAS threads {threads}, median of {a.repeat}, load {load:.1f} before, {os.getloadavg()[0]:.1f} after")
+        for what, s in rows:
+            print(f"| {what} | {s * 1000:.1f} ms |")
     print(f"budget for the endpoint: {BUDGET_S * 1000:.0f} ms")
     return 0
 
