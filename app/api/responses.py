@@ -280,7 +280,10 @@ class RolloutResponse(AnalysisResponse):
 class TrainingRunLinks(ResponseModel):
     self: str
     events: str = Field(description="Server-Sent Events of the run's progress")
-    checkpoint: str = Field(description="a zip of its Hugging Face GPT-2 folder, once it has weights")
+    checkpoint: str = Field(
+        description="a zip of its weights, once it has any: a model's Hugging Face GPT-2 folder, an SAE's (recipe "
+        "sae) SAELens folder"
+    )
     page: str = Field(description="the run's page")
 
 
@@ -292,32 +295,41 @@ class TrainAccepted(ResponseModel):
     links: TrainingRunLinks
 
 
-class TrainingMetrics(ResponseModel):
-    """A model's run has the first eight lists; an SAE's run (recipe sae) step, loss, lr, elapsed_s and the last
-    four (the others absent)."""
+class ModelRunMetrics(ResponseModel):
+    """A model's run (recipes induction, nasi-lemak, text): one entry per record."""
+
+    model_config = ConfigDict(from_attributes=True, extra="forbid")
 
     step: list[int]
     loss: list[float | None] = Field(description="mean training loss since the previous record")
-    val_loss: list[float] | None = Field(None, description="loss on the recipe's fixed held-out sequences")
+    val_loss: list[float] = Field(description="loss on the recipe's fixed held-out sequences")
     lr: list[float]
-    icl_score: list[float] | None = Field(
-        None, description="held-out loss late in the context minus early (negative: the context helps)"
+    icl_score: list[float] = Field(
+        description="held-out loss late in the context minus early (negative: the context helps)"
     )
-    target: list[float | None] | None = Field(
-        None,
+    target: list[float | None] = Field(
         description="the recipe's target probability: nasi-lemak's P('l' | 'nasi '), induction's on a repeated segment",
     )
-    grad_norm: list[float | None] | None = None
+    grad_norm: list[float | None]
     elapsed_s: list[float]
-    mse: list[float] | None = Field(
-        None, description="sae: mean since the previous record of Σ_d (x̂ − x)², averaged over the batch"
+
+
+class SAERunMetrics(ResponseModel):
+    """An SAE's run (recipe sae): one entry per record, SAELens's batch metrics."""
+
+    model_config = ConfigDict(from_attributes=True, extra="forbid")
+
+    step: list[int]
+    loss: list[float | None] = Field(description="mean of its objective (SAELens's loss) since the previous record")
+    lr: list[float]
+    elapsed_s: list[float]
+    mse: list[float] = Field(description="mean since the previous record of Σ_d (x̂ − x)², averaged over the batch")
+    explained_variance: list[float] = Field(
+        description="1 − Σ (x − x̂)² / Σ (x − mean x)² over a batch, mean since the previous record"
     )
-    explained_variance: list[float] | None = Field(
-        None, description="sae: 1 − Σ (x − x̂)² / Σ (x − mean x)² over a batch, mean since the previous record"
-    )
-    l0: list[float] | None = Field(None, description="sae: features active per token, mean since the previous record")
-    dead_fraction: list[float] | None = Field(
-        None, description="sae: the share of features that have not fired in the last 200 steps, at the record's step"
+    l0: list[float] = Field(description="features active per token, mean since the previous record")
+    dead_fraction: list[float] = Field(
+        description="the share of features that have not fired in the last 200 steps, at the record's step"
     )
 
 
@@ -349,7 +361,10 @@ class TrainingRun(ResponseModel):
     step: int
     steps: int
     loss: float | None = Field(description="the latest training loss")
-    metrics: TrainingMetrics
+    metrics: ModelRunMetrics | SAERunMetrics = Field(
+        description="a model's run: its loss, held-out loss, in-context score, target probability and gradient norm; "
+        "an SAE's run (recipe sae): its loss and SAELens's metrics. Each has its own fields only"
+    )
     heads: TrainingHeadScores
     samples: list[Sample]
     snapshots: list[int] = Field(description="steps whose attention patterns GET .../patterns/{step} returns")

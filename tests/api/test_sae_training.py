@@ -135,6 +135,8 @@ def test_an_sae_learns_a_model_trained_here(store, server):  # noqa: F811 (fixtu
         z = zipfile.ZipFile(io.BytesIO(c.get(f"/api/v1/saes/{id}/download").content))
         cfg = json.loads(next(z.read(n) for n in z.namelist() if n.endswith("cfg.json")))
         assert cfg["metadata"]["model_name"] == model
+        checkpoint = zipfile.ZipFile(io.BytesIO(c.get(f"/api/v1/runs/{id}/checkpoint").content))
+        assert sorted(checkpoint.namelist()) == sorted(z.namelist())  # the run's weights: the SAELens folder
         again = c.post("/api/v1/train", json=body).json()
         assert again["id"] == id and not again["queued"]  # the same model's same weights: the same run
         # what cannot be learned from, said
@@ -257,6 +259,15 @@ def test_a_downloaded_sae_opens_in_saelens_with_the_same_activations(client_with
     fresh = load_sae(again)
     for name, array in sae.arrays().items():  # one BLAS thread: bit for bit on one machine, close on another
         np.testing.assert_allclose(getattr(fresh, name), array, rtol=1e-3, atol=1e-4)
+
+
+def test_the_checkpoint_route_says_an_sae_runs_weights_are_a_saelens_folder(client):
+    spec = client.get("/openapi.json").json()
+    operation = spec["paths"]["/api/v1/runs/{id}/checkpoint"]["get"]
+    for said in (operation["summary"], operation["description"], operation["responses"]["200"]["description"]):
+        assert "SAELens" in said and "GPT-2" in said
+    links = spec["components"]["schemas"]["TrainingRunLinks"]["properties"]["checkpoint"]["description"]
+    assert "SAELens" in links and "GPT-2" in links
 
 
 def test_the_sae_catalogue_lists_its_folders_while_the_store_is_out_of_reach():

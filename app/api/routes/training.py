@@ -135,12 +135,15 @@ def cancel_run(id: RunId, svc: ServiceDep) -> FastJSONResponse:
 
 @router.get(
     "/runs/{id}/checkpoint",
-    responses=errors(*TRAINING) | {200: {"content": {"application/zip": {}}}},
-    summary="Download a run's weights: a zip of its Hugging Face GPT-2 folder",
+    responses=errors(*TRAINING)
+    | {200: {"content": {"application/zip": {}}, "description": "a Hugging Face GPT-2 folder, or a SAELens folder"}},
+    summary="Download a run's weights: a zip of its model's Hugging Face GPT-2 folder, or its SAE's SAELens folder",
 )
 def checkpoint(id: RunId, svc: ServiceDep) -> Response:
-    """config.json, model.safetensors and tokenizer.json (with tokenizer_config.json): `transformers`
-    opens the folder as it is (GPT2LMHeadModel.from_pretrained)."""
+    """A model's run: its Hugging Face GPT-2 folder, config.json, model.safetensors and tokenizer.json (with
+    tokenizer_config.json), which `transformers` opens as it is (GPT2LMHeadModel.from_pretrained). An SAE's run
+    (recipe sae): its SAELens folder, cfg.json and sae_weights.safetensors, which SAELens's `SAE.load_from_disk`
+    opens (the same files as GET /api/v1/saes/{id}/download)."""
     name, data = svc.training.weights_zip(id)
     return Response(
         data, media_type="application/zip", headers={"Content-Disposition": f'attachment; filename="{name}"'}
