@@ -5,11 +5,12 @@ default: a worker's policy, app/settings.py):
   SAE.encode computes it, and SAE.top_activations, which the endpoint calls (encode included);
 - the whole endpoint answered in-process (TestClient: no network, the server's own work) on a GPT-2-shaped model
   of one layer, d_model 768 and a context of 1,024 (random weights, written for the bench into a temporary
-  EXPLORER_MODELS_DIR), with a 16,384-feature SAE on its blocks.0.hook_resid_post, and POST /api/v1/run of the
-  same text beside it;
-- the floor: the endpoint's multiply-adds (the model's pass up to the SAE's hook, core.params.forward_work, and
-  the encoder's n × d_in × d_sae) at the rate this machine ran the product alone, at those threads: no float32
-  code on this CPU answers faster than that.
+  EXPLORER_MODELS_DIR), with a 16,384-feature SAE on its blocks.0.hook_resid_pre (the pass stops before the
+  block: the SAE's own work) and one on its blocks.0.hook_resid_post (a GPT-2-small-wide block first), and POST
+  /api/v1/run of the same text beside them;
+- each endpoint row's floor: its multiply-adds (the model's pass up to the SAE's hook, core.params.forward_work,
+  and the encoder's n × d_in × d_sae) at the rate this machine ran the product alone, at those threads: no
+  float32 code on this CPU answers faster than that.
 
     .venv/bin/python -m bench.sae_features [--repeat 5] [--threads 1 2]
 """
@@ -117,33 +118,47 @@ def wide_model(root: Path) -> str:
     return "bench-d768"
 
 
-def endpoint_rows(repeat: int, threads: int) -> tuple[list[tuple[str, float]], int]:
-    """The rows, and the endpoint's multiply-adds."""
+# The two SAEs the endpoint is timed with: on the stream as it enters the first block (the pass stops before it:
+# the SAE's own work) and as it leaves it (after a block of GPT-2 small's width).
+HOOKS = {"resid_pre": "blocks.0.hook_resid_pre", "resid_post": "blocks.0.hook_resid_post"}
+
+
+def endpoint_rows(repeat: int, threads: int, rate: float) -> list[tuple[str, float]]:
+    """The endpoint with each SAE of HOOKS, each beside its floor (its multiply-adds at `rate`), and /run."""
     from fastapi.testclient import TestClient
 
     from app.main import create_app
     from app.settings import Settings
+    from core.hooks import layers_needed
     from core.params import forward_work
 
+    rows = []
     with tempfile.TemporaryDirectory() as root:
         models, saes, runs = (Path(root) / d for d in ("models", "saes", "runs"))
         name = wide_model(models)
-        save_sae(random_sae(768, "standard", name, "blocks.0.hook_resid_post"), saes / "bench")
+        for sae_name, hook in HOOKS.items():
+            save_sae(random_sae(768, "standard", name, hook), saes / sae_name)
         text = ("The for statement is used to iterate over the elements of a sequence. " * 20)[:TOKENS]
-        body = {"model": name, "text": text, "sae": "bench", "top_k": 10}
         settings = Settings(models_dir=models, saes_dir=saes, runs_dir=runs, blas_threads=threads, access_log=False)
         with TestClient(create_app(settings)) as c:
-            r = c.post("/api/v1/analysis/features", json=body)
-            assert r.status_code == 200, r.text[:300]
-            n_tokens = len(r.json()["tokens"])
+            for sae_name, hook in HOOKS.items():
+                body = {"model": name, "text": text, "sae": sae_name, "top_k": 10}
+                r = c.post("/api/v1/analysis/features", json=body)
+                assert r.status_code == 200, r.text[:300]
+                n = len(r.json()["tokens"])
+                seconds = timed(lambda body=body: c.post("/api/v1/analysis/features", json=body), repeat)
+                work = forward_work(wide_cfg(), n, stop_at_layer=layers_needed([hook], wide_cfg())) + n * 768 * D_SAE
+                what = f"{name} (d_model 768, 1 layer), {n} tokens, 16,384 features on {hook}, top 10"
+                rows.append((f"endpoint: {what}", seconds))
+                rows.append((f"floor: its {work / 1e9:.1f} G multiply-adds at the product's rate above", work / rate))
             run = {"model": name, "text": text}
-            forward = timed(lambda: c.post("/api/v1/run", json=run), repeat)
-            seconds = timed(lambda: c.post("/api/v1/analysis/features", json=body), repeat)
-    work = forward_work(wide_cfg(), n_tokens, stop_at_layer=1) + n_tokens * 768 * D_SAE
-    return [
-        (f"endpoint: {name} (d_model 768, 1 layer), {n_tokens} tokens, 16,384 features, top 10", seconds),
-        ("for comparison: POST /api/v1/run of the same text (the model's forward pass with its logits)", forward),
-    ], work
+            rows.append(
+                (
+                    "for comparison: POST /api/v1/run of the same text (the model's forward pass with its logits)",
+                    timed(lambda: c.post("/api/v1/run", json=run), repeat),
+                )
+            )
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,11 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     for threads in a.threads:
         load = os.getloadavg()[0]
         rows, rate = core_rows(a.repeat, threads)
-        more, work = endpoint_rows(a.repeat, threads)
-        rows += more
-        rows.append(
-            (f"floor: the endpoint's {work / 1e9:.1f} G multiply-adds at the product's rate above", work / rate)
-        )
+        rows += endpoint_rows(a.repeat, threads, rate)
         print(f"\nBLAS threads {threads}, median of {a.repeat}, load {load:.1f} before, {os.getloadavg()[0]:.1f} after")
         for what, s in rows:
             print(f"| {what} | {s * 1000:.1f} ms |")

@@ -100,12 +100,15 @@ def hook_dims(name: str, cfg: TransformerConfig, n_tokens: int, n_keys: int | No
 
 def layers_needed(names: Iterable[str], cfg: TransformerConfig) -> int:
     """How many blocks a pass must run to make every hook named: one past the last block named (0 for the
-    embeddings alone), every block for ln_final's. A pass that keeps only these and no logits may stop there
-    (forward's stop_at_layer): an SAE on the first layer of a 12-layer model needs 1 of the 12."""
+    embeddings alone; L for blocks.L.hook_resid_pre, the stream entering block L), every block for ln_final's.
+    A pass that keeps only these and no logits may stop there (forward's stop_at_layer): an SAE on the first
+    layer of a 12-layer model needs 1 of the 12."""
     needed = 0
     for name in names:
         if name.startswith("blocks."):
-            needed = max(needed, int(name.split(".", 2)[1]) + 1)
+            _blocks, layer, hook = name.split(".", 2)
+            # a block's resid_pre is the stream the blocks before it made (a pass that stops there makes it)
+            needed = max(needed, int(layer) + (hook != "hook_resid_pre"))
         elif not name.startswith("hook_"):  # ln_final.hook_normalized: after every block
             needed = cfg.n_layers
     return needed

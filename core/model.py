@@ -596,6 +596,8 @@ def forward(
             keys.append(k)
             values.append(v)
         if stop_at_layer is not None:
+            if stop_at_layer < cfg.n_layers:  # the stream entering the next block is made: it is the one it stops on
+                ctx.hook(f"blocks.{stop_at_layer}.hook_resid_pre", x)
             return None, ctx.cache, KVCache(tuple(keys), tuple(values))
         if cfg.block_type == "pre_norm":
             x = ctx.hook("ln_final.hook_normalized", norm(x, params["ln_final"], cfg, team))

@@ -184,12 +184,15 @@ def test_stop_at_layer_makes_the_same_activations_as_the_whole_pass_and_runs_onl
             for n in hook_names(cfg)
             if not n.startswith(("blocks.", "ln_final")) or (n.startswith("blocks.") and int(n.split(".")[1]) < stop)
         ]
+        if stop < cfg.n_layers:
+            ran.append(f"blocks.{stop}.hook_resid_pre")  # the stream it stops on, entering the next block
         assert sorted(part.keys()) == sorted(ran)
         for name in ran:
             np.testing.assert_array_equal(part[name], whole[name])
         assert len(part.past_kv.keys) == stop
         assert forward_work(cfg, 9, stop_at_layer=stop) < forward_work(cfg, 9, logits=False) or stop == cfg.n_layers
-    assert layers_needed(["hook_embed"], cfg) == 0
+    assert layers_needed(["hook_embed"], cfg) == layers_needed(["blocks.0.hook_resid_pre"], cfg) == 0
+    assert layers_needed(["blocks.2.hook_resid_pre"], cfg) == 2
     assert layers_needed(["blocks.0.hook_resid_post", "blocks.1.attn.hook_z"], cfg) == 2
     assert layers_needed(["ln_final.hook_normalized"], cfg) == cfg.n_layers
     with pytest.raises(ValueError, match="stop_at_layer"):
