@@ -205,12 +205,13 @@ def pattern_figure(svc: Service, info: TrainingRunInfo, layer: int, head: int, s
 
 def _links(info: TrainingRunInfo, text: str, best_head: int | None) -> dict[str, str]:
     """Where to take the run's model: the explorer on its last layer's best induction head and a text that
-    repeats (where an induction head shows), its heads on /inspect, its weights, its JSON."""
+    repeats (where an induction head shows), its heads on /inspect, an SAE on it, its weights, its JSON."""
     model = info.model or info.id
     head = {"layer": info.config["n_layers"] - 1, "head": best_head} if best_head is not None else {}
     return {
         "explorer": "/?" + urlencode({"model": model, "text": text} | head),
         "inspect": "/inspect?" + urlencode({"view": "detectors", "model": model, "text": text}),
+        "sae_train": "/train?" + urlencode({"recipe": "sae", "model": model}),
         "checkpoint": f"/api/v1/runs/{info.id}/checkpoint",
         "api": f"/api/v1/runs/{info.id}",
         "events": f"/api/v1/runs/{info.id}/events",

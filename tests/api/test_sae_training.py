@@ -174,6 +174,7 @@ def test_an_sae_of_a_model_run_is_named_by_the_weights_it_reads(client_with, tmp
         if len(ids) == 1:
             assert c.post("/api/v1/train", json=MODEL_RUN | {"steps": 20000, "eval_interval": 50}).json()["queued"]
     assert ids[0] != ids[1]
+    assert f'href="/train?recipe=sae&amp;model={model}"' in c.get("/train", params={"run": model}).text
     page = c.get("/train", params={"recipe": "sae", "model": model}).text  # the form offers the model run
     assert f'<option value="{model}" selected>' in page and f"{HOOK} (16)" in page
     digests = [c.get(f"/api/v1/runs/{id}").json()["config"]["model_sha256"] for id in ids]
