@@ -146,9 +146,10 @@ fixtures: setup
 	$(TORCHENV)/bin/python scripts/make_backward_fixtures.py
 	$(MAKE) $(SAEENV)/.stamp
 	$(SAEENV)/bin/python scripts/make_sae_fixtures.py
+	$(SAEENV)/bin/python scripts/make_sae_jumprelu_fixtures.py
 	$(SAEENV)/bin/python scripts/make_sae_training_fixtures.py --app-python $(PY)
 	$(PY) -m pytest -q tests/core/test_parity.py tests/core/test_checkpoints.py tests/core/test_sampling.py tests/core/test_generate.py \
-		tests/core/test_patching.py tests/core/test_sae.py tests/core/test_steering.py tests/core/test_attribution.py \
+		tests/core/test_patching.py tests/core/test_sae.py tests/core/test_sae_jumprelu.py tests/core/test_steering.py tests/core/test_attribution.py \
 		tests/api/test_sae_training.py::test_a_downloaded_sae_opens_in_saelens_with_the_same_activations \
 		tests/core/test_backward_families.py
 

@@ -15,10 +15,9 @@ Each recipe is a seeded data generator with a model and the settings that work f
   text        a character-level GPT on a text: Python's own documentation by default
               (pydoc_data.topics, in every CPython, no download), or a text of your own.
 
-Settings are one flat, frozen dataclass (TrainSettings) whose names are the API's; `settings(recipe,
-**changes)` fills in the recipe's defaults and refuses a bad combination with an InputError that says
-what to change. `make_recipe(settings)` builds the recipe: its tokenizer vocabulary, model config,
-initial weights, training batches, held-out batches and probe.
+Settings are one flat, frozen dataclass (TrainSettings) whose names are the API's; `settings(recipe, **changes)` fills
+in the recipe's defaults and refuses a bad combination with an InputError that says what to change; `make_recipe`
+builds the recipe: its tokenizer vocabulary, model config, initial weights, training and held-out batches, probe.
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ from .config import TransformerConfig
 from .errors import InputError
 from .i18n import N_, _
 from .model import Params, init_params, iter_arrays
-from .sae_train import MAX_D_SAE, MAX_L1, MAX_SAE_K, SAE_KINDS
+from .sae_train import JUMPRELU_FIELDS, JUMPRELU_SETTINGS, MAX_D_SAE, MAX_L1, MAX_SAE_K, SAE_KINDS
 
 UNK = "[UNK]"  # id 0 of the character vocabularies that have one: any character they do not know
 
@@ -51,7 +50,7 @@ MAX_HEADS = 16
 TEXT_MAX_CHARS = 1_000_000  # a text of your own: about a megabyte (the default corpus is ~465,000)
 TEXT_MAX_VOCAB = 256  # distinct characters a text may hold (each becomes a row of the token table)
 DTYPES = ("float32", "float64")
-SAE_FIELDS = ("model", "hook", "architecture", "d_sae", "k", "l1_coefficient")  # the sae recipe's (core/sae_run.py)
+SAE_FIELDS = ("model", "hook", "architecture", "d_sae", "k", "l1_coefficient", *JUMPRELU_FIELDS)  # core/sae_run.py
 DIGEST = "model_sha256"  # sae on a model run: its weights' digest, from them (never a request's); a card omits null
 
 # induction: 31 characters and [UNK] (id 0) make the recipe's 32-token vocabulary. Lower-case letters, space and the
@@ -153,11 +152,14 @@ class TrainSettings:
     # the sae recipe (core/sae_run.py): a sparse autoencoder on one hook of a model trained here; null elsewhere
     model: str | None = setting(None, help="sae: the model it reads: a shipped one, or a model run's id", cli=False)
     hook: str | None = setting(None, help="sae: the hook it reads, e.g. blocks.0.hook_resid_post", cli=False)
-    architecture: str | None = setting(None, help="sae: standard (L1) or topk", choices=SAE_KINDS, cli=False)
+    architecture: str | None = setting(None, help="sae: standard (L1), topk or jumprelu", choices=SAE_KINDS, cli=False)
     d_sae: int | None = setting(None, help="sae: its features", label=N_("Features"), ge=1, le=MAX_D_SAE, cli=False)
     k: int | None = setting(None, help="sae, topk: features a token", label=N_("k"), ge=1, le=MAX_SAE_K, cli=False)
     l1_coefficient: float | None = setting(None, help="sae: L1 weight", label=N_("L1"), ge=0, le=MAX_L1, cli=False)
     model_sha256: str | None = setting(None, help="sae: its model run's weights' SHA-256", api=False, cli=False)
+    l0_coefficient: float | None = setting(None, cli=False, **JUMPRELU_SETTINGS["l0_coefficient"])
+    jumprelu_init_threshold: float | None = setting(None, cli=False, **JUMPRELU_SETTINGS["jumprelu_init_threshold"])
+    jumprelu_bandwidth: float | None = setting(None, cli=False, **JUMPRELU_SETTINGS["jumprelu_bandwidth"])
 
     def replace(self, **changes) -> TrainSettings:
         return dataclasses.replace(self, **changes)
@@ -168,6 +170,7 @@ class TrainSettings:
             d["text"] = f"<{len(self.text):,} characters, sha256 {text_hash(self.text)[:16]}>"
         if not d["repeats"]:  # the text as it is: a card says so as it did before the setting existed
             del d["repeats"]
+        d = {k: v for k, v in d.items() if k not in JUMPRELU_FIELDS or v is not None}  # unset: as before jumprelu
         return {k: v for k, v in d.items() if (k not in SAE_FIELDS or self.recipe == "sae") and (v or k != DIGEST)}
 
     @property
@@ -195,11 +198,9 @@ def setting_type(f: dataclasses.Field) -> type:
     return next((t for t in getattr(hint, "__args__", (hint,)) if t is not type(None)), hint)
 
 
-# Each recipe's working defaults (changes on top of TrainSettings' own).
-DEFAULTS: dict[str, dict] = {
-    # A setting in which PyTorch training was measured to form an induction head, so the two trainers are
-    # compared on it (bench/training.py): 2-layer 4-head d_model 64 attention-only, batch 32, AdamW at a
-    # constant 3e-3.
+DEFAULTS: dict[str, dict] = {  # each recipe's working defaults (changes on top of TrainSettings' own)
+    # A setting in which PyTorch training was measured to form an induction head, so the two trainers are compared on
+    # it (bench/training.py): 2-layer 4-head d_model 64 attention-only, batch 32, AdamW at a constant 3e-3.
     "induction": dict(
         steps=1000,
         batch_size=32,
@@ -671,8 +672,7 @@ class Text(Recipe):
         )
 
     def sample_prompt(self) -> np.ndarray:
-        prompt = self.held_out_ids[:16]
-        return prompt
+        return self.held_out_ids[:16]
 
 
 RECIPES: dict[str, type[Recipe]] = {"induction": Induction, "nasi-lemak": NasiLemak, "text": Text}

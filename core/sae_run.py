@@ -2,8 +2,9 @@
 
 Settings are TrainSettings' (core/recipes.py): `model` (a model shipped in core/trained/, or a model run trained
 here: its id, with `model_sha256`, its weights' digest, which the caller's `SourceModel` fills in), `hook` (any of its
-[pos, width] activations, e.g. blocks.0.hook_resid_post), `architecture` (standard or topk), `d_sae`, `k` (topk)
-or `l1_coefficient` (standard), and the shared `steps`, `batch_size` (vectors per step), `lr`, `seed`,
+[pos, width] activations, e.g. blocks.0.hook_resid_post), `architecture` (standard, topk or jumprelu), `d_sae`,
+`k` (topk), `l1_coefficient` (standard) or `l0_coefficient`, `jumprelu_init_threshold` and `jumprelu_bandwidth`
+(jumprelu, SAELens's names), and the shared `steps`, `batch_size` (vectors per step), `lr`, `seed`,
 `eval_interval`; `text`, the corpus (null: the model's own training data, drawn by its recipe from the seed).
 
 The activations are read once, at the start: at most POOL_TOKENS vectors (fewer when steps × batch_size is
@@ -31,6 +32,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -40,6 +42,7 @@ from .errors import InputError
 from .i18n import _
 from .recipes import (
     DIGEST,
+    JUMPRELU_FIELDS,
     SAE_FIELDS,
     TrainSettings,
     check,
@@ -53,6 +56,13 @@ from .train import Snapshot
 POOL_TOKENS = 65_536  # activation vectors read at the start, at most (64 × 65,536 float32: 16 MiB)
 DEFAULT_K = 16  # topk
 DEFAULT_L1 = 1.0  # standard: SAELens's l1_coefficient default
+# Each architecture's own settings and their defaults (jumprelu's: SAELens's, SAETraining's); a request that sets
+# another architecture's is refused.
+ARCHITECTURE_DEFAULTS: dict[str, dict[str, object]] = {
+    "standard": {"l1_coefficient": DEFAULT_L1},
+    "topk": {"k": DEFAULT_K},
+    "jumprelu": {name: getattr(SAETraining, name) for name in JUMPRELU_FIELDS},
+}
 # The recipe's working defaults: the induction model's residual stream after its first layer, 16× expanded.
 DEFAULTS: dict[str, object] = dict(
     model="induction",
@@ -157,7 +167,7 @@ def sae_settings(given: dict, model: SourceModel | None = None) -> TrainSettings
                 "or optimise a model; the SAE's settings are {own})"
             ).format(fields=", ".join(model_only), own=", ".join(sorted(OWN)))
         )
-    values = DEFAULTS | given
+    values: dict[str, Any] = DEFAULTS | given
     if model is not None and not model.shipped:
         values[DIGEST] = model.digest
     architecture = values["architecture"]
@@ -167,16 +177,15 @@ def sae_settings(given: dict, model: SourceModel | None = None) -> TrainSettings
                 architecture=architecture, choices=" or ".join(SAE_KINDS)
             )
         )
-    if architecture == "topk":
-        if "l1_coefficient" in given:
+    own = ARCHITECTURE_DEFAULTS[architecture]
+    for other, names in ARCHITECTURE_DEFAULTS.items():
+        if wrong := [name for name in names if name in given and name not in own]:
             raise InputError(
-                _("l1_coefficient is the standard architecture's penalty; a topk SAE keeps k features instead")
+                _("{name} is the {owner} architecture's setting; a {architecture} SAE takes {own} instead").format(
+                    name=wrong[0], owner=other, architecture=architecture, own=", ".join(own)
+                )
             )
-        values.setdefault("k", DEFAULT_K)
-    else:
-        if "k" in given:
-            raise InputError(_("k is the topk architecture's; a standard SAE is made sparse by l1_coefficient"))
-        values.setdefault("l1_coefficient", DEFAULT_L1)
+    values = {**own, **values}
     steps = values["steps"]
     if isinstance(steps, int) and steps >= 1 and "eval_interval" not in given:
         values["eval_interval"] = min(int(values["eval_interval"]), steps)
@@ -226,6 +235,23 @@ def check_sae(s: TrainSettings, model: SourceModel | None = None) -> None:
         isinstance(s.l1_coefficient, (int, float)) and math.isfinite(s.l1_coefficient) and s.l1_coefficient >= 0
     ):
         raise InputError(_("l1_coefficient must be a number of at least 0"))
+    if s.architecture == "jumprelu":
+        fields = {f.name: f for f in dataclasses.fields(TrainSettings)}
+        for name in JUMPRELU_FIELDS:  # within the bounds TrainSettings states (the API's schema states them too)
+            value, bounds = getattr(s, name), fields[name].metadata["bounds"]
+            number = isinstance(value, (int, float)) and not isinstance(value, bool) and value <= bounds["le"]
+            if "gt" in bounds and not (number and value > bounds["gt"]):
+                raise InputError(
+                    _("{name}={value!r} must be a number above {low:g} and at most {high:g}").format(
+                        name=name, value=value, low=bounds["gt"], high=bounds["le"]
+                    )
+                )
+            if "ge" in bounds and not (number and value >= bounds["ge"]):
+                raise InputError(
+                    _("{name}={value!r} must be a number from {low:g} to {high:g}").format(
+                        name=name, value=value, low=bounds["ge"], high=bounds["le"]
+                    )
+                )
     if s.text is not None:
         ids = source.checkpoint.tokenizer.encode(s.text).ids
         if len(ids) < 2:
@@ -356,6 +382,9 @@ class SAERun:
             k=s.k if s.architecture == "topk" else None,
             metadata={"trained_by": "transformer-explorer sae recipe", "settings": s.to_dict()},
         )
+        jumprelu: dict[str, Any] = {
+            name: float(getattr(s, name)) for name in JUMPRELU_FIELDS if getattr(s, name) is not None
+        }
         self.trainer = SAETrainer(
             x,
             self.cfg,
@@ -365,6 +394,7 @@ class SAERun:
                 lr=s.lr,
                 seed=s.seed,
                 l1_coefficient=float(s.l1_coefficient or 0.0),
+                **jumprelu,
             ),
         )
         self._pending: list[list[float]] = []  # each step's RECORD_KEYS since the last record

@@ -8,6 +8,16 @@ trained there means ("Towards Monosemanticity"; Gao et al. 2024 for top-k and it
     topk:      + aux_coefficient · scale · mean_b Σ_d (ê − (x − x̂))²        (AuxK: the top k_aux dead features
                reconstruct what the live ones missed; k_aux = d_in / 2, scale = min(dead / k_aux, 1),
                ê = acts_aux @ W_dec, no bias; the residual is held fixed)
+    jumprelu:  + l0_coefficient · mean_b Σ_i H(pre[b, i] − θ_i)             (the L0 penalty, SAELens's "step" mode;
+               acts = pre · H(pre − θ), H the step; Rajamanoharan et al. 2024, "Jumping Ahead")
+
+JumpReLU's step has no gradient; SAELens (JumpReLUTrainingSAE, DeepMind's setting `jumprelu_ste_to_input`
+false) gives the threshold θ a straight-through pseudo-gradient through a rectangle kernel of width
+`jumprelu_bandwidth` ε, K(u) = 1 when |u| < ½: from acts, ∂/∂θ_i = −Σ_b (θ_i / ε) K((pre − θ_i) / ε) ∂L/∂acts;
+from the L0 term, −Σ_b (1 / ε) K((pre − θ_i) / ε) ∂L/∂H. The pre-activations get acts' gradient where
+pre > θ, and nothing from the L0 term. θ is the parameter itself (SAELens 6.54 trains `threshold`, not
+log_threshold), starts at `jumprelu_init_threshold` for every feature and is projected onto θ ≥ 0 before
+every step; the decoder's rows are left free (no norm in the objective, no renormalising).
 
 A feature is dead when it has not fired in the last `dead_window` steps. The gradients are written out
 below (checked against finite differences in tests/core/test_sae_train.py) and the update is core's
@@ -20,20 +30,27 @@ Shapes: x [batch, d_in]; W_enc [d_in, d_sae]; W_dec [d_sae, d_in]; pre and acts 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 import numpy as np
 
 from .errors import InputError
-from .i18n import _
+from .i18n import N_, _
 from .optim import AdamW, ParamVector
 from .sae import SAE, SAEConfig
 
-TRAINABLE_ARCHITECTURES = SAE_KINDS = ("standard", "topk")
+SAE_KINDS = ("standard", "topk", "jumprelu")  # every one of core/sae.py ARCHITECTURES
 # what a training run may ask for (core/recipes.py TrainSettings states them; core/sae_run.py checks them)
 MAX_D_SAE = 4096
 MAX_SAE_K = 256
 MAX_L1 = 100.0
+
+
+def _jumprelu(default: float, *, help: str, label: str, le: float, gt: float | None = None) -> Any:
+    bounds = {"gt": gt} if gt is not None else {"ge": 0}
+    setting = {"help": help, "label": label, "le": le, **bounds}
+    return field(default=default, metadata={"architecture": "jumprelu", "setting": setting})
 
 
 @dataclass(frozen=True)
@@ -46,8 +63,22 @@ class SAETraining:
     seed: int = 0
     l1_coefficient: float = 1.0  # standard only
     aux_coefficient: float = 1.0  # topk only: the AuxK loss's weight
+    # jumprelu's, SAELens's names and defaults (JumpReLUTrainingSAEConfig's); each field's "setting" is what
+    # core/recipes.py TrainSettings declares for it (the API's description, the page's label, a request's bounds)
+    l0_coefficient: float = _jumprelu(1.0, help="sae, jumprelu: the L0 penalty's weight", label=N_("L0 weight"), le=100)
+    jumprelu_init_threshold: float = _jumprelu(
+        0.01, help="sae, jumprelu: every feature's threshold at the start", label=N_("Initial threshold"), le=10
+    )
+    jumprelu_bandwidth: float = _jumprelu(
+        0.05, help="sae, jumprelu: the threshold's pseudo-gradient kernel width ε", label=N_("Bandwidth"), gt=0, le=10
+    )
     dead_window: int = 200  # steps without firing after which a feature counts as dead
     decoder_init_norm: float = 0.1
+
+
+# jumprelu's settings: SAETraining's fields marked so, and what TrainSettings declares for each
+JUMPRELU_SETTINGS = {f.name: f.metadata["setting"] for f in fields(SAETraining) if f.metadata.get("architecture")}
+JUMPRELU_FIELDS = tuple(JUMPRELU_SETTINGS)
 
 
 @dataclass
@@ -69,18 +100,14 @@ class TrainingState:
 
 
 def check_trainable(cfg: SAEConfig) -> None:
-    if cfg.architecture not in TRAINABLE_ARCHITECTURES:
-        raise InputError(
-            _("SAEs are trained here as {choices}; a {architecture} SAE can be loaded from a folder").format(
-                choices=" or ".join(TRAINABLE_ARCHITECTURES), architecture=cfg.architecture
-            )
-        )
+    """Every architecture SAEConfig reads trains here; not with the topk rescaling or hook_z's reshaping."""
     if cfg.reshape_activations != "none" or cfg.rescale_acts_by_decoder_norm:
         raise InputError(_("SAEs are trained here on a hook's vectors as they are, with no rescaling"))
 
 
 def init_sae(cfg: SAEConfig, training: SAETraining) -> SAE:
-    """A new SAE as SAELens starts one (float32 or float64, as cfg says)."""
+    """A new SAE as SAELens starts one (float32 or float64, as cfg says); a jumprelu SAE's thresholds all
+    jumprelu_init_threshold."""
     check_trainable(cfg)
     rng = np.random.default_rng(training.seed)
     dtype = np.dtype(cfg.dtype)
@@ -93,6 +120,9 @@ def init_sae(cfg: SAEConfig, training: SAETraining) -> SAE:
         b_enc=np.zeros(cfg.d_sae, dtype=dtype),
         W_dec=W_dec,
         b_dec=np.zeros(cfg.d_in, dtype=dtype),
+        threshold=np.full(cfg.d_sae, training.jumprelu_init_threshold, dtype=dtype)
+        if cfg.architecture == "jumprelu"
+        else None,
     )
 
 
@@ -111,6 +141,9 @@ def _gate(sae: SAE, pre: np.ndarray) -> np.ndarray:
     """[batch, d_sae] bool: the features the architecture lets through (relu's, and top-k's k largest of a row).
     The k largest are those at or above the row's k-th largest value (np.partition: half argpartition's time
     here); as torch.topk, exactly k unless values tie there, which continuous pre-activations do not."""
+    if sae.cfg.architecture == "jumprelu":
+        assert sae.threshold is not None  # SAE's own checks require it for jumprelu
+        return pre > sae.threshold  # θ ≥ 0 (projected before every step): relu's gate too
     active = pre > 0
     k = sae.cfg.k
     if sae.cfg.architecture == "topk" and k is not None and k < pre.shape[1]:
@@ -143,7 +176,16 @@ def loss_and_grads(
     d_W_dec = acts.T @ d_xhat  # [d_sae, d_in]
     d_pre = d_xhat @ sae.W_dec.T  # [batch, d_sae]: d_acts, gated below
     d_pre_aux = None  # what the top-k auxiliary loss sends to the pre-activations
-    if cfg.architecture == "standard":
+    grads: dict[str, np.ndarray] = {}
+    if cfg.architecture == "jumprelu":
+        assert sae.threshold is not None
+        theta, eps, c = sae.threshold, training.jumprelu_bandwidth, training.l0_coefficient
+        losses["l0"] = float(c * np.count_nonzero(active) / B)
+        near = np.abs((pre - theta) / eps) < 0.5  # the rectangle kernel K((pre − θ) / ε), as SAELens's strict bounds
+        # acts' pseudo-gradient (θ / ε) K d_acts and the L0 term's (1 / ε) K c / B, both negated for θ
+        d_theta = (d_pre * near).sum(axis=0) * theta + np.count_nonzero(near, axis=0).astype(theta.dtype) * (c / B)
+        grads["threshold"] = d_theta * theta.dtype.type(-1 / eps)
+    elif cfg.architecture == "standard":
         norms = np.linalg.norm(sae.W_dec, axis=1)  # [d_sae]
         c = training.l1_coefficient
         fired = acts.sum(axis=0)  # [d_sae]
@@ -168,13 +210,14 @@ def loss_and_grads(
     if d_pre_aux is not None:
         d_pre += d_pre_aux
     d_b_enc = d_pre.sum(axis=0)
-    grads = {
+    grads |= {
         "W_enc": sae_in.T @ d_pre,
         "b_enc": d_b_enc,
         "W_dec": d_W_dec,
         # sae_in = x − b_dec: b_dec's share through the encoder is −Σ_b d_pre @ W_encᵀ = −W_enc @ Σ_b d_pre
         "b_dec": d_xhat.sum(axis=0) - (sae.W_enc @ d_b_enc) * cfg.apply_b_dec_to_input,
     }
+    grads = {name: grads[name] for name in sae.arrays()}  # the SAE's order (ParamVector's)
     losses["loss"] = sum(losses.values())
     return losses, grads, acts, x_hat
 
@@ -208,6 +251,8 @@ class SAETrainer:
         training, data = self.training, self.data
         batch = data[self.rng.integers(0, len(data), size=min(training.batch_size, len(data)))]
         dead = self.since >= training.dead_window
+        if self.sae.threshold is not None:  # jumprelu: θ ≥ 0, projected as SAELens does before each step
+            np.maximum(self.sae.threshold, 0, out=self.sae.threshold)
         losses, grads, acts, x_hat = loss_and_grads(self.sae, batch, training, dead)
         self.opt.step(self.vector.flatten(grads), training.lr)
         active = acts > 0

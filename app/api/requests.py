@@ -597,6 +597,9 @@ def _train_control(f: dataclasses.Field) -> TrainControl:
 TRAIN_FORM = [_train_control(f) for f in recipes.setting_fields(api=True) if f.metadata["label"]]
 SAE_FIELDS = recipes.SAE_FIELDS  # the sae recipe's own settings (a model's recipe refuses them)
 SAE_SETTINGS = sae_run.OWN  # every setting the sae recipe takes (the others shape or optimise a model)
+# each SAE architecture's own settings (another's are refused), and the architecture a request leaves out gets
+SAE_ARCHITECTURE_SETTINGS = {a: tuple(own) for a, own in sae_run.ARCHITECTURE_DEFAULTS.items()}
+SAE_DEFAULT_ARCHITECTURE = str(sae_run.DEFAULTS["architecture"])
 
 
 class _TrainRequest(Request):
@@ -610,6 +613,7 @@ class _TrainRequest(Request):
                 {"recipe": "text", "text": "to be or not to be, that is the question. " * 20, "steps": 200},
                 {"recipe": "sae", "model": "induction", "hook": "blocks.0.hook_resid_post", "d_sae": 256, "k": 8},
                 {"recipe": "sae", "architecture": "standard", "l1_coefficient": 1.0, "steps": 200},
+                {"recipe": "sae", "architecture": "jumprelu", "l0_coefficient": 1.0, "jumprelu_init_threshold": 0.01},
             ]
         },
     )
@@ -618,10 +622,10 @@ class _TrainRequest(Request):
         description="induction: random characters with a repeated segment (a 2-layer attention-only model grows "
         "an induction head); nasi-lemak: the spec's one-block model on its Malay phrases; text: a "
         "character-level GPT on Python's documentation or your own text; sae: a sparse autoencoder (SAELens's "
-        "standard or topk objective) on one hook of a shipped trained model or of a model run that has weights (its "
-        "id) (model, hook, architecture, d_sae, "
-        "k or l1_coefficient, steps, batch_size vectors a step, lr, seed; text: its corpus, null: the model's "
-        "own training data), listed by GET /api/v1/saes once trained"
+        "standard, topk or jumprelu objective) on one hook of a shipped trained model or of a model run that has "
+        "weights (its id) (model, hook, architecture, d_sae, k (topk), l1_coefficient (standard) or l0_coefficient, "
+        "jumprelu_init_threshold and jumprelu_bandwidth (jumprelu), steps, batch_size vectors a step, lr, seed; "
+        "text: its corpus, null: the model's own training data), listed by GET /api/v1/saes once trained"
     )
 
     def changes(self) -> dict[str, object]:

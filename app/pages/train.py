@@ -56,7 +56,12 @@ SAE_CURVES = (
         N_("share"),
         N_("1 − the error's sum of squares over the batch's variance about its mean: 1 is a perfect copy."),
     ),
-    ("l0", N_("L0"), N_("features"), N_("Features active per token: k for a topk SAE; the L1 penalty lowers it.")),
+    (
+        "l0",
+        N_("L0"),
+        N_("features"),
+        N_("Features active per token: k for a topk SAE; the L1 (standard) and L0 (jumprelu) penalties lower it."),
+    ),
     (
         "dead_fraction",
         N_("Dead features"),
@@ -77,8 +82,11 @@ def _form_values(query) -> tuple[str, dict[str, str]]:
     recipe = web.last(query, "recipe") or DEFAULT_RECIPE
     names = (*FORM_FIELDS, *SAE_CHOICES, "text") if recipe == "sae" else (*FORM_FIELDS, "text")
     given = {k: v for k in names if (v := web.last(query, k)) is not None}
-    if recipe == "sae":  # the form shows k and L1 both: only the chosen architecture's is sent
-        given.pop("l1_coefficient" if given.get("architecture", "topk") == "topk" else "k", None)
+    if recipe == "sae":  # the form shows every architecture's settings: only the chosen one's are sent
+        chosen = given.get("architecture", requests.SAE_DEFAULT_ARCHITECTURE)
+        for architecture, names in requests.SAE_ARCHITECTURE_SETTINGS.items():
+            for name in names if architecture != chosen else ():
+                given.pop(name, None)
     else:
         given = {k: v for k, v in given.items() if k not in SAE_FIELDS}
     return recipe, given
@@ -363,9 +371,9 @@ def _render(
     defaults = svc.training.recipe_defaults(recipe if recipe in RECIPES else DEFAULT_RECIPE)
     values = {k: given.get(k, defaults.get(k)) for k in (*FORM_FIELDS, *SAE_CHOICES)} | {"text": given.get("text", "")}
     sae = svc.training.sae_form(values.get("model"))
-    if recipe == "sae":  # the architecture not chosen keeps its default in view
-        values["k"] = values["k"] or sae.default_k
-        values["l1_coefficient"] = values["l1_coefficient"] or sae.default_l1
+    if recipe == "sae":  # the architectures not chosen keep their defaults in view
+        for own in sae.defaults.values():
+            values |= {name: values[name] if values[name] is not None else default for name, default in own.items()}
     try:
         recent = svc.training.all()[:10]
     except web.PAGE_ERRORS:  # training is off here: the form says why when used
@@ -383,6 +391,7 @@ def _render(
         "form_id": "train",
         "form": [dataclasses.replace(c, label=_(c.label), hint=c.hint and _(c.hint)) for c in form_controls(recipe)],
         "sae": sae,
+        "architecture_of": {name: a for a, names in requests.SAE_ARCHITECTURE_SETTINGS.items() for name in names},
         "limits": requests.TrainRequest.model_json_schema()["properties"],
         "all_defaults": {r: svc.training.recipe_defaults(r) for r in RECIPES},
     }

@@ -49,13 +49,13 @@ class TrainingPatterns:
 @dataclass(frozen=True)
 class SAEForm:
     """What the training page offers for the sae recipe: the models, the chosen model's hooks (with their
-    widths), the architectures, and the defaults of k and the L1 weight (the architecture not chosen shows its)."""
+    widths), the architectures, and each architecture's own settings with their defaults (an architecture not
+    chosen shows its)."""
 
     models: list[str]
     hooks: dict[str, int]
     architectures: tuple[str, ...]
-    default_k: int
-    default_l1: float
+    defaults: dict[str, dict[str, object]]  # architecture -> its own settings' defaults
 
 
 @dataclass(frozen=True)
@@ -228,7 +228,7 @@ class TrainingService:
                 hooks = sae_run.checkpoint_hooks(self._model_run(store, str(model)).checkpoint)
         except (StoreUnavailable, InputError):  # Redis away, a folder that cannot be read: the shipped ones
             runs, hooks = [], sae_run.model_hooks(model) if model in shipped else {}
-        return SAEForm([*shipped, *runs], hooks, SAE_KINDS, sae_run.DEFAULT_K, sae_run.DEFAULT_L1)
+        return SAEForm([*shipped, *runs], hooks, SAE_KINDS, sae_run.ARCHITECTURE_DEFAULTS)
 
     @_reachable
     def probe_tokens(self, id: str) -> list[str]:

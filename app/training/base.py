@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from core import InputError
 from core.i18n import _
 from core.recipes import TrainSettings, text_hash
+from core.sae_train import JUMPRELU_FIELDS
 
 if TYPE_CHECKING:
     from core.sae_run import SAERun
@@ -63,6 +64,8 @@ def training_run_id(s: TrainSettings) -> str:
     fields = dataclasses.asdict(s)
     if s.model_sha256 is None:  # the ids of the runs made before the setting existed stay as they were
         del fields["model_sha256"]
+    # settings added after runs were named (jumprelu's): left out while unset, so every earlier run keeps its name
+    fields = {k: v for k, v in fields.items() if k not in JUMPRELU_FIELDS or v is not None}
     if s.text is not None:
         fields["text"] = text_hash(s.text)
     digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()

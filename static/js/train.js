@@ -2,6 +2,8 @@
 // by explorer.js; the run's block re-renders itself on every record of the run it follows (the htmx SSE
 // extension, hx-trigger="sse:record"). This script does what needs no server:
 // - on every `progress` event (several a second), the step, loss, status and progress bar of that run;
+// - the sae recipe's architecture: only the chosen architecture's settings are shown and sent (the server drops
+//   the others' too, so the form works without this script);
 // - the step slider and Play: the chosen head's pattern at every snapshot step is already in the page
 //   (data-history), so scrubbing swaps the heatmap's values at once, and the step goes into the URL.
 import {say, words} from "./words.js";
@@ -71,3 +73,17 @@ document.body.addEventListener("click", function (evt) {
 document.body.addEventListener("htmx:beforeSwap", function (evt) {
   if (evt.detail.target && evt.detail.target.id === "run-results") stopPlaying(null);
 });
+
+function showArchitecture(select) {
+  document.querySelectorAll("#train [data-architecture]").forEach(function (field) {
+    const mine = field.dataset.architecture === select.value;
+    field.hidden = !mine;
+    field.querySelectorAll("input").forEach(function (input) { input.disabled = !mine; });
+  });
+}
+
+const architecture = document.getElementById("train-architecture");
+if (architecture) {
+  showArchitecture(architecture);
+  architecture.addEventListener("change", function () { showArchitecture(architecture); });
+}

@@ -184,9 +184,15 @@ def test_an_sae_of_a_model_run_is_named_by_the_weights_it_reads(client_with, tmp
 @pytest.mark.parametrize(
     "body, says",
     [
-        ({"architecture": "jumprelu"}, "architecture"),
+        ({"architecture": "gated"}, "architecture"),
         ({"architecture": "standard", "k": 4}, "k is the topk"),
         ({"l1_coefficient": 1.0}, "l1_coefficient is the standard"),
+        ({"architecture": "jumprelu", "k": 4}, "k is the topk architecture's setting; a jumprelu SAE takes l0_coeff"),
+        ({"l0_coefficient": 1.0}, "l0_coefficient is the jumprelu"),
+        ({"architecture": "standard", "jumprelu_init_threshold": 0.1}, "jumprelu_init_threshold is the jumprelu"),
+        ({"architecture": "jumprelu", "jumprelu_bandwidth": 0}, "jumprelu_bandwidth"),
+        ({"architecture": "jumprelu", "l0_coefficient": 101}, "l0_coefficient"),
+        ({"architecture": "jumprelu", "jumprelu_init_threshold": -0.1}, "jumprelu_init_threshold"),
         ({"model": "gpt2"}, "shipped"),
         ({"hook": "blocks.9.hook_resid_post"}, "blocks.0.hook_resid_post"),
         ({"n_layers": 3}, "n_layers"),
@@ -233,16 +239,70 @@ def test_the_same_sae_request_names_the_same_run_in_process(client_with, tmp_pat
     assert np.isfinite(run["metrics"]["mse"]).all()
 
 
-def test_a_downloaded_sae_opens_in_saelens_with_the_same_activations(client_with, tmp_path):
-    """tests/fixtures/sae-trained/ is a download of GET /api/v1/saes/{id}/download, unpacked, and sae_trained.npz
-    SAELens's `SAE.load_from_disk` of it and its `encode` of the hook's vectors on a text
-    (scripts/make_sae_training_fixtures.py, SAELens 6.54.12): core reads the same activations from the folder,
-    and the API downloads that folder for that request today (the same cfg.json, the weights within bounds)."""
-    record = np.load(FIXTURES / "sae_trained.npz")
-    assert str(record["saelens_class"]) == "TopKSAE"
-    sae = load_sae(FIXTURES / "sae-trained")
+def test_a_jumprelu_sae_trains_is_listed_and_read_in_process(client_with, tmp_path):
+    """A JumpReLU run (SAELens's objective: core/sae_train.py, checked against SAELens in tests/core/test_sae_jumprelu.py)
+    streams the same four metrics, becomes an SAE of GET /api/v1/saes with its thresholds, and the features endpoint
+    reads it (core/sae.py's jumprelu encode)."""
+    c = client_with(runs_dir=tmp_path / "runs")
+    body = {k: v for k, v in QUICK.items() if k != "k"} | {"architecture": "jumprelu", "jumprelu_init_threshold": 0.5}
+    r = c.post("/api/v1/train", json=body)
+    assert r.status_code == 202, r.text
+    id = r.json()["id"]
+    deadline = time.monotonic() + 120
+    while (run := c.get(f"/api/v1/runs/{id}").json())["status"] not in ("done", "failed"):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert run["status"] == "done" and run["sae"] == id, run["error"]
+    m = run["metrics"]
+    assert m["step"] == [10, 20, 30, 40] and all(len(m[k]) == 4 and np.isfinite(m[k]).all() for k in METRICS)
+    assert 0 < m["l0"][-1] < 128 and len(set(m["l0"])) > 1  # thresholds, not a fixed k
+    assert m["explained_variance"][-1] > m["explained_variance"][0]
+    config = run["config"]
+    assert (config["architecture"], config["k"], config["l0_coefficient"], config["jumprelu_bandwidth"]) == (
+        "jumprelu",
+        None,
+        1.0,
+        0.05,
+    )
+    listed = {s["name"]: s for s in c.get("/api/v1/saes").json()["saes"]}
+    assert (listed[id]["architecture"], listed[id]["d_sae"], listed[id]["hook"]) == ("jumprelu", 128, HOOK)
+    with zipfile.ZipFile(io.BytesIO(c.get(f"/api/v1/saes/{id}/download").content)) as z:
+        z.extractall(tmp_path / "download")
+    sae = load_sae(tmp_path / "download" / id)
+    assert sae.threshold is not None and sae.threshold.shape == (128,) and (sae.threshold != 0.5).any()
+    text = "ali makan nasi lemak. ali makan nasi lemak."
+    features = c.post("/api/v1/analysis/features", json={"model": "induction", "text": text, "sae": id, "top_k": 8})
+    assert features.status_code == 200, features.text
+    x = c.post("/api/v1/run", json={"model": "induction", "text": text, "hooks": [HOOK]}).json()["hooks"][HOOK]
+    acts = sae.encode(np.asarray(x, dtype=np.float32))
+    for row, want in zip(features.json()["features"], acts):
+        assert [f["index"] for f in row] == list(np.argsort(-want, kind="stable")[: len(row)])
+        assert all(want[f["index"]] > sae.threshold[f["index"]] for f in row)
+
+
+@pytest.mark.parametrize(
+    "folder, record_file, saelens_class",
+    [
+        ("sae-trained", "sae_trained.npz", "TopKSAE"),
+        ("sae-trained-jumprelu", "sae_trained_jumprelu.npz", "JumpReLUSAE"),
+    ],
+    ids=["topk", "jumprelu"],
+)
+def test_a_downloaded_sae_opens_in_saelens_with_the_same_activations(
+    client_with, tmp_path, folder, record_file, saelens_class
+):
+    """tests/fixtures/sae-trained/ (a JumpReLU one: sae-trained-jumprelu/) is a download of
+    GET /api/v1/saes/{id}/download, unpacked, and sae_trained.npz (sae_trained_jumprelu.npz) SAELens's
+    `SAE.load_from_disk` of it and its `encode` of the hook's vectors on a text (scripts/make_sae_training_fixtures.py,
+    SAELens 6.54.12): core reads the same activations from the folder, and the API downloads that folder for that
+    request today (the same cfg.json, the weights within bounds)."""
+    record = np.load(FIXTURES / record_file)
+    assert str(record["saelens_class"]) == saelens_class
+    sae = load_sae(FIXTURES / folder)
+    assert sae.cfg.architecture == json.loads(str(record["request"])).get("architecture", "topk")
     acts = sae.encode(record["x"])
-    assert np.array_equal(acts > 0, record["acts"] > 0)  # the same k features of every token
+    assert np.array_equal(acts > 0, record["acts"] > 0)  # the same features of every token (top-k's k; jumprelu's)
+    assert 0 < (acts > 0).sum(-1).mean() < sae.cfg.d_sae  # sparse, not empty
     np.testing.assert_allclose(acts, record["acts"], rtol=1e-5, atol=1e-5)
     request = json.loads(str(record["request"]))
     c = client_with(runs_dir=tmp_path / "runs")
@@ -255,7 +315,7 @@ def test_a_downloaded_sae_opens_in_saelens_with_the_same_activations(client_with
     with zipfile.ZipFile(io.BytesIO(c.get(f"/api/v1/saes/{id}/download").content)) as z:
         z.extractall(tmp_path / "download")
     again = tmp_path / "download" / id
-    cfg = json.loads((FIXTURES / "sae-trained" / "cfg.json").read_text())
+    cfg = json.loads((FIXTURES / folder / "cfg.json").read_text())
     assert json.loads((again / "cfg.json").read_text()) == cfg
     fresh = load_sae(again)
     for name, array in sae.arrays().items():  # one BLAS thread: bit for bit on one machine, close on another

@@ -23,6 +23,7 @@ from core.sae_run import (
     shipped_model,
 )
 from core.sae_run import sae_settings as settings_of_sae
+from core.sae_train import SAETraining
 from core.train import Snapshot
 
 TINY = dict(d_sae=64, k=4, steps=30, batch_size=32, eval_interval=10)
@@ -33,6 +34,18 @@ def test_defaults_fill_in_the_chosen_architecture_only():
     assert (topk.architecture, topk.k, topk.l1_coefficient, topk.model) == ("topk", DEFAULT_K, None, "induction")
     standard = settings("sae", architecture="standard")
     assert (standard.k, standard.l1_coefficient) == (None, DEFAULT_L1)
+    jumprelu = settings("sae", architecture="jumprelu", jumprelu_bandwidth=0.1)
+    assert (jumprelu.k, jumprelu.l1_coefficient, jumprelu.jumprelu_bandwidth) == (None, None, 0.1)
+    # SAELens's defaults (JumpReLUTrainingSAEConfig's)
+    assert (
+        (jumprelu.l0_coefficient, jumprelu.jumprelu_init_threshold)
+        == (1.0, 0.01)
+        == (
+            SAETraining.l0_coefficient,
+            SAETraining.jumprelu_init_threshold,
+        )
+    )
+    assert topk.l0_coefficient is None and "l0_coefficient" not in topk.to_dict()  # a card as before jumprelu
     assert settings("sae", steps=10).eval_interval == 10  # a record at the last step at least
 
 
@@ -41,6 +54,12 @@ def test_defaults_fill_in_the_chosen_architecture_only():
     [
         (dict(architecture="standard", k=3), "k is the topk"),
         (dict(l1_coefficient=0.5), "l1_coefficient is the standard"),
+        (dict(architecture="jumprelu", k=3), "k is the topk architecture's setting; a jumprelu SAE takes l0_coeff"),
+        (dict(l0_coefficient=0.5), "l0_coefficient is the jumprelu"),
+        (dict(architecture="standard", jumprelu_bandwidth=0.1), "jumprelu_bandwidth is the jumprelu"),
+        (dict(architecture="jumprelu", jumprelu_bandwidth=0.0), "jumprelu_bandwidth=0.0 must be a number above 0"),
+        (dict(architecture="jumprelu", l0_coefficient=-1.0), "l0_coefficient=-1.0 must be a number from 0 to 100"),
+        (dict(architecture="jumprelu", jumprelu_init_threshold=11), "jumprelu_init_threshold=11 must be a number"),
         (dict(model="gpt2"), "shipped"),
         (dict(hook="blocks.2.hook_resid_post"), "blocks.1.hook_resid_post"),
         (dict(seq_len=16), "seq_len"),
@@ -68,11 +87,19 @@ def test_the_activations_are_the_models_own_data_or_a_text():
     assert text.shape == (88, 64)  # every token of the text, in windows of the model's context
 
 
-def test_a_stopped_run_resumes_bit_for_bit_and_exports_a_saelens_folder(tmp_path):
-    s = settings("sae", **TINY)
+JUMPRELU = {k: v for k, v in TINY.items() if k != "k"} | dict(architecture="jumprelu", l0_coefficient=0.1)
+
+
+@pytest.mark.parametrize("tiny", [TINY, JUMPRELU], ids=["topk", "jumprelu"])
+def test_a_stopped_run_resumes_bit_for_bit_and_exports_a_saelens_folder(tmp_path, tiny):
+    s = settings("sae", **tiny)
     whole = SAERun(s)
     records = [r.to_dict() for r in whole.records()]
-    assert [r["step"] for r in records] == [10, 20, 30] and all(r["l0"] == 4 for r in records)
+    assert [r["step"] for r in records] == [10, 20, 30]
+    if s.architecture == "topk":
+        assert all(r["l0"] == 4 for r in records)
+    else:  # the thresholds learn (from 0.01, SAELens's start)
+        assert whole.sae.threshold is not None and np.abs(whole.sae.threshold - 0.01).max() > 0.01
     cut = SAERun(s)
     first = [r.to_dict() for r in cut.records(stop=lambda: cut.step >= 15)]
     assert cut.step == 15 and [r["step"] for r in first] == [10]
@@ -81,10 +108,12 @@ def test_a_stopped_run_resumes_bit_for_bit_and_exports_a_saelens_folder(tmp_path
     assert [r["step"] for r in rest] == [20, 30]
     strip = [{k: v for k, v in r.items() if k != "elapsed_s"} for r in records]
     assert strip == [{k: v for k, v in r.items() if k != "elapsed_s"} for r in first + rest]
-    assert np.array_equal(resumed.sae.W_enc, whole.sae.W_enc) and np.array_equal(resumed.sae.b_dec, whole.sae.b_dec)
+    for name, array in whole.sae.arrays().items():
+        assert np.array_equal(getattr(resumed.sae, name), array), name
     folder = resumed.export(tmp_path / "sae")
     loaded = load_sae(folder)
-    assert loaded.cfg.hook_name == s.hook and loaded.cfg.model_name == s.model and loaded.cfg.k == 4
+    assert loaded.cfg.hook_name == s.hook and loaded.cfg.model_name == s.model and loaded.cfg.k == s.k
+    assert loaded.cfg.architecture == s.architecture and set(loaded.arrays()) == set(whole.sae.arrays())
     x = activations(s)[:50]
     assert np.array_equal(loaded.encode(x), resumed.sae.encode(x))
     assert resumed.export(tmp_path / "sae") == folder  # a second export replaces the first

@@ -124,7 +124,7 @@ def test_a_cancel_stops_training_and_the_same_seed_trains_the_same():
 
 
 def test_what_cannot_be_trained_here_is_refused():
-    with pytest.raises(InputError, match="a jumprelu SAE can be loaded from a folder"):
-        init_sae(_cfg("jumprelu"), SAETraining())
+    with pytest.raises(InputError, match="with no rescaling"):
+        init_sae(_cfg("topk", k=3, rescale_acts_by_decoder_norm=True), SAETraining())
     with pytest.raises(InputError, match="trains on vectors of 6 numbers, not \\(10, 5\\)"):
         train_sae(np.zeros((10, 5)), _cfg("standard"), SAETraining())

@@ -30,6 +30,7 @@ ALL_PAGES = (
         "/glossary",
         "/train",
         "/train?recipe=text",
+        "/train?recipe=sae&architecture=jumprelu",
     ]
     + [f"/lessons/{name}" for name in LESSONS]
     + [f"/inspect?view={view}" for view in INSPECT_VIEWS]
