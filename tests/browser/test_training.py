@@ -128,3 +128,37 @@ def test_train_an_sae_watch_its_curves_and_open_its_features(page, live_server):
     page.wait_for_url(f"**/features?*sae={run_id}*")
     assert page.locator("text=" + run_id).count() >= 1
     assert page.watch.page_errors == []
+
+
+def test_choose_jumprelu_on_the_sae_form_and_train_it(page, live_server):
+    """The sae form shows the chosen architecture's own settings only: choosing jumprelu hides k and shows its L0
+    weight, initial threshold and bandwidth; the run trains with those (k not sent) and draws the four curves."""
+    page.goto(live_server + "/train?recipe=sae")
+    assert page.is_visible('input[name="k"]') and not page.is_visible('input[name="l0_coefficient"]')
+    page.select_option('select[name="architecture"]', "jumprelu")
+    assert not page.is_visible('input[name="k"]') and not page.is_visible('input[name="l1_coefficient"]')
+    for name in ("l0_coefficient", "jumprelu_init_threshold", "jumprelu_bandwidth"):
+        assert page.is_visible(f'input[name="{name}"]'), name
+    assert page.input_value('input[name="jumprelu_init_threshold"]') == "0.01"  # SAELens's default
+    for name, value in (("d_sae", "128"), ("steps", "100"), ("batch_size", "64"), ("jumprelu_init_threshold", "0.5")):
+        page.fill(f'input[name="{name}"]', value)
+    page.select_option('select[name="hook"]', "blocks.0.hook_resid_post")
+    page.click("button.primary")
+    page.wait_for_url("**/train?run=sae-*")
+    run_id = parse_qs(urlparse(page.url).query)["run"][0]
+    deadline = time.monotonic() + TRAIN_TIMEOUT_S
+    while status_of(page) != "done":
+        assert time.monotonic() < deadline, f"still {status_of(page)}"
+        time.sleep(0.3)
+    wait_text(page, '#run-results [data-field="status"]', "done")
+    run = page.request.get(f"{live_server}/api/v1/runs/{run_id}").json()
+    assert (run["config"]["architecture"], run["config"]["k"], run["config"]["jumprelu_init_threshold"]) == (
+        "jumprelu",
+        None,
+        0.5,
+    )
+    for key in ("mse", "explained_variance", "l0", "dead_fraction"):
+        line = drawn(page, f"#train-sae-{key} .plot")[0]
+        assert line["x"] == run["metrics"]["step"] and np.allclose(line["y"], run["metrics"][key])
+    assert len(set(drawn(page, "#train-sae-l0 .plot")[0]["y"])) > 1  # thresholds, not a fixed k
+    assert page.watch.page_errors == []
