@@ -462,8 +462,8 @@ def explorer(request: Request, svc: ServiceDep) -> Response:
     c = parsed.controls  # as _run left it: the head shown, the ablated heads that exist
     view = None if v is None else view_context(v, set(c.ablate), c.all_stages)
     steer_errors: list[str] = []
-    steering = steer_page.parse(request.query_params, steer_errors)
-    if view is not None and v is not None and v.top_k and (steering.source or steer_errors):
+    steering = steer_page.parse(request.query_params, steer_errors, svc.settings.max_steers)
+    if view is not None and v is not None and v.top_k and (steering.active or steer_errors):
         try:  # the view carries a steer (app/pages/steer.py's URL state): the bars are the steered prediction
             if steer_errors:
                 raise InputError("; ".join(steer_errors))

@@ -26,8 +26,9 @@ from app.deps import ServiceDep
 from app.http.language import _
 from app.pages import figures, web
 from app.pages import steer as steer_page
-from app.service import Model, Service
+from app.service import InputError, Model, Service
 from app.service.generation import GenerateSettings
+from app.service.spec import Steering
 
 router = APIRouter(tags=["pages"], include_in_schema=False)
 
@@ -119,7 +120,8 @@ def opening_model(models: Mapping[str, Model], preferred: str) -> str:
     return web.FALLBACK_MODEL
 
 
-def parse(query, models: Mapping[str, Model], preferred: str, errors: list[str]) -> GenerateState:
+def parse(query, models: Mapping[str, Model], preferred: str, errors: list[str], limit: int = 8) -> GenerateState:
+    """The page's state from its URL; `limit`: the server's steers in one request."""
     name = web.last(query, "model") or opening_model(models, preferred)
     if name not in models:
         errors.append(_("unknown model {name!r}: choose one of {choices}").format(name=name, choices=", ".join(models)))
@@ -140,7 +142,13 @@ def parse(query, models: Mapping[str, Model], preferred: str, errors: list[str])
         value = web.parse_number(key, raw, int, errors) if raw is not None else None
         picks[key] = max(value, 0) if value is not None else None
     return GenerateState(
-        name, text, settings, picks["step"], picks["layer"] or 0, picks["head"] or 0, steer_page.parse(query, errors)
+        name,
+        text,
+        settings,
+        picks["step"],
+        picks["layer"] or 0,
+        picks["head"] or 0,
+        steer_page.parse(query, errors, limit),
     )
 
 
@@ -188,7 +196,7 @@ def generate_page(request: Request, svc: ServiceDep) -> Response:
     models = svc.views.models()
     errors: list[str] = []
     preferred = svc.settings.default_model
-    state = parse(query, models, preferred, errors)
+    state = parse(query, models, preferred, errors, svc.settings.max_steers)
     model = models[state.model]
     error, body = "; ".join(errors) or None, None
     room, steered = None, None
@@ -200,13 +208,20 @@ def generate_page(request: Request, svc: ServiceDep) -> Response:
                 state.settings = replace(state.settings, max_new_tokens=max(1, min(DEFAULT.max_new_tokens, room)))
             svc.generation.check(spec, state.settings)  # everything the API would refuse, nothing loaded
             body = api_body(state)
-            if state.steer.source is not None:  # three continuations, one seed; the stream shows the steered one
-                steered = steer_page.side_by_side(svc, spec, state.settings, state.steer)
-                body |= {"steer": [steered["steer"]]}
+            if state.steer.active:  # three continuations, one seed; the stream shows the steered one
+
+                def check(steering: Steering) -> None:
+                    svc.generation.check(spec.replace(steering=steering), state.settings)
+
+                checked = steer_page.steer_specs(svc, spec, state.steer, check)
+                if checked is None:  # a steer that cannot be used: said under its row, and in the panel
+                    raise InputError("; ".join(state.steer.errors))
+                steered = steer_page.side_by_side(svc, spec, state.settings, *checked)
+                body |= {"steer": steered["steers"]}
                 explorer = {"model": state.model, "text": state.text} | state.steer.params()
                 steered["explorer_url"] = "/?" + urlencode(explorer)
-        except web.PAGE_ERRORS as exc:
-            error = web.error_message(exc)
+        except web.PAGE_ERRORS as exc:  # nothing to stream: the panel says why
+            error, body, steered = web.error_message(exc), None, None
     writers = [m for m in models.values() if not m.is_encoder]
     context = {
         "state": state,
@@ -227,6 +242,7 @@ def generate_page(request: Request, svc: ServiceDep) -> Response:
         "token_symbols": {"whitespace": figures.VISIBLE_WHITESPACE, "empty": figures.EMPTY_TOKEN},
         "steer_editor": steer_page.editor(svc, model, state.steer),
         "steered": steered,
+        "steer_errors": {i: row.errors for i, row in enumerate(state.steer.rows) if row.errors},
     }
     url = canonical(state, opening_model(models, preferred), models[state.model].default_text)
     return web.render(request, "generate.html", context, url=url, error=error)

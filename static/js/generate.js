@@ -9,6 +9,7 @@
 // sink heads marked. The token, layer and head shown go into the URL (step, layer, head).
 import {say as pageSay} from "./words.js";
 import {saveFile} from "./save-file.js";
+import "./steer-rows.js";
 
 let run = null;  // the generation on the page: {box, controller, start, steps, shown, end, ...}
 

@@ -183,3 +183,121 @@ def test_the_explorers_bars_show_the_steered_prediction_when_the_view_carries_a_
     assert '<input type="hidden" name="steer_hook" value="blocks.1.hook_resid_pre">' in full.text
     plain = client.get("/", params={"model": "induction", "text": TEXT})
     assert "steered" not in plain.text and 'name="steer"' not in plain.text
+
+
+# ------------------------------------------------------------------ several steers
+
+SECOND = {
+    "steer2": "means",
+    "steer2_hook": "blocks.0.hook_resid_post",
+    "steer2_a": "nasi",
+    "steer2_b": "makan",
+    "steer2_coef": "-2.5",
+    "steer2_mode": "clamp",
+    "steer2_pos": "0, -1",
+}
+
+
+def vector_of(client, hook: str, a: list[str], b: list[str]) -> list[float]:
+    body = {"model": "induction", "hook": hook, "texts_a": a, "texts_b": b}
+    return client.post("/api/v1/analysis/steering-vector", json=body).json()["vector"]
+
+
+def rows_of(page: str) -> list[str]:
+    """Each steer row of the editor, as rendered (the row template left out)."""
+    editor = page[page.index('id="steer-rows"') : page.index('id="steer-row-template"')]
+    return editor.split("data-steer-row>")[1:]
+
+
+def test_two_steers_are_the_apis_with_both_each_with_its_own_settings(client):
+    page = client.get("/generate", params=STEER | SECOND)
+    assert page.status_code == 200, page.text
+    first = vector_of(client, "blocks.1.hook_resid_pre", ["ali ali ali", "ali makan"], ["nasi nasi"])
+    second = vector_of(client, "blocks.0.hook_resid_post", ["nasi"], ["makan"])
+    steer = [
+        {"hook": "blocks.1.hook_resid_pre", "vector": first, "coefficient": 6.0},
+        {
+            "hook": "blocks.0.hook_resid_post",
+            "vector": second,
+            "coefficient": -2.5,
+            "mode": "clamp",
+            "positions": [0, -1],
+        },
+    ]
+    sent = request_of(page.text)["steer"]
+    assert [(s["hook"], s["coefficient"], s["mode"], s.get("positions")) for s in sent] == [
+        ("blocks.1.hook_resid_pre", 6.0, "add", None),
+        ("blocks.0.hook_resid_post", -2.5, "clamp", [0, -1]),
+    ]
+    np.testing.assert_allclose(sent[1]["vector"], second, rtol=0, atol=1e-9)
+    body = {"model": "induction", "text": TEXT, "max_new_tokens": 6, "temperature": 0.8, "seed": 3}
+    shown = columns(page.text)
+    for key, extra in (("recomputed", {"steer": steer}), ("frozen", {"steer": steer, "frozen_attention": True})):
+        api = client.post("/api/v1/generate", json=body | extra).json()
+        assert shown[key] == api["generated"]["tokens"], key
+    one = client.post("/api/v1/generate", json=body | {"steer": steer[:1]}).json()["generated"]["tokens"]
+    assert shown["recomputed"] != one  # the second steer changes the text: the test can fail
+    rows = rows_of(page.text)
+    assert len(rows) == 2 and 'name="steer2_pos"' in rows[1] and 'value="0, -1"' in rows[1]
+    assert "blocks.0.hook_resid_post: clamp, coefficient -2.5, positions 0, -1" in html.unescape(page.text)
+    pushed = client.get("/generate", params=STEER | SECOND, headers={"HX-Request": "true"}).headers["HX-Push-Url"]
+    for key in ("steer=means", "steer2=means", "steer2_mode=clamp", "steer2_pos=0%2C+-1", "steer2_coef=-2.5"):
+        assert key in pushed
+
+
+@pytest.mark.parametrize(
+    "change, english, malay",
+    [
+        ({"steer2_b": ""}, "steer 2: a steering vector takes 1 to 32 texts on each side, got 0", "kemudi 2: "),
+        ({"steer2_pos": "0, x"}, "steer 2: steer2_pos='0, x': give the prompt's positions", "kedudukan gesaan"),
+        ({"steer2_pos": "99"}, "steer 2: pos=99 is outside the text's", "kemudi 2: "),
+        ({"steer2_coef": "5000"}, "steer 2: coefficient 5000 is beyond ±1000", "pekali 5000"),
+        ({"steer2_mode": "push"}, "steer 2: steer2_mode='push': choose add or clamp", "pilih add atau clamp"),
+    ],
+)
+def test_a_second_steer_that_does_not_fit_is_said_under_its_own_row(client, change, english, malay):
+    r = client.get("/generate", params=STEER | SECOND | change | {"lang": "en"})
+    text = html.unescape(r.text)
+    assert r.status_code == 422 and english in text
+    first, second = rows_of(text)
+    problem = english.split(": ", 1)[1]
+    assert problem in second and problem not in first  # in place: under the second row, not the first
+    assert re.search(r'<ul class="error steer-error" id="steer2-error"[^>]*role="status"\s*>', second)
+    assert json.loads(re.search(r"data-steer-errors='([^']*)'", r.text).group(1)).keys() == {"1"}
+    assert "data-request=" not in r.text  # nothing for the script to stream beside the error
+    ms = client.get("/generate", params=STEER | SECOND | change | {"lang": "ms"})
+    client.cookies.delete("lang")
+    assert ms.status_code == 422 and malay in html.unescape(ms.text)
+
+
+def test_more_steers_than_the_limit_are_refused(client_with):
+    c = client_with(max_steers=2, access_log=False)
+    r = c.get("/generate", params=STEER | SECOND | {"steer3": "means", "steer3_a": "a", "steer3_b": "b"})
+    assert r.status_code == 422 and "at most 2 steers: remove some" in html.unescape(r.text)
+    page = c.get("/generate", params=STEER | SECOND)
+    assert page.status_code == 200 and re.search(r'<button type="button" id="steer-add"\s+disabled', page.text)
+
+
+def test_the_explorer_takes_both_steers_from_the_link(client):
+    page = client.get("/generate", params=STEER | SECOND | {"lang": "en"})
+    link = html.unescape(re.search(r'<a href="(/\?[^"]*)">The explorer', page.text).group(1))
+    assert "steer2_pos=0%2C+-1" in link or "steer2_pos=0%2C%20-1" in link
+    r = client.get(link, headers={"HX-Request": "true"})
+    assert r.status_code == 200, r.text
+    shown = [html.unescape(t) for t in re.findall(r'data-bar="\d+"[^>]*><code>(.*?)</code>', r.text)]
+    first = vector_of(client, "blocks.1.hook_resid_pre", ["ali ali ali", "ali makan"], ["nasi nasi"])
+    second = vector_of(client, "blocks.0.hook_resid_post", ["nasi"], ["makan"])
+    steer = [
+        {"hook": "blocks.1.hook_resid_pre", "vector": first, "coefficient": 6.0},
+        {
+            "hook": "blocks.0.hook_resid_post",
+            "vector": second,
+            "coefficient": -2.5,
+            "mode": "clamp",
+            "positions": [0, -1],
+        },
+    ]
+    api = client.post("/api/v1/run", json={"model": "induction", "text": TEXT, "top_k": len(shown), "steer": steer})
+    assert shown == [t["token"].replace(" ", "␣") for t in api.json()["top_k"]]
+    bad = client.get(link.replace("steer2_pos=0", "steer2_pos=77"), headers={"HX-Request": "true"})
+    assert bad.status_code == 422 and "steer 2: pos=77 is outside" in html.unescape(bad.text)
