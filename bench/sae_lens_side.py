@@ -2,7 +2,7 @@
 < 4, whose transformers pin is not bench/.env's). Never imported by the app or by bench/.env's Python.
 
 It reads the activations, the initial weights and the batch order the NumPy side uses (an .npz), builds SAELens's
-TopKTrainingSAE with those weights and SAELens's SAETrainer on a data provider giving the same batches, then
+TopKTrainingSAE (or JumpReLUTrainingSAE, as the .npz's architecture says) with those weights and SAELens's SAETrainer on a data provider giving the same batches, then
 answers on stdin/stdout: a line "N" runs N steps of the trainer's own loop (fit()'s body: maybe_reset_sparsity,
 step, _checkpoint_if_needed, n_training_steps += 1) and prints {"seconds", "mse"} as one JSON line.
 
@@ -19,6 +19,7 @@ import time
 import numpy as np
 import torch
 from sae_lens.config import SAETrainerConfig
+from sae_lens.saes.jumprelu_sae import JumpReLUTrainingSAE, JumpReLUTrainingSAEConfig
 from sae_lens.saes.sae import SAEMetadata
 from sae_lens.saes.topk_sae import TopKTrainingSAE, TopKTrainingSAEConfig
 from sae_lens.training.sae_trainer import SAETrainer
@@ -35,17 +36,34 @@ def main() -> int:
     order = torch.from_numpy(z["order"])  # [steps, batch] row indices: the NumPy side's batches
     k, lr, window = int(z["k"]), float(z["lr"]), int(z["dead_window"])
     d_in, d_sae = int(z["W_enc"].shape[0]), int(z["W_enc"].shape[1])
-    cfg = TopKTrainingSAEConfig(
-        d_in=d_in,
-        d_sae=d_sae,
-        k=k,
-        dtype="float32",
-        rescale_acts_by_decoder_norm=False,  # core/sae_train.py's objective (it trains without the rescaling)
-        metadata=SAEMetadata(hook_name="blocks.0.hook_resid_post", model_name="induction"),
-    )
-    sae = TopKTrainingSAE(cfg)
+    metadata = SAEMetadata(hook_name="blocks.0.hook_resid_post", model_name="induction")
+    names = ["W_enc", "b_enc", "W_dec", "b_dec"]
+    sae: TopKTrainingSAE | JumpReLUTrainingSAE
+    if str(z["architecture"]) == "jumprelu":
+        sae = JumpReLUTrainingSAE(
+            JumpReLUTrainingSAEConfig(
+                d_in=d_in,
+                d_sae=d_sae,
+                dtype="float32",
+                l0_coefficient=float(z["l0_coefficient"]),
+                jumprelu_init_threshold=float(z["jumprelu_init_threshold"]),
+                jumprelu_bandwidth=float(z["jumprelu_bandwidth"]),
+                metadata=metadata,
+            )
+        )
+        names.append("threshold")
+    else:
+        cfg = TopKTrainingSAEConfig(
+            d_in=d_in,
+            d_sae=d_sae,
+            k=k,
+            dtype="float32",
+            rescale_acts_by_decoder_norm=False,  # core/sae_train.py's objective (it trains without the rescaling)
+            metadata=metadata,
+        )
+        sae = TopKTrainingSAE(cfg)
     with torch.no_grad():
-        for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
+        for name in names:
             getattr(sae, name).copy_(torch.from_numpy(z[name]))
 
     def batches():
