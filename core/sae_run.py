@@ -295,15 +295,16 @@ def activations(s: TrainSettings, model: SourceModel | None = None) -> np.ndarra
 def kept_activations(
     s: TrainSettings, model: SourceModel | Callable[[], SourceModel] | None, folder: str | Path | None
 ) -> np.ndarray:
-    """The run's activations: read back from `folder` when a whole pool of the right size is kept there (its
-    bytes' digest is its name), else computed (`model` called only then) and, given a folder, kept there."""
+    """The run's activations: read back from `folder` when a whole pool is kept there (its bytes' digest is its
+    name; at most pool_size rows, fewer from a shorter text), else computed (`model` called only then) and,
+    given a folder, kept there."""
     n = pool_size(s)
     for path in sorted(Path(folder).glob(f"{POOL_PREFIX}*.npy")) if folder is not None else ():
         try:
             x = np.load(path, allow_pickle=False)
         except (OSError, ValueError):
             continue
-        if x.dtype == np.float32 and x.ndim == 2 and x.shape[0] == n and path.stem == _pool_name(x):
+        if x.dtype == np.float32 and x.ndim == 2 and 1 <= x.shape[0] <= n and path.stem == _pool_name(x):
             return x
     x = activations(s, model() if callable(model) else model)
     if folder is not None:

@@ -141,6 +141,17 @@ def test_a_resumed_run_reads_its_kept_activations_and_ends_as_an_uninterrupted_o
     assert np.array_equal(resumed.sae.W_enc, whole.sae.W_enc) and np.array_equal(resumed.sae.b_dec, whole.sae.b_dec)
 
 
+def test_a_short_texts_pool_is_kept_and_read_back_too(tmp_path):
+    s = settings("sae", **TINY, text="ali makan nasi lemak. " * 4)  # 88 tokens: fewer than steps × batch_size
+    x = SAERun(s, folder=tmp_path).trainer.data
+    assert x.shape == (88, 64)
+
+    def never() -> SourceModel:
+        raise AssertionError("the model ran again: the kept activations were not read")
+
+    assert np.array_equal(SAERun(s, never, tmp_path).trainer.data, x)
+
+
 def test_a_damaged_or_foreign_pool_is_computed_again(tmp_path):
     s = settings("sae", **TINY)
     x = activations(s)
@@ -149,7 +160,7 @@ def test_a_damaged_or_foreign_pool_is_computed_again(tmp_path):
     damaged = x.copy()
     damaged[0, 0] += 1
     np.save(kept, damaged)  # the name no longer says its bytes
-    np.save(tmp_path / f"{POOL_PREFIX}0000000000000000.npy", x[:10])  # another size
+    np.save(tmp_path / f"{POOL_PREFIX}0000000000000000.npy", np.zeros((2 * len(x), 64), np.float32))  # too big
     assert np.array_equal(SAERun(s, folder=tmp_path).trainer.data, x)
     assert [p.name for p in tmp_path.glob(f"{POOL_PREFIX}*.npy")] == [kept.name]  # rewritten whole, once
 
