@@ -29,7 +29,7 @@ from app.pages import features as features_page
 from app.pages import generate as generate_page
 from app.paths import STATIC_DIR
 from app.service.classes import Classes
-from app.settings import Settings, get_settings, in_effect
+from app.settings import Settings, get_settings, in_effect, lent_threads
 from app.training import FolderStore
 from app.training.scheduler import TrainingManager
 
@@ -106,7 +106,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # - gzip is innermost: it compresses what the routes answer (refusals are too small to matter).
     app.add_middleware(GZipMiddleware)  # off the event loop for big bodies; static files compressed once
     app.add_middleware(
-        ComputeLimitMiddleware, limit=s.max_concurrent_compute, retry_after_s=s.retry_after_s, queue_s=s.compute_queue_s
+        ComputeLimitMiddleware,
+        limit=s.max_concurrent_compute,
+        retry_after_s=s.retry_after_s,
+        queue_s=s.compute_queue_s,
+        lend=lent_threads(s),
     )
     # A text to train on may be larger than any other body: up to 4 bytes a character, and the form around it.
     train_body = 4 * s.train_max_text_chars + 8192

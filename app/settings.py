@@ -23,6 +23,8 @@ from pydantic import Field
 from pydantic_core import PydanticKnownError, core_schema
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from core.threads import MAX_WIDTH
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="EXPLORER_", extra="ignore")
@@ -36,6 +38,12 @@ class Settings(BaseSettings):
     # second BLAS thread per matrix product only waits: measured on 2 cores, a 256-token toy run's
     # p50 fell from 206 ms to 21 ms under 32 clients with 1 thread (bench/api_load.py).
     blas_threads: int = Field(1, ge=1, le=256, description="BLAS threads per worker process")
+    # A compute request that starts while no other is computing in its worker may spread its long passes over
+    # this many threads (core.threads.lend): the lone learner's 1,024-token runs use the machine, and under load
+    # every request keeps to blas_threads. 0: the CPUs this process may run on, shared out among the workers.
+    lend_threads: int = Field(
+        0, ge=0, le=MAX_WIDTH, description="threads for a compute request computing alone (0: the CPUs / workers)"
+    )
     models_dir: Path | None = Field(None, description="folder whose subfolders are Hugging Face checkpoints")
     # Loaded pretrained weights kept in a worker's own memory (app/models/pretrained.py); beyond it the least
     # recently used model is dropped. Only float16/bfloat16 files count, upcast to float32 (4 bytes a
@@ -183,6 +191,14 @@ class Settings(BaseSettings):
     calc_max_ctx: int = Field(1_048_576, ge=1, description="n_ctx and seq_len in the calculators")
     calc_max_layers: int = Field(1024, ge=1, description="n_layers in the calculators")
     calc_max_batch: int = Field(4096, ge=1, description="batch in the KV-cache calculator")
+
+
+def lent_threads(settings: Settings) -> int:
+    """The threads a compute request computing alone may use (Settings.lend_threads; 0: the CPUs / workers)."""
+    if settings.lend_threads:
+        return settings.lend_threads
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(MAX_WIDTH, cpus // settings.workers))
 
 
 def runs_folder(settings: Settings) -> Path:

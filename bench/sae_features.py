@@ -1,6 +1,7 @@
 """POST /api/v1/analysis/features at 1,024 tokens with a 16k-feature SAE on a d-768 stream (issue 34: < 200 ms
-on the server). Rows, at each BLAS thread count asked for (--threads; the server's EXPLORER_BLAS_THREADS, 1 by
-default: a worker's policy, app/settings.py):
+on the server). Rows, at each thread count asked for (--threads): core's part with the BLAS given that many, and
+the server as it runs by default, its workers at one BLAS thread (EXPLORER_BLAS_THREADS, app/settings.py) and a
+request that computes alone lent that many (EXPLORER_LEND_THREADS; 0, the default, lends the CPUs: 2 here):
 - core's part at exactly those sizes: the product x @ W_enc alone ([1024, 768] @ [768, 16384]), the dense encode as
   SAE.encode computes it, and SAE.top_activations, which the endpoint calls (encode included);
 - the whole endpoint answered in-process (TestClient: no network, the server's own work) on a GPT-2-shaped model
@@ -139,7 +140,10 @@ def endpoint_rows(repeat: int, threads: int, rate: float) -> list[tuple[str, flo
         for sae_name, hook in HOOKS.items():
             save_sae(random_sae(768, "standard", name, hook), saes / sae_name)
         text = ("The for statement is used to iterate over the elements of a sequence. " * 20)[:TOKENS]
-        settings = Settings(models_dir=models, saes_dir=saes, runs_dir=runs, blas_threads=threads, access_log=False)
+        # the server as it runs by default: workers of one BLAS thread, a request computing alone lent `threads`
+        settings = Settings(
+            models_dir=models, saes_dir=saes, runs_dir=runs, blas_threads=1, lend_threads=threads, access_log=False
+        )
         with TestClient(create_app(settings)) as c:
             for sae_name, hook in HOOKS.items():
                 body = {"model": name, "text": text, "sae": sae_name, "top_k": 10}

@@ -575,7 +575,11 @@ def forward(
     core.cache.run_with_cache wraps this in an ActivationCache that answers questions about the run.
     """
     if stop_at_layer is not None and (logits or not 0 <= stop_at_layer <= cfg.n_layers):
-        raise ValueError(f"stop_at_layer={stop_at_layer} needs logits=False and 0 … n_layers ({cfg.n_layers})")
+        raise ValueError(
+            _("stop_at_layer={stop} needs logits=False and a layer from 0 to {n_layers}").format(
+                stop=stop_at_layer, n_layers=cfg.n_layers
+            )
+        )
     start = 0 if past_kv is None else past_kv.n_tokens
     if past_kv is not None and not cfg.causal:
         raise InputError(

@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import TypeVar
 
 import numpy as np
@@ -252,12 +253,33 @@ def _helpers(width: int) -> ThreadPoolExecutor:
     return _pool
 
 
+# Threads lent to the passes of this context while the BLAS has one (see lend()); 1: none.
+_LENT: ContextVar[int] = ContextVar("core_threads_lent", default=1)
+
+
+@contextmanager
+def lend(width: int) -> Iterator[None]:
+    """Within it (this thread, or a task and the threads it hands work to), a long pass may take a team `width`
+    wide although the BLAS has one thread. The app lends a compute request the machine's cores while no other
+    request is computing (app/http/security.py), and keeps its workers at one BLAS thread for when several are.
+    A lent team's big arrays are not kept between passes (Slabs): a server worker allocates as before."""
+    token = _LENT.set(max(1, width))
+    try:
+        yield
+    finally:
+        _LENT.reset(token)
+
+
 @contextmanager
 def team_for(rows: int) -> Iterator[Team]:
-    """The team for one pass over `rows` positions: as wide as the BLAS's threads, with the BLAS kept to one
-    thread until the pass ends, or SERIAL (the BLAS as it is) when the pass has fewer than two pieces of
-    rows, the BLAS has one thread (the app's workers) or more than MAX_WIDTH, or another pass holds the team."""
+    """The team for one pass over `rows` positions: as wide as the BLAS's threads (or as lend() lends, while the
+    BLAS has one), with the BLAS kept to one thread until the pass ends, or SERIAL (the BLAS as it is) when the
+    pass has fewer than two pieces of rows, the width is one or more than MAX_WIDTH, or another pass holds the
+    team."""
     width = blas_threads()
+    lent = width == 1 and _LENT.get() > 1
+    if lent:
+        width = _LENT.get()
     if not (1 < width <= MAX_WIDTH and rows >= 2 * ROWS) or not _lock.acquire(blocking=False):
         yield SERIAL
         return
@@ -266,6 +288,6 @@ def team_for(rows: int) -> Iterator[Team]:
             if blas_threads() != 1:  # another thread controls the BLAS's threads (threadpoolctl ignored us)
                 yield SERIAL
             else:
-                yield Team(width, _helpers(width), MEMORY)
+                yield Team(width, _helpers(width), None if lent else MEMORY)
     finally:
         _lock.release()

@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.http.language import _
+from core.threads import lend
 
 # Why each directive:
 # - script-src 'self': only our static files run; no inline <script>, no eval (the pages draw
@@ -109,9 +110,10 @@ class ComputeLimitMiddleware:
     with several uvicorn workers each has its own limit, which matches each having its own CPU share.
     """
 
-    def __init__(self, app: ASGIApp, limit: int, retry_after_s: int, queue_s: float) -> None:
+    def __init__(self, app: ASGIApp, limit: int, retry_after_s: int, queue_s: float, lend: int = 1) -> None:
         self.app = app
         self.limit = limit
+        self.lend = lend  # threads a request computing alone may use (core.threads.lend; settings.lend_threads)
         self.retry_after_s = retry_after_s
         self.queue_s = queue_s
         self.in_flight = 0
@@ -140,8 +142,11 @@ class ComputeLimitMiddleware:
                 release()
             await send(message)
 
+        # Alone when it starts: its long passes may use the cores nobody else is computing on (a second request
+        # arriving meanwhile runs beside it on one thread; the team's pieces are shared out as threads free up).
         try:
-            await self.app(scope, receive, send_releasing)
+            with lend(self.lend if self.in_flight == 1 else 1):
+                await self.app(scope, receive, send_releasing)
         finally:
             release()
 

@@ -216,8 +216,8 @@ class FeatureViews:
 
     def features(self, spec: RunSpec, sae_name: str, top_k: int, *, dense: bool = False) -> FeaturesView:
         """One run keeping the SAE's hook, encoded: each token's non-zero features, largest first (and with `dense`,
-        every feature's activation at every token). The encode runs a block of rows at a time on the BLAS's
-        threads (settings.blas_threads: one in a server worker, core.threads)."""
+        every feature's activation at every token). The pass stops at the SAE's layer; the encode runs a block of
+        rows at a time, on a team of threads when the request computes alone (settings.lend_threads, core.threads)."""
         entry = self._usable(sae_name)
         cfg_sae = entry.known_cfg
         if spec.model != cfg_sae.model_name:

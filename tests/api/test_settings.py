@@ -62,6 +62,7 @@ def test_every_setting_is_covered_here_or_named():
     covered |= set(SCHEMA_LIMITS)
     elsewhere = {
         "blas_threads",
+        "lend_threads",  # tests/security/test_compute_limit.py, and below
         "max_concurrent_compute",
         "compute_queue_s",
         "retry_after_s",
@@ -87,6 +88,19 @@ def test_every_setting_is_covered_here_or_named():
         "sae_scan_max_tokens",
     }  # tests/scale/ (Redis, Celery workers, /metrics)
     assert set(Settings.model_fields) == covered | elsewhere
+
+
+def test_lent_threads_are_the_cpus_shared_by_the_workers_unless_set():
+    import os
+
+    from app.settings import lent_threads
+    from core.threads import MAX_WIDTH
+
+    cpus = len(os.sched_getaffinity(0))
+    assert lent_threads(Settings()) == max(1, min(MAX_WIDTH, cpus))
+    assert lent_threads(Settings(workers=cpus + 1)) == 1  # more workers than CPUs: nothing to lend
+    assert lent_threads(Settings(lend_threads=1, workers=1)) == 1  # 1: never more than blas_threads
+    assert lent_threads(Settings(lend_threads=3)) == 3
 
 
 # ------------------------------------------------------------------ request-time limits (the dependency)

@@ -9,6 +9,7 @@ tolerances (float64 1e-10, float32 1e-4) rather than to bits.
 
 from __future__ import annotations
 
+import contextvars
 import subprocess
 import sys
 import time
@@ -72,6 +73,35 @@ def test_a_team_holds_the_blas_to_one_thread_and_gives_it_back():
             assert team is SERIAL and blas_threads() == 2
     with threadpool_limits(1, user_api="blas"), team_for(4 * ROWS) as team:
         assert team is SERIAL
+
+
+def test_lent_threads_make_a_team_on_a_one_thread_blas_without_keeping_memory():
+    """core.threads.lend (what the app lends a request computing alone): a long pass takes a team that wide while
+    the BLAS has one thread; its arrays come from np.empty, not the kept Slabs; outside it, SERIAL again."""
+    from core.threads import lend
+
+    with threadpool_limits(1, user_api="blas"):
+        with lend(2):
+            with team_for(4 * ROWS) as team:
+                assert team.width == 2 and team.memory is None and blas_threads() == 1
+            with team_for(2 * ROWS - 1) as team:
+                assert team is SERIAL  # too short to cut
+            with lend(1), team_for(4 * ROWS) as team:
+                assert team is SERIAL  # lent nothing inside
+
+            def another_pass() -> int:
+                with team_for(4 * ROWS) as other:
+                    return other.width
+
+            with ThreadPoolExecutor(1) as pool, team_for(4 * ROWS) as team:
+                assert team.width == 2
+                assert pool.submit(contextvars.copy_context().run, another_pass).result() == 1  # one team at a time
+            assert contextvars.copy_context().run(another_pass) == 2  # the team is free again
+        with team_for(4 * ROWS) as team:
+            assert team is SERIAL
+    with threadpool_limits(2, user_api="blas"), lend(3), team_for(4 * ROWS) as team:
+        if blas_threads() == 2:
+            assert team.width == 2 and team.memory is MEMORY  # a BLAS of several threads: its width, not the lent
 
 
 CASES = {  # q, k, v shapes' leading axes and the attention's switches

@@ -9,6 +9,7 @@ import httpx
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+from threadpoolctl import threadpool_limits
 
 from app.http.security import ComputeLimitMiddleware, SecurityHeadersMiddleware, is_compute
 
@@ -204,3 +205,41 @@ def test_a_wait_that_runs_out_is_a_503_and_a_client_that_leaves_keeps_no_place()
     assert busy.status_code == 503 and busy.headers["retry-after"] == "3"
     assert 0.2 <= waited < 2, waited
     assert left_waiting == 0 and in_flight == 0  # neither the 503 nor the one that left holds anything
+
+
+def test_a_request_computing_alone_is_lent_the_threads_and_one_beside_it_is_not():
+    """lend=2 (settings.lend_threads): a compute request that starts while no other computes runs its handler
+    (a sync route, on Starlette's threadpool, as the API's are) inside core.threads.lend(2), so its long passes
+    take a team of two; one that starts beside it gets one thread; cheap routes are not lent anything."""
+    import threading
+
+    from core.threads import ROWS, team_for
+
+    seen: list[tuple[str, int]] = []
+    hold = threading.Event()
+
+    def run(request):  # sync: run in the threadpool, as FastAPI runs the API's routes
+        with team_for(4 * ROWS) as team:
+            seen.append((request.query_params["who"], team.width))
+        if request.query_params["who"] == "first":
+            hold.wait(10)
+        return JSONResponse({"ok": True})
+
+    inner = Starlette(routes=[Route("/api/v1/run", run, methods=["POST"]), Route("/healthz", run)])
+    app = ComputeLimitMiddleware(inner, limit=4, retry_after_s=1, queue_s=0, lend=2)
+
+    async def scenario():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            first = asyncio.create_task(c.post("/api/v1/run?who=first"))
+            while not seen:
+                await asyncio.sleep(0.01)
+            beside = await c.post("/api/v1/run?who=beside")
+            hold.set()
+            await first
+            alone = await c.post("/api/v1/run?who=alone")
+            cheap = await c.get("/healthz?who=cheap")
+            return [r.status_code for r in (await first, beside, alone, cheap)]
+
+    with threadpool_limits(1, user_api="blas"):
+        assert asyncio.run(scenario()) == [200] * 4
+    assert seen == [("first", 2), ("beside", 1), ("alone", 2), ("cheap", 1)]
