@@ -220,7 +220,8 @@ class TrainingService:
         shipped = list(trained_models())
         store = self.catalog.training_runs
         try:
-            runs = [id for id in store.ids() if not is_sae_run_id(id) and store.model_folder(id)] if store else []
+            # which runs have weights, from their state (Redis: without fetching each one's weights to this machine)
+            runs = [id for id in store.ids() if not is_sae_run_id(id) and store.info(id).model] if store else []
             hooks = {}
             if isinstance(model, str) and model in shipped:
                 hooks = sae_run.model_hooks(model)
