@@ -47,7 +47,7 @@ PACE_MS = 30  # tokens appear at most this often, so a fast model's text can be 
 
 
 def script_words() -> dict[str, str]:
-    """What static/js/generate.js writes, in the page's language: {name} placeholders it fills in."""
+    """What static/js/generate.js (and steer-rows.js) write, in the page's language, {name} placeholders filled in."""
     return {
         "cannot": _("This cannot be written"),
         "writing": _("Writing…"),
@@ -89,6 +89,11 @@ def script_words() -> dict[str, str]:
         "sinks": _("Attention sinks (over {t} of their weight on the first token): {heads}."),
         "no_sinks": _("No head puts over {t} of its weight on the first token here."),
         "off": _("off"),
+        # the steer editor's rows (static/js/steer-rows.js)
+        "steer_legend": _("Steer {n}"),
+        "steer_remove": _("Remove steer {n}"),
+        "steer_added": _("Steer {n} added"),
+        "steer_removed": _("Steer {n} removed"),
     }
 
 

@@ -34,11 +34,6 @@ def prefix(i: int) -> str:
     return "steer" if i == 0 else f"steer{i + 1}"
 
 
-def url_keys(limit: int) -> list[str]:
-    """Every steer parameter a URL may carry, for `limit` steers."""
-    return [prefix(i) + key for i in range(limit) for key in KEYS]
-
-
 @dataclass
 class SteerRow:
     """One steer's values in the editor (the URL's, else these defaults), and what is wrong with it."""

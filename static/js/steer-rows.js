@@ -6,16 +6,14 @@
 // says what happened. After each Generate (an htmx swap of the results), each row shows its own problems, from the
 // results block's data-steer-errors ({row: [messages]}).
 
+import {say as pageSay} from "./words.js";
+
 function rowsBox() {
   return document.getElementById("steer-rows");
 }
 
-function words() {
-  const box = rowsBox();
-  return box ? JSON.parse(box.dataset.words || "{}") : {};
-}
-
-const fill = (text, n) => (text || "").replace("{n}", String(n));
+// the page's words (app/pages/generate.py script_words, through words.js), steer n's
+const say = (key, n) => pageSay("generate", "steer_" + key, {n: n});
 
 function announce(text) {
   const live = document.getElementById("steer-announce");
@@ -25,7 +23,6 @@ function announce(text) {
 function renumber() {
   const box = rowsBox();
   if (!box) return;
-  const w = words();
   const rows = box.querySelectorAll("[data-steer-row]");
   rows.forEach((row, i) => {
     const p = i === 0 ? "steer" : "steer" + (i + 1);
@@ -36,9 +33,9 @@ function renumber() {
       node.setAttribute("aria-describedby", p + node.dataset.describedby);
     });
     const legend = row.querySelector("[data-steer-legend]");
-    if (legend) legend.textContent = fill(w.legend, i + 1);
+    if (legend) legend.textContent = say("legend", i + 1);
     const remove = row.querySelector("[data-steer-remove]");
-    if (remove) remove.textContent = fill(w.remove, i + 1);
+    if (remove) remove.textContent = say("remove", i + 1);
   });
   const add = document.getElementById("steer-add");
   if (add) add.disabled = rows.length >= Number(box.dataset.limit || 8);
@@ -56,7 +53,7 @@ function addRow() {
   if (means) means.checked = true;
   const n = box.querySelectorAll("[data-steer-row]").length;
   (row.querySelector("input[type=radio]:checked") || row.querySelector("input, select, textarea")).focus();
-  announce(fill(words().added, n));
+  announce(say("added", n));
 }
 
 function removeRow(button) {
@@ -72,7 +69,7 @@ function removeRow(button) {
   const target = next ? next.querySelector("input[type=radio]:checked") || next.querySelector("input")
     : document.getElementById("steer-add");
   if (target) target.focus();
-  announce(fill(words().removed, i + 1));
+  announce(say("removed", i + 1));
 }
 
 // each row's problems from the last results block (none: every row's list emptied and hidden)

@@ -1,7 +1,8 @@
 // The words the page scripts write, in the page's language. The server translates them (_() in the
 // templates and app/pages/*.py) and writes each script's set as JSON in one attribute, data-<set>-words:
 //   request    templates/base.html, <body>: a failed htmx request or an unreadable figure (explorer-*.js)
-//   generate   templates/generate.html: the writing page's status, a token's story, its table (generate.js)
+//   generate   templates/generate.html: the writing page's status, a token's story, its table (generate.js),
+//              the steer editor's rows (steer-rows.js)
 //   train      templates/train.html: a run's status names, Play and Pause, the slider's step (train.js)
 //   copy       templates/lessons/_layout.html: the snippet's Copy button (lessons.js)
 //   class      templates/class_teacher.html, class_student.html: a live class (class-teacher.js, class-student.js)
