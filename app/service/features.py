@@ -33,8 +33,9 @@ from core.hooks import hook_dims, layers_needed
 from core.i18n import _
 from core.model import unembedding
 from core.params import forward_work
-from core.recipes import python_docs
+from core.recipes import DIGEST, python_docs
 from core.sae import SAE
+from core.sae_run import weights_digest
 from core.threads import team_for
 
 TOP_EXAMPLES = 10  # contexts a dashboard shows per feature
@@ -173,7 +174,19 @@ class FeatureViews:
             return _("it reads model {model!r}, which this server cannot run: {error}").format(
                 model=entry.known_cfg.model_name, error=e
             )
-        return self._hook_problem(entry, model.cfg, model.name)
+        return self._hook_problem(entry, model.cfg, model.name) or self._weights_problem(entry, model)
+
+    @staticmethod
+    def _weights_problem(entry: SAEEntry, model: Model) -> str | None:
+        """An SAE trained here on a model run names that run's weights by their digest (core/sae_run.py): a run
+        trained further since has other weights under the same name, whose stream the SAE was not fitted to."""
+        digest = (entry.known_cfg.metadata.get("settings") or {}).get(DIGEST)
+        if not digest or model.loader is None or weights_digest(model.loader.spec.path) == digest:
+            return None
+        return _(
+            "it was trained on model {model!r}'s weights before that run trained further: train an SAE on its "
+            "weights now"
+        ).format(model=model.name)
 
     @staticmethod
     def _hook_problem(entry: SAEEntry, cfg, model_name: str) -> str | None:

@@ -259,3 +259,34 @@ def test_the_scan_reads_at_most_sae_scan_max_tokens(saes_dir, tmp_path):
     with TestClient(create_app(Settings(saes_dir=saes_dir, runs_dir=tmp_path, sae_scan_max_tokens=7))) as c:
         d = c.get("/api/v1/saes/topk0/features/0").json()  # topk0: no other test's scan of it is cached
     assert d["tokens_scanned"] == 7
+
+
+def test_an_sae_of_weights_that_have_changed_since_is_refused_with_the_reason(tmp_path):
+    """An SAE trained here on a model run carries that run's weights' digest (metadata.settings.model_sha256); when
+    the model's weights are no longer those (the run trained further under its name), the SAE is listed with the
+    reason and its features are a 422; with the model's own digest it is usable."""
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+    from app.settings import Settings
+    from core.checkpoints import trained_models
+    from core.sae_run import weights_digest
+
+    now = weights_digest(trained_models()["induction"])
+    for name, digest in (("current", now), ("stale", "0" * 64)):
+        sae = _sae()
+        cfg = SAEConfig.from_dict(
+            {
+                **sae.cfg.to_dict(),
+                "metadata": {**sae.cfg.to_dict()["metadata"], "settings": {"recipe": "sae", "model_sha256": digest}},
+            }
+        )
+        save_sae(SAE(cfg, sae.W_enc, sae.b_enc, sae.W_dec, sae.b_dec), tmp_path / "saes" / name)
+    with TestClient(create_app(Settings(saes_dir=tmp_path / "saes", runs_dir=tmp_path / "runs"))) as c:
+        by_name = {s["name"]: s for s in c.get("/api/v1/saes").json()["saes"]}
+        assert by_name["current"]["problem"] is None
+        assert "before that run trained further" in by_name["stale"]["problem"]
+        body = {"model": "induction", "text": TEXT, "top_k": 3}
+        assert c.post("/api/v1/analysis/features", json=body | {"sae": "current"}).status_code == 200
+        r = c.post("/api/v1/analysis/features", json=body | {"sae": "stale"})
+        assert r.status_code == 422 and "train an SAE on its weights now" in r.text
