@@ -49,7 +49,7 @@ MAX_L1 = 100.0
 
 def _jumprelu(default: float, *, help: str, label: str, le: float, gt: float | None = None) -> Any:
     bounds = {"gt": gt} if gt is not None else {"ge": 0}
-    setting = {"help": help, "label": label, "le": le, **bounds}
+    setting = {"help": f"{help}; null: {default:g} (SAELens's default)", "label": label, "le": le, **bounds}
     return field(default=default, metadata={"architecture": "jumprelu", "setting": setting})
 
 

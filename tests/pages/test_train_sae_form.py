@@ -29,6 +29,7 @@ def test_the_sae_form_offers_jumprelu_with_its_own_settings(client):
         assert 'data-architecture="jumprelu"' in field
         assert f'value="{float(default)}"' in field  # the recipe's default (SAELens's), in view
         assert float(re.search(r'max="([^"]+)"', field).group(1)) == limits[name]["anyOf"][0]["maximum"]
+        assert f"null: {float(default):g} (SAELens's default)" in limits[name]["description"]  # the API says it
     assert 'min="0"' not in _field(html, "jumprelu_bandwidth")  # above 0, not from 0: the schema's exclusiveMinimum
     assert 'data-architecture="topk"' in _field(html, "k")
     assert 'data-architecture="standard"' in _field(html, "l1_coefficient")
