@@ -197,7 +197,32 @@ def final_resid(cache: ActivationCache) -> np.ndarray:
 # ------------------------------------------------------------------ one patched run
 
 
-class PassEditor:
+class FrozenAttentionEditor:
+    """A pass's edit (PassContext's `edit`) that applies `edits` by hook name and, from layer `frozen_from` on,
+    replaces each attention output with one made from patterns another run made and this pass's values (its
+    attn.hook_v, kept as `_v` on the way): a patched run's (PassEditor) or a steered step's (core/steering.py).
+    Subclasses say how, in _frozen_attention(layer)."""
+
+    edits: Mapping[str, Callable[[np.ndarray], np.ndarray]]
+    frozen_from: int | None
+    _v: np.ndarray | None
+
+    def __call__(self, name: str, value: np.ndarray) -> np.ndarray:
+        if self.frozen_from is not None and name.startswith("blocks."):
+            layer = int(name.split(".", 2)[1])
+            if layer >= self.frozen_from:
+                if name.endswith("attn.hook_v"):
+                    self._v = value  # [new pos, n_kv_heads, d_head]
+                elif name.endswith(".hook_attn_out"):
+                    value = self._frozen_attention(layer)
+        edit = self.edits.get(name)
+        return value if edit is None else edit(value)
+
+    def _frozen_attention(self, layer: int) -> np.ndarray:
+        raise NotImplementedError
+
+
+class PassEditor(FrozenAttentionEditor):
     """The edit of a resumed run (PassContext's `edit`): replaces the activations a patch changes (`edits`,
     by hook name) and, from layer `frozen_from` on, recomputes each attention output from the unpatched
     run's patterns and this run's values."""
@@ -215,18 +240,7 @@ class PassEditor:
     ):
         self.params, self.cfg, self.base, self.start = params, cfg, base, start
         self.edits, self.frozen_from, self.ablate, self.batch = edits, frozen_from, ablate or {}, batch
-        self._v: np.ndarray | None = None
-
-    def __call__(self, name: str, value: np.ndarray) -> np.ndarray:
-        if self.frozen_from is not None and name.startswith("blocks."):
-            layer = int(name.split(".", 2)[1])
-            if layer >= self.frozen_from:
-                if name.endswith("attn.hook_v"):
-                    self._v = value  # [new pos, n_kv_heads, d_head]
-                elif name.endswith(".hook_attn_out"):
-                    value = self._frozen_attention(layer)
-        edit = self.edits.get(name)
-        return value if edit is None else edit(value)
+        self._v = None
 
     def _frozen_attention(self, layer: int) -> np.ndarray:
         """This layer's output with the unpatched run's patterns: z = pattern @ V for every head (in a batched

@@ -33,7 +33,7 @@ from .errors import InputError
 from .hooks import PassContext, hook_names
 from .i18n import _
 from .model import Params, check_tokens, embed, transformer_block
-from .patching import PassEditor, last_logits
+from .patching import FrozenAttentionEditor, PassEditor, last_logits
 from .sae import SAE
 from .threads import team_for
 
@@ -276,26 +276,16 @@ class SteeredDecoder:
         return logits, rows
 
 
-class _StepEditor:
+class _StepEditor(FrozenAttentionEditor):
     """The steered pass's edit (PassContext's `edit`) over the rows of positions start ... n - 1: the steers at
     their hooks; where attention is frozen, the output made from the unsteered pattern and this pass's values."""
 
     def __init__(self, decoder: SteeredDecoder, start: int, n: int, patterns: Mapping[int, np.ndarray]):
         self.decoder, self.patterns = decoder, patterns
         self.edits = {hook: _edit(group, n, start) for hook, group in decoder.by_hook.items()}
+        self.frozen_from = decoder.frozen_from
         self.past_values: np.ndarray | None = None  # this layer's cached values [n_kv_heads, start, d_head]
-        self._v: np.ndarray | None = None
-
-    def __call__(self, name: str, value: np.ndarray) -> np.ndarray:
-        if self.decoder.frozen_from is not None and name.startswith("blocks."):
-            layer = int(name.split(".", 2)[1])
-            if layer >= self.decoder.frozen_from:
-                if name.endswith("attn.hook_v"):
-                    self._v = value  # [new pos, n_kv_heads, d_head]
-                elif name.endswith(".hook_attn_out"):
-                    value = self._frozen_attention(layer)
-        edit = self.edits.get(name)
-        return value if edit is None else edit(value)
+        self._v = None
 
     def _frozen_attention(self, layer: int) -> np.ndarray:
         """z = the unsteered pattern of the new rows [n_heads, rows, n] @ every token's steered values, through W_O."""
