@@ -33,7 +33,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from bench.common import header, load_average, median, run_main, table, verdict
-from core.recipes import settings
+from core.run_settings import settings
 from core.sae import SAEConfig
 from core.sae_run import activations
 from core.sae_train import JUMPRELU_FIELDS, SAETrainer, SAETraining, init_sae

@@ -55,7 +55,7 @@ def queue_and_wait(submit, status, ids: list[str], timeout_s: float) -> float:
 def throughput_redis(redis: services.RedisServer, processes: int, runs: int, steps: int, db: int) -> float:
     from app.training import open_redis
     from app.training.redis_store import Timing
-    from core.recipes import settings
+    from core.run_settings import settings
 
     url = redis.url.rsplit("/", 1)[0] + f"/{db}"
     store = open_redis(url, 2**30, Timing(60))

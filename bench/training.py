@@ -45,7 +45,8 @@ from bench.common import (
 )
 from core import backprop
 from core.optim import AdamW, ParamVector
-from core.recipes import make_recipe, settings
+from core.recipes import make_recipe
+from core.run_settings import settings
 from core.train import Training, optimisation_step, reuse_freed_memory
 
 RATIO_BUDGET = 1.0  # NumPy steps/s over PyTorch steps/s, at least

@@ -27,7 +27,6 @@ import hashlib
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from importlib import import_module
 from typing import Any, get_type_hints
 
 import numpy as np
@@ -241,21 +240,10 @@ DEFAULTS: dict[str, dict] = {  # each recipe's working defaults (changes on top 
 }
 
 
-def settings(recipe: str, **changes) -> TrainSettings:
-    """The recipe's defaults with `changes` applied (None values are ignored), checked."""
-    if recipe not in (names := (*DEFAULTS, "sae")):  # sae: an SAE on a model's activations (core/sae_run.py)
-        raise InputError(_("recipe {recipe!r} is not one of {choices}").format(recipe=recipe, choices=", ".join(names)))
-    fields = {f.name for f in dataclasses.fields(TrainSettings)} - {"recipe"}
-    unknown = sorted(set(changes) - fields)
-    if unknown:
-        raise InputError(
-            _("unknown setting {unknown}: the settings are {choices}").format(
-                unknown=", ".join(unknown), choices=", ".join(sorted(fields))
-            )
-        )
+def model_settings(recipe: str, **changes) -> TrainSettings:
+    """A model recipe's defaults with `changes` applied (None values are ignored), checked by its rules. The
+    names are checked first by core.run_settings.settings, every recipe's entry: call that."""
     given = {k: v for k, v in changes.items() if v is not None}
-    if recipe == "sae":  # its defaults and checks are beside its trainer (which imports this module)
-        return import_module(".sae_run", __package__).sae_settings(given)
     values = DEFAULTS[recipe] | given
     steps = values["steps"]
     if isinstance(steps, int) and steps >= 1:  # defaults that count steps shrink with a shorter run

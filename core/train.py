@@ -6,7 +6,7 @@
 
 From code (the app runs this in a worker process, beside its request workers):
 
-    run = Training(settings("induction", seed=1))
+    run = Training(model_settings("induction", seed=1))
     for record in run.records(stop=cancelled.is_set):   # a Record every eval_interval steps
         send(record.to_dict())                          # plain JSON-able data
     run.snapshot().save("run.npz")                      # between steps, at any time
@@ -52,7 +52,7 @@ from .analysis import detector_score, induction_keys, previous_token_keys
 from .errors import InputError
 from .i18n import _
 from .optim import AdamW, ParamVector, clip_grad_norm, learning_rate
-from .recipes import DEFAULTS, UNK, Induction, TrainSettings, make_recipe, setting_fields, setting_type, settings
+from .recipes import DEFAULTS, UNK, Induction, TrainSettings, make_recipe, model_settings, setting_fields, setting_type
 
 SAMPLE_TOKENS = 96  # longest sample (and never past the model's context)
 
@@ -480,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.resume:
             run = Training.resume(Snapshot.load(args.resume))
         else:
-            run = Training(settings(args.recipe, **changes))
+            run = Training(model_settings(args.recipe, **changes))
         runs = [("model  ", run)]
         if args.control:
             if not isinstance(run.recipe, Induction):

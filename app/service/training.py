@@ -34,7 +34,7 @@ from core.checkpoints import trained_models
 from core.i18n import _
 from core.recipes import TrainSettings
 from core.recipes import probe_tokens as recipe_probe_tokens
-from core.recipes import settings as train_settings
+from core.run_settings import settings as train_settings
 from core.sae_train import SAE_KINDS
 
 

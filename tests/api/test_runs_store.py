@@ -17,7 +17,7 @@ from app.training.base import FINISHED, NoRoom, Room, TrainingStore, training_ru
 from app.training.folder_store import FolderStore, write_json
 from app.training.redis_store import RedisStore, Timing, lock_key, run_key
 from app.training.redis_writer import RedisWriter, acquire
-from core.recipes import settings as train_settings
+from core.run_settings import settings as train_settings
 from tests.scale import services
 
 LEASE_S = 0.5  # the Redis store's lease here (its pickup time's sixth)

@@ -274,7 +274,7 @@ def test_the_api_and_the_store_agree_on_what_a_run_id_is(client_with, runs_dir, 
     refuses with 422 is exactly what the store would refuse, and every recipe's ids pass both."""
     from app.training.base import is_training_run_id, training_run_id
     from core.recipes import RECIPES
-    from core.recipes import settings as train_settings
+    from core.run_settings import settings as train_settings
 
     assert all(is_training_run_id(training_run_id(train_settings(recipe))) for recipe in RECIPES)
     r = client_with(runs_dir=runs_dir).get(f"/api/v1/runs/{name}")

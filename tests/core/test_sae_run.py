@@ -10,7 +10,7 @@ import pytest
 
 from core import InputError
 from core.checkpoints import trained_models
-from core.recipes import settings
+from core.run_settings import settings
 from core.sae import load_sae
 from core.sae_run import (
     DEFAULT_K,

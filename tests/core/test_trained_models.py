@@ -20,7 +20,8 @@ import pytest
 from core import InputError, run_with_cache, run_with_kv_cache
 from core.analysis import lens_points
 from core.checkpoints import load_checkpoint, trained_models
-from core.recipes import make_recipe, settings
+from core.recipes import make_recipe
+from core.run_settings import settings
 
 from . import nasi_lemak_reproduction as nasi
 

@@ -22,8 +22,8 @@ from core.recipes import (
     TEXT_MAX_VOCAB,
     make_recipe,
     python_docs,
-    settings,
 )
+from core.run_settings import settings
 from core.train import Record, Snapshot, Training
 
 

@@ -44,7 +44,7 @@ def reference_weights(seed: int) -> dict[str, np.ndarray]:
     """The same run trained here without interruption, in this process (one BLAS thread, as workers train)."""
     from threadpoolctl import threadpool_limits
 
-    from core.recipes import settings
+    from core.run_settings import settings
     from core.train import Training
 
     with threadpool_limits(1, user_api="blas"):

@@ -17,7 +17,7 @@ import pytest
 from app import __version__
 from app.training import open_redis
 from app.training.redis_store import RedisStore, Timing
-from core.recipes import settings as train_settings
+from core.run_settings import settings as train_settings
 from tests.scale import services
 from tests.scale.conftest import PICKUP_S, wait
 
