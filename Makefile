@@ -63,14 +63,12 @@ test: setup
 	$(PY) -m ruff check .
 	$(PY) -m mypy  # core/ and app/, as pyproject.toml's [tool.mypy] says
 	npx --no-install eslint static/js eslint.config.js
-	# Three passes, all always run: what can share the machine on TEST_WORKERS processes (pytest-xdist); the
-	# browser tests on as many, a module at a time each, each process with its own server and Chromium
-	# (tests/conftest.py's PAIRED); then the other serial tests (servers, load, clocks; its SERIAL) in one.
-	# Exit status 5 is "no tests collected": a PYTEST_ARGS that selects only one kind leaves the others empty.
+	# Two passes, both always run: what can share the machine on TEST_WORKERS processes (pytest-xdist), then
+	# the serial tests (servers, browsers, load; tests/conftest.py's SERIAL) in one. Exit status 5 is
+	# "no tests collected": a PYTEST_ARGS that selects only one kind leaves the other pass empty.
 	status=0; \
 	$(PY) -m pytest -n $(TEST_WORKERS) -m "not serial" $(PYTEST_ARGS) || { s=$$?; [ $$s -eq 5 ] || status=$$s; }; \
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "serial and paired" $(PYTEST_ARGS) || { s=$$?; [ $$s -eq 5 ] || status=$$s; }; \
-	$(PY) -m pytest -m "serial and not paired" $(PYTEST_ARGS) || { s=$$?; [ $$s -eq 5 ] || status=$$s; }; \
+	$(PY) -m pytest -m serial $(PYTEST_ARGS) || { s=$$?; [ $$s -eq 5 ] || status=$$s; }; \
 	exit $$status
 
 # The edit loop, not what CI runs (that is `make test`): ruff and eslint, then core, the API, the pages and the

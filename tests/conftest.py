@@ -79,33 +79,15 @@ SLOW = {
 }
 
 
-# What `make test` runs after the rest has run on two processes (pytest-xdist): the folders whose tests start
-# live servers, headless Chromium, redis-server, Caddy or containers and time what a user would see. Two of them
-# at once on a two-core machine would measure each other's load, not the product: they run in one process,
-# except the PAIRED ones.
+# What `make test` runs in one process, after the rest has run on two (pytest-xdist): the folders whose tests
+# start live servers, headless Chromium, redis-server, Caddy or containers and time what a user would see.
+# Two of them at once on a two-core machine would measure each other's load, not the product.
 SERIAL = ("tests/browser/", "tests/scale/", "tests/deploy/", "tests/security/")
-
-# Of those, what `make test` runs first on two processes, a module at a time each (`-n 2 --dist loadfile`):
-# the browser tests, each process with its own live servers and Chromium on free ports. They wait on what
-# the page shows, not on a clock (the one timing of a quiet machine's, tests/browser/test_cell.py's, scales
-# its budget by the load); what times a user's wait in real time stays in the one process, keyed as SLOW is.
-PAIRED = ("tests/browser/",)
-UNPAIRED = {
-    "tests/browser/test_class.py::test_a_class_over_two_replicas_in_redis_follows_on_when_one_is_killed": (
-        "every student back within 5 s of a replica killed, timed by the clock"
-    ),
-}
-
-
-def _matches(nodeid: str, keys) -> bool:
-    return any(nodeid == key or nodeid.startswith((key + "::", key + "[")) for key in keys)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if _matches(item.nodeid, SLOW):
+        if any(item.nodeid == key or item.nodeid.startswith((key + "::", key + "[")) for key in SLOW):
             item.add_marker(pytest.mark.slow)
         if item.nodeid.startswith(SERIAL):
             item.add_marker(pytest.mark.serial)
-            if item.nodeid.startswith(PAIRED) and not _matches(item.nodeid, UNPAIRED):
-                item.add_marker(pytest.mark.paired)
